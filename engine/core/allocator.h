@@ -1,0 +1,75 @@
+// The tracked allocator: every byte the engine allocates for model state or activations belongs to a
+// category, and the allocator keeps current and peak bytes per category (and in total) so the trainer
+// can report measured memory beside the planner's figures. Buffers are 64-byte aligned host memory on
+// the CPU backend. Thread-safe (atomic counters). A Buffer owns its bytes and returns them when destroyed.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace gpt {
+
+enum class MemCategory : uint8_t { kParams, kMaster, kGrads, kOptimizer, kActivations, kComm, kWorkspace, kCount };
+constexpr size_t kNumMemCategories = static_cast<size_t>(MemCategory::kCount);
+
+constexpr std::string_view mem_category_name(MemCategory c) {
+  constexpr std::array<std::string_view, kNumMemCategories> kNames = {
+      "params", "master", "grads", "optimizer", "activations", "comm", "workspace"};
+  return kNames[static_cast<size_t>(c)];
+}
+
+struct MemStats {
+  std::array<int64_t, kNumMemCategories> current{};
+  std::array<int64_t, kNumMemCategories> peak{};
+  int64_t total_current = 0;
+  int64_t total_peak = 0;
+};
+
+class MemTracker {
+ public:
+  static MemTracker& instance();
+  void on_alloc(MemCategory c, int64_t bytes);
+  void on_free(MemCategory c, int64_t bytes);
+  MemStats stats() const;
+  // Peaks start again from the current values (e.g. to measure one phase).
+  void reset_peaks();
+
+ private:
+  std::array<std::atomic<int64_t>, kNumMemCategories> current_{};
+  std::array<std::atomic<int64_t>, kNumMemCategories> peak_{};
+  std::atomic<int64_t> total_current_{0};
+  std::atomic<int64_t> total_peak_{0};
+};
+
+// An owning, aligned, tracked allocation. Move-only. Zero-filled on allocation.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(size_t bytes, MemCategory category);
+  ~Buffer() { release(); }
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void release();
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  template <typename T>
+  T* as() { return static_cast<T*>(data_); }
+  template <typename T>
+  const T* as() const { return static_cast<const T*>(data_); }
+  size_t bytes() const { return bytes_; }
+  MemCategory category() const { return category_; }
+  bool empty() const { return data_ == nullptr; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemCategory category_ = MemCategory::kWorkspace;
+};
+
+}  // namespace gpt

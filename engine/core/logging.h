@@ -1,0 +1,12 @@
+// Logging set-up: one spdlog logger whose every line carries the rank ("[rank 0]"). Only rank 0 logs
+// progress at info level unless `all_ranks` is set; other ranks log warnings and errors.
+#pragma once
+
+#include <string>
+
+namespace gpt {
+
+// Installs the default logger. `level` is one of trace|debug|info|warn|error.
+void init_logging(int rank, const std::string& level = "info", bool all_ranks = false);
+
+}  // namespace gpt
