@@ -1,0 +1,81 @@
+// RunConfig: the validated, plain-struct form of a run's YAML (after --set overrides). Every field is
+// documented in the schema table (config/schema.cc), which is also what `gpt-train train --help-config`
+// prints; defaults here and there must agree (a test checks). Nothing but config/ reads YAML.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace gpt {
+
+struct RunSection {
+  std::string name = "gpt";        // run name, used in logs and metrics
+  std::string out_dir = "runs/gpt";  // where the resolved config, metrics and final weights go
+  uint64_t seed = 1337;            // seeds init, dropout and data order
+  int threads = 0;                 // CPU threads for kernels; 0 = all cores
+};
+
+struct ModelSection {
+  int n_layer = 4;
+  int n_head = 4;
+  int n_embd = 128;
+  int block_size = 64;        // context length T
+  int vocab_size = 0;         // 0 = take it from the data's tokenizer
+  float dropout = 0.0f;       // attention-probability and residual dropout
+  bool tied_embeddings = true;  // LM head shares the token embedding (GPT-2); false is not supported yet
+};
+
+struct DataSection {
+  std::string train = "data/shakespeare_char/train.bin";  // token shard file or glob (llm.c layout)
+  std::string val = "data/shakespeare_char/val.bin";
+  std::string tokenizer = "";  // tokenizer.json written by `prepare`; "" = next to the train shard if present
+  std::string sampling = "random";  // random | sequential
+};
+
+struct TrainingSection {
+  int64_t steps = 2000;
+  int micro_batch_size = 12;       // sequences per forward/backward
+  int64_t global_batch_sequences = 0;  // 0 = micro_batch_size (or from global_batch_tokens)
+  int64_t global_batch_tokens = 0;     // alternative to global_batch_sequences; must be a multiple of T
+  float lr = 1e-3f;
+  float min_lr = 1e-4f;
+  int64_t warmup_steps = 100;
+  std::string lr_schedule = "cosine";  // cosine | linear | constant
+  int64_t decay_steps = 0;             // 0 = steps
+  float beta1 = 0.9f;
+  float beta2 = 0.99f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+  float grad_clip = 1.0f;  // global-norm clip; 0 = off
+  int64_t eval_interval = 250;  // 0 = no eval except at the end
+  int eval_batches = 20;
+  std::string activation_checkpointing = "none";  // none | full | every:N | selective
+};
+
+struct LoggingSection {
+  std::string level = "info";  // trace | debug | info | warn | error
+  int64_t log_interval = 10;   // steps between plain progress lines when stdout is not a terminal
+  std::string metrics_file = "metrics.jsonl";  // inside out_dir
+};
+
+struct RunConfig {
+  RunSection run;
+  ModelSection model;
+  DataSection data;
+  TrainingSection training;
+  LoggingSection logging;
+
+  // Where each key's value came from, "file.yaml:12:5", "--set", or absent for a default; used by
+  // checks that can only happen later (against the data) to name the place to fix.
+  std::map<std::string, std::string> origin;
+  std::string where(const std::string& key) const {
+    auto it = origin.find(key);
+    return it == origin.end() ? std::string("(default)") : it->second;
+  }
+  // Derived (after validation): sequences per optimizer step and micro-batches per step.
+  int64_t global_batch() const;
+  int64_t grad_accum_steps() const { return global_batch() / training.micro_batch_size; }
+};
+
+}  // namespace gpt
