@@ -1,0 +1,96 @@
+// Backend: the op interface the model is written against. `kernels/cpu` implements it with oneDNN's
+// sgemm and vectorised OpenMP loops; `kernels/cuda` (issue 5) with CUDA kernels and cuBLASLt.
+// Pointers are device pointers of this backend (host memory for the CPU backend). Shapes are written on
+// the arguments: N = rows (B*T), C = channels, OC = output channels, NH = heads, V = vocab.
+//
+// Accumulation rules, the same on every backend:
+//  - parameter gradients (dweight, dbias, dwte, dwpe) are accumulated into (+=), so micro-batches add up;
+//  - layernorm_backward accumulates into dinp (the residual stream's gradient);
+//  - every other output is overwritten.
+// Every op is deterministic for a given thread count: no float atomics, fixed reduction orders.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/allocator.h"
+#include "core/rng.h"
+
+namespace gpt {
+
+// Identifies one dropout mask: element i of the mask is dropped iff rng.uniform(base + i) < p. `base` is
+// the first element's global index (from the global row), so masks do not depend on how rows are split.
+struct DropoutMask {
+  float p = 0.0f;
+  CounterRng rng{0, 0};
+  uint64_t base = 0;
+  bool active() const { return p > 0.0f; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  // Device memory, zero-filled, tracked under `category`.
+  virtual Buffer alloc(size_t bytes, MemCategory category) = 0;
+  virtual void set_threads(int threads) = 0;
+
+  // out(B,T,C) = wte[tokens(B,T)] + wpe[t]
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                                 int C) = 0;
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                                  int C) = 0;
+
+  // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias may be null.
+  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                              int OC) = 0;
+  // dinp(N,C) = dout @ weight (overwritten; skipped if null); dweight(OC,C) += dout^T @ inp; dbias += colsum.
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* weight, int64_t N, int C, int OC) = 0;
+
+  // out(N,C) = (inp - mean) * rstd * weight + bias; mean(N), rstd(N) saved for backward.
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                 const float* bias, int64_t N, int C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                  const float* weight, const float* mean, const float* rstd, int64_t N, int C) = 0;
+
+  // Causal multi-head attention. qkv(B,T,3C) holds q|k|v; out(B,T,C); att(B,NH,T,T) saves the softmax
+  // probabilities (before dropout) for backward; attention dropout is applied to them in the product.
+  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                                 const DropoutMask& drop) = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                                  int C, int NH, const DropoutMask& drop) = 0;
+
+  // GELU, tanh approximation.
+  virtual void gelu_forward(float* out, const float* inp, int64_t N) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) = 0;
+
+  // out = res + dropout(inp) (out may alias res).
+  virtual void residual_forward(float* out, const float* res, const float* inp, int64_t N,
+                                const DropoutMask& drop) = 0;
+  // dinp = dropout_backward(dout) (the mask and 1/(1-p) scale); plain copy when inactive.
+  virtual void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) = 0;
+  // In-place dropout on x (used after the embedding).
+  virtual void dropout_forward(float* x, int64_t N, const DropoutMask& drop) = 0;
+
+  // Fused softmax cross-entropy over rows of logits(N, Vp) whose first V columns are real. losses(N) gets
+  // each row's loss; if dlogits is non-null it gets (softmax - onehot) * dloss (may alias logits).
+  virtual void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
+                                             const int32_t* targets, int64_t N, int V, int Vp, float dloss) = 0;
+
+  // AdamW on n elements: m, v updated; param -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * param).
+  // grad is scaled by grad_scale first (global-norm clipping). step is 1-based.
+  virtual void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1,
+                            float beta2, float eps, float weight_decay, float grad_scale, int64_t step) = 0;
+  // Sum of squares in double (for the global gradient norm).
+  virtual double sum_squares(const float* x, int64_t n) = 0;
+  virtual void fill_zero(float* x, int64_t n) = 0;
+  virtual void copy(float* dst, const float* src, int64_t n) = 0;
+};
+
+// The one place backends are registered: "cpu" always; "cuda" when built with CUDA (issue 5).
+std::unique_ptr<Backend> make_backend(std::string_view device);
+
+}  // namespace gpt

@@ -1,0 +1,302 @@
+#include "model/gpt.h"
+
+#include <array>
+#include <vector>
+
+#include "core/check.h"
+
+namespace gpt {
+
+// Per-block activations saved for backward. A block whose activations are recomputed points at the shared
+// scratch set; under `selective`, ln_1/ln_2/gelu outputs always point at scratch.
+struct BlockActs {
+  float* ln1;       // (B,T,C)
+  float* ln1_mean;  // (B,T)
+  float* ln1_rstd;  // (B,T)
+  float* qkv;       // (B,T,3C)
+  float* atty;      // (B,T,C)
+  float* att;       // (B,NH,T,T)
+  float* res_mid;   // (B,T,C)  x + attention branch
+  float* ln2;       // (B,T,C)
+  float* ln2_mean;  // (B,T)
+  float* ln2_rstd;  // (B,T)
+  float* fch;       // (B,T,4C)
+  float* fch_gelu;  // (B,T,4C)
+};
+
+struct Gpt::Acts {
+  Buffer stored;    // the kept activations (category: activations)
+  Buffer scratch;   // one block's recompute set + temporaries (activations)
+  Buffer grads;     // activation gradients for backward (workspace)
+  Buffer tokens;    // a copy of the inputs for embedding backward (activations)
+  float* x = nullptr;  // residual stream (L+1, B,T,C): x[0] embedding output, x[l+1] block l output
+  std::vector<BlockActs> blocks;
+  BlockActs recompute{};
+  float* proj_out = nullptr;  // (B,T,C) temporary
+  float* lnf = nullptr;       // (B,T,C)
+  float* lnf_mean = nullptr;  // (B,T)
+  float* lnf_rstd = nullptr;  // (B,T)
+  float* logits = nullptr;    // (B,T,V); dlogits in place
+  float* losses = nullptr;    // (B,T)
+  const float* wte = nullptr;   // embed unit's wte and head unit's params, acquired by forward()
+  const float* head = nullptr;
+  // gradient workspace
+  float *dres = nullptr, *dtmp = nullptr, *dln = nullptr, *d4 = nullptr, *dqkv = nullptr, *datty = nullptr;
+};
+
+// Parameter (or gradient) pointers of one block, in layout order.
+struct Gpt::BlockParams {
+  const float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+};
+
+namespace {
+
+enum DropoutSite : int { kSiteEmbed = 0, kSiteAttention = 1, kSiteAttnResid = 2, kSiteMlpResid = 3 };
+
+// A simple bump allocator over one Buffer: first pass counts, second pass hands out pointers.
+class Carver {
+ public:
+  explicit Carver(float* base) : base_(base) {}
+  float* take(int64_t n) {
+    float* p = base_ ? base_ + used_ : nullptr;
+    used_ += (n + 15) / 16 * 16;  // keep every tensor 64-byte aligned
+    return p;
+  }
+  int64_t used() const { return used_; }
+
+ private:
+  float* base_;
+  int64_t used_ = 0;
+};
+
+}  // namespace
+
+Gpt::Gpt(const GptShape& shape, Backend& backend, ActivationCheckpointing ckpt)
+    : shape_(shape), layout_(ModelLayout::build(shape)), be_(backend), ckpt_(ckpt) {
+  GPT_CHECK(shape.n_embd % shape.n_head == 0);
+}
+
+Gpt::~Gpt() { delete acts_; }
+
+Gpt::BlockParams Gpt::block_params(const float* base) const {
+  const UnitLayout& u = layout_.units[1];
+  std::array<const float*, 12> p{};
+  for (size_t i = 0; i < 12; ++i) p[i] = base + u.params[i].offset;
+  return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
+}
+
+void Gpt::prepare(int B, int T) {
+  GPT_CHECK(B > 0 && T > 0 && T <= shape_.block_size);
+  if (acts_ != nullptr && B == B_ && T == T_) return;
+  delete acts_;
+  acts_ = new Acts();
+  B_ = B;
+  T_ = T;
+  const int64_t N = static_cast<int64_t>(B) * T, C = shape_.n_embd, L = shape_.n_layer;
+  const int64_t att = static_cast<int64_t>(B) * shape_.n_head * T * T;
+
+  // Lays out one block's set; tensors that are not `own`ed alias the scratch set.
+  auto carve_block = [&](Carver& c, const BlockActs* scratch, bool keep_all) {
+    const bool sel = ckpt_.selective();
+    auto own = [&](int64_t n, float* BlockActs::*field, bool cheap) -> float* {
+      if (scratch != nullptr && (!keep_all || (sel && cheap))) return scratch->*field;
+      return c.take(n);
+    };
+    BlockActs a{};
+    a.ln1 = own(N * C, &BlockActs::ln1, true);
+    a.ln1_mean = own(N, &BlockActs::ln1_mean, false);
+    a.ln1_rstd = own(N, &BlockActs::ln1_rstd, false);
+    a.qkv = own(3 * N * C, &BlockActs::qkv, false);
+    a.atty = own(N * C, &BlockActs::atty, false);
+    a.att = own(att, &BlockActs::att, false);
+    a.res_mid = own(N * C, &BlockActs::res_mid, false);
+    a.ln2 = own(N * C, &BlockActs::ln2, true);
+    a.ln2_mean = own(N, &BlockActs::ln2_mean, false);
+    a.ln2_rstd = own(N, &BlockActs::ln2_rstd, false);
+    a.fch = own(4 * N * C, &BlockActs::fch, false);
+    a.fch_gelu = own(4 * N * C, &BlockActs::fch_gelu, true);
+    return a;
+  };
+  const bool any_scratch = ckpt_.mode != ActivationCheckpointing::Mode::kNone;
+  // Two passes: measure, allocate, carve.
+  for (int pass = 0; pass < 2; ++pass) {
+    Carver sc(pass ? acts_->scratch.as<float>() : nullptr);
+    if (any_scratch) acts_->recompute = carve_block(sc, nullptr, true);
+    acts_->proj_out = sc.take(N * C);
+    Carver st(pass ? acts_->stored.as<float>() : nullptr);
+    acts_->x = st.take((L + 1) * N * C);
+    acts_->blocks.clear();
+    for (int l = 0; l < L; ++l) {
+      acts_->blocks.push_back(
+          carve_block(st, any_scratch ? &acts_->recompute : nullptr, !ckpt_.recompute_block(l)));
+    }
+    acts_->lnf = st.take(N * C);
+    acts_->lnf_mean = st.take(N);
+    acts_->lnf_rstd = st.take(N);
+    acts_->logits = st.take(N * shape_.vocab_size);
+    acts_->losses = st.take(N);
+    Carver gr(pass ? acts_->grads.as<float>() : nullptr);
+    acts_->dres = gr.take(N * C);
+    acts_->dtmp = gr.take(N * C);
+    acts_->dln = gr.take(N * C);
+    acts_->d4 = gr.take(4 * N * C);
+    acts_->dqkv = gr.take(3 * N * C);
+    acts_->datty = gr.take(N * C);
+    if (pass == 0) {
+      acts_->scratch = be_.alloc(sc.used() * sizeof(float), MemCategory::kActivations);
+      acts_->stored = be_.alloc(st.used() * sizeof(float), MemCategory::kActivations);
+      acts_->grads = be_.alloc(gr.used() * sizeof(float), MemCategory::kWorkspace);
+      acts_->tokens = be_.alloc(N * sizeof(int32_t), MemCategory::kActivations);
+    }
+  }
+}
+
+DropoutMask Gpt::dropout(int site, int layer, const StepContext& ctx, uint64_t per_row) const {
+  DropoutMask m;
+  if (!ctx.training || shape_.dropout <= 0.0f) return m;
+  m.p = shape_.dropout;
+  const uint64_t stream = (static_cast<uint64_t>(ctx.step) << 24) ^ (static_cast<uint64_t>(site) << 20) ^
+                          static_cast<uint64_t>(layer + 1) ^ 0x6470726f706f7574ull;  // "dropout"
+  m.rng = CounterRng(ctx.seed, stream);
+  m.base = static_cast<uint64_t>(ctx.row_offset) * per_row;
+  return m;
+}
+
+void Gpt::block_forward(int l, const BlockParams& p, const float* x_in, float* x_out, const StepContext& ctx) {
+  const BlockActs& a = acts_->blocks[l];
+  const int64_t N = static_cast<int64_t>(B_) * T_;
+  const int C = shape_.n_embd, NH = shape_.n_head;
+  be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1w, p.ln1b, N, C);
+  be_.matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, 3 * C);
+  be_.attention_forward(a.atty, a.att, a.qkv, B_, T_, C, NH,
+                        dropout(kSiteAttention, l, ctx, static_cast<uint64_t>(NH) * T_ * T_));
+  be_.matmul_forward(acts_->proj_out, a.atty, p.projw, p.projb, N, C, C);
+  be_.residual_forward(a.res_mid, x_in, acts_->proj_out, N * C,
+                       dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C));
+  be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res_mid, p.ln2w, p.ln2b, N, C);
+  be_.matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, 4 * C);
+  be_.gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
+  if (x_out == nullptr) return;  // recomputation for backward stops here: the block's output is kept
+  be_.matmul_forward(acts_->proj_out, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
+  be_.residual_forward(x_out, a.res_mid, acts_->proj_out, N * C,
+                       dropout(kSiteMlpResid, l, ctx, static_cast<uint64_t>(T_) * C));
+}
+
+void Gpt::forward(ParamSource& params, const int32_t* inputs, const StepContext& ctx) {
+  const int64_t N = static_cast<int64_t>(B_) * T_;
+  const int C = shape_.n_embd;
+  std::copy(inputs, inputs + N, acts_->tokens.as<int32_t>());
+  const float* embed = params.acquire(ModelLayout::kEmbedUnit);
+  const UnitLayout& eu = layout_.units[ModelLayout::kEmbedUnit];
+  const float* wte = embed + eu.params[0].offset;
+  const float* wpe = embed + eu.params[1].offset;
+  be_.embedding_forward(acts_->x, inputs, wte, wpe, B_, T_, C);
+  be_.dropout_forward(acts_->x, N * C, dropout(kSiteEmbed, 0, ctx, static_cast<uint64_t>(T_) * C));
+  for (int l = 0; l < shape_.n_layer; ++l) {
+    const int unit = layout_.block_unit(l);
+    const BlockParams p = block_params(params.acquire(unit));
+    block_forward(l, p, acts_->x + l * N * C, acts_->x + (l + 1) * N * C, ctx);
+    params.release(unit);
+  }
+  const float* head = params.acquire(layout_.head_unit());
+  acts_->wte = wte;
+  acts_->head = head;
+  be_.layernorm_forward(acts_->lnf, acts_->lnf_mean, acts_->lnf_rstd, acts_->x + shape_.n_layer * N * C, head,
+                        head + C, N, C);
+  be_.matmul_forward(acts_->logits, acts_->lnf, wte, nullptr, N, C, shape_.vocab_size);
+}
+
+static float mean_of(const float* x, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  return static_cast<float>(s / static_cast<double>(n));
+}
+
+float Gpt::forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets, const StepContext& ctx) {
+  GPT_CHECK(acts_ != nullptr);
+  forward(params, inputs, ctx);
+  const int64_t N = static_cast<int64_t>(B_) * T_;
+  be_.crossentropy_forward_backward(acts_->losses, nullptr, acts_->logits, targets, N, shape_.vocab_size,
+                                    shape_.vocab_size, 0.0f);
+  params.release(layout_.head_unit());
+  params.release(ModelLayout::kEmbedUnit);
+  return mean_of(acts_->losses, N);
+}
+
+const float* Gpt::forward_logits(ParamSource& params, const int32_t* inputs, const StepContext& ctx) {
+  GPT_CHECK(acts_ != nullptr);
+  forward(params, inputs, ctx);
+  params.release(layout_.head_unit());
+  params.release(ModelLayout::kEmbedUnit);
+  return acts_->logits;
+}
+
+void Gpt::block_backward(int l, const BlockParams& p, const BlockParams& g, const float* x_in,
+                         const StepContext& ctx) {
+  const BlockActs& a = acts_->blocks[l];
+  const int64_t N = static_cast<int64_t>(B_) * T_;
+  const int C = shape_.n_embd, NH = shape_.n_head;
+  if (ckpt_.recompute_block(l)) {
+    block_forward(l, p, x_in, nullptr, ctx);
+  } else if (ckpt_.selective()) {
+    be_.layernorm_forward(a.ln1, nullptr, nullptr, x_in, p.ln1w, p.ln1b, N, C);
+    be_.layernorm_forward(a.ln2, nullptr, nullptr, a.res_mid, p.ln2w, p.ln2b, N, C);
+    be_.gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
+  }
+  // Gradient pointers are stored as const in BlockParams; these are the ParamSource's writable buffers.
+  auto gw = [](const float* q) { return const_cast<float*>(q); };
+  float* dres = acts_->dres;
+  be_.dropout_backward(acts_->dtmp, dres, N * C, dropout(kSiteMlpResid, l, ctx, static_cast<uint64_t>(T_) * C));
+  be_.matmul_backward(acts_->d4, gw(g.fcprojw), gw(g.fcprojb), acts_->dtmp, a.fch_gelu, p.fcprojw, N, 4 * C, C);
+  be_.gelu_backward(acts_->d4, a.fch, acts_->d4, N * 4 * C);
+  be_.matmul_backward(acts_->dln, gw(g.fcw), gw(g.fcb), acts_->d4, a.ln2, p.fcw, N, C, 4 * C);
+  be_.layernorm_backward(dres, gw(g.ln2w), gw(g.ln2b), acts_->dln, a.res_mid, p.ln2w, a.ln2_mean, a.ln2_rstd, N, C);
+  be_.dropout_backward(acts_->dtmp, dres, N * C, dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C));
+  be_.matmul_backward(acts_->datty, gw(g.projw), gw(g.projb), acts_->dtmp, a.atty, p.projw, N, C, C);
+  be_.attention_backward(acts_->dqkv, acts_->datty, a.qkv, a.att, B_, T_, C, NH,
+                         dropout(kSiteAttention, l, ctx, static_cast<uint64_t>(NH) * T_ * T_));
+  be_.matmul_backward(acts_->dln, gw(g.qkvw), gw(g.qkvb), acts_->dqkv, a.ln1, p.qkvw, N, C, 3 * C);
+  be_.layernorm_backward(dres, gw(g.ln1w), gw(g.ln1b), acts_->dln, x_in, p.ln1w, a.ln1_mean, a.ln1_rstd, N, C);
+}
+
+float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float loss_scale,
+                            const StepContext& ctx) {
+  GPT_CHECK(acts_ != nullptr);
+  forward(params, inputs, ctx);
+  const int64_t N = static_cast<int64_t>(B_) * T_;
+  const int C = shape_.n_embd, V = shape_.vocab_size;
+  be_.crossentropy_forward_backward(acts_->losses, acts_->logits, acts_->logits, targets, N, V, V, loss_scale);
+  const float loss = mean_of(acts_->losses, N);
+
+  // Head: logits = ln_f(x_L) @ wte^T. wte's gradient goes to the embed unit, which stays acquired.
+  const UnitLayout& eu = layout_.units[ModelLayout::kEmbedUnit];
+  float* dembed = params.grads(ModelLayout::kEmbedUnit);
+  const int head = layout_.head_unit();
+  const float* hp = acts_->head;
+  float* hg = params.grads(head);
+  be_.matmul_backward(acts_->dln, dembed + eu.params[0].offset, nullptr, acts_->logits, acts_->lnf, acts_->wte, N, C,
+                      V);
+  be_.fill_zero(acts_->dres, N * C);
+  be_.layernorm_backward(acts_->dres, hg, hg + C, acts_->dln, acts_->x + shape_.n_layer * N * C, hp,
+                         acts_->lnf_mean, acts_->lnf_rstd, N, C);
+  params.grads_done(head);
+  params.release(head);
+
+  for (int l = shape_.n_layer - 1; l >= 0; --l) {
+    const int unit = layout_.block_unit(l);
+    const BlockParams p = block_params(params.acquire(unit));
+    const BlockParams g = block_params(params.grads(unit));
+    block_backward(l, p, g, acts_->x + l * N * C, ctx);
+    params.grads_done(unit);
+    params.release(unit);
+  }
+
+  be_.dropout_backward(acts_->dtmp, acts_->dres, N * C, dropout(kSiteEmbed, 0, ctx, static_cast<uint64_t>(T_) * C));
+  be_.embedding_backward(dembed + eu.params[0].offset, dembed + eu.params[1].offset, acts_->dtmp,
+                         acts_->tokens.as<int32_t>(), B_, T_, C);
+  params.grads_done(ModelLayout::kEmbedUnit);
+  params.release(ModelLayout::kEmbedUnit);
+  return loss;
+}
+
+}  // namespace gpt

@@ -1,0 +1,24 @@
+// ParamSource: how the model gets a unit's parameters and hands back its gradients, without knowing the
+// strategy. The single-process implementation holds everything; ShardedParams (issue 3) gathers units
+// from shards and reduce-scatters gradients behind the same four calls.
+//
+// Order contract: the model calls acquire/release/grads_done in the same order on every rank. The
+// embed unit is acquired first and released last (the LM head is tied to its wte), like FSDP's root.
+#pragma once
+
+namespace gpt {
+
+class ParamSource {
+ public:
+  virtual ~ParamSource() = default;
+  // The unit's full fp32 parameters, valid until release(unit).
+  virtual const float* acquire(int unit) = 0;
+  virtual void release(int unit) = 0;
+  // The unit's full-size fp32 gradient buffer; backward accumulates (+=) into it.
+  // REQUIRES: unit acquired.
+  virtual float* grads(int unit) = 0;
+  // The unit's gradient for this micro-batch is complete (a strategy may start reducing it now).
+  virtual void grads_done(int unit) = 0;
+};
+
+}  // namespace gpt

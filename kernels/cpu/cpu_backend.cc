@@ -1,0 +1,75 @@
+#include "kernels/cpu/cpu_backend.h"
+
+#include <cstring>
+#include <thread>
+
+#include <omp.h>
+
+#include "kernels/cpu/kernels.h"
+
+namespace gpt {
+
+void CpuBackend::set_threads(int threads) {
+  omp_set_num_threads(threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                                   int T, int C) {
+  cpu::embedding_forward(out, tokens, wte, wpe, B, T, C);
+}
+void CpuBackend::embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                                    int C) {
+  cpu::embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
+}
+void CpuBackend::matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,
+                                int C, int OC) {
+  cpu::matmul_forward(out, inp, weight, bias, N, C, OC);
+}
+void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                 const float* weight, int64_t N, int C, int OC) {
+  cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                   const float* bias, int64_t N, int C) {
+  cpu::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+}
+void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                    const float* weight, const float* mean, const float* rstd, int64_t N, int C) {
+  cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                                   const DropoutMask& drop) {
+  cpu::attention_forward(out, att, qkv, B, T, C, NH, drop);
+}
+void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                                    int C, int NH, const DropoutMask& drop) {
+  cpu::attention_backward(dqkv, dout, qkv, att, B, T, C, NH, drop);
+}
+void CpuBackend::gelu_forward(float* out, const float* inp, int64_t N) { cpu::gelu_forward(out, inp, N); }
+void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {
+  cpu::gelu_backward(dinp, inp, dout, N);
+}
+void CpuBackend::residual_forward(float* out, const float* res, const float* inp, int64_t N,
+                                  const DropoutMask& drop) {
+  cpu::residual_forward(out, res, inp, N, drop);
+}
+void CpuBackend::dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) {
+  cpu::dropout_backward(dinp, dout, N, drop);
+}
+void CpuBackend::dropout_forward(float* x, int64_t N, const DropoutMask& drop) { cpu::dropout_forward(x, N, drop); }
+void CpuBackend::crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
+                                               const int32_t* targets, int64_t N, int V, int Vp, float dloss) {
+  cpu::crossentropy_forward_backward(losses, dlogits, logits, targets, N, V, Vp, dloss);
+}
+void CpuBackend::adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1,
+                              float beta2, float eps, float weight_decay, float grad_scale, int64_t step) {
+  cpu::adamw_update(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step);
+}
+double CpuBackend::sum_squares(const float* x, int64_t n) { return cpu::sum_squares(x, n); }
+void CpuBackend::fill_zero(float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] = 0.0f;
+}
+void CpuBackend::copy(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, sizeof(float) * n); }
+
+}  // namespace gpt

@@ -1,0 +1,33 @@
+// Fused softmax + cross-entropy (+ its gradient) over rows of logits; padded vocab columns [V, Vp) get
+// zero probability and zero gradient.
+#include <cmath>
+
+#include "kernels/cpu/kernels.h"
+
+namespace gpt::cpu {
+
+void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                                   int64_t N, int V, int Vp, float dloss) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* z = logits + i * Vp;
+    float maxv = -INFINITY;
+    for (int j = 0; j < V; ++j) maxv = std::max(maxv, z[j]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < V; ++j) sum += std::exp(z[j] - maxv);
+    const float lse = maxv + std::log(sum);
+    const int y = targets[i];
+    losses[i] = lse - z[y];
+    if (dlogits != nullptr) {
+      float* dz = dlogits + i * Vp;
+      const float inv = 1.0f / sum;
+#pragma omp simd
+      for (int j = 0; j < V; ++j) dz[j] = std::exp(z[j] - maxv) * inv * dloss;
+      dz[y] -= dloss;
+      for (int j = V; j < Vp; ++j) dz[j] = 0.0f;
+    }
+  }
+}
+
+}  // namespace gpt::cpu

@@ -1,0 +1,43 @@
+// CPU kernels: the free functions behind CpuBackend, one op family per file (forward and backward side by
+// side). Shapes and accumulation rules are those of backend/backend.h. Parallel with OpenMP using static
+// schedules and per-thread partial sums reduced in thread order, so results are deterministic for a
+// given thread count.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace gpt::cpu {
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C);
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int64_t N, int C, int OC);
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int64_t N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int C);
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, const DropoutMask& drop);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int NH, const DropoutMask& drop);
+
+void gelu_forward(float* out, const float* inp, int64_t N);
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N);
+
+void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop);
+void dropout_forward(float* x, int64_t N, const DropoutMask& drop);
+void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop);
+
+void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                                   int64_t N, int V, int Vp, float dloss);
+
+void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, float grad_scale, int64_t step);
+double sum_squares(const float* x, int64_t n);
+
+}  // namespace gpt::cpu
