@@ -1,0 +1,11 @@
+#include "config/run_config.h"
+
+namespace gpt {
+
+int64_t RunConfig::global_batch() const {
+  if (training.global_batch_sequences > 0) return training.global_batch_sequences;
+  if (training.global_batch_tokens > 0) return training.global_batch_tokens / model.block_size;
+  return training.micro_batch_size;
+}
+
+}  // namespace gpt

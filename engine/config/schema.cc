@@ -1,0 +1,220 @@
+#include "config/schema.h"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <limits>
+#include <vector>
+
+namespace gpt {
+namespace {
+
+Allowed at_least(double v) {
+  Allowed a;
+  a.min = v;
+  return a;
+}
+Allowed above(double v) {
+  Allowed a = at_least(v);
+  a.min_exclusive = true;
+  return a;
+}
+Allowed between(double lo, double hi, bool hi_exclusive) {
+  Allowed a = at_least(lo);
+  a.max = hi;
+  a.max_exclusive = hi_exclusive;
+  return a;
+}
+Allowed fraction() { return between(0, 1, /*hi_exclusive=*/true); }  // [0, 1)
+Allowed one_of(std::string_view choices) {
+  Allowed a;
+  a.choices = choices;
+  return a;
+}
+Allowed non_empty() {
+  Allowed a;
+  a.non_empty = true;
+  return a;
+}
+Allowed anything() { return {}; }
+Allowed checked(std::string (*check)(const std::string&), std::string_view text) {
+  Allowed a;
+  a.check = check;
+  a.check_text = text;
+  return a;
+}
+
+std::string check_checkpointing(const std::string& v) {
+  if (v == "none" || v == "full" || v == "selective") return "";
+  if (v.starts_with("every:")) {
+    int64_t n = 0;
+    const char* first = v.data() + 6;
+    const char* last = v.data() + v.size();
+    auto [ptr, ec] = std::from_chars(first, last, n);
+    if (ec == std::errc() && ptr == last && first != last && n >= 1) return "";
+  }
+  return "expected one of none|full|selective|every:N with N >= 1, got '" + v + "'";
+}
+Allowed checkpointing() { return checked(check_checkpointing, "none|full|selective|every:N (N >= 1)"); }
+std::string check_tied(const std::string& v) {
+  return v == "true" ? "" : "false is not supported yet (the LM head always shares the token embedding)";
+}
+Allowed tied() { return checked(check_tied, "only true for now"); }
+
+// Key name, section, field name and field accessor from one mention of the field, so they cannot drift.
+#define GPT_KEY(sec, fld) #sec "." #fld, #sec, #fld, [](RunConfig& c) -> FieldRef { return &c.sec.fld; }
+
+constexpr std::array<std::string_view, 5> kSections = {"run", "model", "data", "training", "logging"};
+constexpr std::array<std::string_view, 5> kSectionMeanings = {
+    "the run's name, output directory, seed and threads", "the GPT-2 shape", "token shards and how they are read",
+    "steps, batch sizes, AdamW, learning-rate schedule, eval and memory", "log level and metrics"};
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The candidate nearest to `word`, if it is close enough to be a plausible typo.
+std::string closest(std::string_view word, const std::vector<std::string_view>& candidates) {
+  std::string_view best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (std::string_view c : candidates) {
+    // A truncated name ("train", "micro_batch") counts as one edit away.
+    const size_t d = word.size() >= 3 && c.starts_with(word) ? 1 : edit_distance(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  const size_t limit = std::max<size_t>(2, word.size() / 2);
+  return best_d <= limit ? std::string(best) : std::string();
+}
+
+}  // namespace
+
+std::span<const KeySpec> config_schema() {
+  // Built on first use, so a static initialiser elsewhere can read it safely.
+  static const KeySpec kSchema[] = {
+      {GPT_KEY(run, name), non_empty(), "run name, used in logs and metrics"},
+      {GPT_KEY(run, out_dir), non_empty(), "directory for the resolved config, metrics, checkpoints and weights"},
+      {GPT_KEY(run, seed), anything(), "seeds parameter init, dropout and data order"},
+      {GPT_KEY(run, threads), at_least(0), "CPU threads for kernels; 0 = all cores"},
+
+      {GPT_KEY(model, n_layer), at_least(1), "transformer blocks"},
+      {GPT_KEY(model, n_head), at_least(1), "attention heads per block; must divide n_embd"},
+      {GPT_KEY(model, n_embd), at_least(1), "embedding width C"},
+      {GPT_KEY(model, block_size), at_least(1), "context length T in tokens"},
+      {GPT_KEY(model, vocab_size), between(0, 65536, /*hi_exclusive=*/false),
+       "vocabulary size (tokens are uint16); 0 = take it from the data's tokenizer"},
+      {GPT_KEY(model, dropout), fraction(), "attention-probability and residual dropout rate"},
+      {GPT_KEY(model, tied_embeddings), tied(), "LM head shares the token embedding matrix (GPT-2)"},
+
+      {GPT_KEY(data, train), non_empty(), "training token shard file or glob (llm.c layout)"},
+      {GPT_KEY(data, val), anything(), "validation token shard file or glob"},
+      {GPT_KEY(data, tokenizer), anything(),
+       "tokenizer.json written by `prepare`; \"\" = next to the train shard if present"},
+      {GPT_KEY(data, sampling), one_of("random|sequential"), "how training windows are drawn from the shards"},
+
+      {GPT_KEY(training, steps), at_least(1), "optimizer steps to run"},
+      {GPT_KEY(training, micro_batch_size), at_least(1), "sequences per forward/backward"},
+      {GPT_KEY(training, global_batch_sequences), at_least(0),
+       "sequences per optimizer step; a multiple of micro_batch_size; 0 = micro_batch_size"},
+      {GPT_KEY(training, global_batch_tokens), at_least(0),
+       "tokens per optimizer step, instead of global_batch_sequences; a multiple of block_size * micro_batch_size"},
+      {GPT_KEY(training, lr), above(0), "peak learning rate"},
+      {GPT_KEY(training, min_lr), at_least(0), "learning rate at the end of decay; <= lr"},
+      {GPT_KEY(training, warmup_steps), at_least(0), "linear warmup steps from 0 to lr; <= steps"},
+      {GPT_KEY(training, lr_schedule), one_of("cosine|linear|constant"), "decay from lr to min_lr after warmup"},
+      {GPT_KEY(training, decay_steps), at_least(0), "step at which decay reaches min_lr; 0 = steps"},
+      {GPT_KEY(training, beta1), fraction(), "AdamW first-moment decay"},
+      {GPT_KEY(training, beta2), fraction(), "AdamW second-moment decay"},
+      {GPT_KEY(training, eps), above(0), "AdamW epsilon"},
+      {GPT_KEY(training, weight_decay), at_least(0), "AdamW decoupled weight decay, on 2-D weights only"},
+      {GPT_KEY(training, grad_clip), at_least(0), "clip the global gradient norm to this; 0 = off"},
+      {GPT_KEY(training, eval_interval), at_least(0), "steps between validation evals; 0 = only at the end"},
+      {GPT_KEY(training, eval_batches), at_least(1), "micro-batches per validation eval"},
+      {GPT_KEY(training, activation_checkpointing), checkpointing(),
+       "recompute activations in backward: none, full (every block), every:N (every Nth block), selective"},
+
+      {GPT_KEY(logging, level), one_of("trace|debug|info|warn|error"), "log level"},
+      {GPT_KEY(logging, log_interval), at_least(1), "steps between plain progress lines when stdout is not a terminal"},
+      {GPT_KEY(logging, metrics_file), non_empty(), "metrics JSONL file name, inside run.out_dir"},
+  };
+  return kSchema;
+}
+#undef GPT_KEY
+
+std::span<const std::string_view> config_sections() { return kSections; }
+
+std::string_view section_meaning(std::string_view section) {
+  for (size_t i = 0; i < kSections.size(); ++i) {
+    if (kSections[i] == section) return kSectionMeanings[i];
+  }
+  return {};
+}
+
+const KeySpec* find_config_key(std::string_view key) {
+  for (const KeySpec& s : config_schema()) {
+    if (s.key == key) return &s;
+  }
+  return nullptr;
+}
+
+std::string_view type_name(const KeySpec& spec) {
+  RunConfig probe;
+  static constexpr std::string_view kNames[] = {"int", "int64", "uint64", "float", "bool", "string"};
+  return kNames[spec.field(probe).index()];
+}
+
+std::string suggest_config_key(std::string_view unknown_key) {
+  const size_t dot = unknown_key.find('.');
+  const std::string_view section = dot == std::string_view::npos ? std::string_view() : unknown_key.substr(0, dot);
+  const std::string_view name = dot == std::string_view::npos ? unknown_key : unknown_key.substr(dot + 1);
+  // The right name in the wrong section (or with no section) is the likeliest mistake.
+  for (const KeySpec& s : config_schema()) {
+    if (s.name == name && s.section != section) return std::string(s.key);
+  }
+  std::vector<std::string_view> names;
+  for (const KeySpec& s : config_schema()) {
+    if (s.section == section) names.push_back(s.name);
+  }
+  const std::string best = closest(name, names);
+  return best.empty() ? best : std::string(section) + "." + best;
+}
+
+std::string suggest_config_section(std::string_view unknown_section) {
+  return closest(unknown_section, std::vector<std::string_view>(kSections.begin(), kSections.end()));
+}
+
+std::string config_reference_text() {
+  const RunConfig defaults;
+  std::string out =
+      "Run configuration keys. A config file is YAML with one map per section; any key can be overridden\n"
+      "with --set section.key=value (the value is read as a YAML scalar).\n";
+  for (size_t i = 0; i < kSections.size(); ++i) {
+    out += '\n';
+    out += kSections[i];
+    out += ":  # ";
+    out += kSectionMeanings[i];
+    out += '\n';
+    for (const KeySpec& s : config_schema()) {
+      if (s.section != kSections[i]) continue;
+      std::string def = format_value(s, defaults);
+      if (type_name(s) == "string") def = '"' + def + '"';
+      out += "  " + std::string(s.name) + " = " + def + "  (" + std::string(type_name(s));
+      const std::string allowed = allowed_text(s);
+      if (!allowed.empty()) out += ", " + allowed;
+      out += ")\n      " + std::string(s.meaning) + "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace gpt
