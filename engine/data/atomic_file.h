@@ -1,0 +1,21 @@
+// Writing a file so that it is never seen half-written: the bytes go to `path + ".tmp"`, are fsynced, and
+// the temporary is renamed over `path` (then the directory is fsynced so the rename survives a crash).
+// Readers see either the old file or the complete new one. Errors name the path and the failing call.
+#pragma once
+
+#include <initializer_list>
+#include <span>
+#include <string>
+
+#include "core/status.h"
+
+namespace gpt::data {
+
+// Writes the pieces back to back as the whole content of `path`.
+[[nodiscard]] Status write_file_atomically(const std::string& path,
+                                           std::initializer_list<std::span<const char>> pieces);
+
+// Reads the whole file into *out. NotFound if it does not exist, IoError otherwise; both name the path.
+[[nodiscard]] Status read_file(const std::string& path, std::string* out);
+
+}  // namespace gpt::data

@@ -1,0 +1,60 @@
+#include "data/prepare.h"
+
+#include <filesystem>
+#include <span>
+
+#include "data/atomic_file.h"
+#include "data/token_shard.h"
+#include "data/tokenizer.h"
+
+namespace gpt::data {
+
+Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
+  if (options.inputs.empty()) return Status::invalid_argument("prepare: no input files given");
+  if (!(options.val_fraction >= 0.0 && options.val_fraction < 1.0)) {
+    return Status::invalid_argument("prepare: val_fraction must be in [0, 1), got " +
+                                    std::to_string(options.val_fraction));
+  }
+  if (options.out_dir.empty()) return Status::invalid_argument("prepare: no output directory given");
+  if (options.tokenizer != "char" && options.tokenizer != "byte") {
+    return Status::invalid_argument("prepare: unknown tokenizer \"" + options.tokenizer + "\", expected char or byte");
+  }
+
+  std::string text;
+  for (const std::string& input : options.inputs) {
+    std::string content;
+    GPT_RETURN_IF_ERROR(read_file(input, &content).with_context("prepare: input file"));
+    text += content;
+  }
+  if (text.empty()) return Status::invalid_argument("prepare: the input files are empty");
+
+  Expected<Tokenizer> tokenizer = Tokenizer::build(options.tokenizer, text);
+  if (!tokenizer) return tokenizer.status().with_context("prepare: building the tokenizer");
+  Expected<std::vector<uint16_t>> tokens = tokenizer->encode(text);
+  if (!tokens) return tokens.status().with_context("prepare: encoding");
+
+  // int(n * (1 - f)) as in nanoGPT: truncation toward zero, in double precision.
+  const auto n = static_cast<int64_t>(tokens->size());
+  const auto n_train = static_cast<int64_t>(static_cast<double>(n) * (1.0 - options.val_fraction));
+  const std::span<const uint16_t> all(*tokens);
+
+  std::error_code ec;
+  std::filesystem::create_directories(options.out_dir, ec);
+  if (ec) return Status::io_error("prepare: cannot create directory " + options.out_dir + ": " + ec.message());
+  const std::filesystem::path dir(options.out_dir);
+
+  PrepareReport report;
+  report.input_bytes = static_cast<int64_t>(text.size());
+  report.train_tokens = n_train;
+  report.val_tokens = n - n_train;
+  report.vocab_size = tokenizer->vocab_size();
+  report.train_path = (dir / "train.bin").string();
+  report.val_path = (dir / "val.bin").string();
+  report.tokenizer_path = (dir / "tokenizer.json").string();
+  GPT_RETURN_IF_ERROR(write_token_shard(report.train_path, all.first(static_cast<size_t>(n_train))));
+  GPT_RETURN_IF_ERROR(write_token_shard(report.val_path, all.subspan(static_cast<size_t>(n_train))));
+  GPT_RETURN_IF_ERROR(tokenizer->save(report.tokenizer_path));
+  return report;
+}
+
+}  // namespace gpt::data

@@ -1,0 +1,38 @@
+// `prepare`: turns text files into a training data set, as nanoGPT's data/shakespeare_char/prepare.py does.
+// The inputs are concatenated in the order given; the tokenizer is built from the whole text; the token
+// sequence is split into train = the first int(n * (1 - val_fraction)) tokens and val = the rest. Writes
+//   out_dir/train.bin, out_dir/val.bin   (token shards, see token_shard.h)
+//   out_dir/tokenizer.json               (see tokenizer.h)
+// creating out_dir if needed. Each file is written atomically, so a failed run leaves no partial file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace gpt::data {
+
+struct PrepareOptions {
+  // Text files to read, concatenated in this order. At least one; together not empty.
+  std::vector<std::string> inputs;
+  // "char" (vocabulary = the distinct characters of the inputs) or "byte" (256 ids).
+  std::string tokenizer = "char";
+  // Fraction of tokens that go to val.bin, taken from the end; in [0, 1).
+  double val_fraction = 0.1;
+  // Directory for train.bin, val.bin and tokenizer.json; created if missing.
+  std::string out_dir;
+};
+
+struct PrepareReport {
+  int64_t input_bytes = 0;
+  int64_t train_tokens = 0;
+  int64_t val_tokens = 0;
+  int32_t vocab_size = 0;
+  std::string train_path, val_path, tokenizer_path;
+};
+
+Expected<PrepareReport> prepare_dataset(const PrepareOptions& options);
+
+}  // namespace gpt::data

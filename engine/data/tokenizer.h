@@ -1,0 +1,62 @@
+// Tokenizers that map text to uint16 token ids and back.
+//   char: the vocabulary is the sorted set of distinct Unicode code points of a training text (the text is
+//         decoded as UTF-8); a symbol's id is its index in that sorted list. On tinyshakespeare this is
+//         nanoGPT's shakespeare_char vocabulary (65 symbols: '\n', ' ', '!', ...).
+//   byte: 256 ids, id = byte value; every text encodes.
+// Saved as tokenizer.json: {"type":"char","vocab":["\n"," ",...]} or {"type":"byte"}. Non-ASCII symbols
+// are written as raw UTF-8, control characters as JSON escapes.
+// A Tokenizer is an immutable value; all methods are const and thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace gpt::data {
+
+enum class TokenizerKind { kChar, kByte };
+
+// Ids are uint16 (the shard format), so a vocabulary holds at most this many symbols.
+inline constexpr int32_t kMaxVocabSize = 65535;
+
+class Tokenizer {
+ public:
+  static Tokenizer byte_level();
+  // The char vocabulary of `text`. Errors: invalid UTF-8 (with the byte offset), empty text, more than
+  // kMaxVocabSize distinct symbols.
+  static Expected<Tokenizer> char_level(std::string_view text);
+  // `kind` is "char" or "byte"; `text` is only read for "char".
+  static Expected<Tokenizer> build(std::string_view kind, std::string_view text);
+  // Reads a tokenizer.json written by save(); errors name the file.
+  static Expected<Tokenizer> load(const std::string& path);
+
+  // Writes to_json() to `path` (atomically: temporary file, fsync, rename).
+  [[nodiscard]] Status save(const std::string& path) const;
+  std::string to_json() const;
+
+  TokenizerKind kind() const { return kind_; }
+  std::string_view kind_name() const { return kind_ == TokenizerKind::kChar ? "char" : "byte"; }
+  int32_t vocab_size() const;
+  // The char vocabulary in id order; empty for byte.
+  std::span<const char32_t> symbols() const { return symbols_; }
+
+  // char: errors on invalid UTF-8 or a symbol outside the vocabulary (naming it and its byte offset).
+  Expected<std::vector<uint16_t>> encode(std::string_view text) const;
+  // Ids outside the vocabulary (e.g. a model's padded vocab) decode to U+FFFD.
+  std::string decode(std::span<const int32_t> ids) const;
+  std::string decode(std::span<const uint16_t> ids) const;
+
+ private:
+  Tokenizer(TokenizerKind kind, std::vector<char32_t> symbols) : kind_(kind), symbols_(std::move(symbols)) {}
+  template <typename Id>
+  std::string decode_ids(std::span<const Id> ids) const;
+
+  TokenizerKind kind_;
+  std::vector<char32_t> symbols_;  // (vocab_size,) sorted ascending; char kind only
+};
+
+}  // namespace gpt::data

@@ -1,0 +1,21 @@
+// UTF-8 helpers for the char tokenizer: strict decoding (no overlong forms, no surrogates, nothing past
+// U+10FFFF), encoding, and a printable description of a code point for error messages.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace gpt::data {
+
+// Decodes the code point starting at s[*pos] into *cp and advances *pos past it. Returns false, leaving
+// *pos at the offending byte, when the bytes there are not valid UTF-8. REQUIRES: *pos < s.size().
+bool decode_utf8(std::string_view s, size_t* pos, char32_t* cp);
+
+// Appends the UTF-8 encoding of `cp`. REQUIRES: cp is a valid code point (not a surrogate, <= U+10FFFF).
+void append_utf8(char32_t cp, std::string* out);
+
+// "'a' (U+0061)", or "U+000A" alone for characters that do not print.
+std::string describe_code_point(char32_t cp);
+
+}  // namespace gpt::data
