@@ -1,0 +1,46 @@
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "apps/commands.h"
+#include "train/sampler.h"
+
+namespace gpt {
+
+namespace {
+struct SampleArgs {
+  SampleOptions opts;
+  std::string run_dir;
+};
+}  // namespace
+
+Command add_sample_command(CLI::App& app) {
+  auto args = std::make_shared<SampleArgs>();
+  auto* run = app.add_option("--run", args->run_dir, "A run's out_dir (its final weights are in <out_dir>/model)");
+  auto* model = app.add_option("--model", args->opts.model_dir, "A model directory (manifest.json + shard)");
+  run->excludes(model);
+  app.add_option("--prompt,-p", args->opts.prompt, "Text to continue")->default_str("\\n");
+  app.add_option("--tokens,-n", args->opts.tokens, "Tokens to generate")->default_str("300");
+  app.add_option("--temperature", args->opts.temperature, "Softmax temperature (> 0)")->default_str("0.8");
+  app.add_option("--top-k", args->opts.top_k, "Sample from the k most likely tokens (0 = all)")->default_str("40");
+  app.add_option("--seed", args->opts.seed, "Random seed")->default_str("1");
+  app.add_option("--threads", args->opts.threads, "CPU threads (0 = all cores)")->default_str("0");
+  app.footer(
+      "Examples:\n"
+      "  gpt-train sample --run runs/shakespeare-char --prompt 'ROMEO:' --tokens 300 --temperature 0.8 --top-k 40\n"
+      "  gpt-train sample --model runs/quickstart/model --seed 7");
+  return [args]() -> int {
+    if (args->run_dir.empty() && args->opts.model_dir.empty()) {
+      return report_error(Status::invalid_argument("sample needs --run DIR or --model DIR"));
+    }
+    if (!args->run_dir.empty()) args->opts.model_dir = (std::filesystem::path(args->run_dir) / "model").string();
+    Status st = sample_text(args->opts, [](const std::string& piece) { std::cout << piece << std::flush; });
+    std::cout << std::endl;
+    if (!st.is_ok()) return report_error(st);
+    return 0;
+  };
+}
+
+}  // namespace gpt

@@ -1,0 +1,53 @@
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+#include <memory>
+
+#include "apps/commands.h"
+#include "config/loader.h"
+#include "config/schema.h"
+#include "embedded_config.h"
+#include "train/trainer.h"
+
+namespace gpt {
+
+namespace {
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  bool help_config = false;
+};
+}  // namespace
+
+Command add_train_command(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  app.add_option("--config,-c", args->config, "YAML run config (default: the built-in configs/quickstart.yaml)");
+  app.add_option("--set", args->overrides, "Override a config key, e.g. --set training.steps=100 (repeatable)")
+      ->type_name("KEY=VALUE");
+  app.add_flag("--help-config", args->help_config, "Print every config key with its type, default and meaning");
+  app.footer(
+      "Examples:\n"
+      "  gpt-train train                                   # built-in quickstart config\n"
+      "  gpt-train train --config configs/shakespeare-char-cpu.yaml\n"
+      "  gpt-train train -c configs/shakespeare-char-cpu.yaml --set training.steps=200 --set run.threads=2\n"
+      "  gpt-train train --help-config");
+  return [args]() -> int {
+    if (args->help_config) {
+      std::cout << config_reference_text();
+      return 0;
+    }
+    Expected<RunConfig> cfg = args->config.empty()
+                                  ? load_run_config_text(kEmbeddedConfig, kEmbeddedConfigName, args->overrides)
+                                  : load_run_config_file(args->config, args->overrides);
+    if (!cfg) return report_error(cfg.status());
+    spdlog::info("resolved config ({}):\n{}", args->config.empty() ? kEmbeddedConfigName : args->config,
+                 to_yaml(*cfg));
+    auto trainer = Trainer::create(*cfg);
+    if (!trainer) return report_error(trainer.status());
+    auto summary = (*trainer)->run();
+    if (!summary) return report_error(summary.status());
+    return 0;
+  };
+}
+
+}  // namespace gpt

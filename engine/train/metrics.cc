@@ -1,0 +1,39 @@
+#include "train/metrics.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace gpt {
+
+Expected<MetricsWriter> MetricsWriter::open(const std::string& path) {
+  MetricsWriter w(path);
+  w.out_.open(path, std::ios::out | std::ios::trunc);
+  if (!w.out_) return Status::io_error("cannot open metrics file '" + path + "' for writing");
+  return w;
+}
+
+Status MetricsWriter::write(const StepMetrics& m) {
+  std::string line = fmt::format(R"({{"step":{},"loss":{:.6f},)", m.step, m.loss);
+  if (m.val_loss) line += fmt::format(R"("val_loss":{:.6f},)", *m.val_loss);
+  line += fmt::format(R"("lr":{:.6e},"grad_norm":{:.6f},"tokens_per_s":{:.1f},"step_ms":{:.3f},"gflops":{:.3f},)",
+                      m.lr, m.grad_norm, m.tokens_per_s, m.step_ms, m.gflops);
+  line += R"("mem_peak_bytes":{)";
+  for (size_t i = 0; i < kNumMemCategories; ++i) {
+    line += fmt::format(R"("{}":{},)", mem_category_name(static_cast<MemCategory>(i)), m.memory.peak[i]);
+  }
+  line += fmt::format(R"("total":{}}}}})", m.memory.total_peak);
+  out_ << line << '\n';
+  out_.flush();
+  if (!out_) return Status::io_error("cannot write metrics file '" + path_ + "'");
+  return Status::ok();
+}
+
+std::string format_duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
+  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+}  // namespace gpt

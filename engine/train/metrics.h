@@ -1,0 +1,43 @@
+// Per-step metrics as JSON lines (one object per optimizer step) in the run's out_dir, plus small
+// formatting helpers for progress lines.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include "core/allocator.h"
+#include "core/status.h"
+
+namespace gpt {
+
+struct StepMetrics {
+  int64_t step = 0;
+  float loss = 0.0f;
+  std::optional<float> val_loss;
+  float lr = 0.0f;
+  double grad_norm = 0.0;
+  double tokens_per_s = 0.0;
+  double step_ms = 0.0;
+  double gflops = 0.0;  // achieved, by 6N + 12 L H Q T FLOPs per token
+  MemStats memory;      // peak bytes per category so far
+};
+
+class MetricsWriter {
+ public:
+  static Expected<MetricsWriter> open(const std::string& path);
+  // {"step":1,"loss":..,"val_loss":..,"lr":..,"grad_norm":..,"tokens_per_s":..,"step_ms":..,"gflops":..,
+  //  "mem_peak_bytes":{"params":..,...,"total":..}}
+  [[nodiscard]] Status write(const StepMetrics& m);
+
+ private:
+  explicit MetricsWriter(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+  std::ofstream out_;
+};
+
+// "1h02m", "3m05s", "12s".
+std::string format_duration(double seconds);
+
+}  // namespace gpt

@@ -1,0 +1,28 @@
+// Text generation from saved weights: autoregressive sampling with temperature and top-k, the context
+// cropped to the model's block size. Randomness comes from the counter-based RNG keyed by the seed and
+// the token index, so a seed reproduces the same text.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/status.h"
+
+namespace gpt {
+
+struct SampleOptions {
+  std::string model_dir;  // a model directory (manifest.json + shard), e.g. <run out_dir>/model
+  std::string prompt = "\n";
+  int tokens = 300;
+  float temperature = 0.8f;  // > 0
+  int top_k = 40;            // 0 = the whole vocabulary
+  uint64_t seed = 1;
+  int threads = 0;
+};
+
+// Generates `tokens` tokens after the prompt; `emit` receives the prompt's text and then each new piece
+// of text as it is produced. Errors: missing/corrupt model, no tokenizer, prompt not encodable.
+[[nodiscard]] Status sample_text(const SampleOptions& options, const std::function<void(const std::string&)>& emit);
+
+}  // namespace gpt

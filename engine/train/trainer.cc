@@ -1,0 +1,225 @@
+#include "train/trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/model_file.h"
+#include "config/loader.h"
+#include "train/metrics.h"
+
+namespace gpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The tokenizer named by data.tokenizer, else tokenizer.json beside the first train shard if present.
+Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, const data::DataLoader& train) {
+  std::string path = cfg.data.tokenizer;
+  if (path.empty()) {
+    const fs::path beside = fs::path(train.shards().front().path()).parent_path() / "tokenizer.json";
+    if (!fs::exists(beside)) return std::optional<data::Tokenizer>();
+    path = beside.string();
+  }
+  auto tok = data::Tokenizer::load(path);
+  if (!tok) return tok.status().with_context(cfg.where("data.tokenizer") + ": data.tokenizer");
+  return std::optional<data::Tokenizer>(std::move(*tok));
+}
+
+Expected<data::DataLoader> open_split(const RunConfig& cfg, const std::string& key, const std::string& pattern,
+                                      int64_t global_batch, data::SamplingMode mode) {
+  data::LoaderOptions o;
+  o.pattern = pattern;
+  o.block_size = cfg.model.block_size;
+  o.global_batch = global_batch;
+  o.seed = cfg.run.seed;
+  o.mode = mode;
+  o.split = key;
+  auto loader = data::DataLoader::open(o);
+  if (!loader) {
+    return loader.status().with_context(cfg.where("data." + key) + ": data." + key + " (with model.block_size " +
+                                        std::to_string(cfg.model.block_size) + ")");
+  }
+  return loader;
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg) {
+  GPT_ASSIGN_OR_RETURN(data::SamplingMode mode, data::parse_sampling_mode(cfg.data.sampling));
+  GPT_ASSIGN_OR_RETURN(data::DataLoader train, open_split(cfg, "train", cfg.data.train, cfg.global_batch(), mode));
+  GPT_ASSIGN_OR_RETURN(data::DataLoader val,
+                       open_split(cfg, "val", cfg.data.val, cfg.training.micro_batch_size, data::SamplingMode::kRandom));
+  GPT_ASSIGN_OR_RETURN(std::optional<data::Tokenizer> tokenizer, find_tokenizer(cfg, train));
+  GPT_ASSIGN_OR_RETURN(ActivationCheckpointing ckpt,
+                       ActivationCheckpointing::parse(cfg.training.activation_checkpointing));
+
+  GptShape shape;
+  shape.n_layer = cfg.model.n_layer;
+  shape.n_head = cfg.model.n_head;
+  shape.n_embd = cfg.model.n_embd;
+  shape.block_size = cfg.model.block_size;
+  shape.dropout = cfg.model.dropout;
+  const int32_t max_token = std::max(train.max_token(), val.max_token());
+  shape.vocab_size = cfg.model.vocab_size;
+  if (shape.vocab_size == 0) shape.vocab_size = tokenizer ? tokenizer->vocab_size() : max_token + 1;
+  if (max_token >= shape.vocab_size) {
+    return Status::invalid_argument(cfg.where("model.vocab_size") + ": model.vocab_size " +
+                                    std::to_string(shape.vocab_size) + " is too small: the data ('" +
+                                    cfg.data.train + "', '" + cfg.data.val + "') has token id " +
+                                    std::to_string(max_token) + ", so it must be at least " +
+                                    std::to_string(max_token + 1));
+  }
+  if (tokenizer && tokenizer->vocab_size() > shape.vocab_size) {
+    return Status::invalid_argument(cfg.where("model.vocab_size") + ": model.vocab_size " +
+                                    std::to_string(shape.vocab_size) + " is smaller than the tokenizer's " +
+                                    std::to_string(tokenizer->vocab_size()) + " symbols");
+  }
+  if (!cfg.model.tied_embeddings) {
+    return Status::invalid_argument(cfg.where("model.tied_embeddings") +
+                                    ": model.tied_embeddings: false is not supported yet (GPT-2 ties the LM head)");
+  }
+  return std::unique_ptr<Trainer>(
+      new Trainer(cfg, shape, std::move(train), std::move(val), std::move(tokenizer), ckpt));
+}
+
+Trainer::Trainer(const RunConfig& config, GptShape shape, data::DataLoader train, data::DataLoader val,
+                 std::optional<data::Tokenizer> tokenizer, ActivationCheckpointing ckpt)
+    : config_(config), shape_(shape), train_(std::move(train)), val_(std::move(val)), tokenizer_(std::move(tokenizer)) {
+  backend_ = make_backend("cpu");
+  backend_->set_threads(config_.run.threads);
+  model_ = std::make_unique<Gpt>(shape_, *backend_, ckpt);
+  params_ = std::make_unique<LocalParams>(model_->layout(), *backend_);
+  params_->init(shape_, config_.run.seed);
+  const auto& t = config_.training;
+  optimizer_ = std::make_unique<AdamW>(*backend_, model_->layout(), 0, params_->numel(),
+                                       AdamWConfig{t.beta1, t.beta2, t.eps, t.weight_decay});
+  schedule_.kind = t.lr_schedule == "constant" ? LrSchedule::Kind::kConstant
+                   : t.lr_schedule == "linear" ? LrSchedule::Kind::kLinear
+                                               : LrSchedule::Kind::kCosine;
+  schedule_.lr = t.lr;
+  schedule_.min_lr = t.min_lr;
+  schedule_.warmup_steps = t.warmup_steps;
+  schedule_.decay_steps = t.decay_steps > 0 ? t.decay_steps : t.steps;
+  model_->prepare(t.micro_batch_size, shape_.block_size);
+  const size_t n = static_cast<size_t>(t.micro_batch_size) * shape_.block_size;
+  inputs_.resize(n);
+  targets_.resize(n);
+}
+
+double Trainer::flops_per_token() const {
+  const double n = static_cast<double>(shape_.num_params()) - static_cast<double>(shape_.block_size) * shape_.n_embd;
+  const double L = shape_.n_layer, H = shape_.n_head, Q = shape_.n_embd / shape_.n_head, T = shape_.block_size;
+  return 6.0 * n + 12.0 * L * H * Q * T;
+}
+
+float Trainer::train_step(int64_t step) {
+  const int B = config_.training.micro_batch_size;
+  const int64_t accum = config_.grad_accum_steps();
+  const float loss_scale = 1.0f / static_cast<float>(config_.global_batch() * shape_.block_size);
+  const uint64_t batch = train_.next_batch_index();
+  params_->zero_grads();
+  double loss_sum = 0.0;
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    train_.fill_rows(batch, micro * B, B, inputs_.data(), targets_.data());
+    const StepContext ctx{config_.run.seed, step, micro * B, true};
+    loss_sum += model_->forward_backward(*params_, inputs_.data(), targets_.data(), loss_scale, ctx);
+  }
+  last_grad_norm_ = std::sqrt(backend_->sum_squares(params_->all_grads(), params_->numel()));
+  const float scale = clip_scale(last_grad_norm_, config_.training.grad_clip);
+  optimizer_->step(params_->params(), params_->all_grads(), schedule_.at(step), scale);
+  return static_cast<float>(loss_sum / static_cast<double>(accum));
+}
+
+float Trainer::evaluate() {
+  const int B = config_.training.micro_batch_size;
+  double sum = 0.0;
+  for (int k = 0; k < config_.training.eval_batches; ++k) {
+    val_.fill_rows(static_cast<uint64_t>(k), 0, B, inputs_.data(), targets_.data());
+    sum += model_->forward_loss(*params_, inputs_.data(), targets_.data(), StepContext{config_.run.seed, 0, 0, false});
+  }
+  return static_cast<float>(sum / config_.training.eval_batches);
+}
+
+Expected<TrainSummary> Trainer::run() {
+  const auto& t = config_.training;
+  const fs::path out_dir(config_.run.out_dir);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) {
+    return Status::io_error(config_.where("run.out_dir") + ": cannot create run.out_dir '" + out_dir.string() +
+                            "': " + ec.message());
+  }
+  {
+    std::ofstream f(out_dir / "config.yaml");
+    f << to_yaml(config_);
+    if (!f) return Status::io_error("cannot write '" + (out_dir / "config.yaml").string() + "'");
+  }
+  GPT_ASSIGN_OR_RETURN(MetricsWriter metrics, MetricsWriter::open((out_dir / config_.logging.metrics_file).string()));
+  spdlog::info("model: {} layers, {} heads, {} wide, block {}, vocab {}: {:.2f}M parameters", shape_.n_layer,
+               shape_.n_head, shape_.n_embd, shape_.block_size, shape_.vocab_size, shape_.num_params() / 1e6);
+  spdlog::info("batch: {} sequences x {} tokens per step ({} micro-batches of {}); {} steps; checkpointing {}",
+               config_.global_batch(), shape_.block_size, config_.grad_accum_steps(), t.micro_batch_size, t.steps,
+               t.activation_checkpointing);
+
+  TrainSummary summary;
+  const double tokens_per_step = static_cast<double>(config_.global_batch()) * shape_.block_size;
+  const auto start = std::chrono::steady_clock::now();
+  double window_s = 0.0;
+  int64_t window_steps = 0;
+  for (int64_t step = 0; step < t.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const float loss = train_step(step);
+    const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    window_s += step_s;
+    ++window_steps;
+    summary.final_loss = loss;
+    if (!std::isfinite(loss)) {
+      return Status::failed_precondition("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
+                                         "; lower training.lr or check the data");
+    }
+    StepMetrics m;
+    m.step = step + 1;
+    m.loss = loss;
+    m.lr = schedule_.at(step);
+    m.grad_norm = last_grad_norm_;
+    m.step_ms = step_s * 1e3;
+    m.tokens_per_s = tokens_per_step / step_s;
+    m.gflops = flops_per_token() * m.tokens_per_s / 1e9;
+    const bool last = step + 1 == t.steps;
+    if ((t.eval_interval > 0 && (step + 1) % t.eval_interval == 0) || last) {
+      m.val_loss = evaluate();
+      summary.final_val_loss = m.val_loss;
+    }
+    m.memory = MemTracker::instance().stats();
+    GPT_RETURN_IF_ERROR(metrics.write(m));
+    if ((step + 1) % config_.logging.log_interval == 0 || last || m.val_loss) {
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double eta = elapsed / static_cast<double>(step + 1) * static_cast<double>(t.steps - step - 1);
+      spdlog::info("step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {:.0f} tok/s | "
+                   "{:.1f} GFLOP/s | ETA {}",
+                   step + 1, std::to_string(t.steps).size(), t.steps, loss,
+                   m.val_loss ? fmt::format(" | val {:.4f}", *m.val_loss) : "", m.lr, m.grad_norm,
+                   window_s / window_steps * 1e3, tokens_per_step * window_steps / window_s,
+                   flops_per_token() * tokens_per_step * window_steps / window_s / 1e9, format_duration(eta));
+      window_s = 0.0;
+      window_steps = 0;
+    }
+  }
+  summary.steps = t.steps;
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  summary.tokens_per_s = tokens_per_step * static_cast<double>(t.steps) / summary.seconds;
+  const std::string model_dir = (out_dir / "model").string();
+  GPT_RETURN_IF_ERROR(
+      save_model(model_dir, shape_, params_->params(), t.steps, tokenizer_ ? tokenizer_->to_json() : ""));
+  spdlog::info("done: {} steps in {}, final loss {:.4f}{}; weights saved to {}", t.steps,
+               format_duration(summary.seconds), summary.final_loss,
+               summary.final_val_loss ? fmt::format(", val loss {:.4f}", *summary.final_val_loss) : "", model_dir);
+  return summary;
+}
+
+}  // namespace gpt

@@ -1,0 +1,156 @@
+// End-to-end tests of the gpt-train binary: prepare -> train -> sample on a small corpus, and every
+// class of bad input ending in a clear message, a non-zero exit code and nothing written.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "testing/run_command.h"
+#include "testing/temp_dir.h"
+
+namespace gpt {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::gpt_train;
+using testing::run_command;
+using testing::TempDir;
+
+// A few KB of text with a small alphabet, prepared into dir/data.
+std::string prepare_corpus(const TempDir& dir) {
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "the cat sat on the mat. a dog ran to the cat.\n";
+  const std::string input = dir.write("corpus.txt", text);
+  const auto r = run_command(gpt_train() + " prepare --input " + input + " --out " + dir.file("data"));
+  REQUIRE(r.exit_code == 0);
+  return dir.file("data");
+}
+
+std::string tiny_config(const std::string& data_dir, const std::string& out_dir, const std::string& extra = "") {
+  return "run:\n  out_dir: " + out_dir +
+         "\nmodel:\n  n_layer: 2\n  n_head: 2\n  n_embd: 32\n  block_size: 32\n"
+         "data:\n  train: " + data_dir + "/train.bin\n  val: " + data_dir + "/val.bin\n"
+         "training:\n  steps: 60\n  micro_batch_size: 8\n  global_batch_sequences: 16\n  warmup_steps: 5\n"
+         "  lr: 3.0e-3\n  eval_interval: 30\n  eval_batches: 4\n" + extra;
+}
+
+TEST_CASE("prepare, train and sample end to end; resolved config and metrics are saved", "[apps]") {
+  TempDir dir;
+  const std::string data = prepare_corpus(dir);
+  const std::string out = dir.file("run");
+  const std::string cfg = dir.write("run.yaml", tiny_config(data, out));
+  const auto r = run_command(gpt_train() + " train --config " + cfg + " --set run.threads=2");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.output.find("[rank 0]") != std::string::npos);
+  REQUIRE(r.output.find("ETA") != std::string::npos);
+  REQUIRE(fs::exists(out + "/config.yaml"));
+  REQUIRE(fs::exists(out + "/model/manifest.json"));
+  REQUIRE(fs::exists(out + "/model/tokenizer.json"));
+  // The resolved config records the override and reloads.
+  std::ifstream resolved(out + "/config.yaml");
+  const std::string text((std::istreambuf_iterator<char>(resolved)), {});
+  REQUIRE(text.find("threads: 2") != std::string::npos);
+  // One metrics line per step, with val loss at the eval steps and memory peaks.
+  std::ifstream metrics(out + "/metrics.jsonl");
+  std::string line, last;
+  int lines = 0, with_val = 0;
+  while (std::getline(metrics, line)) {
+    ++lines;
+    with_val += line.find("\"val_loss\"") != std::string::npos;
+    last = line;
+  }
+  REQUIRE(lines == 60);
+  REQUIRE(with_val == 2);
+  REQUIRE(last.find("\"mem_peak_bytes\":{\"params\":") != std::string::npos);
+  // The model learned the corpus: the final loss is far below uniform (ln 15 = 2.7).
+  const double final_val = std::stod(last.substr(last.find("\"val_loss\":") + 11));
+  REQUIRE(final_val < 1.2);
+
+  const auto s = run_command(gpt_train() + " sample --run " + out + " --prompt 'the ' --tokens 40 --seed 3");
+  INFO(s.output);
+  REQUIRE(s.exit_code == 0);
+  REQUIRE(s.output.rfind("the ", 0) == 0);
+  REQUIRE(s.output.size() >= 44);
+  // Same seed, same text.
+  REQUIRE(run_command(gpt_train() + " sample --run " + out + " --prompt 'the ' --tokens 40 --seed 3").output ==
+          s.output);
+}
+
+struct BadCase {
+  std::string name, extra_yaml, set, expect1, expect2;
+};
+
+TEST_CASE("bad input: a clear message naming the place, exit code 2, nothing written", "[apps]") {
+  TempDir dir;
+  const std::string data = prepare_corpus(dir);
+  const std::string out = dir.file("never");
+  const std::vector<BadCase> cases = {
+      {"unknown key", "  n_hed: 4\n", "", "unknown key 'training.n_hed'", "run.yaml:"},
+      {"unknown key via --set", "", "model.n_hed=4", "model.n_hed", "did you mean 'model.n_head'"},
+      {"wrong type", "", "model.n_layer=four", "model.n_layer", "integer"},
+      {"out of range", "", "training.lr=-1", "training.lr", "-1"},
+      {"heads do not divide width", "", "model.n_head=5", "model.n_embd", "model.n_head"},
+      {"block size longer than the data", "", "model.block_size=4096", "model.block_size", "4096"},
+      {"vocab smaller than the data", "", "model.vocab_size=5", "model.vocab_size", "at least"},
+      {"missing data", "", "data.train=" + dir.file("nope/train.bin"), "data.train", "nope/train.bin"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.name);
+    const std::string cfg = dir.write("run.yaml", tiny_config(data, out, c.extra_yaml));
+    const auto r = run_command(gpt_train() + " train --config " + cfg + (c.set.empty() ? "" : " --set " + c.set));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 2);
+    REQUIRE(r.output.find(c.expect1) != std::string::npos);
+    REQUIRE(r.output.find(c.expect2) != std::string::npos);
+    REQUIRE_FALSE(fs::exists(out));
+  }
+}
+
+TEST_CASE("bad input: corrupt shards and a missing config file", "[apps]") {
+  TempDir dir;
+  const std::string data = prepare_corpus(dir);
+  const std::string out = dir.file("never");
+  SECTION("missing config file") {
+    const auto r = run_command(gpt_train() + " train --config " + dir.file("absent.yaml"));
+    REQUIRE(r.exit_code == 2);
+    REQUIRE(r.output.find("absent.yaml") != std::string::npos);
+  }
+  SECTION("bad magic") {
+    std::fstream f(data + "/val.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.write("\x01\x02\x03\x04", 4);
+    f.close();
+    const auto r = run_command(gpt_train() + " train --config " + dir.write("run.yaml", tiny_config(data, out)));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 2);
+    REQUIRE(r.output.find("val.bin") != std::string::npos);
+    REQUIRE(r.output.find("20240520") != std::string::npos);
+  }
+  SECTION("truncated shard") {
+    fs::resize_file(data + "/train.bin", fs::file_size(data + "/train.bin") - 7);
+    const auto r = run_command(gpt_train() + " train --config " + dir.write("run.yaml", tiny_config(data, out)));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 2);
+    REQUIRE(r.output.find("train.bin") != std::string::npos);
+  }
+  REQUIRE_FALSE(fs::exists(out));
+}
+
+TEST_CASE("help, version and the config reference", "[apps]") {
+  const auto v = run_command(gpt_train() + " --version");
+  REQUIRE(v.exit_code == 0);
+  REQUIRE(v.output.find("gpt-train ") != std::string::npos);
+  for (const char* sub : {"train", "prepare", "sample"}) {
+    const auto h = run_command(gpt_train() + " " + sub + " --help");
+    REQUIRE(h.exit_code == 0);
+    REQUIRE(h.output.find("Examples:") != std::string::npos);
+  }
+  const auto c = run_command(gpt_train() + " train --help-config");
+  REQUIRE(c.exit_code == 0);
+  REQUIRE(c.output.find("model:") != std::string::npos);
+  REQUIRE(c.output.find("n_head = 4") != std::string::npos);
+  REQUIRE(c.output.find("activation_checkpointing = \"none\"") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace gpt
