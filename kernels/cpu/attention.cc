@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace gpt::cpu {
 
@@ -38,8 +39,9 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
           maxv = std::max(maxv, dot);
         }
         float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
         for (int t2 = 0; t2 <= t; ++t2) {
-          a[t2] = std::exp(a[t2] - maxv);
+          a[t2] = fast_exp(a[t2] - maxv);
           sum += a[t2];
         }
         const float inv = 1.0f / sum;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace gpt::cpu {
 
@@ -15,7 +16,7 @@ void crossentropy_forward_backward(float* losses, float* dlogits, const float* l
     for (int j = 0; j < V; ++j) maxv = std::max(maxv, z[j]);
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int j = 0; j < V; ++j) sum += std::exp(z[j] - maxv);
+    for (int j = 0; j < V; ++j) sum += fast_exp(z[j] - maxv);
     const float lse = maxv + std::log(sum);
     const int y = targets[i];
     losses[i] = lse - z[y];
@@ -23,7 +24,7 @@ void crossentropy_forward_backward(float* losses, float* dlogits, const float* l
       float* dz = dlogits + i * Vp;
       const float inv = 1.0f / sum;
 #pragma omp simd
-      for (int j = 0; j < V; ++j) dz[j] = std::exp(z[j] - maxv) * inv * dloss;
+      for (int j = 0; j < V; ++j) dz[j] = fast_exp(z[j] - maxv) * inv * dloss;
       dz[y] -= dloss;
       for (int j = V; j < Vp; ++j) dz[j] = 0.0f;
     }

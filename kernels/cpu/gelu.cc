@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace gpt::cpu {
 
@@ -14,7 +15,7 @@ void gelu_forward(float* out, const float* inp, int64_t N) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + std::tanh(kScale * (x + kCube * x * x * x)));
+    out[i] = 0.5f * x * (1.0f + fast_tanh(kScale * (x + kCube * x * x * x)));
   }
 }
 
@@ -23,7 +24,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) 
   for (int64_t i = 0; i < N; ++i) {
     const float x = inp[i];
     const float u = kScale * (x + kCube * x * x * x);
-    const float th = std::tanh(u);
+    const float th = fast_tanh(u);
     const float sech2 = 1.0f - th * th;
     const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kScale * (1.0f + 3.0f * kCube * x * x);
     dinp[i] = grad * dout[i];
