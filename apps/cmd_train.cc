@@ -43,6 +43,10 @@ Command add_train_command(CLI::App& app) {
     spdlog::info("resolved config ({}):\n{}", args->config.empty() ? kEmbeddedConfigName : args->config,
                  to_yaml(*cfg));
     auto trainer = Trainer::create(*cfg);
+    if (!trainer && args->config.empty()) {
+      return report_error(trainer.status().with_context(
+          "the built-in quickstart config trains on data/fortunes, which scripts/setup.sh prepares"));
+    }
     if (!trainer) return report_error(trainer.status());
     auto summary = (*trainer)->run();
     if (!summary) return report_error(summary.status());

@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "checkpoint/crc32c.h"
-#include "data/atomic_file.h"
+#include "core/atomic_file.h"
 
 namespace gpt {
 
@@ -63,20 +63,20 @@ Status save_model(const std::string& dir, const GptShape& shape, const float* we
   const ModelLayout layout = ModelLayout::build(shape);
   const size_t bytes = static_cast<size_t>(layout.total_numel) * sizeof(float);
   const uint32_t crc = crc32c(weights, bytes);
-  GPT_RETURN_IF_ERROR(data::write_file_atomically(
+  GPT_RETURN_IF_ERROR(write_file_atomically(
       (fs::path(dir) / kShardFile).string(), {std::span<const char>(reinterpret_cast<const char*>(weights), bytes)}));
   if (!tokenizer_json.empty()) {
-    GPT_RETURN_IF_ERROR(data::write_file_atomically((fs::path(dir) / "tokenizer.json").string(),
+    GPT_RETURN_IF_ERROR(write_file_atomically((fs::path(dir) / "tokenizer.json").string(),
                                                     {std::span<const char>(tokenizer_json)}));
   }
   const std::string manifest = manifest_json(shape, step, layout, crc, !tokenizer_json.empty());
-  return data::write_file_atomically((fs::path(dir) / "manifest.json").string(), {std::span<const char>(manifest)});
+  return write_file_atomically((fs::path(dir) / "manifest.json").string(), {std::span<const char>(manifest)});
 }
 
 Expected<SavedModel> load_model(const std::string& dir) {
   const std::string mpath = (fs::path(dir) / "manifest.json").string();
   std::string text;
-  Status st = data::read_file(mpath, &text);
+  Status st = read_file(mpath, &text);
   if (!st.is_ok()) {
     return Status::not_found("'" + dir + "' is not a gpt-train model directory: " + st.message());
   }
@@ -119,7 +119,7 @@ Expected<SavedModel> load_model(const std::string& dir) {
     const std::string spath = (fs::path(dir) / shard["file"].as<std::string>()).string();
     const uint32_t want_crc = static_cast<uint32_t>(std::stoul(shard["crc32c"].as<std::string>(), nullptr, 16));
     std::string bytes;
-    GPT_RETURN_IF_ERROR(data::read_file(spath, &bytes));
+    GPT_RETURN_IF_ERROR(read_file(spath, &bytes));
     const size_t want = static_cast<size_t>(layout.total_numel) * sizeof(float);
     if (bytes.size() != want) {
       return Status::corruption(spath + ": " + std::to_string(bytes.size()) + " bytes, the manifest's layout needs " +

@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <span>
 
-#include "data/atomic_file.h"
+#include "core/atomic_file.h"
 #include "data/token_shard.h"
 #include "data/tokenizer.h"
 

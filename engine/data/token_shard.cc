@@ -12,7 +12,7 @@
 #include <cstring>
 #include <utility>
 
-#include "data/atomic_file.h"
+#include "core/atomic_file.h"
 
 namespace gpt::data {
 

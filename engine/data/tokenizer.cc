@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "data/atomic_file.h"
+#include "core/atomic_file.h"
 #include "data/utf8.h"
 
 namespace gpt::data {

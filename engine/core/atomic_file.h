@@ -9,7 +9,7 @@
 
 #include "core/status.h"
 
-namespace gpt::data {
+namespace gpt {
 
 // Writes the pieces back to back as the whole content of `path`.
 [[nodiscard]] Status write_file_atomically(const std::string& path,
@@ -18,4 +18,4 @@ namespace gpt::data {
 // Reads the whole file into *out. NotFound if it does not exist, IoError otherwise; both name the path.
 [[nodiscard]] Status read_file(const std::string& path, std::string* out);
 
-}  // namespace gpt::data
+}  // namespace gpt

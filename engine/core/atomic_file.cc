@@ -1,4 +1,4 @@
-#include "data/atomic_file.h"
+#include "core/atomic_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-namespace gpt::data {
+namespace gpt {
 namespace {
 
 Status errno_status(const std::string& what, const std::string& path) {
@@ -76,4 +76,4 @@ Status read_file(const std::string& path, std::string* out) {
   return Status::ok();
 }
 
-}  // namespace gpt::data
+}  // namespace gpt
