@@ -50,11 +50,6 @@ Status cross_key_rules(const RunConfig& cfg, const std::string& source) {
                                                         value_of(cfg, "training.lr") + "), got " +
                                                         value_of(cfg, "training.min_lr"));
   }
-  if (t.warmup_steps > t.steps) {
-    return fail({"training.warmup_steps", "training.steps"}, "training.warmup_steps: must be <= training.steps (" +
-                                                                 std::to_string(t.steps) + "), got " +
-                                                                 std::to_string(t.warmup_steps));
-  }
   if (t.decay_steps != 0 && t.decay_steps < t.warmup_steps) {
     return fail({"training.decay_steps", "training.warmup_steps"},
                 "training.decay_steps: must be 0 or >= training.warmup_steps (" + std::to_string(t.warmup_steps) +

@@ -125,8 +125,6 @@ TEST_CASE("Rules across keys are checked after overrides and placed at the key t
         "set one");
   CHECK(load_error("training:\n  lr: 0.001\n  min_lr: 0.01\n") ==
         "x.yaml:3:11: training.min_lr: must be <= training.lr (0.001), got 0.01");
-  CHECK(load_error("training:\n  steps: 50\n") ==
-        "x.yaml:2:10: training.warmup_steps: must be <= training.steps (50), got 100");
   CHECK(load_error("training:\n  activation_checkpointing: every:0\n") ==
         "x.yaml:2:29: training.activation_checkpointing: expected one of none|full|selective|every:N with N >= 1, "
         "got 'every:0'");
