@@ -4,8 +4,10 @@
 #include <memory>
 
 #include "apps/commands.h"
+#include "comm/communicator.h"
 #include "config/loader.h"
 #include "config/schema.h"
+#include "core/logging.h"
 #include "embedded_config.h"
 #include "train/trainer.h"
 
@@ -40,9 +42,10 @@ Command add_train_command(CLI::App& app) {
                                   ? load_run_config_text(kEmbeddedConfig, kEmbeddedConfigName, args->overrides)
                                   : load_run_config_file(args->config, args->overrides);
     if (!cfg) return report_error(cfg.status());
+    init_logging(world().rank(), cfg->logging.level);
     spdlog::info("resolved config ({}):\n{}", args->config.empty() ? kEmbeddedConfigName : args->config,
                  to_yaml(*cfg));
-    auto trainer = Trainer::create(*cfg);
+    auto trainer = Trainer::create(*cfg, world());
     if (!trainer && args->config.empty()) {
       return report_error(trainer.status().with_context(
           "the built-in quickstart config trains on data/fortunes, which scripts/setup.sh prepares"));

@@ -15,7 +15,12 @@ Command add_train_command(CLI::App& app);
 Command add_prepare_command(CLI::App& app);
 Command add_sample_command(CLI::App& app);
 
-// Logs "error: <message>" and returns the exit code for a failed Status (2 for bad input, 1 otherwise).
+// Logs the error and returns its exit code (2 for bad input, 1 for I/O); in a multi-rank job it ends
+// every rank instead (MPI_Abort) so that no rank waits forever in a collective.
 int report_error(const Status& status);
+
+// The world communicator (MPI; a world of one when run without mpirun/srun).
+class Communicator;
+Communicator& world();
 
 }  // namespace gpt

@@ -3,26 +3,45 @@
 
 #include <map>
 
+#include <cstdio>
+
 #include "apps/commands.h"
+#include "comm/mpi_communicator.h"
 #include "core/logging.h"
 
 namespace gpt {
 
+namespace {
+MpiEnvironment* g_mpi = nullptr;
+std::unique_ptr<Communicator> g_world;
+}  // namespace
+
+Communicator& world() { return *g_world; }
+
 int report_error(const Status& status) {
   spdlog::error("{}", status.message());
-  switch (status.code()) {
-    case StatusCode::kInvalidArgument:
-    case StatusCode::kNotFound:
-    case StatusCode::kCorruption:
-    case StatusCode::kFailedPrecondition: return 2;
-    default: return 1;
+  const int code = status.code() == StatusCode::kIoError ? 1 : 2;
+  // One rank's failure ends every rank (with this rank's message logged), never a hang.
+  if (g_mpi != nullptr && g_mpi->world_size() > 1) {
+    spdlog::default_logger()->flush();
+    std::fflush(stderr);
+    g_mpi->abort(code);
   }
+  return code;
 }
 
 }  // namespace gpt
 
 int main(int argc, char** argv) {
-  gpt::init_logging(0);
+  // MPI first: under mpirun or srun each process learns its rank; run alone it is a world of one.
+  auto mpi = gpt::MpiEnvironment::init(&argc, &argv);
+  if (!mpi) {
+    std::fprintf(stderr, "error: %s\n", mpi.status().message().c_str());
+    return 1;
+  }
+  gpt::g_mpi = mpi->get();
+  gpt::g_world = (*mpi)->make_world();
+  gpt::init_logging((*mpi)->world_rank());
   CLI::App app{"gpt-train: train GPT language models on a CPU (and, later, GPUs and clusters)"};
   app.set_version_flag("--version", std::string("gpt-train ") + GPT_VERSION);
   app.require_subcommand(1);
@@ -40,8 +59,10 @@ int main(int argc, char** argv) {
   CLI::App* sample = app.add_subcommand("sample", "Generate text from a trained model");
   commands[sample] = gpt::add_sample_command(*sample);
   CLI11_PARSE(app, argc, argv);
+  int code = 0;
   for (auto& [sub, run] : commands) {
-    if (sub->parsed()) return run();
+    if (sub->parsed()) code = run();
   }
-  return 0;
+  gpt::g_world.reset();
+  return code;
 }

@@ -53,6 +53,10 @@ struct TrainingSection {
   std::string activation_checkpointing = "none";  // none | full | every:N | selective
 };
 
+struct ParallelSection {
+  std::string strategy = "single";  // single | ddp | zero1 | zero2 | zero3
+};
+
 struct LoggingSection {
   std::string level = "info";  // trace | debug | info | warn | error
   int64_t log_interval = 10;   // steps between plain progress lines when stdout is not a terminal
@@ -64,6 +68,7 @@ struct RunConfig {
   ModelSection model;
   DataSection data;
   TrainingSection training;
+  ParallelSection parallel;
   LoggingSection logging;
 
   // Where each key's value came from, "file.yaml:12:5", "--set", or absent for a default; used by

@@ -64,10 +64,11 @@ Allowed tied() { return checked(check_tied, "only true for now"); }
 // Key name, section, field name and field accessor from one mention of the field, so they cannot drift.
 #define GPT_KEY(sec, fld) #sec "." #fld, #sec, #fld, [](RunConfig& c) -> FieldRef { return &c.sec.fld; }
 
-constexpr std::array<std::string_view, 5> kSections = {"run", "model", "data", "training", "logging"};
-constexpr std::array<std::string_view, 5> kSectionMeanings = {
+constexpr std::array<std::string_view, 6> kSections = {"run", "model", "data", "training", "parallel", "logging"};
+constexpr std::array<std::string_view, 6> kSectionMeanings = {
     "the run's name, output directory, seed and threads", "the GPT-2 shape", "token shards and how they are read",
-    "steps, batch sizes, AdamW, learning-rate schedule, eval and memory", "log level and metrics"};
+    "steps, batch sizes, AdamW, learning-rate schedule, eval and memory",
+    "how ranks under mpirun/srun share the work", "log level and metrics"};
 
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> row(b.size() + 1);
@@ -130,7 +131,7 @@ std::span<const KeySpec> config_schema() {
        "tokens per optimizer step, instead of global_batch_sequences; a multiple of block_size * micro_batch_size"},
       {GPT_KEY(training, lr), above(0), "peak learning rate"},
       {GPT_KEY(training, min_lr), at_least(0), "learning rate at the end of decay; <= lr"},
-      {GPT_KEY(training, warmup_steps), at_least(0), "linear warmup steps from 0 to lr; <= steps"},
+      {GPT_KEY(training, warmup_steps), at_least(0), "linear warmup steps from lr/(warmup+1) to lr"},
       {GPT_KEY(training, lr_schedule), one_of("cosine|linear|constant"), "decay from lr to min_lr after warmup"},
       {GPT_KEY(training, decay_steps), at_least(0), "step at which decay reaches min_lr; 0 = steps"},
       {GPT_KEY(training, beta1), fraction(), "AdamW first-moment decay"},
@@ -142,6 +143,10 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(training, eval_batches), at_least(1), "micro-batches per validation eval"},
       {GPT_KEY(training, activation_checkpointing), checkpointing(),
        "recompute activations in backward: none, full (every block), every:N (every Nth block), selective"},
+
+      {GPT_KEY(parallel, strategy), one_of("single|ddp|zero1|zero2|zero3"),
+       "single: one process; ddp: replicate, all-reduce grads; zero1/zero2/zero3: shard optimizer state, + grads, "
+       "+ params (FSDP full shard)"},
 
       {GPT_KEY(logging, level), one_of("trace|debug|info|warn|error"), "log level"},
       {GPT_KEY(logging, log_interval), at_least(1), "steps between plain progress lines when stdout is not a terminal"},

@@ -4,26 +4,26 @@
 
 namespace gpt {
 
-AdamW::AdamW(Backend& backend, const ModelLayout& layout, int64_t begin, int64_t end, AdamWConfig config)
-    : be_(backend), config_(config), begin_(begin), end_(end) {
-  int64_t unit_base = 0;
-  for (const auto& u : layout.units) {
-    for (const auto& p : u.params) {
-      const int64_t lo = std::max(begin, unit_base + p.offset);
-      const int64_t hi = std::min(end, unit_base + p.offset + p.numel);
+AdamW::AdamW(Backend& backend, const ModelLayout& layout, const std::vector<MasterRegion>& regions,
+             int64_t local_numel, AdamWConfig config)
+    : be_(backend), config_(config) {
+  for (const MasterRegion& r : regions) {
+    for (const ParamSpec& p : layout.units[r.unit].params) {
+      const int64_t lo = std::max(r.begin, p.offset);
+      const int64_t hi = std::min(r.begin + r.length, p.offset + p.numel);
       if (lo >= hi) continue;
+      const int64_t local = r.local_offset + (lo - r.begin);
       // Merge with the previous range when contiguous and of the same kind: fewer kernel calls.
       if (!ranges_.empty() && ranges_.back().decay == p.weight_decay &&
-          ranges_.back().begin + ranges_.back().length == lo - begin) {
+          ranges_.back().begin + ranges_.back().length == local) {
         ranges_.back().length += hi - lo;
       } else {
-        ranges_.push_back({lo - begin, hi - lo, p.weight_decay});
+        ranges_.push_back({local, hi - lo, p.weight_decay});
       }
     }
-    unit_base += u.numel;
   }
-  m_ = be_.alloc((end - begin) * sizeof(float), MemCategory::kOptimizer);
-  v_ = be_.alloc((end - begin) * sizeof(float), MemCategory::kOptimizer);
+  m_ = be_.alloc(local_numel * sizeof(float), MemCategory::kOptimizer);
+  v_ = be_.alloc(local_numel * sizeof(float), MemCategory::kOptimizer);
 }
 
 void AdamW::step(float* master, const float* grads, float lr, float grad_scale) {

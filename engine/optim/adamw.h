@@ -1,6 +1,8 @@
-// AdamW over a flat fp32 master buffer (the whole model here; a rank's shard under ZeRO). Weight decay is
-// decoupled and applies to 2-D weights only: the optimizer walks the parameter ranges that intersect its
-// slice of the model's flat layout. Owns the first and second moments (category: optimizer).
+// AdamW over a rank's fp32 master weights: the whole model (single, ddp) or this rank's shards of every
+// unit (ZeRO). The master buffer is a list of regions, each a slice [begin, begin + length) of one unit's
+// flat layout stored at `local_offset` in the local buffers. Weight decay is decoupled and applies to 2-D
+// weights only: the optimizer walks the parameter ranges that intersect each region. Owns the first and
+// second moments (category: optimizer), laid out like the master buffer.
 #pragma once
 
 #include <cstdint>
@@ -19,33 +21,41 @@ struct AdamWConfig {
   float weight_decay = 0.0f;
 };
 
+// A slice of one unit's flat layout held locally. `length` excludes any padding past the unit's end.
+struct MasterRegion {
+  int unit = 0;
+  int64_t begin = 0;
+  int64_t length = 0;
+  int64_t local_offset = 0;
+};
+
 class AdamW {
  public:
-  // Manages elements [begin, end) of the model's flat buffer (units concatenated in layout order).
-  AdamW(Backend& backend, const ModelLayout& layout, int64_t begin, int64_t end, AdamWConfig config);
+  // `local_numel`: size of the local master buffer (regions plus padding).
+  AdamW(Backend& backend, const ModelLayout& layout, const std::vector<MasterRegion>& regions, int64_t local_numel,
+        AdamWConfig config);
 
-  // One update of master[0, end-begin) from grads (same indexing), gradients scaled by grad_scale first.
+  // One update of master from grads (both laid out like the local master buffer), gradients scaled by
+  // grad_scale first (global-norm clipping).
   void step(float* master, const float* grads, float lr, float grad_scale);
 
   int64_t steps_taken() const { return t_; }
   float* m() { return m_.as<float>(); }
   float* v() { return v_.as<float>(); }
-  int64_t numel() const { return end_ - begin_; }
 
  private:
   struct Range {
-    int64_t begin, length;
+    int64_t begin, length;  // in the local buffer
     bool decay;
   };
   Backend& be_;
   AdamWConfig config_;
-  int64_t begin_, end_;
-  std::vector<Range> ranges_;  // relative to begin_
+  std::vector<Range> ranges_;
   Buffer m_, v_;
   int64_t t_ = 0;
 };
 
-// Global L2 norm of a gradient buffer and the clip scale min(1, max_norm / norm) (1 when max_norm <= 0).
+// The clip scale min(1, max_norm / norm) (1 when max_norm <= 0).
 float clip_scale(double norm, float max_norm);
 
 }  // namespace gpt

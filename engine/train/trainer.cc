@@ -49,7 +49,21 @@ Expected<data::DataLoader> open_split(const RunConfig& cfg, const std::string& k
 
 }  // namespace
 
-Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg) {
+Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communicator& world) {
+  GPT_ASSIGN_OR_RETURN(Strategy strategy, parse_strategy(cfg.parallel.strategy));
+  if (strategy == Strategy::kSingle && world.size() > 1) {
+    return Status::invalid_argument(cfg.where("parallel.strategy") + ": parallel.strategy: single runs on one " +
+                                    "process, but this job has " + std::to_string(world.size()) +
+                                    " ranks; choose ddp, zero1, zero2 or zero3");
+  }
+  const int64_t per_rank = cfg.global_batch() / world.size();
+  if (cfg.global_batch() % world.size() != 0 || per_rank % cfg.training.micro_batch_size != 0) {
+    return Status::invalid_argument(
+        cfg.where("training.micro_batch_size") + ": the global batch of " + std::to_string(cfg.global_batch()) +
+        " sequences must split evenly over " + std::to_string(world.size()) + " ranks into micro-batches of " +
+        std::to_string(cfg.training.micro_batch_size) + " (training.global_batch_sequences or " +
+        "training.global_batch_tokens, training.micro_batch_size)");
+  }
   GPT_ASSIGN_OR_RETURN(data::SamplingMode mode, data::parse_sampling_mode(cfg.data.sampling));
   GPT_ASSIGN_OR_RETURN(data::DataLoader train, open_split(cfg, "train", cfg.data.train, cfg.global_batch(), mode));
   GPT_ASSIGN_OR_RETURN(data::DataLoader val,
@@ -83,21 +97,28 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg) {
     return Status::invalid_argument(cfg.where("model.tied_embeddings") +
                                     ": model.tied_embeddings: false is not supported yet (GPT-2 ties the LM head)");
   }
-  return std::unique_ptr<Trainer>(
-      new Trainer(cfg, shape, std::move(train), std::move(val), std::move(tokenizer), ckpt));
+  return std::unique_ptr<Trainer>(new Trainer(cfg, world, strategy, shape, std::move(train), std::move(val),
+                                             std::move(tokenizer), ckpt));
 }
 
-Trainer::Trainer(const RunConfig& config, GptShape shape, data::DataLoader train, data::DataLoader val,
-                 std::optional<data::Tokenizer> tokenizer, ActivationCheckpointing ckpt)
-    : config_(config), shape_(shape), train_(std::move(train)), val_(std::move(val)), tokenizer_(std::move(tokenizer)) {
+Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy, GptShape shape,
+                 data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
+                 ActivationCheckpointing ckpt)
+    : config_(config),
+      world_(world),
+      shape_(shape),
+      train_(std::move(train)),
+      val_(std::move(val)),
+      tokenizer_(std::move(tokenizer)) {
   backend_ = make_backend("cpu");
   backend_->set_threads(config_.run.threads);
   model_ = std::make_unique<Gpt>(shape_, *backend_, ckpt);
-  params_ = std::make_unique<LocalParams>(model_->layout(), *backend_);
+  params_ = std::make_unique<ShardedParams>(model_->layout(), *backend_, world_, strategy);
   params_->init(shape_, config_.run.seed);
   const auto& t = config_.training;
-  optimizer_ = std::make_unique<AdamW>(*backend_, model_->layout(), 0, params_->numel(),
+  optimizer_ = std::make_unique<AdamW>(*backend_, model_->layout(), params_->regions(), params_->local_numel(),
                                        AdamWConfig{t.beta1, t.beta2, t.eps, t.weight_decay});
+  rows_per_rank_ = config_.global_batch() / world_.size();
   schedule_.kind = t.lr_schedule == "constant" ? LrSchedule::Kind::kConstant
                    : t.lr_schedule == "linear" ? LrSchedule::Kind::kLinear
                                                : LrSchedule::Kind::kCosine;
@@ -119,20 +140,26 @@ double Trainer::flops_per_token() const {
 
 float Trainer::train_step(int64_t step) {
   const int B = config_.training.micro_batch_size;
-  const int64_t accum = config_.grad_accum_steps();
+  const int64_t accum = rows_per_rank_ / B;  // micro-batches on this rank
   const float loss_scale = 1.0f / static_cast<float>(config_.global_batch() * shape_.block_size);
   const uint64_t batch = train_.next_batch_index();
-  params_->zero_grads();
-  double loss_sum = 0.0;
+  const int64_t first_row = world_.rank() * rows_per_rank_;
+  float loss_sum = 0.0f;
   for (int64_t micro = 0; micro < accum; ++micro) {
-    train_.fill_rows(batch, micro * B, B, inputs_.data(), targets_.data());
-    const StepContext ctx{config_.run.seed, step, micro * B, true};
+    const int64_t row = first_row + micro * B;
+    train_.fill_rows(batch, row, B, inputs_.data(), targets_.data());
+    params_->begin_micro_batch(micro == 0, micro + 1 == accum);
+    const StepContext ctx{config_.run.seed, step, row, true};
     loss_sum += model_->forward_backward(*params_, inputs_.data(), targets_.data(), loss_scale, ctx);
   }
-  last_grad_norm_ = std::sqrt(backend_->sum_squares(params_->all_grads(), params_->numel()));
+  params_->finish_grads();
+  last_grad_norm_ = std::sqrt(params_->grad_sq_norm());
   const float scale = clip_scale(last_grad_norm_, config_.training.grad_clip);
-  optimizer_->step(params_->params(), params_->all_grads(), schedule_.at(step), scale);
-  return static_cast<float>(loss_sum / static_cast<double>(accum));
+  optimizer_->step(params_->master(), params_->local_grads(), schedule_.at(step), scale);
+  params_->publish();
+  // The step's loss: the mean over every micro-batch of every rank.
+  if (world_.size() > 1) world_.all_reduce(&loss_sum, 1, DType::kF32).wait();
+  return loss_sum / static_cast<float>(config_.grad_accum_steps());
 }
 
 float Trainer::evaluate() {
@@ -147,24 +174,28 @@ float Trainer::evaluate() {
 
 Expected<TrainSummary> Trainer::run() {
   const auto& t = config_.training;
+  const bool writer = world_.rank() == 0;
   const fs::path out_dir(config_.run.out_dir);
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) {
-    return Status::io_error(config_.where("run.out_dir") + ": cannot create run.out_dir '" + out_dir.string() +
-                            "': " + ec.message());
-  }
-  {
+  std::optional<MetricsWriter> metrics;
+  if (writer) {
+    std::error_code ec;
+    fs::create_directories(out_dir, ec);
+    if (ec) {
+      return Status::io_error(config_.where("run.out_dir") + ": cannot create run.out_dir '" + out_dir.string() +
+                              "': " + ec.message());
+    }
     std::ofstream f(out_dir / "config.yaml");
     f << to_yaml(config_);
     if (!f) return Status::io_error("cannot write '" + (out_dir / "config.yaml").string() + "'");
+    GPT_ASSIGN_OR_RETURN(MetricsWriter m, MetricsWriter::open((out_dir / config_.logging.metrics_file).string()));
+    metrics.emplace(std::move(m));
   }
-  GPT_ASSIGN_OR_RETURN(MetricsWriter metrics, MetricsWriter::open((out_dir / config_.logging.metrics_file).string()));
   spdlog::info("model: {} layers, {} heads, {} wide, block {}, vocab {}: {:.2f}M parameters", shape_.n_layer,
                shape_.n_head, shape_.n_embd, shape_.block_size, shape_.vocab_size, shape_.num_params() / 1e6);
-  spdlog::info("batch: {} sequences x {} tokens per step ({} micro-batches of {}); {} steps; checkpointing {}",
-               config_.global_batch(), shape_.block_size, config_.grad_accum_steps(), t.micro_batch_size, t.steps,
-               t.activation_checkpointing);
+  spdlog::info("batch: {} sequences x {} tokens per step over {} rank(s), {} micro-batches of {} per rank; {} steps; "
+               "strategy {}; checkpointing {}",
+               config_.global_batch(), shape_.block_size, world_.size(), rows_per_rank_ / t.micro_batch_size,
+               t.micro_batch_size, t.steps, strategy_name(params_->strategy()), t.activation_checkpointing);
 
   TrainSummary summary;
   const double tokens_per_step = static_cast<double>(config_.global_batch()) * shape_.block_size;
@@ -178,6 +209,7 @@ Expected<TrainSummary> Trainer::run() {
     window_s += step_s;
     ++window_steps;
     summary.final_loss = loss;
+    summary.losses.push_back(loss);
     if (!std::isfinite(loss)) {
       return Status::failed_precondition("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                                          "; lower training.lr or check the data");
@@ -196,7 +228,7 @@ Expected<TrainSummary> Trainer::run() {
       summary.final_val_loss = m.val_loss;
     }
     m.memory = MemTracker::instance().stats();
-    GPT_RETURN_IF_ERROR(metrics.write(m));
+    if (metrics) GPT_RETURN_IF_ERROR(metrics->write(m));
     if ((step + 1) % config_.logging.log_interval == 0 || last || m.val_loss) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double eta = elapsed / static_cast<double>(step + 1) * static_cast<double>(t.steps - step - 1);
@@ -214,8 +246,11 @@ Expected<TrainSummary> Trainer::run() {
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   summary.tokens_per_s = tokens_per_step * static_cast<double>(t.steps) / summary.seconds;
   const std::string model_dir = (out_dir / "model").string();
-  GPT_RETURN_IF_ERROR(
-      save_model(model_dir, shape_, params_->params(), t.steps, tokenizer_ ? tokenizer_->to_json() : ""));
+  // Every rank takes part in gathering the weights; rank 0 writes them (sharded saving is issue 4).
+  const std::vector<float> weights = params_->gather_full_weights();
+  if (writer) {
+    GPT_RETURN_IF_ERROR(save_model(model_dir, shape_, weights.data(), t.steps, tokenizer_ ? tokenizer_->to_json() : ""));
+  }
   spdlog::info("done: {} steps in {}, final loss {:.4f}{}; weights saved to {}", t.steps,
                format_duration(summary.seconds), summary.final_loss,
                summary.final_val_loss ? fmt::format(", val loss {:.4f}", *summary.final_val_loss) : "", model_dir);

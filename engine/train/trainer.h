@@ -1,8 +1,11 @@
-// Trainer: one training run from a validated RunConfig. create() checks everything that can be checked
-// before anything is written (data files, tokenizer, vocab and block size against the data) and allocates
-// the model; run() creates out_dir, saves the resolved config, trains (micro-batches with gradient
-// accumulation, global-norm clipping, AdamW, LR schedule), evaluates every eval_interval steps, writes
-// metrics JSONL, logs progress, and saves the final weights and tokenizer into out_dir/model.
+// Trainer: one training run from a validated RunConfig, on every rank of the world communicator. create()
+// checks everything that can be checked before anything is written (data files, tokenizer, vocab and block
+// size against the data, batch sizes against the world size) and allocates the model; run() (rank 0) creates
+// out_dir and saves the resolved config, then every rank trains: each data-parallel rank takes its rows of
+// the same global batch, micro-batch by micro-batch (gradient accumulation), the strategy reduces the
+// gradients, the global norm is clipped, AdamW updates the local master weights; evaluation every
+// eval_interval steps; rank 0 writes metrics JSONL, logs progress, and saves the final weights and
+// tokenizer into out_dir/model.
 #pragma once
 
 #include <memory>
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "comm/communicator.h"
 #include "config/run_config.h"
 #include "core/status.h"
 #include "data/loader.h"
@@ -18,7 +22,7 @@
 #include "model/gpt.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
-#include "parallel/local_params.h"
+#include "parallel/sharded_params.h"
 
 namespace gpt {
 
@@ -28,33 +32,39 @@ struct TrainSummary {
   std::optional<float> final_val_loss;
   double seconds = 0.0;
   double tokens_per_s = 0.0;
+  std::vector<float> losses;  // per step, mean over the global batch
 };
 
 class Trainer {
  public:
-  static Expected<std::unique_ptr<Trainer>> create(const RunConfig& config);
+  // `world` must outlive the Trainer; every rank calls create() and run().
+  static Expected<std::unique_ptr<Trainer>> create(const RunConfig& config, Communicator& world);
   Expected<TrainSummary> run();
 
   // Mean validation loss over eval_batches micro-batches (the same batches at every evaluation).
   float evaluate();
   const GptShape& shape() const { return shape_; }
+  // The full fp32 weights in layout order (collective: every rank calls it).
+  std::vector<float> full_weights() { return params_->gather_full_weights(); }
   // FLOPs per token of one training step by 6N + 12 L H Q T (N without position embeddings).
   double flops_per_token() const;
 
  private:
-  Trainer(const RunConfig& config, GptShape shape, data::DataLoader train, data::DataLoader val,
-          std::optional<data::Tokenizer> tokenizer, ActivationCheckpointing ckpt);
+  Trainer(const RunConfig& config, Communicator& world, Strategy strategy, GptShape shape, data::DataLoader train,
+          data::DataLoader val, std::optional<data::Tokenizer> tokenizer, ActivationCheckpointing ckpt);
   float train_step(int64_t step);
 
   RunConfig config_;
+  Communicator& world_;
   GptShape shape_;
   data::DataLoader train_, val_;
   std::optional<data::Tokenizer> tokenizer_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Gpt> model_;
-  std::unique_ptr<LocalParams> params_;
+  std::unique_ptr<ShardedParams> params_;
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;
+  int64_t rows_per_rank_ = 0;              // of the global batch
   std::vector<int32_t> inputs_, targets_;  // one micro-batch
   double last_grad_norm_ = 0.0;
 };

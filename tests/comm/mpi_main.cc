@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "comm/mpi_communicator.h"
+#include "core/logging.h"
 #include "testing/mpi.h"
 
 namespace gpt::testing {
@@ -13,6 +14,7 @@ int main(int argc, char** argv) {
   auto env = gpt::MpiEnvironment::init(&argc, &argv);
   if (!env) return 3;
   gpt::testing::g_mpi = env->get();
+  gpt::init_logging((*env)->world_rank(), "warn");
   const int failed = Catch::Session().run(argc, argv);
   return failed == 0 ? 0 : 1;
 }

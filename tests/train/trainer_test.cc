@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "comm/communicator.h"
 #include "config/loader.h"
 #include "data/prepare.h"
 #include "optim/lr_schedule.h"
@@ -34,7 +35,8 @@ TEST_CASE("Loss falls on Shakespeare within 150 steps", "[train]") {
                            "  warmup_steps: 20, eval_interval: 0, eval_batches: 10}\n";
   auto cfg = load_run_config_text(yaml, "test", {});
   REQUIRE(cfg.has_value());
-  auto trainer = Trainer::create(*cfg);
+  auto world = make_single_communicator();
+  auto trainer = Trainer::create(*cfg, *world);
   REQUIRE(trainer.has_value());
   REQUIRE((*trainer)->shape().vocab_size == 65);
   const float initial = (*trainer)->evaluate();

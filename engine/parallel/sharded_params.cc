@@ -1,0 +1,213 @@
+#include "parallel/sharded_params.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/check.h"
+
+namespace gpt {
+
+Expected<Strategy> parse_strategy(std::string_view name) {
+  if (name == "single") return Strategy::kSingle;
+  if (name == "ddp") return Strategy::kDdp;
+  if (name == "zero1") return Strategy::kZero1;
+  if (name == "zero2") return Strategy::kZero2;
+  if (name == "zero3") return Strategy::kZero3;
+  return Status::invalid_argument("expected one of single|ddp|zero1|zero2|zero3, got '" + std::string(name) + "'");
+}
+
+std::string_view strategy_name(Strategy s) {
+  switch (s) {
+    case Strategy::kSingle: return "single";
+    case Strategy::kDdp: return "ddp";
+    case Strategy::kZero1: return "zero1";
+    case Strategy::kZero2: return "zero2";
+    case Strategy::kZero3: return "zero3";
+  }
+  return "?";
+}
+
+ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Communicator& group, Strategy strategy)
+    : layout_(layout), be_(backend), group_(group), strategy_(strategy), rank_(group.rank()), size_(group.size()) {
+  GPT_CHECK(strategy != Strategy::kSingle || size_ == 1);
+  const int n = static_cast<int>(layout.units.size());
+  for (int u = 0; u < n; ++u) {
+    UnitInfo info;
+    info.numel = layout.units[u].numel;
+    if (shards_optimizer()) {
+      info.shard = (info.numel + size_ - 1) / size_;
+      info.padded = info.shard * size_;
+    } else {
+      info.shard = info.padded = info.numel;
+    }
+    info.local_offset = local_numel_;
+    info.full_offset = full_numel_;
+    const int64_t begin = shards_optimizer() ? rank_ * info.shard : 0;
+    regions_.push_back({u, begin, std::clamp<int64_t>(info.numel - begin, 0, info.shard), info.local_offset});
+    local_numel_ += info.shard;
+    full_numel_ += info.padded;
+    units_.push_back(info);
+  }
+  master_ = be_.alloc(local_numel_ * sizeof(float), MemCategory::kMaster);
+  if (strategy_ == Strategy::kZero1 || strategy_ == Strategy::kZero2) {
+    params_full_ = be_.alloc(full_numel_ * sizeof(float), MemCategory::kParams);
+  }
+  if (!shards_grads()) grads_full_ = be_.alloc(full_numel_ * sizeof(float), MemCategory::kGrads);
+  if (shards_optimizer()) grads_shard_ = be_.alloc(local_numel_ * sizeof(float), MemCategory::kGrads);
+  local_grads_ = shards_optimizer() ? grads_shard_.as<float>() : grads_full_.as<float>();
+  gathered_.resize(n);
+  unit_grads_.resize(n);
+  acquired_.assign(n, 0);
+}
+
+ShardedParams::~ShardedParams() {
+  for (Work& w : grad_works_) w.wait();
+  for (Pending& p : pending_) p.work.wait();
+}
+
+Buffer ShardedParams::take(std::vector<Buffer>& pool, int64_t n, MemCategory category) {
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  for (size_t i = 0; i < pool.size(); ++i) {
+    if (pool[i].bytes() >= bytes) {
+      Buffer b = std::move(pool[i]);
+      pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(i));
+      return b;
+    }
+  }
+  return be_.alloc(bytes, category);  // the pools stop growing after the first step
+}
+
+void ShardedParams::init(const GptShape& shape, uint64_t seed) {
+  for (const MasterRegion& r : regions_) {
+    float* dst = master() + r.local_offset;
+    std::fill(dst, dst + units_[r.unit].shard, 0.0f);
+    if (r.length > 0) init_unit_slice(layout_.units[r.unit], shape, seed, r.begin, r.begin + r.length, dst);
+  }
+  publish();
+}
+
+const float* ShardedParams::acquire(int unit) {
+  const UnitInfo& u = units_[unit];
+  ++acquired_[unit];
+  switch (strategy_) {
+    case Strategy::kSingle:
+    case Strategy::kDdp: return master() + u.local_offset;
+    case Strategy::kZero1:
+    case Strategy::kZero2: return params_full_.as<float>() + u.full_offset;
+    case Strategy::kZero3: break;
+  }
+  if (gathered_[unit].empty()) {
+    gathered_[unit] = take(param_pool_, u.padded, MemCategory::kParams);
+    group_.all_gather(master() + u.local_offset, gathered_[unit].as<float>(), u.shard, DType::kF32).wait();
+  }
+  return gathered_[unit].as<float>();
+}
+
+void ShardedParams::release(int unit) {
+  GPT_CHECK(acquired_[unit] > 0);
+  if (--acquired_[unit] == 0 && strategy_ == Strategy::kZero3) {
+    param_pool_.push_back(std::move(gathered_[unit]));  // reshard after use
+  }
+}
+
+float* ShardedParams::grads(int unit) {
+  const UnitInfo& u = units_[unit];
+  if (!shards_grads()) return grads_full_.as<float>() + u.full_offset;
+  if (unit_grads_[unit].empty()) {
+    unit_grads_[unit] = take(grad_pool_, u.padded, MemCategory::kGrads);
+    be_.fill_zero(unit_grads_[unit].as<float>(), u.padded);
+  }
+  return unit_grads_[unit].as<float>();
+}
+
+void ShardedParams::grads_done(int unit) {
+  const UnitInfo& u = units_[unit];
+  float* full = grads(unit);
+  switch (strategy_) {
+    case Strategy::kSingle:
+      return;
+    case Strategy::kDdp:
+      if (last_micro_ && size_ > 1) grad_works_.push_back(group_.all_reduce(full, u.numel, DType::kF32));
+      return;
+    case Strategy::kZero1:
+      if (last_micro_) {
+        grad_works_.push_back(
+            group_.reduce_scatter(full, grads_shard_.as<float>() + u.local_offset, u.shard, DType::kF32));
+      }
+      return;
+    case Strategy::kZero2:
+    case Strategy::kZero3: {
+      Pending p{Work(), unit, std::move(unit_grads_[unit]), take(shard_pool_, u.shard, MemCategory::kGrads)};
+      p.work = group_.reduce_scatter(p.full.as<float>(), p.shard.as<float>(), u.shard, DType::kF32);
+      pending_.push_back(std::move(p));
+      drain_pending(2);  // bound the gradient buffers in flight
+      return;
+    }
+  }
+}
+
+// Completes the oldest reduce-scatters until at most `keep` are in flight: adds each shard into the
+// accumulator (in issue order, so the sum is deterministic) and returns its buffers to the pools.
+void ShardedParams::drain_pending(size_t keep) {
+  while (pending_.size() > keep) {
+    Pending& p = pending_.front();
+    p.work.wait();
+    float* acc = grads_shard_.as<float>() + units_[p.unit].local_offset;
+    const float* add = p.shard.as<float>();
+    for (int64_t i = 0; i < units_[p.unit].shard; ++i) acc[i] += add[i];
+    grad_pool_.push_back(std::move(p.full));
+    shard_pool_.push_back(std::move(p.shard));
+    pending_.erase(pending_.begin());
+  }
+}
+
+void ShardedParams::begin_micro_batch(bool first, bool last) {
+  last_micro_ = last;
+  if (!first) return;
+  if (grads_full_.data() != nullptr) be_.fill_zero(grads_full_.as<float>(), full_numel_);
+  if (grads_shard_.data() != nullptr) be_.fill_zero(grads_shard_.as<float>(), local_numel_);
+}
+
+void ShardedParams::finish_grads() {
+  for (Work& w : grad_works_) w.wait();
+  grad_works_.clear();
+  drain_pending(0);
+}
+
+double ShardedParams::grad_sq_norm() {
+  double local = 0.0;
+  for (const MasterRegion& r : regions_) {
+    if (r.length > 0) local += be_.sum_squares(local_grads_ + r.local_offset, r.length);
+  }
+  if (!shards_optimizer() || size_ == 1) return local;
+  float v = static_cast<float>(local);
+  group_.all_reduce(&v, 1, DType::kF32).wait();
+  return v;
+}
+
+void ShardedParams::publish() {
+  if (strategy_ != Strategy::kZero1 && strategy_ != Strategy::kZero2) return;
+  std::vector<Work> works;
+  for (const UnitInfo& u : units_) {
+    works.push_back(group_.all_gather(master() + u.local_offset, params_full_.as<float>() + u.full_offset, u.shard,
+                                      DType::kF32));
+  }
+  for (Work& w : works) w.wait();
+}
+
+std::vector<float> ShardedParams::gather_full_weights() {
+  std::vector<float> out;
+  out.reserve(layout_.total_numel);
+  for (const UnitInfo& u : units_) {
+    if (!shards_optimizer()) {
+      out.insert(out.end(), master() + u.local_offset, master() + u.local_offset + u.numel);
+      continue;
+    }
+    std::vector<float> full(u.padded);
+    group_.all_gather(master() + u.local_offset, full.data(), u.shard, DType::kF32).wait();
+    out.insert(out.end(), full.begin(), full.begin() + u.numel);
+  }
+  return out;
+}
+
+}  // namespace gpt

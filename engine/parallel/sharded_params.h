@@ -1,0 +1,107 @@
+// ShardedParams: the ParamSource of every data-parallel strategy, on one code path. A strategy is a set of
+// choices: which of {optimizer state + master weights, gradients, parameters} are sharded over the group.
+//
+//   single/ddp: nothing sharded. Compute parameters are the fp32 master weights. Gradients accumulate in
+//               a full buffer; in the step's last micro-batch each unit's gradient is all-reduced (async,
+//               launched as the unit's backward finishes, overlapping the rest of backward).
+//   zero1:      master weights and AdamW state sharded; full gradients accumulate locally and are
+//               reduce-scattered per unit in the last micro-batch; publish() all-gathers the updated shards.
+//   zero2:      also gradients: every micro-batch, each unit's gradient is reduce-scattered as soon as its
+//               backward is done into an fp32 shard accumulator, and the full-size buffer goes back to a pool.
+//   zero3:      also parameters: at rest a rank holds only its shards; acquire() all-gathers a unit into a
+//               pooled buffer and release() frees it (reshard after forward), so no rank holds the model.
+//
+// Flat layout: unit u (numel_u) is padded to a multiple of the group size S; rank k owns elements
+// [k*shard_u, (k+1)*shard_u) of the padded unit. The local master buffer concatenates this rank's shard of
+// every unit (ddp: every unit whole). Threading: all calls from the training thread; collectives go to the
+// group's comm stream in the same order on every rank.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "backend/backend.h"
+#include "comm/communicator.h"
+#include "core/allocator.h"
+#include "core/status.h"
+#include "model/layout.h"
+#include "model/param_source.h"
+#include "optim/adamw.h"
+
+namespace gpt {
+
+enum class Strategy { kSingle, kDdp, kZero1, kZero2, kZero3 };
+Expected<Strategy> parse_strategy(std::string_view name);
+std::string_view strategy_name(Strategy s);
+
+class ShardedParams final : public ParamSource {
+ public:
+  ShardedParams(const ModelLayout& layout, Backend& backend, Communicator& group, Strategy strategy);
+  ~ShardedParams() override;
+
+  const float* acquire(int unit) override;
+  void release(int unit) override;
+  float* grads(int unit) override;
+  void grads_done(int unit) override;
+
+  // GPT-2 init of this rank's master region only (counter-based RNG: the same weights at any world size).
+  void init(const GptShape& shape, uint64_t seed);
+  // Before each micro-batch's forward/backward. `first`: the step's first (gradients start from zero);
+  // `last`: its last (ddp/zero1 communicate gradients only then).
+  void begin_micro_batch(bool first, bool last);
+  // Waits for the step's gradient reductions: local_grads() then holds the summed gradient of the local
+  // master region.
+  void finish_grads();
+  // ||g||^2 of the whole model's gradient (collective when gradients are sharded).
+  double grad_sq_norm();
+  // After the optimizer: compute parameters follow the master weights (all-gather for zero1/zero2).
+  void publish();
+  // The full fp32 weights, units concatenated without padding, on every rank (collective).
+  std::vector<float> gather_full_weights();
+
+  float* master() { return master_.as<float>(); }
+  const float* local_grads() const { return local_grads_; }
+  const std::vector<MasterRegion>& regions() const { return regions_; }
+  int64_t local_numel() const { return local_numel_; }
+  Strategy strategy() const { return strategy_; }
+
+ private:
+  struct UnitInfo {
+    int64_t numel = 0, padded = 0, shard = 0;
+    int64_t local_offset = 0;  // in master / local grads
+    int64_t full_offset = 0;   // in the full params / grads buffers (padded units)
+  };
+  struct Pending {  // a zero2/zero3 reduce-scatter in flight
+    Work work;
+    int unit;
+    Buffer full, shard;
+  };
+  bool shards_optimizer() const { return strategy_ >= Strategy::kZero1; }
+  bool shards_grads() const { return strategy_ >= Strategy::kZero2; }
+  Buffer take(std::vector<Buffer>& pool, int64_t n, MemCategory category);
+  void drain_pending(size_t keep);
+
+  const ModelLayout& layout_;
+  Backend& be_;
+  Communicator& group_;
+  Strategy strategy_;
+  int rank_ = 0, size_ = 1;
+  std::vector<UnitInfo> units_;
+  std::vector<MasterRegion> regions_;
+  int64_t local_numel_ = 0, full_numel_ = 0;
+  bool last_micro_ = true;
+
+  Buffer master_;       // (local_numel) fp32 master weights; ddp: also the compute parameters
+  Buffer params_full_;  // (full_numel) compute parameters, zero1/zero2
+  Buffer grads_full_;   // (full_numel) gradient accumulator, ddp/zero1
+  Buffer grads_shard_;  // (local_numel) reduced gradient shards, zero1/zero2/zero3
+  float* local_grads_ = nullptr;
+  std::vector<Work> grad_works_;              // ddp/zero1 reductions of this step
+  std::vector<Buffer> gathered_;              // zero3: per unit, its gathered parameters while acquired
+  std::vector<int> acquired_;                 // per unit: acquire count
+  std::vector<Buffer> unit_grads_;            // zero2/zero3: per unit, its full gradient while in backward
+  std::vector<Buffer> param_pool_, grad_pool_, shard_pool_;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace gpt
