@@ -22,7 +22,13 @@ Status MetricsWriter::write(const StepMetrics& m) {
   for (size_t i = 0; i < kNumMemCategories; ++i) {
     line += fmt::format(R"("{}":{},)", mem_category_name(static_cast<MemCategory>(i)), m.memory.peak[i]);
   }
-  line += fmt::format(R"("total":{}}}}})", m.memory.total_peak);
+  line += fmt::format(R"("total":{}}},"comm":{{)", m.memory.total_peak);
+  for (size_t i = 0; i < kNumCommOps; ++i) {
+    const CommOpStats& c = m.comm.ops[i];
+    line += fmt::format(R"({}"{}":{{"calls":{},"elements":{},"bytes":{},"seconds":{:.6f}}})", i ? "," : "",
+                        comm_op_name(static_cast<CommOp>(i)), c.calls, c.elements, c.bytes, c.seconds);
+  }
+  line += "}}";
   out_ << line << '\n';
   out_.flush();
   if (!out_) return Status::io_error("cannot write metrics file '" + path_ + "'");

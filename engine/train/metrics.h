@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "comm/communicator.h"
 #include "core/allocator.h"
 #include "core/status.h"
 
@@ -22,13 +23,15 @@ struct StepMetrics {
   double step_ms = 0.0;
   double gflops = 0.0;  // achieved, by 6N + 12 L H Q T FLOPs per token
   MemStats memory;      // peak bytes per category so far
+  CommStats comm;       // collectives so far, per op (cumulative)
 };
 
 class MetricsWriter {
  public:
   static Expected<MetricsWriter> open(const std::string& path);
   // {"step":1,"loss":..,"val_loss":..,"lr":..,"grad_norm":..,"tokens_per_s":..,"step_ms":..,"gflops":..,
-  //  "mem_peak_bytes":{"params":..,...,"total":..}}
+  //  "mem_peak_bytes":{"params":..,...,"total":..},
+  //  "comm":{"all_reduce":{"calls":..,"elements":..,"bytes":..,"seconds":..},...}}
   [[nodiscard]] Status write(const StepMetrics& m);
 
  private:

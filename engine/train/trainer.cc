@@ -228,6 +228,7 @@ Expected<TrainSummary> Trainer::run() {
       summary.final_val_loss = m.val_loss;
     }
     m.memory = MemTracker::instance().stats();
+    m.comm = world_.stats();
     if (metrics) GPT_RETURN_IF_ERROR(metrics->write(m));
     if ((step + 1) % config_.logging.log_interval == 0 || last || m.val_loss) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
