@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# A failure on one rank ends every rank, with the failing rank and its reason logged, never a hang:
+# under mpirun -np 2, rank 1 gets a config with an unknown key while rank 0's config is valid (rank 0
+# would otherwise wait forever in its first collective).
+set -uo pipefail
+gpt_train="$1"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for i in $(seq 300); do echo "the quick brown fox jumps over the lazy dog $i"; done > "$work/corpus.txt"
+"$gpt_train" prepare --input "$work/corpus.txt" --out "$work/data" > /dev/null 2>&1 || exit 1
+cat > "$work/good.yaml" <<YAML
+run: {out_dir: $work/run, threads: 1}
+model: {n_layer: 1, n_head: 2, n_embd: 16, block_size: 16}
+data: {train: $work/data/train.bin, val: $work/data/val.bin}
+training: {steps: 100000, micro_batch_size: 2, global_batch_sequences: 4, eval_batches: 1, parallel_typo: 1}
+parallel: {strategy: zero3}
+YAML
+sed 's/, parallel_typo: 1//' "$work/good.yaml" > "$work/good_rank0.yaml"
+start=$(date +%s)
+out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout 60 \
+  mpirun -np 2 --oversubscribe sh -c \
+  'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec "$0" train --config "$1"; else exec "$0" train --config "$2"; fi' \
+  "$gpt_train" "$work/good.yaml" "$work/good_rank0.yaml" 2>&1)
+code=$?
+elapsed=$(( $(date +%s) - start ))
+echo "$out" | grep -E "rank 1|MPI_ABORT" | head -5
+fail=0
+[ "$code" -ne 0 ] || { echo "FAIL: exit code 0"; fail=1; }
+[ "$code" -ne 124 ] || { echo "FAIL: hung until the timeout"; fail=1; }
+echo "$out" | grep -q "\[rank 1\] \[error\].*unknown key 'training.parallel_typo'" || { echo "FAIL: rank 1's error not logged"; fail=1; }
+[ "$elapsed" -lt 30 ] || { echo "FAIL: took ${elapsed}s"; fail=1; }
+[ "$fail" -eq 0 ] && echo "PASS: every rank ended (exit $code) in ${elapsed}s with rank 1's error logged"
+exit $fail
