@@ -22,5 +22,7 @@ int report_error(const Status& status);
 // The world communicator (MPI; a world of one when run without mpirun/srun).
 class Communicator;
 Communicator& world();
+// Ranks of this job on this node (from MPI_Comm_split_type SHARED).
+int ranks_per_node();
 
 }  // namespace gpt

@@ -17,6 +17,7 @@ std::unique_ptr<Communicator> g_world;
 }  // namespace
 
 Communicator& world() { return *g_world; }
+int ranks_per_node() { return g_mpi->local_size(); }
 
 int report_error(const Status& status) {
   spdlog::error("{}", status.message());

@@ -54,7 +54,9 @@ struct TrainingSection {
 };
 
 struct ParallelSection {
-  std::string strategy = "single";  // single | ddp | zero1 | zero2 | zero3
+  std::string strategy = "single";     // single | ddp | zero1 | zero2 | zero3 | hybrid
+  int shard_group_size = 0;            // hybrid: ranks per shard group S; 0 = ranks per node
+  std::string hybrid_inner = "zero3";  // hybrid: zero2 | zero3 inside each shard group
 };
 
 struct LoggingSection {

@@ -144,9 +144,12 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(training, activation_checkpointing), checkpointing(),
        "recompute activations in backward: none, full (every block), every:N (every Nth block), selective"},
 
-      {GPT_KEY(parallel, strategy), one_of("single|ddp|zero1|zero2|zero3"),
+      {GPT_KEY(parallel, strategy), one_of("single|ddp|zero1|zero2|zero3|hybrid"),
        "single: one process; ddp: replicate, all-reduce grads; zero1/zero2/zero3: shard optimizer state, + grads, "
-       "+ params (FSDP full shard)"},
+       "+ params (FSDP full shard); hybrid: shard within groups, replicate across them (HSDP)"},
+      {GPT_KEY(parallel, shard_group_size), at_least(0),
+       "hybrid: ranks per shard group (world = replicas x this); 0 = ranks per node"},
+      {GPT_KEY(parallel, hybrid_inner), one_of("zero2|zero3"), "hybrid: the sharding inside each shard group"},
 
       {GPT_KEY(logging, level), one_of("trace|debug|info|warn|error"), "log level"},
       {GPT_KEY(logging, log_interval), at_least(1), "steps between plain progress lines when stdout is not a terminal"},

@@ -27,9 +27,17 @@ std::string_view strategy_name(Strategy s) {
   return "?";
 }
 
-ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Communicator& group, Strategy strategy)
-    : layout_(layout), be_(backend), group_(group), strategy_(strategy), rank_(group.rank()), size_(group.size()) {
+ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Communicator& group, Strategy strategy,
+                             Communicator* replicas)
+    : layout_(layout),
+      be_(backend),
+      group_(group),
+      replicas_(replicas != nullptr && replicas->size() > 1 ? replicas : nullptr),
+      strategy_(strategy),
+      rank_(group.rank()),
+      size_(group.size()) {
   GPT_CHECK(strategy != Strategy::kSingle || size_ == 1);
+  GPT_CHECK_MSG(replicas_ == nullptr || strategy >= Strategy::kZero2, "replicate groups need zero2 or zero3");
   const int n = static_cast<int>(layout.units.size());
   for (int u = 0; u < n; ++u) {
     UnitInfo info;
@@ -152,6 +160,8 @@ void ShardedParams::drain_pending(size_t keep) {
   while (pending_.size() > keep) {
     Pending& p = pending_.front();
     p.work.wait();
+    // Hybrid: the in-group sum becomes the global sum across replicas.
+    if (replicas_ != nullptr) replicas_->all_reduce(p.shard.as<float>(), units_[p.unit].shard, DType::kF32).wait();
     float* acc = grads_shard_.as<float>() + units_[p.unit].local_offset;
     const float* add = p.shard.as<float>();
     for (int64_t i = 0; i < units_[p.unit].shard; ++i) acc[i] += add[i];

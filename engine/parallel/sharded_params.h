@@ -10,6 +10,8 @@
 //               backward is done into an fp32 shard accumulator, and the full-size buffer goes back to a pool.
 //   zero3:      also parameters: at rest a rank holds only its shards; acquire() all-gathers a unit into a
 //               pooled buffer and release() frees it (reshard after forward), so no rank holds the model.
+//   hybrid:     zero2 or zero3 inside a shard group, with a replicate group across groups (HSDP): after the
+//               in-group reduce-scatter, the gradient shard is all-reduced across replicas.
 //
 // Flat layout: unit u (numel_u) is padded to a multiple of the group size S; rank k owns elements
 // [k*shard_u, (k+1)*shard_u) of the padded unit. The local master buffer concatenates this rank's shard of
@@ -36,7 +38,10 @@ std::string_view strategy_name(Strategy s);
 
 class ShardedParams final : public ParamSource {
  public:
-  ShardedParams(const ModelLayout& layout, Backend& backend, Communicator& group, Strategy strategy);
+  // `group`: the ranks that shard among themselves. `replicas`: for hybrid, the ranks holding the same shard
+  // in the other shard groups (zero2/zero3 only); null or size 1 otherwise. Both must outlive this.
+  ShardedParams(const ModelLayout& layout, Backend& backend, Communicator& group, Strategy strategy,
+                Communicator* replicas = nullptr);
   ~ShardedParams() override;
 
   const float* acquire(int unit) override;
@@ -84,6 +89,7 @@ class ShardedParams final : public ParamSource {
   const ModelLayout& layout_;
   Backend& be_;
   Communicator& group_;
+  Communicator* replicas_;
   Strategy strategy_;
   int rank_ = 0, size_ = 1;
   std::vector<UnitInfo> units_;

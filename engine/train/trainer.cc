@@ -49,8 +49,18 @@ Expected<data::DataLoader> open_split(const RunConfig& cfg, const std::string& k
 
 }  // namespace
 
-Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communicator& world) {
-  GPT_ASSIGN_OR_RETURN(Strategy strategy, parse_strategy(cfg.parallel.strategy));
+Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communicator& world, int ranks_per_node) {
+  const bool hybrid = cfg.parallel.strategy == "hybrid";
+  GPT_ASSIGN_OR_RETURN(Strategy strategy, parse_strategy(hybrid ? cfg.parallel.hybrid_inner : cfg.parallel.strategy));
+  int shard_group_size = world.size();
+  if (hybrid) {
+    shard_group_size = cfg.parallel.shard_group_size > 0 ? cfg.parallel.shard_group_size : ranks_per_node;
+    if (world.size() % shard_group_size != 0) {
+      return Status::invalid_argument(cfg.where("parallel.shard_group_size") + ": parallel.shard_group_size " +
+                                      std::to_string(shard_group_size) + " does not divide the " +
+                                      std::to_string(world.size()) + " ranks of this job");
+    }
+  }
   if (strategy == Strategy::kSingle && world.size() > 1) {
     return Status::invalid_argument(cfg.where("parallel.strategy") + ": parallel.strategy: single runs on one " +
                                     "process, but this job has " + std::to_string(world.size()) +
@@ -97,13 +107,13 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
     return Status::invalid_argument(cfg.where("model.tied_embeddings") +
                                     ": model.tied_embeddings: false is not supported yet (GPT-2 ties the LM head)");
   }
-  return std::unique_ptr<Trainer>(new Trainer(cfg, world, strategy, shape, std::move(train), std::move(val),
-                                             std::move(tokenizer), ckpt));
+  return std::unique_ptr<Trainer>(new Trainer(cfg, world, strategy, shard_group_size, shape, std::move(train),
+                                             std::move(val), std::move(tokenizer), ckpt));
 }
 
-Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy, GptShape shape,
-                 data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
-                 ActivationCheckpointing ckpt)
+Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size,
+                 GptShape shape, data::DataLoader train, data::DataLoader val,
+                 std::optional<data::Tokenizer> tokenizer, ActivationCheckpointing ckpt)
     : config_(config),
       world_(world),
       shape_(shape),
@@ -113,7 +123,16 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
   backend_ = make_backend("cpu");
   backend_->set_threads(config_.run.threads);
   model_ = std::make_unique<Gpt>(shape_, *backend_, ckpt);
-  params_ = std::make_unique<ShardedParams>(model_->layout(), *backend_, world_, strategy);
+  Communicator* shard_group = &world_;
+  if (shard_group_size != world_.size()) {
+    // The process mesh: world rank w is shard w % S of replica w / S.
+    const int w = world_.rank(), S = shard_group_size;
+    shard_group_ = world_.split(w / S, w % S, "shard");
+    replicate_group_ = world_.split(w % S, w / S, "replicate");
+    shard_group = shard_group_.get();
+  }
+  params_ = std::make_unique<ShardedParams>(model_->layout(), *backend_, *shard_group, strategy,
+                                            replicate_group_.get());
   params_->init(shape_, config_.run.seed);
   const auto& t = config_.training;
   optimizer_ = std::make_unique<AdamW>(*backend_, model_->layout(), params_->regions(), params_->local_numel(),
@@ -162,6 +181,22 @@ float Trainer::train_step(int64_t step) {
   return loss_sum / static_cast<float>(config_.grad_accum_steps());
 }
 
+CommStats Trainer::comm_stats() const {
+  CommStats total = world_.stats();
+  for (const auto* group : {shard_group_.get(), replicate_group_.get()}) {
+    if (group == nullptr) continue;
+    const CommStats s = group->stats();
+    for (size_t i = 0; i < kNumCommOps; ++i) {
+      total.ops[i].calls += s.ops[i].calls;
+      total.ops[i].elements += s.ops[i].elements;
+      total.ops[i].bytes += s.ops[i].bytes;
+      total.ops[i].seconds += s.ops[i].seconds;
+    }
+    total.last_seq += s.last_seq;
+  }
+  return total;
+}
+
 float Trainer::evaluate() {
   const int B = config_.training.micro_batch_size;
   double sum = 0.0;
@@ -195,7 +230,12 @@ Expected<TrainSummary> Trainer::run() {
   spdlog::info("batch: {} sequences x {} tokens per step over {} rank(s), {} micro-batches of {} per rank; {} steps; "
                "strategy {}; checkpointing {}",
                config_.global_batch(), shape_.block_size, world_.size(), rows_per_rank_ / t.micro_batch_size,
-               t.micro_batch_size, t.steps, strategy_name(params_->strategy()), t.activation_checkpointing);
+               t.micro_batch_size, t.steps,
+               replicate_group_ ? fmt::format("hybrid ({} replicas x {}-rank {} shard groups)",
+                                              replicate_group_->size(), shard_group_->size(),
+                                              strategy_name(params_->strategy()))
+                                : std::string(strategy_name(params_->strategy())),
+               t.activation_checkpointing);
 
   TrainSummary summary;
   const double tokens_per_step = static_cast<double>(config_.global_batch()) * shape_.block_size;
@@ -228,7 +268,7 @@ Expected<TrainSummary> Trainer::run() {
       summary.final_val_loss = m.val_loss;
     }
     m.memory = MemTracker::instance().stats();
-    m.comm = world_.stats();
+    m.comm = comm_stats();
     if (metrics) GPT_RETURN_IF_ERROR(metrics->write(m));
     if ((step + 1) % config_.logging.log_interval == 0 || last || m.val_loss) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -37,8 +37,10 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  // `world` must outlive the Trainer; every rank calls create() and run().
-  static Expected<std::unique_ptr<Trainer>> create(const RunConfig& config, Communicator& world);
+  // `world` must outlive the Trainer; every rank calls create() and run(). `ranks_per_node` is the default
+  // shard group size of the hybrid strategy.
+  static Expected<std::unique_ptr<Trainer>> create(const RunConfig& config, Communicator& world,
+                                                   int ranks_per_node = 1);
   Expected<TrainSummary> run();
 
   // Mean validation loss over eval_batches micro-batches (the same batches at every evaluation).
@@ -50,12 +52,15 @@ class Trainer {
   double flops_per_token() const;
 
  private:
-  Trainer(const RunConfig& config, Communicator& world, Strategy strategy, GptShape shape, data::DataLoader train,
-          data::DataLoader val, std::optional<data::Tokenizer> tokenizer, ActivationCheckpointing ckpt);
+  Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
+          data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
+          ActivationCheckpointing ckpt);
+  CommStats comm_stats() const;
   float train_step(int64_t step);
 
   RunConfig config_;
   Communicator& world_;
+  std::unique_ptr<Communicator> shard_group_, replicate_group_;  // hybrid only
   GptShape shape_;
   data::DataLoader train_, val_;
   std::optional<data::Tokenizer> tokenizer_;

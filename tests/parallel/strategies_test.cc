@@ -82,10 +82,18 @@ TEST_CASE("Every strategy trains like a single process on the same global batch"
     auto alone = make_single_communicator();
     RunConfig ref_cfg = make_config(dir, dir + "/ref_" + std::to_string(r), 1, v.dropout, v.ckpt);
     const Result ref = train(ref_cfg, *alone);
-    for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+    // hybrid:zeroK:S = zeroK inside shard groups of S ranks, replicated across the n/S groups.
+    std::vector<std::string> strategies = {"ddp", "zero1", "zero2", "zero3"};
+    if (n % 2 == 0) strategies.insert(strategies.end(), {"hybrid:zero3:2", "hybrid:zero2:2"});
+    if (n > 1) strategies.push_back("hybrid:zero3:1");
+    for (const std::string& strategy : strategies) {
       CAPTURE(n, strategy, v.dropout, v.ckpt);
       RunConfig cfg = make_config(dir, dir + "/" + strategy, n, v.dropout, v.ckpt);
-      cfg.parallel.strategy = strategy;
+      cfg.parallel.strategy = strategy.substr(0, strategy.find(':'));
+      if (cfg.parallel.strategy == "hybrid") {
+        cfg.parallel.hybrid_inner = strategy.substr(7, 5);
+        cfg.parallel.shard_group_size = std::stoi(strategy.substr(13));
+      }
       const Result got = train(cfg, *world);
       REQUIRE(got.losses.size() == ref.losses.size());
       for (size_t i = 0; i < ref.losses.size(); ++i) {

@@ -1,0 +1,108 @@
+// The analytical planner: bytes per rank per memory category and communication volume per optimizer step,
+// for every data-parallel strategy, from the model shape and batch alone (nothing is allocated). It is
+// modelled on what the code allocates, not on a textbook: ShardedParams' flat per-unit buffers padded to a
+// multiple of the group size, its gather and gradient pools (simulated call by call, in the model's
+// acquire/grads/grads_done/release order), AdamW's two moments, and the exact tensor list of Gpt::prepare
+// for the activation-checkpointing mode. The categories are the allocator's (core/allocator.h), so the
+// trainer can log measured peaks beside planned ones; if one drifts, tests/plan/planner_test.cc's
+// measured-vs-planned case says which.
+//
+// Communication is counted as the communicator counts it (comm/communicator.h: per rank, reduce-scatter
+// and all-gather by the padded full size): elements per step by op. Scalar all-reduces (the step's loss,
+// the global grad norm: one element each) are left out.
+//
+// The ZeRO paper's own model-state arithmetic (Rajbhandari et al. 2020, section 5 / Figure 1 / Table 2:
+// mixed precision, 2Ψ params + 2Ψ grads + KΨ optimizer state) is here too, for arbitrary sizes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/layout.h"
+#include "parallel/sharded_params.h"  // Strategy
+
+namespace gpt {
+
+struct PlanInput {
+  GptShape shape;
+  int micro_batch = 1;                  // sequences per forward/backward (training.micro_batch_size)
+  int seq_len = 0;                      // tokens per sequence; 0 = shape.block_size (what the trainer uses)
+  int64_t micro_batches_per_step = 1;   // per rank: global batch / world_size / micro_batch
+  int world_size = 1;                   // ranks in the data-parallel group (= the shard group, no hybrid yet)
+  int ranks_per_node = 1;               // ranks sharing one node's memory (per-node figures only)
+  std::string activation_checkpointing = "none";  // none | full | every:N | selective
+  // Bytes per element of each kind of state: fp32 everywhere today; bf16 compute later is 2 for params/grads.
+  int64_t bytes_param = 4;       // compute parameters (aliased to the master weights when equal and unsharded)
+  int64_t bytes_grad = 4;        // gradients: full buffers, in-flight reduce buffers and shard accumulators
+  int64_t bytes_master = 4;      // master weights
+  int64_t bytes_optimizer = 8;   // optimizer state per parameter: AdamW m + v in fp32
+  int64_t bytes_activation = 4;  // activations and activation gradients
+};
+
+// Returns an error naming the field when `in` cannot be planned (shape, batch, ranks, checkpointing mode).
+[[nodiscard]] Status check_plan_input(const PlanInput& in);
+
+// Elements (or bytes) per rank per optimizer step, by collective.
+struct CommVolume {
+  int64_t all_reduce = 0;
+  int64_t reduce_scatter = 0;
+  int64_t all_gather = 0;
+  int64_t total() const { return all_reduce + reduce_scatter + all_gather; }
+};
+
+struct StrategyPlan {
+  Strategy strategy = Strategy::kSingle;
+  // Bytes per rank at the step's peak, by allocator category. Pools count at their steady-state size.
+  int64_t params = 0;       // compute parameters: full copy (zero1/zero2) or gathered units (zero3)
+  int64_t grads = 0;        // full buffers, shard accumulators, in-flight per-unit buffers (zero2/zero3)
+  int64_t master = 0;       // fp32 master weights (ddp/single: also the compute parameters)
+  int64_t optimizer = 0;    // AdamW m and v
+  int64_t activations = 0;  // stored + recompute scratch + token copy (Gpt::prepare)
+  int64_t workspace = 0;    // activation gradients for backward (Gpt::prepare)
+  int64_t comm_buffers = 0; // communicator staging (category comm); none today: collectives run in place
+  int64_t total = 0;        // sum of the above
+  int64_t model_states() const { return params + grads + master + optimizer; }
+
+  int64_t padded_params = 0;   // Φ: parameter count as laid out (units padded to a multiple of world_size)
+  CommVolume comm_elements_per_step;
+  CommVolume comm_bytes_per_step;
+  std::string note;  // what the figures include, in a line
+};
+
+// One plan per strategy: single (world_size == 1 only), ddp, zero1, zero2, zero3, in that order.
+// REQUIRES: check_plan_input(in).is_ok()
+std::vector<StrategyPlan> plan_all(const PlanInput& in);
+
+// The elements a step moves in the ring-equivalent sense (an all-reduce is a reduce-scatter plus an
+// all-gather), the cost that choose_auto minimises.
+int64_t ring_equivalent_elements(const CommVolume& v);
+
+struct AutoChoice {
+  Strategy strategy = Strategy::kSingle;
+  std::string reason;
+};
+// The strategy `auto` runs: the least communication whose total fits in device_memory_gb (1 GB = 1e9
+// bytes; <= 0: unlimited). Communication is ring_equivalent_elements, ties going to less sharding, which
+// orders ddp <= zero1 <= zero2 < zero3 (single first at world size 1). Fails when nothing fits, naming
+// the smallest plan and what to change.
+Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double device_memory_gb);
+
+// ---- The ZeRO paper's model (mixed-precision Adam: 2Ψ fp16 params, 2Ψ fp16 grads, KΨ optimizer state).
+enum class ZeroStage { kBaseline, kPos, kPosG, kPosGP };
+
+struct ZeroPaperBytes {
+  double baseline = 0;  // (2 + 2 + K)Ψ
+  double pos = 0;       // 2Ψ + 2Ψ + KΨ/N
+  double pos_g = 0;     // 2Ψ + (2 + K)Ψ/N
+  double pos_g_p = 0;   // (2 + 2 + K)Ψ/N
+  double at(ZeroStage s) const;
+};
+
+// Model-state bytes per device for Ψ parameters over n devices with optimizer multiplier k (Adam: 12).
+ZeroPaperBytes zero_paper_model_state(double psi, int n, double k);
+// The largest Ψ whose model states fit in device_bytes at the given stage.
+double zero_paper_max_params(double device_bytes, int n, double k, ZeroStage stage);
+
+}  // namespace gpt
