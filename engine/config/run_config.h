@@ -57,6 +57,8 @@ struct ParallelSection {
   std::string strategy = "single";     // single | ddp | zero1 | zero2 | zero3 | hybrid
   int shard_group_size = 0;            // hybrid: ranks per shard group S; 0 = ranks per node
   std::string hybrid_inner = "zero3";  // hybrid: zero2 | zero3 inside each shard group
+  int prefetch = 1;                    // zero3: units all-gathered ahead of use (0..2)
+  bool reshard_after_forward = true;   // zero3: free a unit after its forward, gather again for backward
 };
 
 struct LoggingSection {

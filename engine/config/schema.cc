@@ -150,6 +150,10 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(parallel, shard_group_size), at_least(0),
        "hybrid: ranks per shard group (world = replicas x this); 0 = ranks per node"},
       {GPT_KEY(parallel, hybrid_inner), one_of("zero2|zero3"), "hybrid: the sharding inside each shard group"},
+      {GPT_KEY(parallel, prefetch), between(0, 2, /*hi_exclusive=*/false),
+       "zero3: units all-gathered ahead of use, overlapping communication with compute"},
+      {GPT_KEY(parallel, reshard_after_forward), anything(),
+       "zero3: free each unit after its forward and gather it again for backward (false: keep it, more memory)"},
 
       {GPT_KEY(logging, level), one_of("trace|debug|info|warn|error"), "log level"},
       {GPT_KEY(logging, log_interval), at_least(1), "steps between plain progress lines when stdout is not a terminal"},

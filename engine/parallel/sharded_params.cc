@@ -28,12 +28,13 @@ std::string_view strategy_name(Strategy s) {
 }
 
 ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Communicator& group, Strategy strategy,
-                             Communicator* replicas)
+                             Communicator* replicas, ShardingOptions options)
     : layout_(layout),
       be_(backend),
       group_(group),
       replicas_(replicas != nullptr && replicas->size() > 1 ? replicas : nullptr),
       strategy_(strategy),
+      options_(options),
       rank_(group.rank()),
       size_(group.size()) {
   GPT_CHECK(strategy != Strategy::kSingle || size_ == 1);
@@ -64,25 +65,31 @@ ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Commun
   if (shards_optimizer()) grads_shard_ = be_.alloc(local_numel_ * sizeof(float), MemCategory::kGrads);
   local_grads_ = shards_optimizer() ? grads_shard_.as<float>() : grads_full_.as<float>();
   gathered_.resize(n);
+  gather_work_.resize(n);
   unit_grads_.resize(n);
   acquired_.assign(n, 0);
 }
 
 ShardedParams::~ShardedParams() {
+  for (Work& w : gather_work_) w.wait();
   for (Work& w : grad_works_) w.wait();
   for (Pending& p : pending_) p.work.wait();
 }
 
 Buffer ShardedParams::take(std::vector<Buffer>& pool, int64_t n, MemCategory category) {
+  // Best fit, so a small request never takes the one buffer a large unit (the embedding) needs and the
+  // pools settle after the first step at one buffer per unit size in use at once.
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  size_t best = pool.size();
   for (size_t i = 0; i < pool.size(); ++i) {
-    if (pool[i].bytes() >= bytes) {
-      Buffer b = std::move(pool[i]);
-      pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(i));
-      return b;
-    }
+    if (pool[i].bytes() >= bytes && (best == pool.size() || pool[i].bytes() < pool[best].bytes())) best = i;
   }
-  return be_.alloc(bytes, category);  // the pools stop growing after the first step
+  if (best < pool.size()) {
+    Buffer b = std::move(pool[best]);
+    pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(best));
+    return b;
+  }
+  return be_.alloc(bytes, category);
 }
 
 void ShardedParams::init(const GptShape& shape, uint64_t seed) {
@@ -104,22 +111,52 @@ const float* ShardedParams::acquire(int unit) {
     case Strategy::kZero2: return params_full_.as<float>() + u.full_offset;
     case Strategy::kZero3: break;
   }
-  if (gathered_[unit].empty()) {
-    gathered_[unit] = take(param_pool_, u.padded, MemCategory::kParams);
-    group_.all_gather(master() + u.local_offset, gathered_[unit].as<float>(), u.shard, DType::kF32).wait();
+  const int last = static_cast<int>(units_.size()) - 1;
+  if (unit == ModelLayout::kEmbedUnit) {
+    // A new pass: drop anything a previous forward-only pass kept (reshard_after_forward: false).
+    backward_ = false;
+    for (int v = 1; v <= last; ++v) {
+      if (acquired_[v] == 0 && !gathered_[v].empty()) free_gathered(v);
+    }
   }
+  start_gather(unit);
+  gather_work_[unit].wait();
+  // Prefetch the next blocks in pass order (the embed unit is held for the whole pass).
+  const int step = backward_ ? -1 : 1;
+  for (int k = 1, v = unit + step; k <= options_.prefetch && v >= 1 && v <= last; ++k, v += step) start_gather(v);
   return gathered_[unit].as<float>();
+}
+
+void ShardedParams::start_gather(int unit) {
+  if (!gathered_[unit].empty()) return;
+  const UnitInfo& u = units_[unit];
+  gathered_[unit] = take(param_pool_, u.padded, MemCategory::kParams);
+  gather_work_[unit] =
+      group_.all_gather(master() + u.local_offset, gathered_[unit].as<float>(), u.shard, DType::kF32);
+}
+
+void ShardedParams::free_gathered(int unit) {
+  gather_work_[unit].wait();  // the buffer may still be arriving
+  param_pool_.push_back(std::move(gathered_[unit]));
 }
 
 void ShardedParams::release(int unit) {
   GPT_CHECK(acquired_[unit] > 0);
-  if (--acquired_[unit] == 0 && strategy_ == Strategy::kZero3) {
-    param_pool_.push_back(std::move(gathered_[unit]));  // reshard after use
+  if (--acquired_[unit] == 0 && strategy_ == Strategy::kZero3 &&
+      (backward_ || options_.reshard_after_forward)) {
+    free_gathered(unit);
   }
 }
 
 float* ShardedParams::grads(int unit) {
   const UnitInfo& u = units_[unit];
+  if (!backward_ && strategy_ == Strategy::kZero3) {
+    // Backward starts (at the LM head): prefetch the last blocks, which backward needs next.
+    backward_ = true;
+    const int head = static_cast<int>(units_.size()) - 1;
+    for (int k = 1, v = head - 1; k <= options_.prefetch && v >= 1; ++k, --v) start_gather(v);
+  }
+  backward_ = true;
   if (!shards_grads()) return grads_full_.as<float>() + u.full_offset;
   if (unit_grads_[unit].empty()) {
     unit_grads_[unit] = take(grad_pool_, u.padded, MemCategory::kGrads);

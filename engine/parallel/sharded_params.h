@@ -9,7 +9,11 @@
 //   zero2:      also gradients: every micro-batch, each unit's gradient is reduce-scattered as soon as its
 //               backward is done into an fp32 shard accumulator, and the full-size buffer goes back to a pool.
 //   zero3:      also parameters: at rest a rank holds only its shards; acquire() all-gathers a unit into a
-//               pooled buffer and release() frees it (reshard after forward), so no rank holds the model.
+//               pooled buffer and release() frees it (reshard_after_forward; otherwise units gathered in
+//               forward stay until their backward), so no rank holds the model. Prefetch: acquire(u) also
+//               issues the all-gathers of the next `prefetch` units in pass order (forward: up the blocks;
+//               backward, which starts at the first grads() call: down the blocks), so communication
+//               overlaps the current unit's compute; at most prefetch + 1 blocks are gathered at once.
 //   hybrid:     zero2 or zero3 inside a shard group, with a replicate group across groups (HSDP): after the
 //               in-group reduce-scatter, the gradient shard is all-reduced across replicas.
 //
@@ -33,6 +37,11 @@
 namespace gpt {
 
 enum class Strategy { kSingle, kDdp, kZero1, kZero2, kZero3 };
+
+struct ShardingOptions {
+  int prefetch = 1;                   // zero3: units gathered ahead of use (0, 1 or 2)
+  bool reshard_after_forward = true;  // zero3: free a unit after its forward (else keep it for backward)
+};
 Expected<Strategy> parse_strategy(std::string_view name);
 std::string_view strategy_name(Strategy s);
 
@@ -41,7 +50,7 @@ class ShardedParams final : public ParamSource {
   // `group`: the ranks that shard among themselves. `replicas`: for hybrid, the ranks holding the same shard
   // in the other shard groups (zero2/zero3 only); null or size 1 otherwise. Both must outlive this.
   ShardedParams(const ModelLayout& layout, Backend& backend, Communicator& group, Strategy strategy,
-                Communicator* replicas = nullptr);
+                Communicator* replicas = nullptr, ShardingOptions options = {});
   ~ShardedParams() override;
 
   const float* acquire(int unit) override;
@@ -84,6 +93,8 @@ class ShardedParams final : public ParamSource {
   bool shards_optimizer() const { return strategy_ >= Strategy::kZero1; }
   bool shards_grads() const { return strategy_ >= Strategy::kZero2; }
   Buffer take(std::vector<Buffer>& pool, int64_t n, MemCategory category);
+  void start_gather(int unit);
+  void free_gathered(int unit);
   void drain_pending(size_t keep);
 
   const ModelLayout& layout_;
@@ -91,7 +102,9 @@ class ShardedParams final : public ParamSource {
   Communicator& group_;
   Communicator* replicas_;
   Strategy strategy_;
+  ShardingOptions options_;
   int rank_ = 0, size_ = 1;
+  bool backward_ = false;  // zero3: the current pass has reached backward
   std::vector<UnitInfo> units_;
   std::vector<MasterRegion> regions_;
   int64_t local_numel_ = 0, full_numel_ = 0;
@@ -103,7 +116,8 @@ class ShardedParams final : public ParamSource {
   Buffer grads_shard_;  // (local_numel) reduced gradient shards, zero1/zero2/zero3
   float* local_grads_ = nullptr;
   std::vector<Work> grad_works_;              // ddp/zero1 reductions of this step
-  std::vector<Buffer> gathered_;              // zero3: per unit, its gathered parameters while acquired
+  std::vector<Buffer> gathered_;              // zero3: per unit, its gathered (or arriving) parameters
+  std::vector<Work> gather_work_;             // zero3: per unit, the all-gather filling gathered_
   std::vector<int> acquired_;                 // per unit: acquire count
   std::vector<Buffer> unit_grads_;            // zero2/zero3: per unit, its full gradient while in backward
   std::vector<Buffer> param_pool_, grad_pool_, shard_pool_;

@@ -89,6 +89,9 @@ struct AutoChoice {
 // the smallest plan and what to change.
 Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double device_memory_gb);
 
+// "512 B", "3.0 KiB", "12.4 MiB", "1.23 GiB".
+std::string format_bytes(int64_t bytes);
+
 // ---- The ZeRO paper's model (mixed-precision Adam: 2Ψ fp16 params, 2Ψ fp16 grads, KΨ optimizer state).
 enum class ZeroStage { kBaseline, kPos, kPosG, kPosGP };
 

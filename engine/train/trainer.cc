@@ -131,8 +131,9 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
     replicate_group_ = world_.split(w % S, w / S, "replicate");
     shard_group = shard_group_.get();
   }
-  params_ = std::make_unique<ShardedParams>(model_->layout(), *backend_, *shard_group, strategy,
-                                            replicate_group_.get());
+  params_ = std::make_unique<ShardedParams>(
+      model_->layout(), *backend_, *shard_group, strategy, replicate_group_.get(),
+      ShardingOptions{config_.parallel.prefetch, config_.parallel.reshard_after_forward});
   params_->init(shape_, config_.run.seed);
   const auto& t = config_.training;
   optimizer_ = std::make_unique<AdamW>(*backend_, model_->layout(), params_->regions(), params_->local_numel(),

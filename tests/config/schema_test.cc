@@ -41,7 +41,7 @@ const std::vector<std::string> kExpectedKeys = {"run.name",
                                                 "training.grad_clip",
                                                 "training.eval_interval",
                                                 "training.eval_batches",
-                                                "training.activation_checkpointing", "parallel.strategy", "parallel.shard_group_size", "parallel.hybrid_inner",
+                                                "training.activation_checkpointing", "parallel.strategy", "parallel.shard_group_size", "parallel.hybrid_inner", "parallel.prefetch", "parallel.reshard_after_forward",
                                                 "logging.level",
                                                 "logging.log_interval",
                                                 "logging.metrics_file"};

@@ -83,13 +83,18 @@ TEST_CASE("Every strategy trains like a single process on the same global batch"
     RunConfig ref_cfg = make_config(dir, dir + "/ref_" + std::to_string(r), 1, v.dropout, v.ckpt);
     const Result ref = train(ref_cfg, *alone);
     // hybrid:zeroK:S = zeroK inside shard groups of S ranks, replicated across the n/S groups.
-    std::vector<std::string> strategies = {"ddp", "zero1", "zero2", "zero3"};
+    // zero3:P:R = zero3 with prefetch P and reshard_after_forward R (0/1).
+    std::vector<std::string> strategies = {"ddp", "zero1", "zero2", "zero3:0:1", "zero3:1:1", "zero3:2:0"};
     if (n % 2 == 0) strategies.insert(strategies.end(), {"hybrid:zero3:2", "hybrid:zero2:2"});
     if (n > 1) strategies.push_back("hybrid:zero3:1");
     for (const std::string& strategy : strategies) {
       CAPTURE(n, strategy, v.dropout, v.ckpt);
       RunConfig cfg = make_config(dir, dir + "/" + strategy, n, v.dropout, v.ckpt);
       cfg.parallel.strategy = strategy.substr(0, strategy.find(':'));
+      if (cfg.parallel.strategy == "zero3") {
+        cfg.parallel.prefetch = strategy[6] - '0';
+        cfg.parallel.reshard_after_forward = strategy[8] == '1';
+      }
       if (cfg.parallel.strategy == "hybrid") {
         cfg.parallel.hybrid_inner = strategy.substr(7, 5);
         cfg.parallel.shard_group_size = std::stoi(strategy.substr(13));
@@ -110,7 +115,45 @@ TEST_CASE("Every strategy trains like a single process on the same global batch"
     }
   }
   world->barrier().wait();
-  if (r == 0) fs::remove_all(dir);
+  if (world->rank() == 0) fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gpt
+
+namespace gpt {
+namespace {
+
+TEST_CASE("zero3 holds only shards at rest and at most prefetch + 1 gathered blocks", "[mpi][parallel]") {
+  auto world = testing::g_mpi->make_world();
+  const int n = world->size();
+  const std::string dir = shared_data_dir(*world);
+  for (int prefetch : {0, 1, 2}) {
+    CAPTURE(n, prefetch);
+    RunConfig cfg = make_config(dir, dir + "/mem" + std::to_string(prefetch), n, 0.0f, "none");
+    cfg.model.n_layer = 4;
+    cfg.training.steps = 2;
+    cfg.parallel.strategy = "zero3";
+    cfg.parallel.prefetch = prefetch;
+    auto& tracker = MemTracker::instance();
+    tracker.reset_peaks();
+    const size_t kParams = static_cast<size_t>(MemCategory::kParams);
+    const int64_t params_before = tracker.stats().current[kParams];
+    auto trainer = Trainer::create(cfg, *world);
+    REQUIRE(trainer.has_value());
+    // Start-up: nothing gathered, so no full-size parameters exist on any rank.
+    REQUIRE(tracker.stats().peak[kParams] == params_before);
+    REQUIRE((*trainer)->run().has_value());
+    const ModelLayout layout = ModelLayout::build((*trainer)->shape());
+    auto padded = [&](int u) { return (layout.units[u].numel + n - 1) / n * n * int64_t{4}; };
+    const int64_t bound = padded(0) + padded(layout.head_unit()) + (prefetch + 1) * padded(1);
+    const int64_t peak = tracker.stats().peak[kParams] - params_before;
+    CAPTURE(peak, bound);
+    REQUIRE(peak <= bound);
+    REQUIRE(peak >= padded(0) + padded(1));
+  }
+  world->barrier().wait();
+  if (world->rank() == 0) fs::remove_all(dir);
 }
 
 }  // namespace

@@ -1,0 +1,201 @@
+#include "plan/planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "core/check.h"
+#include "plan/memory_model.h"
+
+namespace gpt {
+
+Status check_plan_input(const PlanInput& in) {
+  const GptShape& s = in.shape;
+  auto bad = [](const std::string& what, int64_t v) {
+    return Status::invalid_argument(what + " must be positive, got " + std::to_string(v));
+  };
+  if (s.n_layer <= 0) return bad("model.n_layer", s.n_layer);
+  if (s.n_head <= 0) return bad("model.n_head", s.n_head);
+  if (s.n_embd <= 0) return bad("model.n_embd", s.n_embd);
+  if (s.block_size <= 0) return bad("model.block_size", s.block_size);
+  if (s.vocab_size <= 0) return bad("model.vocab_size", s.vocab_size);
+  if (s.n_embd % s.n_head != 0) {
+    return Status::invalid_argument("model.n_embd (" + std::to_string(s.n_embd) + ") must be a multiple of model.n_head (" +
+                                    std::to_string(s.n_head) + ")");
+  }
+  if (in.micro_batch <= 0) return bad("micro-batch size", in.micro_batch);
+  if (in.seq_len < 0 || in.seq_len > s.block_size) {
+    return Status::invalid_argument("sequence length must be in [1, block_size " + std::to_string(s.block_size) +
+                                    "] (0 = block_size), got " + std::to_string(in.seq_len));
+  }
+  if (in.micro_batches_per_step <= 0) return bad("micro-batches per step", in.micro_batches_per_step);
+  if (in.world_size <= 0) return bad("world size", in.world_size);
+  if (in.ranks_per_node <= 0) return bad("ranks per node", in.ranks_per_node);
+  for (int64_t b : {in.bytes_param, in.bytes_grad, in.bytes_master, in.bytes_optimizer, in.bytes_activation}) {
+    if (b <= 0) return bad("bytes per element", b);
+  }
+  return ActivationCheckpointing::parse(in.activation_checkpointing)
+      .status()
+      .with_context("training.activation_checkpointing");
+}
+
+namespace {
+
+StrategyPlan make_plan(const PlanInput& in, const ModelLayout& layout, Strategy strategy,
+                       const ActivationElements& act) {
+  const UnitSizes u = unit_sizes(layout, strategy, in.world_size);
+  const PoolElements pools = simulate_pools(u, in.shape.n_layer, strategy, in.micro_batches_per_step);
+  const int64_t a = in.micro_batches_per_step;
+  int64_t blocks = 0;  // Φ of the block units: what zero3's backward gathers again
+  for (int l = 0; l < in.shape.n_layer; ++l) blocks += u.padded[layout.block_unit(l)];
+
+  StrategyPlan p;
+  p.strategy = strategy;
+  p.padded_params = u.full;
+  p.master = u.local * in.bytes_master;
+  p.optimizer = u.local * in.bytes_optimizer;
+  p.activations = (act.stored + act.scratch) * in.bytes_activation + act.tokens * 4;
+  p.workspace = act.workspace * in.bytes_activation;
+  CommVolume& c = p.comm_elements_per_step;
+  switch (strategy) {
+    case Strategy::kSingle:
+    case Strategy::kDdp:
+      // The compute parameters are the master weights unless they differ in precision.
+      p.params = in.bytes_param == in.bytes_master ? 0 : u.full * in.bytes_param;
+      p.grads = u.full * in.bytes_grad;
+      if (strategy == Strategy::kDdp && in.world_size > 1) c.all_reduce = u.full;
+      p.note = strategy == Strategy::kSingle
+                   ? "one process: the master weights are the compute parameters; nothing to communicate"
+                   : "full replica per rank; gradients all-reduced per unit in the step's last micro-batch";
+      break;
+    case Strategy::kZero1:
+      p.params = u.full * in.bytes_param;
+      p.grads = (u.full + u.local) * in.bytes_grad;
+      c.reduce_scatter = u.full;
+      c.all_gather = u.full;
+      p.note = "master + AdamW sharded; full params and gradients; reduce-scatter in the last micro-batch, "
+               "all-gather of the updated shards";
+      break;
+    case Strategy::kZero2:
+      p.params = u.full * in.bytes_param;
+      p.grads = (u.local + pools.unit_grads + pools.grad_shards) * in.bytes_grad;
+      c.reduce_scatter = a * u.full;
+      c.all_gather = u.full;
+      p.note = fmt::format(
+          "also gradients: each unit reduce-scattered as its backward ends, every micro-batch (x{}); grads "
+          "include {} of in-flight unit buffers",
+          a, format_bytes((pools.unit_grads + pools.grad_shards) * in.bytes_grad));
+      break;
+    case Strategy::kZero3:
+      p.params = pools.gathered_params * in.bytes_param;
+      p.grads = (u.local + pools.unit_grads + pools.grad_shards) * in.bytes_grad;
+      c.reduce_scatter = a * u.full;
+      c.all_gather = a * (u.full + blocks);
+      p.note = fmt::format(
+          "also params: units gathered per use (x{} micro-batches); backward re-gathers the blocks only, embed "
+          "and head stay gathered (the ZeRO paper counts 2 Phi)",
+          a);
+      break;
+  }
+  p.comm_bytes_per_step = {c.all_reduce * in.bytes_grad, c.reduce_scatter * in.bytes_grad,
+                           c.all_gather * in.bytes_param};
+  p.total = p.params + p.grads + p.master + p.optimizer + p.activations + p.workspace + p.comm_buffers;
+  return p;
+}
+
+}  // namespace
+
+std::vector<StrategyPlan> plan_all(const PlanInput& in) {
+  const Status st = check_plan_input(in);
+  GPT_CHECK_MSG(st.is_ok(), st.message().c_str());
+  const ModelLayout layout = ModelLayout::build(in.shape);
+  const ActivationCheckpointing ckpt = *ActivationCheckpointing::parse(in.activation_checkpointing);
+  const ActivationElements act =
+      activation_elements(in.shape, in.micro_batch, in.seq_len > 0 ? in.seq_len : in.shape.block_size, ckpt);
+  std::vector<StrategyPlan> plans;
+  if (in.world_size == 1) plans.push_back(make_plan(in, layout, Strategy::kSingle, act));
+  for (Strategy s : {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3}) {
+    plans.push_back(make_plan(in, layout, s, act));
+  }
+  return plans;
+}
+
+int64_t ring_equivalent_elements(const CommVolume& v) { return 2 * v.all_reduce + v.reduce_scatter + v.all_gather; }
+
+Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double device_memory_gb) {
+  if (plans.empty()) return Status::invalid_argument("no strategies to choose from");
+  std::vector<const StrategyPlan*> order;
+  for (const StrategyPlan& p : plans) order.push_back(&p);
+  std::stable_sort(order.begin(), order.end(), [](const StrategyPlan* x, const StrategyPlan* y) {
+    const int64_t cx = ring_equivalent_elements(x->comm_elements_per_step);
+    const int64_t cy = ring_equivalent_elements(y->comm_elements_per_step);
+    return cx != cy ? cx < cy : static_cast<int>(x->strategy) < static_cast<int>(y->strategy);
+  });
+  const bool limited = device_memory_gb > 0;
+  const double limit = limited ? device_memory_gb * 1e9 : std::numeric_limits<double>::infinity();
+  const std::string where = fmt::format("{:g} GB per rank", device_memory_gb);
+  std::string skipped;
+  for (const StrategyPlan* p : order) {
+    const std::string name(strategy_name(p->strategy));
+    if (static_cast<double>(p->total) > limit) {
+      skipped += fmt::format("{}{} needs {}", skipped.empty() ? "" : ", ", name, format_bytes(p->total));
+      continue;
+    }
+    const int64_t comm = ring_equivalent_elements(p->comm_elements_per_step);
+    AutoChoice choice{p->strategy, ""};
+    if (!limited) {
+      choice.reason = fmt::format("no device memory given, so the least communication wins: {} ({} elements per "
+                                  "step; {} per rank)",
+                                  name, comm, format_bytes(p->total));
+    } else if (skipped.empty()) {
+      choice.reason = fmt::format("{} needs {}, fits in {} and communicates the least ({} elements per step)", name,
+                                  format_bytes(p->total), where, comm);
+    } else {
+      choice.reason = fmt::format("{} needs {} and is the least-communication plan that fits in {} ({}; {} "
+                                  "elements per step)",
+                                  name, format_bytes(p->total), where, skipped, comm);
+    }
+    return choice;
+  }
+  const StrategyPlan* smallest =
+      *std::min_element(order.begin(), order.end(), [](auto* x, auto* y) { return x->total < y->total; });
+  return Status::invalid_argument(fmt::format(
+      "no strategy fits in {}: the smallest, {}, needs {} ({} of it activations); try "
+      "training.activation_checkpointing: full, a smaller training.micro_batch_size, or more ranks",
+      where, strategy_name(smallest->strategy), format_bytes(smallest->total),
+      format_bytes(smallest->activations + smallest->workspace)));
+}
+
+std::string format_bytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  if (bytes < (int64_t{1} << 20)) return fmt::format("{:.1f} KiB", b / 1024.0);
+  if (bytes < (int64_t{1} << 30)) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024.0));
+  return fmt::format("{:.2f} GiB", b / (1024.0 * 1024.0 * 1024.0));
+}
+
+// ---- The ZeRO paper (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+// Models", 2020), section 5.1 and Figure 1.
+
+double ZeroPaperBytes::at(ZeroStage s) const {
+  switch (s) {
+    case ZeroStage::kBaseline: return baseline;
+    case ZeroStage::kPos: return pos;
+    case ZeroStage::kPosG: return pos_g;
+    case ZeroStage::kPosGP: return pos_g_p;
+  }
+  return baseline;
+}
+
+ZeroPaperBytes zero_paper_model_state(double psi, int n, double k) {
+  const double nd = n;
+  return {(4 + k) * psi, 4 * psi + k * psi / nd, 2 * psi + (2 + k) * psi / nd, (4 + k) * psi / nd};
+}
+
+double zero_paper_max_params(double device_bytes, int n, double k, ZeroStage stage) {
+  // Bytes per parameter at each stage, from zero_paper_model_state with Ψ = 1.
+  return device_bytes / zero_paper_model_state(1.0, n, k).at(stage);
+}
+
+}  // namespace gpt

@@ -1,0 +1,80 @@
+#include "plan/report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+
+namespace gpt {
+
+std::string format_count(int64_t n) {
+  const double d = static_cast<double>(n);
+  if (n < 1000) return std::to_string(n);
+  if (n < 1000000) return fmt::format("{:.1f}K", d / 1e3);
+  if (n < 1000000000) return fmt::format("{:.2f}M", d / 1e6);
+  return fmt::format("{:.2f}B", d / 1e9);
+}
+
+std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& plans) {
+  const GptShape& s = in.shape;
+  const int T = in.seq_len > 0 ? in.seq_len : s.block_size;
+  const int per_node = std::min(in.ranks_per_node, in.world_size);
+  std::string out = fmt::format(
+      "model: {} layers, {} heads, {} wide, block {}, vocab {}: {} parameters\n"
+      "batch: micro-batches of {} x {} tokens, {} per rank per step; world size {} ({} rank(s) per node); "
+      "activation checkpointing: {}\n"
+      "bytes per element: params {}, grads {}, master {}, optimizer {}, activations {}\n\n",
+      s.n_layer, s.n_head, s.n_embd, s.block_size, s.vocab_size, format_count(s.num_params()), in.micro_batch, T,
+      in.micro_batches_per_step, in.world_size, per_node, in.activation_checkpointing, in.bytes_param, in.bytes_grad,
+      in.bytes_master, in.bytes_optimizer, in.bytes_activation);
+
+  constexpr int kLabel = 28, kCol = 12;
+  auto row = [&](const std::string& label, const std::function<std::string(const StrategyPlan&)>& cell) {
+    out += fmt::format("{:<{}}", label, kLabel);
+    for (const StrategyPlan& p : plans) out += fmt::format("{:>{}}", cell(p), kCol);
+    out += "\n";
+  };
+  auto bytes = [](int64_t StrategyPlan::*field) {
+    return [field](const StrategyPlan& p) { return p.*field == 0 ? std::string("-") : format_bytes(p.*field); };
+  };
+  auto count = [](int64_t CommVolume::*field) {
+    return [field](const StrategyPlan& p) {
+      const int64_t n = p.comm_elements_per_step.*field;
+      return n == 0 ? std::string("-") : format_count(n);
+    };
+  };
+  auto comm_bytes = [](int64_t CommVolume::*field) {
+    return [field](const StrategyPlan& p) {
+      const int64_t n = p.comm_bytes_per_step.*field;
+      return n == 0 ? std::string("-") : format_bytes(n);
+    };
+  };
+
+  row("memory per rank", [](const StrategyPlan& p) { return std::string(strategy_name(p.strategy)); });
+  row("  params", bytes(&StrategyPlan::params));
+  row("  grads", bytes(&StrategyPlan::grads));
+  row("  master", bytes(&StrategyPlan::master));
+  row("  optimizer", bytes(&StrategyPlan::optimizer));
+  row("  activations", bytes(&StrategyPlan::activations));
+  row("  workspace", bytes(&StrategyPlan::workspace));
+  row("  comm buffers", bytes(&StrategyPlan::comm_buffers));
+  row("  total", bytes(&StrategyPlan::total));
+  row(fmt::format("  total per node (x{})", per_node),
+      [&](const StrategyPlan& p) { return format_bytes(p.total * per_node); });
+  row("comm per rank per step", [](const StrategyPlan&) { return std::string(); });
+  row("  all-reduce (elements)", count(&CommVolume::all_reduce));
+  row("  reduce-scatter (elements)", count(&CommVolume::reduce_scatter));
+  row("  all-gather (elements)", count(&CommVolume::all_gather));
+  row("  all-reduce (bytes)", comm_bytes(&CommVolume::all_reduce));
+  row("  reduce-scatter (bytes)", comm_bytes(&CommVolume::reduce_scatter));
+  row("  all-gather (bytes)", comm_bytes(&CommVolume::all_gather));
+  row("  total (bytes)", [](const StrategyPlan& p) {
+    const int64_t n = p.comm_bytes_per_step.total();
+    return n == 0 ? std::string("-") : format_bytes(n);
+  });
+  out += "\n";
+  for (const StrategyPlan& p : plans) out += fmt::format("{:<7}{}\n", strategy_name(p.strategy), p.note);
+  return out;
+}
+
+}  // namespace gpt
