@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "core/allocator.h"
+#include "core/dtype.h"
 #include "core/rng.h"
 
 namespace gpt {
@@ -87,6 +88,9 @@ class Backend {
   // Sum of squares in double (for the global gradient norm).
   virtual double sum_squares(const float* x, int64_t n) = 0;
   virtual void fill_zero(float* x, int64_t n) = 0;
+  // Mixed precision: fp32 -> bf16 (round to nearest even) and back.
+  virtual void cast_to_bf16(bf16* dst, const float* src, int64_t n) = 0;
+  virtual void cast_from_bf16(float* dst, const bf16* src, int64_t n) = 0;
   virtual void copy(float* dst, const float* src, int64_t n) = 0;
 };
 

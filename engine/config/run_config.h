@@ -59,6 +59,8 @@ struct ParallelSection {
   std::string hybrid_inner = "zero3";  // hybrid: zero2 | zero3 inside each shard group
   int prefetch = 1;                    // zero3: units all-gathered ahead of use (0..2)
   bool reshard_after_forward = true;   // zero3: free a unit after its forward, gather again for backward
+  std::string param_dtype = "fp32";    // fp32 | bf16: parameters as stored and communicated
+  std::string reduce_dtype = "fp32";   // fp32 | bf16: gradients as communicated
 };
 
 struct LoggingSection {

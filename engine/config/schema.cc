@@ -152,6 +152,10 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(parallel, hybrid_inner), one_of("zero2|zero3"), "hybrid: the sharding inside each shard group"},
       {GPT_KEY(parallel, prefetch), between(0, 2, /*hi_exclusive=*/false),
        "zero3: units all-gathered ahead of use, overlapping communication with compute"},
+      {GPT_KEY(parallel, param_dtype), one_of("fp32|bf16"),
+       "parameters as stored and communicated (master weights and optimizer state stay fp32)"},
+      {GPT_KEY(parallel, reduce_dtype), one_of("fp32|bf16"),
+       "gradients as communicated (accumulated in fp32)"},
       {GPT_KEY(parallel, reshard_after_forward), anything(),
        "zero3: free each unit after its forward and gather it again for backward (false: keep it, more memory)"},
 

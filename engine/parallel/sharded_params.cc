@@ -18,11 +18,16 @@ Expected<Strategy> parse_strategy(std::string_view name) {
 
 std::string_view strategy_name(Strategy s) {
   switch (s) {
-    case Strategy::kSingle: return "single";
-    case Strategy::kDdp: return "ddp";
-    case Strategy::kZero1: return "zero1";
-    case Strategy::kZero2: return "zero2";
-    case Strategy::kZero3: return "zero3";
+    case Strategy::kSingle:
+      return "single";
+    case Strategy::kDdp:
+      return "ddp";
+    case Strategy::kZero1:
+      return "zero1";
+    case Strategy::kZero2:
+      return "zero2";
+    case Strategy::kZero3:
+      return "zero3";
   }
   return "?";
 }
@@ -58,13 +63,19 @@ ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Commun
     units_.push_back(info);
   }
   master_ = be_.alloc(local_numel_ * sizeof(float), MemCategory::kMaster);
-  if (strategy_ == Strategy::kZero1 || strategy_ == Strategy::kZero2) {
+  // Full compute parameters: zero1/zero2 always; ddp when they are bf16 (else they are the master weights).
+  if (strategy_ == Strategy::kZero1 || strategy_ == Strategy::kZero2 || (!shards_optimizer() && lo_params())) {
     params_full_ = be_.alloc(full_numel_ * sizeof(float), MemCategory::kParams);
+  }
+  if (lo_params()) {
+    param_shard_lo_ = be_.alloc((shards_optimizer() ? local_numel_ : full_numel_) * sizeof(bf16), MemCategory::kParams);
   }
   if (!shards_grads()) grads_full_ = be_.alloc(full_numel_ * sizeof(float), MemCategory::kGrads);
   if (shards_optimizer()) grads_shard_ = be_.alloc(local_numel_ * sizeof(float), MemCategory::kGrads);
   local_grads_ = shards_optimizer() ? grads_shard_.as<float>() : grads_full_.as<float>();
   gathered_.resize(n);
+  gathered_lo_.resize(n);
+  expanded_.assign(n, false);
   gather_work_.resize(n);
   unit_grads_.resize(n);
   acquired_.assign(n, 0);
@@ -76,10 +87,10 @@ ShardedParams::~ShardedParams() {
   for (Pending& p : pending_) p.work.wait();
 }
 
-Buffer ShardedParams::take(std::vector<Buffer>& pool, int64_t n, MemCategory category) {
+Buffer ShardedParams::take(std::vector<Buffer>& pool, int64_t n, MemCategory category, size_t elem_bytes) {
   // Best fit, so a small request never takes the one buffer a large unit (the embedding) needs and the
   // pools settle after the first step at one buffer per unit size in use at once.
-  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(n) * elem_bytes;
   size_t best = pool.size();
   for (size_t i = 0; i < pool.size(); ++i) {
     if (pool[i].bytes() >= bytes && (best == pool.size() || pool[i].bytes() < pool[best].bytes())) best = i;
@@ -106,10 +117,13 @@ const float* ShardedParams::acquire(int unit) {
   ++acquired_[unit];
   switch (strategy_) {
     case Strategy::kSingle:
-    case Strategy::kDdp: return master() + u.local_offset;
+    case Strategy::kDdp:
+      return lo_params() ? params_full_.as<float>() + u.full_offset : master() + u.local_offset;
     case Strategy::kZero1:
-    case Strategy::kZero2: return params_full_.as<float>() + u.full_offset;
-    case Strategy::kZero3: break;
+    case Strategy::kZero2:
+      return params_full_.as<float>() + u.full_offset;
+    case Strategy::kZero3:
+      break;
   }
   const int last = static_cast<int>(units_.size()) - 1;
   if (unit == ModelLayout::kEmbedUnit) {
@@ -121,6 +135,10 @@ const float* ShardedParams::acquire(int unit) {
   }
   start_gather(unit);
   gather_work_[unit].wait();
+  if (lo_params() && !expanded_[unit]) {  // computed through fp32
+    be_.cast_from_bf16(gathered_[unit].as<float>(), gathered_lo_[unit].as<bf16>(), u.padded);
+    expanded_[unit] = true;
+  }
   // Prefetch the next blocks in pass order (the embed unit is held for the whole pass).
   const int step = backward_ ? -1 : 1;
   for (int k = 1, v = unit + step; k <= options_.prefetch && v >= 1 && v <= last; ++k, v += step) start_gather(v);
@@ -131,19 +149,26 @@ void ShardedParams::start_gather(int unit) {
   if (!gathered_[unit].empty()) return;
   const UnitInfo& u = units_[unit];
   gathered_[unit] = take(param_pool_, u.padded, MemCategory::kParams);
-  gather_work_[unit] =
-      group_.all_gather(master() + u.local_offset, gathered_[unit].as<float>(), u.shard, DType::kF32);
+  if (lo_params()) {
+    gathered_lo_[unit] = take(lo_pool_, u.padded, MemCategory::kParams, sizeof(bf16));
+    expanded_[unit] = false;
+    gather_work_[unit] = group_.all_gather(param_shard_lo_.as<bf16>() + u.local_offset, gathered_lo_[unit].as<bf16>(),
+                                           u.shard, DType::kBF16);
+  } else {
+    gather_work_[unit] =
+        group_.all_gather(master() + u.local_offset, gathered_[unit].as<float>(), u.shard, DType::kF32);
+  }
 }
 
 void ShardedParams::free_gathered(int unit) {
   gather_work_[unit].wait();  // the buffer may still be arriving
   param_pool_.push_back(std::move(gathered_[unit]));
+  if (!gathered_lo_[unit].empty()) lo_pool_.push_back(std::move(gathered_lo_[unit]));
 }
 
 void ShardedParams::release(int unit) {
   GPT_CHECK(acquired_[unit] > 0);
-  if (--acquired_[unit] == 0 && strategy_ == Strategy::kZero3 &&
-      (backward_ || options_.reshard_after_forward)) {
+  if (--acquired_[unit] == 0 && strategy_ == Strategy::kZero3 && (backward_ || options_.reshard_after_forward)) {
     free_gathered(unit);
   }
 }
@@ -172,18 +197,41 @@ void ShardedParams::grads_done(int unit) {
     case Strategy::kSingle:
       return;
     case Strategy::kDdp:
-      if (last_micro_ && size_ > 1) grad_works_.push_back(group_.all_reduce(full, u.numel, DType::kF32));
-      return;
-    case Strategy::kZero1:
-      if (last_micro_) {
-        grad_works_.push_back(
-            group_.reduce_scatter(full, grads_shard_.as<float>() + u.local_offset, u.shard, DType::kF32));
+    case Strategy::kZero1: {
+      if (!last_micro_ || (strategy_ == Strategy::kDdp && size_ == 1)) return;
+      float* dst = strategy_ == Strategy::kDdp ? full : grads_shard_.as<float>() + u.local_offset;
+      const int64_t n_out = strategy_ == Strategy::kDdp ? u.numel : u.shard;
+      if (!lo_grads()) {
+        grad_works_.push_back(strategy_ == Strategy::kDdp ? group_.all_reduce(full, u.numel, DType::kF32)
+                                                          : group_.reduce_scatter(full, dst, u.shard, DType::kF32));
+        return;
       }
+      // bf16 reduction: send the unit's gradient as bf16; the result is cast back to fp32 in finish_grads.
+      GradReduce r{Work(), take(lo_pool_, u.padded + n_out, MemCategory::kComm, sizeof(bf16)), nullptr, dst, n_out};
+      bf16* lo = r.lo.as<bf16>();
+      be_.cast_to_bf16(lo, full, u.padded);
+      if (strategy_ == Strategy::kDdp) {
+        r.work = group_.all_reduce(lo, u.numel, DType::kBF16);
+        r.result = lo;
+      } else {
+        r.work = group_.reduce_scatter(lo, lo + u.padded, u.shard, DType::kBF16);
+        r.result = lo + u.padded;
+      }
+      lo_reduces_.push_back(std::move(r));
       return;
+    }
     case Strategy::kZero2:
     case Strategy::kZero3: {
-      Pending p{Work(), unit, std::move(unit_grads_[unit]), take(shard_pool_, u.shard, MemCategory::kGrads)};
-      p.work = group_.reduce_scatter(p.full.as<float>(), p.shard.as<float>(), u.shard, DType::kF32);
+      Pending p{Work(),   unit,    std::move(unit_grads_[unit]), take(shard_pool_, u.shard, MemCategory::kGrads),
+                Buffer(), Buffer()};
+      if (lo_grads()) {
+        p.full_lo = take(lo_pool_, u.padded, MemCategory::kComm, sizeof(bf16));
+        p.shard_lo = take(lo_pool_, u.shard, MemCategory::kComm, sizeof(bf16));
+        be_.cast_to_bf16(p.full_lo.as<bf16>(), p.full.as<float>(), u.padded);
+        p.work = group_.reduce_scatter(p.full_lo.as<bf16>(), p.shard_lo.as<bf16>(), u.shard, DType::kBF16);
+      } else {
+        p.work = group_.reduce_scatter(p.full.as<float>(), p.shard.as<float>(), u.shard, DType::kF32);
+      }
       pending_.push_back(std::move(p));
       drain_pending(2);  // bound the gradient buffers in flight
       return;
@@ -197,8 +245,20 @@ void ShardedParams::drain_pending(size_t keep) {
   while (pending_.size() > keep) {
     Pending& p = pending_.front();
     p.work.wait();
+    const int64_t n = units_[p.unit].shard;
     // Hybrid: the in-group sum becomes the global sum across replicas.
-    if (replicas_ != nullptr) replicas_->all_reduce(p.shard.as<float>(), units_[p.unit].shard, DType::kF32).wait();
+    if (replicas_ != nullptr) {
+      if (lo_grads()) {
+        replicas_->all_reduce(p.shard_lo.as<bf16>(), n, DType::kBF16).wait();
+      } else {
+        replicas_->all_reduce(p.shard.as<float>(), n, DType::kF32).wait();
+      }
+    }
+    if (lo_grads()) {
+      be_.cast_from_bf16(p.shard.as<float>(), p.shard_lo.as<bf16>(), n);
+      lo_pool_.push_back(std::move(p.full_lo));
+      lo_pool_.push_back(std::move(p.shard_lo));
+    }
     float* acc = grads_shard_.as<float>() + units_[p.unit].local_offset;
     const float* add = p.shard.as<float>();
     for (int64_t i = 0; i < units_[p.unit].shard; ++i) acc[i] += add[i];
@@ -218,6 +278,12 @@ void ShardedParams::begin_micro_batch(bool first, bool last) {
 void ShardedParams::finish_grads() {
   for (Work& w : grad_works_) w.wait();
   grad_works_.clear();
+  for (GradReduce& r : lo_reduces_) {
+    r.work.wait();
+    be_.cast_from_bf16(r.dst, r.result, r.n);
+    lo_pool_.push_back(std::move(r.lo));
+  }
+  lo_reduces_.clear();
   drain_pending(0);
 }
 
@@ -233,13 +299,34 @@ double ShardedParams::grad_sq_norm() {
 }
 
 void ShardedParams::publish() {
+  if (lo_params()) {
+    // The parameters as stored and communicated: bf16 copies of the master weights (or of their shards).
+    be_.cast_to_bf16(param_shard_lo_.as<bf16>(), master(), local_numel_);
+    if (!shards_optimizer()) {  // ddp: compute through fp32 from the bf16 values
+      be_.cast_from_bf16(params_full_.as<float>(), param_shard_lo_.as<bf16>(), full_numel_);
+      return;
+    }
+  }
   if (strategy_ != Strategy::kZero1 && strategy_ != Strategy::kZero2) return;
   std::vector<Work> works;
+  std::vector<Buffer> lo_full;
   for (const UnitInfo& u : units_) {
-    works.push_back(group_.all_gather(master() + u.local_offset, params_full_.as<float>() + u.full_offset, u.shard,
-                                      DType::kF32));
+    if (lo_params()) {
+      lo_full.push_back(take(lo_pool_, u.padded, MemCategory::kComm, sizeof(bf16)));
+      works.push_back(group_.all_gather(param_shard_lo_.as<bf16>() + u.local_offset, lo_full.back().as<bf16>(), u.shard,
+                                        DType::kBF16));
+    } else {
+      works.push_back(
+          group_.all_gather(master() + u.local_offset, params_full_.as<float>() + u.full_offset, u.shard, DType::kF32));
+    }
   }
-  for (Work& w : works) w.wait();
+  for (size_t i = 0; i < works.size(); ++i) {
+    works[i].wait();
+    if (lo_params()) {
+      be_.cast_from_bf16(params_full_.as<float>() + units_[i].full_offset, lo_full[i].as<bf16>(), units_[i].padded);
+      lo_pool_.push_back(std::move(lo_full[i]));
+    }
+  }
 }
 
 std::vector<float> ShardedParams::gather_full_weights() {

@@ -41,6 +41,11 @@ enum class Strategy { kSingle, kDdp, kZero1, kZero2, kZero3 };
 struct ShardingOptions {
   int prefetch = 1;                   // zero3: units gathered ahead of use (0, 1 or 2)
   bool reshard_after_forward = true;  // zero3: free a unit after its forward (else keep it for backward)
+  // Mixed precision: parameters stored and communicated in param_dtype (computed through fp32 on the
+  // CPU), gradients communicated in reduce_dtype; master weights, optimizer state and gradient
+  // accumulation are always fp32.
+  DType param_dtype = DType::kF32;
+  DType reduce_dtype = DType::kF32;
 };
 Expected<Strategy> parse_strategy(std::string_view name);
 std::string_view strategy_name(Strategy s);
@@ -88,11 +93,21 @@ class ShardedParams final : public ParamSource {
   struct Pending {  // a zero2/zero3 reduce-scatter in flight
     Work work;
     int unit;
-    Buffer full, shard;
+    Buffer full, shard;        // fp32 unit gradient and its reduced shard
+    Buffer full_lo, shard_lo;  // the same in bf16 when reduce_dtype is bf16
+  };
+  struct GradReduce {  // a ddp/zero1 bf16 reduction in flight, cast back to fp32 `dst` when done
+    Work work;
+    Buffer lo;
+    const bf16* result;
+    float* dst;
+    int64_t n;
   };
   bool shards_optimizer() const { return strategy_ >= Strategy::kZero1; }
   bool shards_grads() const { return strategy_ >= Strategy::kZero2; }
-  Buffer take(std::vector<Buffer>& pool, int64_t n, MemCategory category);
+  Buffer take(std::vector<Buffer>& pool, int64_t n, MemCategory category, size_t elem_bytes = sizeof(float));
+  bool lo_params() const { return options_.param_dtype == DType::kBF16; }
+  bool lo_grads() const { return options_.reduce_dtype == DType::kBF16; }
   void start_gather(int unit);
   void free_gathered(int unit);
   void drain_pending(size_t keep);
@@ -115,11 +130,16 @@ class ShardedParams final : public ParamSource {
   Buffer grads_full_;   // (full_numel) gradient accumulator, ddp/zero1
   Buffer grads_shard_;  // (local_numel) reduced gradient shards, zero1/zero2/zero3
   float* local_grads_ = nullptr;
-  std::vector<Work> grad_works_;              // ddp/zero1 reductions of this step
-  std::vector<Buffer> gathered_;              // zero3: per unit, its gathered (or arriving) parameters
-  std::vector<Work> gather_work_;             // zero3: per unit, the all-gather filling gathered_
-  std::vector<int> acquired_;                 // per unit: acquire count
-  std::vector<Buffer> unit_grads_;            // zero2/zero3: per unit, its full gradient while in backward
+  std::vector<Work> grad_works_;        // ddp/zero1 reductions of this step
+  std::vector<GradReduce> lo_reduces_;  // ddp/zero1 bf16 reductions of this step
+  Buffer param_shard_lo_;               // (local_numel) bf16 parameter shards, bf16 zero1/2/3
+  std::vector<Buffer> gathered_lo_;     // zero3 bf16: per unit, the gathered bf16 parameters
+  std::vector<bool> expanded_;          // zero3 bf16: gathered_ holds the fp32 copy already
+  std::vector<Buffer> lo_pool_;         // bf16 buffers (gathers, gradient reductions)
+  std::vector<Buffer> gathered_;        // zero3: per unit, its gathered (or arriving) parameters
+  std::vector<Work> gather_work_;       // zero3: per unit, the all-gather filling gathered_
+  std::vector<int> acquired_;           // per unit: acquire count
+  std::vector<Buffer> unit_grads_;      // zero2/zero3: per unit, its full gradient while in backward
   std::vector<Buffer> param_pool_, grad_pool_, shard_pool_;
   std::vector<Pending> pending_;
 };

@@ -76,8 +76,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   }
   GPT_ASSIGN_OR_RETURN(data::SamplingMode mode, data::parse_sampling_mode(cfg.data.sampling));
   GPT_ASSIGN_OR_RETURN(data::DataLoader train, open_split(cfg, "train", cfg.data.train, cfg.global_batch(), mode));
-  GPT_ASSIGN_OR_RETURN(data::DataLoader val,
-                       open_split(cfg, "val", cfg.data.val, cfg.training.micro_batch_size, data::SamplingMode::kRandom));
+  GPT_ASSIGN_OR_RETURN(data::DataLoader val, open_split(cfg, "val", cfg.data.val, cfg.training.micro_batch_size,
+                                                        data::SamplingMode::kRandom));
   GPT_ASSIGN_OR_RETURN(std::optional<data::Tokenizer> tokenizer, find_tokenizer(cfg, train));
   GPT_ASSIGN_OR_RETURN(ActivationCheckpointing ckpt,
                        ActivationCheckpointing::parse(cfg.training.activation_checkpointing));
@@ -93,10 +93,9 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   if (shape.vocab_size == 0) shape.vocab_size = tokenizer ? tokenizer->vocab_size() : max_token + 1;
   if (max_token >= shape.vocab_size) {
     return Status::invalid_argument(cfg.where("model.vocab_size") + ": model.vocab_size " +
-                                    std::to_string(shape.vocab_size) + " is too small: the data ('" +
-                                    cfg.data.train + "', '" + cfg.data.val + "') has token id " +
-                                    std::to_string(max_token) + ", so it must be at least " +
-                                    std::to_string(max_token + 1));
+                                    std::to_string(shape.vocab_size) + " is too small: the data ('" + cfg.data.train +
+                                    "', '" + cfg.data.val + "') has token id " + std::to_string(max_token) +
+                                    ", so it must be at least " + std::to_string(max_token + 1));
   }
   if (tokenizer && tokenizer->vocab_size() > shape.vocab_size) {
     return Status::invalid_argument(cfg.where("model.vocab_size") + ": model.vocab_size " +
@@ -108,12 +107,12 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
                                     ": model.tied_embeddings: false is not supported yet (GPT-2 ties the LM head)");
   }
   return std::unique_ptr<Trainer>(new Trainer(cfg, world, strategy, shard_group_size, shape, std::move(train),
-                                             std::move(val), std::move(tokenizer), ckpt));
+                                              std::move(val), std::move(tokenizer), ckpt));
 }
 
-Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size,
-                 GptShape shape, data::DataLoader train, data::DataLoader val,
-                 std::optional<data::Tokenizer> tokenizer, ActivationCheckpointing ckpt)
+Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
+                 data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
+                 ActivationCheckpointing ckpt)
     : config_(config),
       world_(world),
       shape_(shape),
@@ -133,7 +132,9 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
   }
   params_ = std::make_unique<ShardedParams>(
       model_->layout(), *backend_, *shard_group, strategy, replicate_group_.get(),
-      ShardingOptions{config_.parallel.prefetch, config_.parallel.reshard_after_forward});
+      ShardingOptions{config_.parallel.prefetch, config_.parallel.reshard_after_forward,
+                      config_.parallel.param_dtype == "bf16" ? DType::kBF16 : DType::kF32,
+                      config_.parallel.reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32});
   params_->init(shape_, config_.run.seed);
   const auto& t = config_.training;
   optimizer_ = std::make_unique<AdamW>(*backend_, model_->layout(), params_->regions(), params_->local_numel(),
@@ -228,15 +229,15 @@ Expected<TrainSummary> Trainer::run() {
   }
   spdlog::info("model: {} layers, {} heads, {} wide, block {}, vocab {}: {:.2f}M parameters", shape_.n_layer,
                shape_.n_head, shape_.n_embd, shape_.block_size, shape_.vocab_size, shape_.num_params() / 1e6);
-  spdlog::info("batch: {} sequences x {} tokens per step over {} rank(s), {} micro-batches of {} per rank; {} steps; "
-               "strategy {}; checkpointing {}",
-               config_.global_batch(), shape_.block_size, world_.size(), rows_per_rank_ / t.micro_batch_size,
-               t.micro_batch_size, t.steps,
-               replicate_group_ ? fmt::format("hybrid ({} replicas x {}-rank {} shard groups)",
-                                              replicate_group_->size(), shard_group_->size(),
-                                              strategy_name(params_->strategy()))
-                                : std::string(strategy_name(params_->strategy())),
-               t.activation_checkpointing);
+  spdlog::info(
+      "batch: {} sequences x {} tokens per step over {} rank(s), {} micro-batches of {} per rank; {} steps; "
+      "strategy {}; checkpointing {}",
+      config_.global_batch(), shape_.block_size, world_.size(), rows_per_rank_ / t.micro_batch_size, t.micro_batch_size,
+      t.steps,
+      replicate_group_ ? fmt::format("hybrid ({} replicas x {}-rank {} shard groups)", replicate_group_->size(),
+                                     shard_group_->size(), strategy_name(params_->strategy()))
+                       : std::string(strategy_name(params_->strategy())),
+      t.activation_checkpointing);
 
   TrainSummary summary;
   const double tokens_per_step = static_cast<double>(config_.global_batch()) * shape_.block_size;
@@ -274,12 +275,13 @@ Expected<TrainSummary> Trainer::run() {
     if ((step + 1) % config_.logging.log_interval == 0 || last || m.val_loss) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const double eta = elapsed / static_cast<double>(step + 1) * static_cast<double>(t.steps - step - 1);
-      spdlog::info("step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {:.0f} tok/s | "
-                   "{:.1f} GFLOP/s | ETA {}",
-                   step + 1, std::to_string(t.steps).size(), t.steps, loss,
-                   m.val_loss ? fmt::format(" | val {:.4f}", *m.val_loss) : "", m.lr, m.grad_norm,
-                   window_s / window_steps * 1e3, tokens_per_step * window_steps / window_s,
-                   flops_per_token() * tokens_per_step * window_steps / window_s / 1e9, format_duration(eta));
+      spdlog::info(
+          "step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {:.0f} tok/s | "
+          "{:.1f} GFLOP/s | ETA {}",
+          step + 1, std::to_string(t.steps).size(), t.steps, loss,
+          m.val_loss ? fmt::format(" | val {:.4f}", *m.val_loss) : "", m.lr, m.grad_norm, window_s / window_steps * 1e3,
+          tokens_per_step * window_steps / window_s,
+          flops_per_token() * tokens_per_step * window_steps / window_s / 1e9, format_duration(eta));
       window_s = 0.0;
       window_steps = 0;
     }
@@ -291,7 +293,8 @@ Expected<TrainSummary> Trainer::run() {
   // Every rank takes part in gathering the weights; rank 0 writes them (sharded saving is issue 4).
   const std::vector<float> weights = params_->gather_full_weights();
   if (writer) {
-    GPT_RETURN_IF_ERROR(save_model(model_dir, shape_, weights.data(), t.steps, tokenizer_ ? tokenizer_->to_json() : ""));
+    GPT_RETURN_IF_ERROR(
+        save_model(model_dir, shape_, weights.data(), t.steps, tokenizer_ ? tokenizer_->to_json() : ""));
   }
   spdlog::info("done: {} steps in {}, final loss {:.4f}{}; weights saved to {}", t.steps,
                format_duration(summary.seconds), summary.final_loss,

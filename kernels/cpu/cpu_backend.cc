@@ -70,6 +70,14 @@ void CpuBackend::fill_zero(float* x, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) x[i] = 0.0f;
 }
+void CpuBackend::cast_to_bf16(bf16* dst, const float* src, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+void CpuBackend::cast_from_bf16(float* dst, const bf16* src, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
 void CpuBackend::copy(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, sizeof(float) * n); }
 
 }  // namespace gpt

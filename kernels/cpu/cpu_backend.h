@@ -38,6 +38,8 @@ class CpuBackend final : public Backend {
                     float beta2, float eps, float weight_decay, float grad_scale, int64_t step) override;
   double sum_squares(const float* x, int64_t n) override;
   void fill_zero(float* x, int64_t n) override;
+  void cast_to_bf16(bf16* dst, const float* src, int64_t n) override;
+  void cast_from_bf16(float* dst, const bf16* src, int64_t n) override;
   void copy(float* dst, const float* src, int64_t n) override;
 };
 
