@@ -14,6 +14,7 @@ using Command = std::function<int()>;
 Command add_train_command(CLI::App& app);
 Command add_prepare_command(CLI::App& app);
 Command add_sample_command(CLI::App& app);
+Command add_plan_command(CLI::App& app);
 
 // Logs the error and returns its exit code (2 for bad input, 1 for I/O); in a multi-rank job it ends
 // every rank instead (MPI_Abort) so that no rank waits forever in a collective.

@@ -1,4 +1,4 @@
-// gpt-train: the command-line entry point. Subcommands: train, prepare, sample.
+// gpt-train: the command-line entry point. Subcommands: train, prepare, sample, plan.
 #include <spdlog/spdlog.h>
 
 #include <map>
@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
       "  gpt-train prepare --input ../shared/data/tinyshakespeare.txt --out data/shakespeare_char\n"
       "  gpt-train train --config configs/shakespeare-char-cpu.yaml\n"
       "  gpt-train sample --run runs/shakespeare-char --prompt 'ROMEO:' --tokens 300\n"
+      "  gpt-train plan --config configs/gpt2-124m.yaml --world-size 8 --device-memory-gb 80\n"
       "Run 'gpt-train SUBCOMMAND --help' for a subcommand's options.");
   std::map<CLI::App*, gpt::Command> commands;
   CLI::App* train = app.add_subcommand("train", "Train a model from a YAML run config");
@@ -59,6 +60,8 @@ int main(int argc, char** argv) {
   commands[prepare] = gpt::add_prepare_command(*prepare);
   CLI::App* sample = app.add_subcommand("sample", "Generate text from a trained model");
   commands[sample] = gpt::add_sample_command(*sample);
+  CLI::App* plan = app.add_subcommand("plan", "Memory and communication per rank for every strategy; what auto picks");
+  commands[plan] = gpt::add_plan_command(*plan);
   CLI11_PARSE(app, argc, argv);
   int code = 0;
   for (auto& [sub, run] : commands) {

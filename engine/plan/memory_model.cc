@@ -18,9 +18,8 @@ ActivationElements activation_elements(const GptShape& shape, int B, int T, cons
   const struct {
     int64_t n;
     bool cheap;
-  } kBlock[] = {{N * C, true},  {N, false},     {N, false},         {3 * N * C, false},
-                {N * C, false}, {att, false},   {N * C, false},     {N * C, true},
-                {N, false},     {N, false},     {4 * N * C, false}, {4 * N * C, true}};
+  } kBlock[] = {{N * C, true},  {N, false},    {N, false}, {3 * N * C, false}, {N * C, false},     {att, false},
+                {N * C, false}, {N * C, true}, {N, false}, {N, false},         {4 * N * C, false}, {4 * N * C, true}};
   auto block = [&](bool all, bool keep_all) {
     int64_t sum = 0;
     for (const auto& t : kBlock) {
@@ -57,85 +56,193 @@ UnitSizes unit_sizes(const ModelLayout& layout, Strategy strategy, int world_siz
 
 namespace {
 
-// ShardedParams' pools with sizes instead of buffers. A pool hands out its first buffer that is large
-// enough (in push order) or allocates; allocations are never returned, so `allocated` is the steady size.
-struct Pool {
-  std::vector<int64_t> free;
-  int64_t allocated = 0;
-  int64_t take(int64_t n) {
-    for (size_t i = 0; i < free.size(); ++i) {
-      if (free[i] >= n) {
-        const int64_t b = free[i];
-        free.erase(free.begin() + static_cast<std::ptrdiff_t>(i));
-        return b;
-      }
-    }
-    allocated += n;
-    return n;
-  }
-  void give(int64_t b) { free.push_back(b); }
+// A buffer as ShardedParams' pools see it: its size and the category it was allocated under (a pooled
+// buffer keeps its first category when reused for something else).
+struct Buf {
+  int64_t bytes = 0;
+  MemCategory category = MemCategory::kWorkspace;
+  bool empty() const { return bytes == 0; }
 };
 
-class PoolSim {
+// ShardedParams with sizes instead of buffers; every function mirrors its namesake there.
+class ShardedParamsSim {
  public:
-  PoolSim(const UnitSizes& units, int n_layer, Strategy strategy)
-      : u_(units), n_layer_(n_layer), zero3_(strategy == Strategy::kZero3) {
-    const size_t n = units.numel.size();
-    gathered_.assign(n, 0);
-    acquired_.assign(n, 0);
-    unit_grads_.assign(n, 0);
+  ShardedParamsSim(const ModelLayout& layout, const ShardedParamsSetup& setup)
+      : s_(setup), u_(unit_sizes(layout, setup.strategy, setup.group_size)), n_(static_cast<int>(u_.numel.size())) {
+    gathered_.resize(n_);
+    gathered_lo_.resize(n_);
+    unit_grads_.resize(n_);
+    acquired_.assign(n_, 0);
+    alloc(u_.local * 4, MemCategory::kMaster);
+    if (s_.strategy == Strategy::kZero1 || s_.strategy == Strategy::kZero2 || (!shards_optimizer() && lo_params())) {
+      alloc(u_.full * 4, MemCategory::kParams);
+    }
+    if (lo_params()) alloc((shards_optimizer() ? u_.local : u_.full) * 2, MemCategory::kParams);
+    if (!shards_grads()) alloc(u_.full * 4, MemCategory::kGrads);
+    if (shards_optimizer()) alloc(u_.local * 4, MemCategory::kGrads);
   }
 
+  // Trainer: train_step().
   void step(int64_t micro_batches) {
-    for (int64_t m = 0; m < micro_batches; ++m) forward_backward();
-    drain(0);  // finish_grads
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      last_micro_ = m + 1 == micro_batches;
+      forward_backward();
+    }
+    finish_grads();
+    publish();
   }
-
-  // Gpt::forward_loss (eval).
+  // Gpt::forward_loss (Trainer::evaluate).
   void forward_loss() {
     forward();
     release(head());
     release(0);
   }
+  void publish() {
+    if (lo_params() && !shards_optimizer()) return;
+    if (s_.strategy != Strategy::kZero1 && s_.strategy != Strategy::kZero2) return;
+    std::vector<Buf> lo_full;
+    for (int u = 0; u < n_; ++u) {
+      if (lo_params()) lo_full.push_back(take(lo_pool_, u_.padded[u], MemCategory::kComm, 2));
+      count(CommOp::kAllGather, u_.padded[u], lo_params() ? 2 : 4);
+    }
+    for (const Buf& b : lo_full) lo_pool_.push_back(b);
+  }
 
-  PoolElements result() const { return {params_.allocated, grads_.allocated, shards_.allocated}; }
+  void reset_counts() { elements_ = comm_bytes_ = {}; }
+  ShardedParamsFigures figures() const {
+    ShardedParamsFigures f;
+    f.bytes = bytes_;
+    f.pooled_bytes = pooled_;
+    f.elements = elements_;
+    f.comm_bytes = comm_bytes_;
+    return f;
+  }
 
  private:
-  struct Pending {
-    int64_t full, shard;
-  };
-  int head() const { return n_layer_ + 1; }
+  bool shards_optimizer() const { return s_.strategy >= Strategy::kZero1; }
+  bool shards_grads() const { return s_.strategy >= Strategy::kZero2; }
+  bool zero3() const { return s_.strategy == Strategy::kZero3; }
+  bool lo_params() const { return s_.options.param_dtype == DType::kBF16; }
+  bool lo_grads() const { return s_.options.reduce_dtype == DType::kBF16; }
+  int head() const { return n_ - 1; }
+
+  Buf alloc(int64_t bytes, MemCategory c) {
+    bytes_[static_cast<size_t>(c)] += bytes;
+    return {bytes, c};
+  }
+  // Best fit; the first of equal sizes.
+  Buf take(std::vector<Buf>& pool, int64_t n, MemCategory c, int64_t elem_bytes) {
+    const int64_t want = n * elem_bytes;
+    size_t best = pool.size();
+    for (size_t i = 0; i < pool.size(); ++i) {
+      if (pool[i].bytes >= want && (best == pool.size() || pool[i].bytes < pool[best].bytes)) best = i;
+    }
+    if (best < pool.size()) {
+      const Buf b = pool[best];
+      pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(best));
+      return b;
+    }
+    pooled_ += want;
+    return alloc(want, c);
+  }
+  void count(CommOp op, int64_t elements, int64_t elem_bytes) {
+    elements_[static_cast<size_t>(op)] += elements;
+    comm_bytes_[static_cast<size_t>(op)] += elements * elem_bytes;
+  }
 
   void acquire(int unit) {
-    if (++acquired_[unit] == 1 && zero3_ && gathered_[unit] == 0) gathered_[unit] = params_.take(u_.padded[unit]);
+    ++acquired_[unit];
+    if (!zero3()) return;
+    if (unit == ModelLayout::kEmbedUnit) {
+      backward_ = false;
+      for (int v = 1; v < n_; ++v) {
+        if (acquired_[v] == 0 && !gathered_[v].empty()) free_gathered(v);
+      }
+    }
+    start_gather(unit);
+    const int dir = backward_ ? -1 : 1;
+    for (int k = 1, v = unit + dir; k <= s_.options.prefetch && v >= 1 && v < n_; ++k, v += dir) start_gather(v);
+  }
+  void start_gather(int unit) {
+    if (!gathered_[unit].empty()) return;
+    gathered_[unit] = take(param_pool_, u_.padded[unit], MemCategory::kParams, 4);
+    if (lo_params()) gathered_lo_[unit] = take(lo_pool_, u_.padded[unit], MemCategory::kParams, 2);
+    count(CommOp::kAllGather, u_.padded[unit], lo_params() ? 2 : 4);
+  }
+  void free_gathered(int unit) {
+    param_pool_.push_back(gathered_[unit]);
+    gathered_[unit] = {};
+    if (!gathered_lo_[unit].empty()) lo_pool_.push_back(gathered_lo_[unit]);
+    gathered_lo_[unit] = {};
   }
   void release(int unit) {
-    if (--acquired_[unit] == 0 && zero3_) {
-      params_.give(gathered_[unit]);
-      gathered_[unit] = 0;
-    }
+    if (--acquired_[unit] == 0 && zero3() && (backward_ || s_.options.reshard_after_forward)) free_gathered(unit);
   }
   void grads(int unit) {
-    if (unit_grads_[unit] == 0) unit_grads_[unit] = grads_.take(u_.padded[unit]);
+    if (!backward_ && zero3()) {
+      backward_ = true;
+      for (int k = 1, v = head() - 1; k <= s_.options.prefetch && v >= 1; ++k, --v) start_gather(v);
+    }
+    backward_ = true;
+    if (shards_grads() && unit_grads_[unit].empty()) {
+      unit_grads_[unit] = take(grad_pool_, u_.padded[unit], MemCategory::kGrads, 4);
+    }
   }
   void grads_done(int unit) {
     grads(unit);
-    pending_.push_back({unit_grads_[unit], shards_.take(u_.shard[unit])});
-    unit_grads_[unit] = 0;
-    drain(2);
+    const int64_t rs_bytes = lo_grads() ? 2 : 4;
+    switch (s_.strategy) {
+      case Strategy::kSingle:
+        return;
+      case Strategy::kDdp:
+      case Strategy::kZero1: {
+        if (!last_micro_ || (s_.strategy == Strategy::kDdp && s_.group_size == 1)) return;
+        const bool ddp = s_.strategy == Strategy::kDdp;
+        if (lo_grads()) {
+          lo_reduces_.push_back(
+              take(lo_pool_, u_.padded[unit] + (ddp ? u_.numel[unit] : u_.shard[unit]), MemCategory::kComm, 2));
+        }
+        count(ddp ? CommOp::kAllReduce : CommOp::kReduceScatter, ddp ? u_.numel[unit] : u_.padded[unit], rs_bytes);
+        return;
+      }
+      case Strategy::kZero2:
+      case Strategy::kZero3: {
+        Pending p{unit, unit_grads_[unit], take(shard_pool_, u_.shard[unit], MemCategory::kGrads, 4), {}, {}};
+        unit_grads_[unit] = {};
+        if (lo_grads()) {
+          p.full_lo = take(lo_pool_, u_.padded[unit], MemCategory::kComm, 2);
+          p.shard_lo = take(lo_pool_, u_.shard[unit], MemCategory::kComm, 2);
+        }
+        count(CommOp::kReduceScatter, u_.padded[unit], rs_bytes);
+        pending_.push_back(p);
+        drain_pending(2);
+        return;
+      }
+    }
   }
-  void drain(size_t keep) {
+  void drain_pending(size_t keep) {
     while (pending_.size() > keep) {
-      grads_.give(pending_.front().full);
-      shards_.give(pending_.front().shard);
+      const Pending& p = pending_.front();
+      if (s_.replicas > 1) count(CommOp::kAllReduce, u_.shard[p.unit], lo_grads() ? 2 : 4);
+      if (lo_grads()) {
+        lo_pool_.push_back(p.full_lo);
+        lo_pool_.push_back(p.shard_lo);
+      }
+      grad_pool_.push_back(p.full);
+      shard_pool_.push_back(p.shard);
       pending_.pop_front();
     }
   }
+  void finish_grads() {
+    for (const Buf& b : lo_reduces_) lo_pool_.push_back(b);
+    lo_reduces_.clear();
+    drain_pending(0);
+  }
   void forward() {
     acquire(0);
-    for (int l = 0; l < n_layer_; ++l) {
-      acquire(1 + l);
-      release(1 + l);
+    for (int u = 1; u < head(); ++u) {
+      acquire(u);
+      release(u);
     }
     acquire(head());
   }
@@ -146,36 +253,47 @@ class PoolSim {
     grads(head());
     grads_done(head());
     release(head());
-    for (int l = n_layer_ - 1; l >= 0; --l) {
-      acquire(1 + l);
-      grads(1 + l);
-      grads_done(1 + l);
-      release(1 + l);
+    for (int u = head() - 1; u >= 1; --u) {
+      acquire(u);
+      grads(u);
+      grads_done(u);
+      release(u);
     }
     grads_done(0);
     release(0);
   }
 
-  const UnitSizes& u_;
-  int n_layer_;
-  bool zero3_;
-  Pool params_, grads_, shards_;
-  std::vector<int64_t> gathered_, unit_grads_;
+  struct Pending {
+    int unit;
+    Buf full, shard, full_lo, shard_lo;
+  };
+  const ShardedParamsSetup s_;
+  const UnitSizes u_;
+  const int n_;
+  bool backward_ = false, last_micro_ = true;
+  std::vector<Buf> gathered_, gathered_lo_, unit_grads_, lo_reduces_;
   std::vector<int> acquired_;
+  std::vector<Buf> param_pool_, grad_pool_, shard_pool_, lo_pool_;
   std::deque<Pending> pending_;
+  std::array<int64_t, kNumMemCategories> bytes_{};
+  int64_t pooled_ = 0;
+  std::array<int64_t, kNumCommOps> elements_{}, comm_bytes_{};
 };
 
 }  // namespace
 
-PoolElements simulate_pools(const UnitSizes& units, int n_layer, Strategy strategy, int64_t micro_batches) {
-  if (strategy != Strategy::kZero2 && strategy != Strategy::kZero3) return {};
-  PoolSim sim(units, n_layer, strategy);
-  // The pools' contents repeat after a couple of micro-batches; more would change nothing.
-  const int64_t m = std::clamp<int64_t>(micro_batches, 1, 4);
-  sim.step(m);
-  sim.forward_loss();
-  sim.step(m);
-  return sim.result();
+ShardedParamsFigures simulate_sharded_params(const ModelLayout& layout, const ShardedParamsSetup& setup,
+                                             int64_t micro_batches) {
+  ShardedParamsSim sim(layout, setup);
+  sim.publish();  // init
+  for (int s = 0; s < 2; ++s) {
+    sim.step(micro_batches);
+    sim.forward_loss();
+  }
+  sim.step(micro_batches);
+  sim.reset_counts();  // a step after a step, not after an eval (which may leave units gathered)
+  sim.step(micro_batches);
+  return sim.figures();
 }
 
 }  // namespace gpt

@@ -1,15 +1,22 @@
 // The pieces of the planner that mirror allocation code call by call, kept apart so a change to that code
 // has one place to follow here:
-//   activation_elements  <-> Gpt::prepare (model/gpt.cc): the tensors kept, the recompute scratch and the
-//                            activation-gradient workspace, each rounded up to 16 floats as its Carver does.
-//   unit_sizes           <-> ShardedParams' UnitInfo: per-unit numel, padded size and shard.
-//   simulate_pools       <-> ShardedParams' take()/release()/grads_done()/drain_pending(2) pools, driven in
-//                            Gpt::forward_backward's acquire/grads/grads_done/release order.
+//   activation_elements      <-> Gpt::prepare (model/gpt.cc): the tensors kept, the recompute scratch and the
+//                                activation-gradient workspace, each rounded up to 16 floats as its Carver does.
+//   unit_sizes               <-> ShardedParams' UnitInfo: per-unit numel, padded size and shard.
+//   simulate_sharded_params  <-> ShardedParams (parallel/sharded_params.cc) with sizes instead of buffers: its
+//                                fixed buffers, best-fit pools (param, grad, shard, bf16), zero3 gathers with
+//                                prefetch and reshard_after_forward, drain_pending(2), bf16 staging, hybrid
+//                                replica all-reduces, and the collectives' element counts; driven as the
+//                                Trainer drives it (init, steps of micro-batches, eval forwards).
+// tests/plan compare all of it with MemTracker and the communicators' counters.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
+#include "comm/communicator.h"
+#include "core/allocator.h"
 #include "model/activation_checkpointing.h"
 #include "model/layout.h"
 #include "parallel/sharded_params.h"
@@ -27,19 +34,31 @@ ActivationElements activation_elements(const GptShape& shape, int B, int T, cons
 
 struct UnitSizes {
   std::vector<int64_t> numel, padded, shard;  // per unit, in layout order
-  int64_t full = 0;   // sum of padded: the full params / grads buffers (ddp: unpadded)
-  int64_t local = 0;  // sum of shard: the local master buffer
+  int64_t full = 0;                           // sum of padded: the full params / grads buffers (ddp: unpadded)
+  int64_t local = 0;                          // sum of shard: the local master buffer
 };
-// Units are padded to a multiple of world_size only when the optimizer state is sharded (zero1 and up).
-UnitSizes unit_sizes(const ModelLayout& layout, Strategy strategy, int world_size);
+// Units are padded to a multiple of group_size only when the optimizer state is sharded (zero1 and up).
+UnitSizes unit_sizes(const ModelLayout& layout, Strategy strategy, int group_size);
 
-// Steady-state elements held by ShardedParams' pools (they never shrink), zero2/zero3 only.
-struct PoolElements {
-  int64_t gathered_params = 0;  // zero3: all-gathered units
-  int64_t unit_grads = 0;       // full-size per-unit gradients while in backward or being reduce-scattered
-  int64_t grad_shards = 0;      // reduce-scatter receive buffers in flight
+struct ShardedParamsSetup {
+  Strategy strategy = Strategy::kDdp;
+  int group_size = 1;  // the shard group (the whole data-parallel world unless hybrid)
+  int replicas = 1;    // hybrid: shard groups holding the same shards (> 1 only for zero2/zero3)
+  ShardingOptions options;
 };
-// Runs two optimizer steps of `micro_batches` forward/backward each, with an eval forward in between.
-PoolElements simulate_pools(const UnitSizes& units, int n_layer, Strategy strategy, int64_t micro_batches);
+
+struct ShardedParamsFigures {
+  std::array<int64_t, kNumMemCategories> bytes{};  // steady-state bytes by category (pools never shrink)
+  int64_t pooled_bytes = 0;                        // of those, what the pools hold (per-unit, in-flight buffers)
+  std::array<int64_t, kNumCommOps> elements{};     // one optimizer step, per rank, as the communicators count
+  std::array<int64_t, kNumCommOps> comm_bytes{};
+  int64_t at(MemCategory c) const { return bytes[static_cast<size_t>(c)]; }
+};
+
+// Runs ShardedParams' allocation and communication logic for a trainer's start (init) and four optimizer steps
+// of `micro_batches` forward/backward passes, with an eval forward after each of the first two, and returns
+// the bytes held afterwards and the last step's collectives. Scalar all-reduces (loss, grad norm) are left out.
+ShardedParamsFigures simulate_sharded_params(const ModelLayout& layout, const ShardedParamsSetup& setup,
+                                             int64_t micro_batches);
 
 }  // namespace gpt

@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "plan/memory_model.h"
+#include "plan/report.h"  // format_count
 
 namespace gpt {
 
@@ -21,8 +22,8 @@ Status check_plan_input(const PlanInput& in) {
   if (s.block_size <= 0) return bad("model.block_size", s.block_size);
   if (s.vocab_size <= 0) return bad("model.vocab_size", s.vocab_size);
   if (s.n_embd % s.n_head != 0) {
-    return Status::invalid_argument("model.n_embd (" + std::to_string(s.n_embd) + ") must be a multiple of model.n_head (" +
-                                    std::to_string(s.n_head) + ")");
+    return Status::invalid_argument("model.n_embd (" + std::to_string(s.n_embd) +
+                                    ") must be a multiple of model.n_head (" + std::to_string(s.n_head) + ")");
   }
   if (in.micro_batch <= 0) return bad("micro-batch size", in.micro_batch);
   if (in.seq_len < 0 || in.seq_len > s.block_size) {
@@ -32,75 +33,85 @@ Status check_plan_input(const PlanInput& in) {
   if (in.micro_batches_per_step <= 0) return bad("micro-batches per step", in.micro_batches_per_step);
   if (in.world_size <= 0) return bad("world size", in.world_size);
   if (in.ranks_per_node <= 0) return bad("ranks per node", in.ranks_per_node);
-  for (int64_t b : {in.bytes_param, in.bytes_grad, in.bytes_master, in.bytes_optimizer, in.bytes_activation}) {
-    if (b <= 0) return bad("bytes per element", b);
+  if (in.shard_group_size < 0 || (in.shard_group_size > 0 && in.world_size % in.shard_group_size != 0)) {
+    return Status::invalid_argument("parallel.shard_group_size " + std::to_string(in.shard_group_size) +
+                                    " does not divide the world size " + std::to_string(in.world_size));
+  }
+  if (in.sharding.prefetch < 0) {
+    return Status::invalid_argument("parallel.prefetch must be >= 0, got " + std::to_string(in.sharding.prefetch));
   }
   return ActivationCheckpointing::parse(in.activation_checkpointing)
       .status()
       .with_context("training.activation_checkpointing");
 }
 
+std::string StrategyPlan::name() const { return (hybrid() ? "hybrid-" : "") + std::string(strategy_name(strategy)); }
+
 namespace {
 
-StrategyPlan make_plan(const PlanInput& in, const ModelLayout& layout, Strategy strategy,
+StrategyPlan make_plan(const PlanInput& in, const ModelLayout& layout, Strategy strategy, int group_size,
                        const ActivationElements& act) {
-  const UnitSizes u = unit_sizes(layout, strategy, in.world_size);
-  const PoolElements pools = simulate_pools(u, in.shape.n_layer, strategy, in.micro_batches_per_step);
-  const int64_t a = in.micro_batches_per_step;
-  int64_t blocks = 0;  // Φ of the block units: what zero3's backward gathers again
-  for (int l = 0; l < in.shape.n_layer; ++l) blocks += u.padded[layout.block_unit(l)];
+  ShardedParamsSetup setup;
+  setup.strategy = strategy;
+  setup.group_size = group_size;
+  setup.replicas = in.world_size / group_size;
+  setup.options = in.sharding;
+  const ShardedParamsFigures f = simulate_sharded_params(layout, setup, in.micro_batches_per_step);
+  const UnitSizes u = unit_sizes(layout, strategy, group_size);
 
   StrategyPlan p;
   p.strategy = strategy;
+  p.shard_group_size = group_size;
+  p.replicas = setup.replicas;
   p.padded_params = u.full;
-  p.master = u.local * in.bytes_master;
-  p.optimizer = u.local * in.bytes_optimizer;
-  p.activations = (act.stored + act.scratch) * in.bytes_activation + act.tokens * 4;
-  p.workspace = act.workspace * in.bytes_activation;
-  CommVolume& c = p.comm_elements_per_step;
+  p.params = f.at(MemCategory::kParams);
+  p.grads = f.at(MemCategory::kGrads);
+  p.master = f.at(MemCategory::kMaster);
+  p.optimizer = u.local * 8;  // AdamW: fp32 m and v over the local master buffer
+  p.activations = (act.stored + act.scratch) * 4 + act.tokens * 4;
+  p.workspace = act.workspace * 4;
+  p.comm_buffers = f.at(MemCategory::kComm);
+  p.unit_buffers = f.pooled_bytes;
+  auto op = [&](CommOp o) { return static_cast<size_t>(o); };
+  p.comm_elements_per_step = {f.elements[op(CommOp::kAllReduce)], f.elements[op(CommOp::kReduceScatter)],
+                              f.elements[op(CommOp::kAllGather)]};
+  p.comm_bytes_per_step = {f.comm_bytes[op(CommOp::kAllReduce)], f.comm_bytes[op(CommOp::kReduceScatter)],
+                           f.comm_bytes[op(CommOp::kAllGather)]};
+  p.total = p.params + p.grads + p.master + p.optimizer + p.activations + p.workspace + p.comm_buffers;
+
+  const int64_t a = in.micro_batches_per_step;
+  const std::string in_flight = format_bytes(p.unit_buffers);
   switch (strategy) {
     case Strategy::kSingle:
+      p.note = "one process; nothing to communicate";
+      break;
     case Strategy::kDdp:
-      // The compute parameters are the master weights unless they differ in precision.
-      p.params = in.bytes_param == in.bytes_master ? 0 : u.full * in.bytes_param;
-      p.grads = u.full * in.bytes_grad;
-      if (strategy == Strategy::kDdp && in.world_size > 1) c.all_reduce = u.full;
-      p.note = strategy == Strategy::kSingle
-                   ? "one process: the master weights are the compute parameters; nothing to communicate"
-                   : "full replica per rank; gradients all-reduced per unit in the step's last micro-batch";
+      p.note = "full replica per rank; gradients all-reduced per unit in the step's last micro-batch";
       break;
     case Strategy::kZero1:
-      p.params = u.full * in.bytes_param;
-      p.grads = (u.full + u.local) * in.bytes_grad;
-      c.reduce_scatter = u.full;
-      c.all_gather = u.full;
-      p.note = "master + AdamW sharded; full params and gradients; reduce-scatter in the last micro-batch, "
-               "all-gather of the updated shards";
+      p.note =
+          "master + AdamW sharded; full params and gradients; reduce-scatter in the last micro-batch, "
+          "all-gather of the updated shards";
       break;
     case Strategy::kZero2:
-      p.params = u.full * in.bytes_param;
-      p.grads = (u.local + pools.unit_grads + pools.grad_shards) * in.bytes_grad;
-      c.reduce_scatter = a * u.full;
-      c.all_gather = u.full;
       p.note = fmt::format(
-          "also gradients: each unit reduce-scattered as its backward ends, every micro-batch (x{}); grads "
-          "include {} of in-flight unit buffers",
-          a, format_bytes((pools.unit_grads + pools.grad_shards) * in.bytes_grad));
+          "also gradients: each unit reduce-scattered as its backward ends, every micro-batch (x{}); {} of "
+          "pooled per-unit buffers",
+          a, in_flight);
       break;
     case Strategy::kZero3:
-      p.params = pools.gathered_params * in.bytes_param;
-      p.grads = (u.local + pools.unit_grads + pools.grad_shards) * in.bytes_grad;
-      c.reduce_scatter = a * u.full;
-      c.all_gather = a * (u.full + blocks);
       p.note = fmt::format(
-          "also params: units gathered per use (x{} micro-batches); backward re-gathers the blocks only, embed "
-          "and head stay gathered (the ZeRO paper counts 2 Phi)",
-          a);
+          "also params: units gathered per micro-batch (x{}), prefetch {}, {}; {} of pooled per-unit buffers", a,
+          in.sharding.prefetch,
+          in.sharding.reshard_after_forward ? "backward re-gathers the blocks (embed and head stay)"
+                                            : "kept from forward to backward",
+          in_flight);
       break;
   }
-  p.comm_bytes_per_step = {c.all_reduce * in.bytes_grad, c.reduce_scatter * in.bytes_grad,
-                           c.all_gather * in.bytes_param};
-  p.total = p.params + p.grads + p.master + p.optimizer + p.activations + p.workspace + p.comm_buffers;
+  if (p.hybrid()) {
+    p.note = fmt::format("{} inside shard groups of {} ranks, gradient shards all-reduced over {} replicas; {}",
+                         strategy_name(strategy), group_size, p.replicas, p.note);
+  }
   return p;
 }
 
@@ -113,10 +124,15 @@ std::vector<StrategyPlan> plan_all(const PlanInput& in) {
   const ActivationCheckpointing ckpt = *ActivationCheckpointing::parse(in.activation_checkpointing);
   const ActivationElements act =
       activation_elements(in.shape, in.micro_batch, in.seq_len > 0 ? in.seq_len : in.shape.block_size, ckpt);
+  const int N = in.world_size;
   std::vector<StrategyPlan> plans;
-  if (in.world_size == 1) plans.push_back(make_plan(in, layout, Strategy::kSingle, act));
+  if (N == 1) plans.push_back(make_plan(in, layout, Strategy::kSingle, 1, act));
   for (Strategy s : {Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3}) {
-    plans.push_back(make_plan(in, layout, s, act));
+    plans.push_back(make_plan(in, layout, s, N, act));
+  }
+  const int S = in.shard_group_size > 0 ? in.shard_group_size : in.ranks_per_node;
+  if (S > 1 && S < N && N % S == 0) {
+    for (Strategy s : {Strategy::kZero2, Strategy::kZero3}) plans.push_back(make_plan(in, layout, s, S, act));
   }
   return plans;
 }
@@ -126,7 +142,10 @@ int64_t ring_equivalent_elements(const CommVolume& v) { return 2 * v.all_reduce 
 Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double device_memory_gb) {
   if (plans.empty()) return Status::invalid_argument("no strategies to choose from");
   std::vector<const StrategyPlan*> order;
-  for (const StrategyPlan& p : plans) order.push_back(&p);
+  for (const StrategyPlan& p : plans) {
+    if (!p.hybrid()) order.push_back(&p);
+  }
+  if (order.empty()) return Status::invalid_argument("no non-hybrid strategies to choose from");
   std::stable_sort(order.begin(), order.end(), [](const StrategyPlan* x, const StrategyPlan* y) {
     const int64_t cx = ring_equivalent_elements(x->comm_elements_per_step);
     const int64_t cy = ring_equivalent_elements(y->comm_elements_per_step);
@@ -145,26 +164,28 @@ Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double 
     const int64_t comm = ring_equivalent_elements(p->comm_elements_per_step);
     AutoChoice choice{p->strategy, ""};
     if (!limited) {
-      choice.reason = fmt::format("no device memory given, so the least communication wins: {} ({} elements per "
-                                  "step; {} per rank)",
-                                  name, comm, format_bytes(p->total));
+      choice.reason = fmt::format(
+          "no device memory given, so the least communication wins: {} ({} elements per "
+          "step; {} per rank)",
+          name, format_count(comm), format_bytes(p->total));
     } else if (skipped.empty()) {
       choice.reason = fmt::format("{} needs {}, fits in {} and communicates the least ({} elements per step)", name,
-                                  format_bytes(p->total), where, comm);
+                                  format_bytes(p->total), where, format_count(comm));
     } else {
-      choice.reason = fmt::format("{} needs {} and is the least-communication plan that fits in {} ({}; {} "
-                                  "elements per step)",
-                                  name, format_bytes(p->total), where, skipped, comm);
+      choice.reason = fmt::format(
+          "{} needs {} and is the least-communication plan that fits in {} ({}; {} "
+          "elements per step)",
+          name, format_bytes(p->total), where, skipped, format_count(comm));
     }
     return choice;
   }
   const StrategyPlan* smallest =
       *std::min_element(order.begin(), order.end(), [](auto* x, auto* y) { return x->total < y->total; });
-  return Status::invalid_argument(fmt::format(
-      "no strategy fits in {}: the smallest, {}, needs {} ({} of it activations); try "
-      "training.activation_checkpointing: full, a smaller training.micro_batch_size, or more ranks",
-      where, strategy_name(smallest->strategy), format_bytes(smallest->total),
-      format_bytes(smallest->activations + smallest->workspace)));
+  return Status::invalid_argument(
+      fmt::format("no strategy fits in {}: the smallest, {}, needs {} ({} of it activations); try "
+                  "training.activation_checkpointing: full, a smaller training.micro_batch_size, or more ranks",
+                  where, strategy_name(smallest->strategy), format_bytes(smallest->total),
+                  format_bytes(smallest->activations + smallest->workspace)));
 }
 
 std::string format_bytes(int64_t bytes) {
@@ -180,10 +201,14 @@ std::string format_bytes(int64_t bytes) {
 
 double ZeroPaperBytes::at(ZeroStage s) const {
   switch (s) {
-    case ZeroStage::kBaseline: return baseline;
-    case ZeroStage::kPos: return pos;
-    case ZeroStage::kPosG: return pos_g;
-    case ZeroStage::kPosGP: return pos_g_p;
+    case ZeroStage::kBaseline:
+      return baseline;
+    case ZeroStage::kPos:
+      return pos;
+    case ZeroStage::kPosG:
+      return pos_g;
+    case ZeroStage::kPosGP:
+      return pos_g_p;
   }
   return baseline;
 }

@@ -1,15 +1,20 @@
 // The analytical planner: bytes per rank per memory category and communication volume per optimizer step,
 // for every data-parallel strategy, from the model shape and batch alone (nothing is allocated). It is
 // modelled on what the code allocates, not on a textbook: ShardedParams' flat per-unit buffers padded to a
-// multiple of the group size, its gather and gradient pools (simulated call by call, in the model's
-// acquire/grads/grads_done/release order), AdamW's two moments, and the exact tensor list of Gpt::prepare
-// for the activation-checkpointing mode. The categories are the allocator's (core/allocator.h), so the
-// trainer can log measured peaks beside planned ones; if one drifts, tests/plan/planner_test.cc's
-// measured-vs-planned case says which.
+// multiple of the shard group, its fixed buffers and best-fit pools (gathers with prefetch, in-flight
+// gradients, bf16 staging), simulated call by call in the model's acquire/grads/grads_done/release order
+// (plan/memory_model.h), AdamW's two moments, and the exact tensor list of Gpt::prepare for the
+// activation-checkpointing mode. The categories are the allocator's (core/allocator.h), so the trainer can
+// log measured peaks beside planned ones; tests/plan's measured-vs-planned cases (one rank, and mpirun at
+// N = 2..4 with hybrid) fail naming the category and strategy if code and plan drift apart.
 //
-// Communication is counted as the communicator counts it (comm/communicator.h: per rank, reduce-scatter
-// and all-gather by the padded full size): elements per step by op. Scalar all-reduces (the step's loss,
-// the global grad norm: one element each) are left out.
+// Communication is counted as the communicators count it (comm/communicator.h: per rank, reduce-scatter
+// and all-gather by the padded full size), summed over the world, shard and replicate groups: elements and
+// bytes per step by op. For ddp, zero1 and zero2 that is the ZeRO paper's accounting (Φ = padded parameter
+// count: all-reduce Φ; reduce-scatter Φ + all-gather Φ), except that zero2 reduce-scatters every
+// micro-batch; zero3 gathers per micro-batch Φ in forward and then only the blocks in backward (embed and
+// head stay gathered; the paper counts 2Φ), or nothing more with reshard_after_forward off. Scalar
+// all-reduces (the step's loss, the global grad norm: one element each) are left out.
 //
 // The ZeRO paper's own model-state arithmetic (Rajbhandari et al. 2020, section 5 / Figure 1 / Table 2:
 // mixed precision, 2Ψ params + 2Ψ grads + KΨ optimizer state) is here too, for arbitrary sizes.
@@ -27,18 +32,16 @@ namespace gpt {
 
 struct PlanInput {
   GptShape shape;
-  int micro_batch = 1;                  // sequences per forward/backward (training.micro_batch_size)
-  int seq_len = 0;                      // tokens per sequence; 0 = shape.block_size (what the trainer uses)
-  int64_t micro_batches_per_step = 1;   // per rank: global batch / world_size / micro_batch
-  int world_size = 1;                   // ranks in the data-parallel group (= the shard group, no hybrid yet)
-  int ranks_per_node = 1;               // ranks sharing one node's memory (per-node figures only)
+  int micro_batch = 1;                 // sequences per forward/backward (training.micro_batch_size)
+  int seq_len = 0;                     // tokens per sequence; 0 = shape.block_size (what the trainer uses)
+  int64_t micro_batches_per_step = 1;  // per rank: global batch / world_size / micro_batch
+  int world_size = 1;                  // ranks in the data-parallel world
+  int ranks_per_node = 1;              // ranks sharing one node's memory; the hybrid default shard group size
+  int shard_group_size = 0;            // hybrid: ranks per shard group (parallel.shard_group_size); 0 = ranks_per_node
   std::string activation_checkpointing = "none";  // none | full | every:N | selective
-  // Bytes per element of each kind of state: fp32 everywhere today; bf16 compute later is 2 for params/grads.
-  int64_t bytes_param = 4;       // compute parameters (aliased to the master weights when equal and unsharded)
-  int64_t bytes_grad = 4;        // gradients: full buffers, in-flight reduce buffers and shard accumulators
-  int64_t bytes_master = 4;      // master weights
-  int64_t bytes_optimizer = 8;   // optimizer state per parameter: AdamW m + v in fp32
-  int64_t bytes_activation = 4;  // activations and activation gradients
+  // parallel.prefetch, reshard_after_forward, param_dtype and reduce_dtype. Master weights, optimizer state,
+  // gradient accumulation and activations are fp32 whatever these say.
+  ShardingOptions sharding;
 };
 
 // Returns an error naming the field when `in` cannot be planned (shape, batch, ranks, checkpointing mode).
@@ -54,24 +57,35 @@ struct CommVolume {
 
 struct StrategyPlan {
   Strategy strategy = Strategy::kSingle;
+  int shard_group_size = 1;  // ranks sharing the shards: world_size, or the shard group under hybrid
+  int replicas = 1;          // hybrid: shard groups (> 1 only for hybrid)
+  bool hybrid() const { return replicas > 1; }
+  std::string name() const;  // "zero3", "hybrid-zero3"
+
   // Bytes per rank at the step's peak, by allocator category. Pools count at their steady-state size.
-  int64_t params = 0;       // compute parameters: full copy (zero1/zero2) or gathered units (zero3)
-  int64_t grads = 0;        // full buffers, shard accumulators, in-flight per-unit buffers (zero2/zero3)
-  int64_t master = 0;       // fp32 master weights (ddp/single: also the compute parameters)
-  int64_t optimizer = 0;    // AdamW m and v
-  int64_t activations = 0;  // stored + recompute scratch + token copy (Gpt::prepare)
-  int64_t workspace = 0;    // activation gradients for backward (Gpt::prepare)
-  int64_t comm_buffers = 0; // communicator staging (category comm); none today: collectives run in place
-  int64_t total = 0;        // sum of the above
+  int64_t params = 0;        // compute parameters: full copy (zero1/zero2, bf16 ddp), gathered units (zero3),
+                             // bf16 parameter shards
+  int64_t grads = 0;         // full buffers, shard accumulators, in-flight per-unit buffers (zero2/zero3)
+  int64_t master = 0;        // fp32 master weights (fp32 single/ddp: also the compute parameters)
+  int64_t optimizer = 0;     // AdamW m and v
+  int64_t activations = 0;   // stored + recompute scratch + token copy (Gpt::prepare)
+  int64_t workspace = 0;     // activation gradients for backward (Gpt::prepare)
+  int64_t comm_buffers = 0;  // bf16 staging of reductions and gathers (category comm); none in fp32
+  int64_t total = 0;         // sum of the above
+  // Of the above: the pooled per-unit buffers (zero3's gathered units, zero2/zero3's in-flight gradients,
+  // bf16 staging), which the ZeRO paper's per-device figures leave out.
+  int64_t unit_buffers = 0;
   int64_t model_states() const { return params + grads + master + optimizer; }
 
-  int64_t padded_params = 0;   // Φ: parameter count as laid out (units padded to a multiple of world_size)
+  int64_t padded_params = 0;  // Φ: parameter count as laid out (units padded to a multiple of the shard group)
   CommVolume comm_elements_per_step;
   CommVolume comm_bytes_per_step;
   std::string note;  // what the figures include, in a line
 };
 
-// One plan per strategy: single (world_size == 1 only), ddp, zero1, zero2, zero3, in that order.
+// One plan per strategy: single (world_size == 1 only), ddp, zero1, zero2, zero3, in that order, then
+// hybrid zero2 and zero3 when the shard group size S (shard_group_size, else ranks_per_node) has
+// 1 < S < world_size and divides it.
 // REQUIRES: check_plan_input(in).is_ok()
 std::vector<StrategyPlan> plan_all(const PlanInput& in);
 
@@ -85,8 +99,9 @@ struct AutoChoice {
 };
 // The strategy `auto` runs: the least communication whose total fits in device_memory_gb (1 GB = 1e9
 // bytes; <= 0: unlimited). Communication is ring_equivalent_elements, ties going to less sharding, which
-// orders ddp <= zero1 <= zero2 < zero3 (single first at world size 1). Fails when nothing fits, naming
-// the smallest plan and what to change.
+// orders ddp <= zero1 <= zero2 < zero3 (single first at world size 1). Hybrid plans are not candidates:
+// what they save is inter-node traffic, which an element count does not see. Fails when nothing fits,
+// naming the smallest plan and what to change.
 Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double device_memory_gb);
 
 // "512 B", "3.0 KiB", "12.4 MiB", "1.23 GiB".

@@ -15,6 +15,10 @@ std::string format_count(int64_t n) {
   return fmt::format("{:.2f}B", d / 1e9);
 }
 
+namespace {
+std::string_view dtype_label(DType t) { return t == DType::kBF16 ? "bf16" : "fp32"; }
+}  // namespace
+
 std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& plans) {
   const GptShape& s = in.shape;
   const int T = in.seq_len > 0 ? in.seq_len : s.block_size;
@@ -23,12 +27,14 @@ std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& pl
       "model: {} layers, {} heads, {} wide, block {}, vocab {}: {} parameters\n"
       "batch: micro-batches of {} x {} tokens, {} per rank per step; world size {} ({} rank(s) per node); "
       "activation checkpointing: {}\n"
-      "bytes per element: params {}, grads {}, master {}, optimizer {}, activations {}\n\n",
+      "parallel: param_dtype {}, reduce_dtype {}, prefetch {}, reshard_after_forward {} (master weights, "
+      "AdamW state, gradient accumulation and activations in fp32)\n\n",
       s.n_layer, s.n_head, s.n_embd, s.block_size, s.vocab_size, format_count(s.num_params()), in.micro_batch, T,
-      in.micro_batches_per_step, in.world_size, per_node, in.activation_checkpointing, in.bytes_param, in.bytes_grad,
-      in.bytes_master, in.bytes_optimizer, in.bytes_activation);
+      in.micro_batches_per_step, in.world_size, per_node, in.activation_checkpointing,
+      dtype_label(in.sharding.param_dtype), dtype_label(in.sharding.reduce_dtype), in.sharding.prefetch,
+      in.sharding.reshard_after_forward);
 
-  constexpr int kLabel = 28, kCol = 12;
+  constexpr int kLabel = 28, kCol = 14;
   auto row = [&](const std::string& label, const std::function<std::string(const StrategyPlan&)>& cell) {
     out += fmt::format("{:<{}}", label, kLabel);
     for (const StrategyPlan& p : plans) out += fmt::format("{:>{}}", cell(p), kCol);
@@ -50,7 +56,7 @@ std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& pl
     };
   };
 
-  row("memory per rank", [](const StrategyPlan& p) { return std::string(strategy_name(p.strategy)); });
+  row("memory per rank", [](const StrategyPlan& p) { return p.name(); });
   row("  params", bytes(&StrategyPlan::params));
   row("  grads", bytes(&StrategyPlan::grads));
   row("  master", bytes(&StrategyPlan::master));
@@ -62,6 +68,7 @@ std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& pl
   row(fmt::format("  total per node (x{})", per_node),
       [&](const StrategyPlan& p) { return format_bytes(p.total * per_node); });
   row("comm per rank per step", [](const StrategyPlan&) { return std::string(); });
+  row("  Phi (padded parameters)", [](const StrategyPlan& p) { return format_count(p.padded_params); });
   row("  all-reduce (elements)", count(&CommVolume::all_reduce));
   row("  reduce-scatter (elements)", count(&CommVolume::reduce_scatter));
   row("  all-gather (elements)", count(&CommVolume::all_gather));
@@ -73,7 +80,7 @@ std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& pl
     return n == 0 ? std::string("-") : format_bytes(n);
   });
   out += "\n";
-  for (const StrategyPlan& p : plans) out += fmt::format("{:<7}{}\n", strategy_name(p.strategy), p.note);
+  for (const StrategyPlan& p : plans) out += fmt::format("{:<14}{}\n", p.name(), p.note);
   return out;
 }
 

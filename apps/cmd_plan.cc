@@ -1,0 +1,120 @@
+// `gpt-train plan`: what a run config needs per rank under every strategy (memory by category and
+// communication per step) and the strategy `auto` would pick, without allocating or reading data.
+// A config whose model.vocab_size is 0 (taken from the data at train time) is planned with --vocab-size,
+// or else with GPT-2's 50257, an upper bound for the tokenizers we ship, and a printed note saying so.
+#include <iostream>
+#include <memory>
+
+#include "apps/commands.h"
+#include "comm/communicator.h"
+#include "config/loader.h"
+#include "embedded_config.h"
+#include "plan/planner.h"
+#include "plan/report.h"
+
+namespace gpt {
+
+namespace {
+
+constexpr int kDefaultVocab = 50257;  // GPT-2 BPE
+
+struct PlanArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  int world_size = 1;
+  int ranks_per_node = 0;  // 0 = world_size (one node)
+  double device_memory_gb = 0;
+  int vocab_size = 0;
+};
+
+}  // namespace
+
+Command add_plan_command(CLI::App& app) {
+  auto args = std::make_shared<PlanArgs>();
+  app.add_option("--config,-c", args->config, "YAML run config (default: the built-in configs/quickstart.yaml)");
+  app.add_option("--set", args->overrides, "Override a config key, e.g. --set training.micro_batch_size=4 (repeatable)")
+      ->type_name("KEY=VALUE");
+  app.add_option("--world-size,-n", args->world_size, "Ranks in the data-parallel group")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--ranks-per-node", args->ranks_per_node,
+                 "Ranks sharing one node: the per-node total, and hybrid's shard group unless "
+                 "parallel.shard_group_size is set (default: all on one node)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--device-memory-gb", args->device_memory_gb,
+                 "Memory per rank in GB (1e9 bytes) for choosing `auto` (default: unlimited)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--vocab-size", args->vocab_size,
+                 "Vocabulary size when the config's model.vocab_size is 0 (default: 50257, GPT-2's)")
+      ->check(CLI::PositiveNumber);
+  app.footer(
+      "Prints bytes per rank for params, grads, master weights, optimizer state, activations, workspace and\n"
+      "comm buffers, and elements/bytes communicated per step, for single (world size 1), ddp, zero1, zero2,\n"
+      "zero3 and, when the ranks span several nodes, hybrid zero2/zero3 (shard groups of --ranks-per-node or\n"
+      "parallel.shard_group_size); then the strategy `auto` picks (least communication that fits) and why.\n"
+      "The parallel.* keys (param_dtype, reduce_dtype, prefetch, reshard_after_forward) apply to every column.\n"
+      "Examples:\n"
+      "  gpt-train plan --config configs/gpt2-124m.yaml --world-size 8 --device-memory-gb 80\n"
+      "  gpt-train plan -c configs/gpt2-1.5b.yaml -n 32 --ranks-per-node 8 --device-memory-gb 40 \\\n"
+      "      --set training.activation_checkpointing=full --set parallel.param_dtype=bf16\n"
+      "  gpt-train plan -c configs/shakespeare-char-cpu.yaml -n 1 --vocab-size 65 --device-memory-gb 2");
+  return [args]() -> int {
+    Expected<RunConfig> cfg = args->config.empty()
+                                  ? load_run_config_text(kEmbeddedConfig, kEmbeddedConfigName, args->overrides)
+                                  : load_run_config_file(args->config, args->overrides);
+    if (!cfg) return report_error(cfg.status());
+    const bool print = world().rank() == 0;
+    PlanInput in;
+    in.shape.n_layer = cfg->model.n_layer;
+    in.shape.n_head = cfg->model.n_head;
+    in.shape.n_embd = cfg->model.n_embd;
+    in.shape.block_size = cfg->model.block_size;
+    in.shape.vocab_size = cfg->model.vocab_size;
+    in.shape.dropout = cfg->model.dropout;
+    if (args->vocab_size > 0) {
+      in.shape.vocab_size = args->vocab_size;
+    } else if (in.shape.vocab_size == 0) {
+      in.shape.vocab_size = kDefaultVocab;
+      if (print) {
+        std::cout << "note: " << cfg->where("model.vocab_size")
+                  << ": model.vocab_size is 0 (taken from the data's tokenizer when training); planning with "
+                  << kDefaultVocab << " (GPT-2 BPE); pass --vocab-size N for your data's\n";
+      }
+    }
+    in.micro_batch = cfg->training.micro_batch_size;
+    in.world_size = args->world_size;
+    in.ranks_per_node = args->ranks_per_node > 0 ? args->ranks_per_node : args->world_size;
+    in.activation_checkpointing = cfg->training.activation_checkpointing;
+    in.shard_group_size = cfg->parallel.shard_group_size;
+    in.sharding.prefetch = cfg->parallel.prefetch;
+    in.sharding.reshard_after_forward = cfg->parallel.reshard_after_forward;
+    in.sharding.param_dtype = cfg->parallel.param_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+    in.sharding.reduce_dtype = cfg->parallel.reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+    const int64_t global = cfg->global_batch();
+    if (global % in.world_size != 0 || (global / in.world_size) % in.micro_batch != 0) {
+      return report_error(Status::invalid_argument(cfg->where("training.micro_batch_size") + ": the global batch of " +
+                                                   std::to_string(global) + " sequences must split evenly over " +
+                                                   std::to_string(in.world_size) + " ranks into micro-batches of " +
+                                                   std::to_string(in.micro_batch) +
+                                                   " (training.global_batch_sequences or training.global_batch_tokens, "
+                                                   "training.micro_batch_size, --world-size)"));
+    }
+    in.micro_batches_per_step = global / in.world_size / in.micro_batch;
+    if (Status st = check_plan_input(in); !st.is_ok()) return report_error(st);
+
+    const std::vector<StrategyPlan> plans = plan_all(in);
+    if (print) std::cout << plan_report(in, plans) << "\n";
+    Expected<AutoChoice> choice = choose_auto(plans, args->device_memory_gb);
+    if (!choice) return report_error(choice.status());
+    if (print) {
+      std::cout << "auto: " << strategy_name(choice->strategy) << ": " << choice->reason << "\n";
+      const std::string where = cfg->where("parallel.strategy");
+      std::cout << "config: parallel.strategy is " << cfg->parallel.strategy
+                << (cfg->parallel.strategy == "hybrid" ? " of " + cfg->parallel.hybrid_inner : std::string()) << " "
+                << (where == "(default)" ? where : "(" + where + ")") << "\n";
+    }
+    return 0;
+  };
+}
+
+}  // namespace gpt

@@ -1,0 +1,90 @@
+// End-to-end: `gpt-train plan` on the shipped GPT-2 124M config prints every strategy's table and the
+// choice of `auto`; bad input ends in a clear message and exit code 2.
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "testing/run_command.h"
+#include "testing/temp_dir.h"
+
+namespace gpt {
+namespace {
+
+using testing::gpt_train;
+using testing::run_command;
+
+const std::string kConfig = std::string(GPT_SOURCE_DIR) + "/configs/gpt2-124m.yaml";
+
+TEST_CASE("gpt-train plan prints every strategy and what auto picks", "[plan]") {
+  const auto r = run_command(gpt_train() + " plan --config " + kConfig + " --world-size 8 --device-memory-gb 80");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  for (const char* word :
+       {"ddp", "zero1", "zero2", "zero3", "params", "grads", "master", "optimizer", "activations", "comm buffers",
+        "total", "all-reduce", "reduce-scatter", "all-gather", "124.44M parameters", "4 per rank per step", "auto: "}) {
+    INFO(word);
+    CHECK(r.output.find(word) != std::string::npos);
+  }
+  // `single` only at world size 1.
+  const size_t header = r.output.find("memory per rank");
+  REQUIRE(header != std::string::npos);
+  CHECK(r.output.substr(header, r.output.find('\n', header) - header).find("single") == std::string::npos);
+}
+
+TEST_CASE("gpt-train plan: one rank, overrides, unknown vocabulary, nothing fits", "[plan]") {
+  SECTION("world size 1 adds single, and auto picks it") {
+    const auto r = run_command(gpt_train() + " plan -c " + kConfig +
+                               " -n 1 --set training.micro_batch_size=4 --set training.activation_checkpointing=full");
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("activation checkpointing: full") != std::string::npos);
+    CHECK(r.output.find("auto: single") != std::string::npos);
+  }
+  SECTION("vocab_size 0 plans with 50257 and says so") {
+    testing::TempDir dir;
+    const std::string cfg = dir.write("c.yaml",
+                                      "model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16}\n"
+                                      "training: {micro_batch_size: 2, global_batch_sequences: 8}\n");
+    const auto r = run_command(gpt_train() + " plan -c " + cfg + " -n 2");
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("note: ") != std::string::npos);
+    CHECK(r.output.find("vocab 50257") != std::string::npos);
+    const auto v = run_command(gpt_train() + " plan -c " + cfg + " -n 2 --vocab-size 65");
+    CHECK(v.exit_code == 0);
+    CHECK(v.output.find("vocab 65") != std::string::npos);
+    CHECK(v.output.find("note: ") == std::string::npos);
+  }
+  SECTION("several nodes add hybrid plans; parallel.* keys apply") {
+    const auto r = run_command(gpt_train() + " plan -c " + kConfig +
+                               " -n 16 --ranks-per-node 8 --set parallel.param_dtype=bf16 --set parallel.prefetch=2");
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("hybrid-zero2") != std::string::npos);
+    CHECK(r.output.find("hybrid-zero3") != std::string::npos);
+    CHECK(r.output.find("shard groups of 8 ranks") != std::string::npos);
+    CHECK(r.output.find("param_dtype bf16") != std::string::npos);
+    CHECK(r.output.find("prefetch 2") != std::string::npos);
+  }
+  SECTION("a batch that does not split over the ranks") {
+    const auto r = run_command(gpt_train() + " plan -c " + kConfig + " -n 3");
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("must split evenly over 3 ranks") != std::string::npos);
+  }
+  SECTION("nothing fits") {
+    const auto r = run_command(gpt_train() + " plan -c " + kConfig + " -n 8 --device-memory-gb 0.5");
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("zero3") != std::string::npos);
+    CHECK(r.output.find("no strategy fits in 0.5 GB per rank") != std::string::npos);
+  }
+  SECTION("--help has examples") {
+    const auto r = run_command(gpt_train() + " plan --help");
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("Examples:") != std::string::npos);
+    CHECK(r.output.find("--world-size") != std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace gpt

@@ -1,0 +1,324 @@
+// The planner against the ZeRO paper's published figures, against its own formulas at world size 4, and
+// against what the code really allocates and communicates (MemTracker and communicator counters) when a
+// Gpt, ShardedParams and AdamW run two steps in one process (measure.h).
+#include "plan/planner.h"
+
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+
+#include "comm/communicator.h"
+#include "plan/measure.h"
+#include "plan/report.h"
+
+namespace gpt {
+namespace {
+
+std::string gb(double bytes, int decimals) { return fmt::format("{:.{}f}", bytes / 1e9, decimals); }
+
+TEST_CASE("ZeRO paper Figure 1: 7.5B parameters, N = 64, K = 12", "[plan]") {
+  const ZeroPaperBytes z = zero_paper_model_state(7.5e9, 64, 12);
+  CHECK(gb(z.baseline, 1) == "120.0");
+  CHECK(gb(z.pos, 1) == "31.4");
+  CHECK(gb(z.pos_g, 1) == "16.6");
+  CHECK(gb(z.pos_g_p, 1) == "1.9");
+  // Table 1's other corners: 128B and 1T parameters over 1024 devices with everything partitioned.
+  CHECK(gb(zero_paper_model_state(128e9, 1024, 12).pos_g_p, 1) == "2.0");
+  CHECK(gb(zero_paper_model_state(1e12, 1024, 12).pos_g_p, 1) == "15.6");
+  // N = 1: every stage is the baseline.
+  const ZeroPaperBytes one = zero_paper_model_state(1e9, 1, 12);
+  CHECK(one.pos == Approx(one.baseline));
+  CHECK(one.pos_g_p == Approx(one.baseline));
+}
+
+TEST_CASE("ZeRO paper Table 2: the largest model on 64 devices of 32 GB", "[plan]") {
+  auto billions = [](ZeroStage s, int decimals) {
+    return fmt::format("{:.{}f}", zero_paper_max_params(32e9, 64, 12, s) / 1e9, decimals);
+  };
+  CHECK(billions(ZeroStage::kBaseline, 0) == "2");
+  CHECK(billions(ZeroStage::kPos, 1) == "7.6");
+  CHECK(billions(ZeroStage::kPosG, 1) == "14.4");
+  CHECK(billions(ZeroStage::kPosGP, 0) == "128");
+  // The largest model fits exactly.
+  const double psi = zero_paper_max_params(32e9, 64, 12, ZeroStage::kPosG);
+  CHECK(zero_paper_model_state(psi, 64, 12).pos_g == Approx(32e9));
+}
+
+GptShape small_shape() {
+  GptShape s;
+  s.n_layer = 4;
+  s.n_head = 2;
+  s.n_embd = 62;
+  s.block_size = 32;
+  s.vocab_size = 101;  // unit sizes that are not multiples of 4, so world size 4 pads
+  return s;
+}
+
+PlanInput small_input(int world, int64_t micro_batches = 1, const std::string& ckpt = "none", int n_layer = 4) {
+  PlanInput in;
+  in.shape = small_shape();
+  in.shape.n_layer = n_layer;
+  in.micro_batch = 2;
+  in.micro_batches_per_step = micro_batches;
+  in.world_size = world;
+  in.ranks_per_node = world;
+  in.activation_checkpointing = ckpt;
+  return in;
+}
+
+const StrategyPlan& find(const std::vector<StrategyPlan>& plans, Strategy s) {
+  for (const StrategyPlan& p : plans) {
+    if (p.strategy == s) return p;
+  }
+  FAIL("no plan for " << strategy_name(s));
+  return plans.front();
+}
+
+TEST_CASE("plan at world size 4: bytes per category and communication follow the formulas", "[plan]") {
+  const PlanInput in = small_input(4, 3);
+  const std::vector<StrategyPlan> plans = plan_all(in);
+  REQUIRE(plans.size() == 4);  // no `single` beyond one rank
+  const ModelLayout layout = ModelLayout::build(in.shape);
+  const int64_t psi = layout.total_numel;
+  int64_t phi = 0, local = 0, blocks = 0;
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    const int64_t shard = (layout.units[u].numel + 3) / 4;
+    phi += 4 * shard;
+    local += shard;
+    if (u != 0 && u + 1 != layout.units.size()) blocks += 4 * shard;
+  }
+  REQUIRE(phi > psi);  // padding happened
+
+  const StrategyPlan& ddp = find(plans, Strategy::kDdp);
+  CHECK(ddp.params == 0);  // the master weights are the compute parameters
+  CHECK(ddp.master == 4 * psi);
+  CHECK(ddp.grads == 4 * psi);
+  CHECK(ddp.optimizer == 8 * psi);
+  CHECK(ddp.padded_params == psi);
+  CHECK(ddp.comm_elements_per_step.all_reduce == psi);
+  CHECK(ddp.comm_elements_per_step.reduce_scatter == 0);
+  CHECK(ddp.comm_elements_per_step.all_gather == 0);
+  CHECK(ddp.comm_bytes_per_step.all_reduce == 4 * psi);
+
+  const StrategyPlan& z1 = find(plans, Strategy::kZero1);
+  CHECK(z1.params == 4 * phi);
+  CHECK(z1.master == 4 * local);
+  CHECK(z1.optimizer == 8 * local);
+  CHECK(z1.grads == 4 * (phi + local));
+  CHECK(z1.comm_elements_per_step.all_reduce == 0);
+  CHECK(z1.comm_elements_per_step.reduce_scatter == phi);
+  CHECK(z1.comm_elements_per_step.all_gather == phi);
+
+  const StrategyPlan& z2 = find(plans, Strategy::kZero2);
+  CHECK(z2.params == 4 * phi);
+  CHECK(z2.master == 4 * local);
+  CHECK(z2.grads == 4 * local + z2.unit_buffers);
+  CHECK(z2.comm_elements_per_step.reduce_scatter == 3 * phi);  // every micro-batch
+  CHECK(z2.comm_elements_per_step.all_gather == phi);
+
+  const StrategyPlan& z3 = find(plans, Strategy::kZero3);
+  CHECK(z3.master == 4 * local);
+  CHECK(z3.optimizer == 8 * local);
+  CHECK(z3.params + z3.grads == 4 * local + z3.unit_buffers);
+  CHECK(z3.comm_elements_per_step.reduce_scatter == 3 * phi);
+  CHECK(z3.comm_elements_per_step.all_gather == 3 * (phi + blocks));  // forward all, backward the blocks
+
+  // In-flight gradient buffers: at least the embed unit, the head and three blocks (drain_pending(2)).
+  const int64_t embed = 4 * ((layout.units[0].numel + 3) / 4), block = 4 * ((layout.units[1].numel + 3) / 4);
+  const int64_t head = 4 * ((layout.units.back().numel + 3) / 4);
+  CHECK(z2.unit_buffers >= 4 * (embed + head + 3 * block));
+  // zero3 also gathers: at least the embed unit and one block.
+  CHECK(z3.params >= 4 * (embed + block));
+
+  // The ZeRO ratios on the persistent states (pools aside): Pos+g+p is 1/N of ddp's, plus padding.
+  CHECK(z3.model_states() - z3.unit_buffers <= 0.26 * static_cast<double>(ddp.model_states()));
+  CHECK(z3.model_states() - z3.unit_buffers >= 0.25 * static_cast<double>(ddp.model_states()));
+  CHECK(z2.master + z2.optimizer + (z2.grads - z2.unit_buffers) <= 0.26 * (ddp.master + ddp.optimizer + ddp.grads));
+  CHECK(z1.master + z1.optimizer <= 0.26 * (ddp.master + ddp.optimizer));
+  CHECK(ddp.total > z1.total);
+  CHECK(z1.total > z3.total);
+
+  // Activations are the same under every strategy.
+  for (const StrategyPlan& p : plans) {
+    CHECK(p.activations == ddp.activations);
+    CHECK(p.workspace == ddp.workspace);
+    CHECK(p.total == p.model_states() + p.activations + p.workspace + p.comm_buffers);
+  }
+}
+
+TEST_CASE("activation checkpointing: full < every:2 < selective < none", "[plan]") {
+  auto act = [](const std::string& mode) { return plan_all(small_input(1, 1, mode)).front().activations; };
+  CHECK(act("full") < act("every:2"));
+  CHECK(act("every:2") < act("selective"));
+  CHECK(act("selective") < act("none"));
+  CHECK(act("every:1") == act("full"));
+}
+
+TEST_CASE("choose_auto: least communication that fits, ties to less sharding", "[plan]") {
+  // Enough layers that zero2's in-flight unit buffers are smaller than zero1's full gradients.
+  const std::vector<StrategyPlan> plans = plan_all(small_input(4, 1, "none", 12));
+  const StrategyPlan& ddp = find(plans, Strategy::kDdp);
+  const StrategyPlan& z1 = find(plans, Strategy::kZero1);
+  const StrategyPlan& z2 = find(plans, Strategy::kZero2);
+  const StrategyPlan& z3 = find(plans, Strategy::kZero3);
+  auto pick = [&](double gb_limit) {
+    auto c = choose_auto(plans, gb_limit);
+    REQUIRE(c.has_value());
+    INFO(c->reason);
+    CHECK(!c->reason.empty());
+    return c->strategy;
+  };
+  auto gb_of = [](const StrategyPlan& p) { return static_cast<double>(p.total) / 1e9; };
+  CHECK(pick(0) == Strategy::kDdp);  // unlimited
+  CHECK(pick(1000) == Strategy::kDdp);
+  CHECK(pick(gb_of(ddp)) == Strategy::kDdp);  // exactly fits
+  // zero1 and zero2 communicate the same with one micro-batch: zero1 shards less.
+  CHECK(ring_equivalent_elements(z1.comm_elements_per_step) == ring_equivalent_elements(z2.comm_elements_per_step));
+  CHECK(pick(gb_of(z1)) == Strategy::kZero1);
+  REQUIRE(z2.total < z1.total);
+  CHECK(pick(gb_of(z2)) == Strategy::kZero2);
+  REQUIRE(z3.total < z2.total);
+  const auto only_zero3 = choose_auto(plans, gb_of(z3) * 1.0000001);
+  REQUIRE(only_zero3.has_value());
+  CHECK(only_zero3->strategy == Strategy::kZero3);
+  CHECK(only_zero3->reason.find("ddp needs") != std::string::npos);
+  const auto none = choose_auto(plans, gb_of(z3) * 0.5);
+  REQUIRE(!none.has_value());
+  CHECK(none.status().message().find("zero3") != std::string::npos);
+  // One rank: `single` first.
+  CHECK(choose_auto(plan_all(small_input(1)), 0)->strategy == Strategy::kSingle);
+}
+
+TEST_CASE("check_plan_input names what is wrong", "[plan]") {
+  PlanInput in = small_input(2);
+  CHECK(check_plan_input(in).is_ok());
+  in.shape.vocab_size = 0;
+  CHECK(check_plan_input(in).message().find("vocab_size") != std::string::npos);
+  in = small_input(2, 1, "sometimes");
+  CHECK(check_plan_input(in).message().find("activation_checkpointing") != std::string::npos);
+  in = small_input(0);
+  CHECK(!check_plan_input(in).is_ok());
+}
+
+TEST_CASE("report mentions every strategy and category", "[plan]") {
+  const PlanInput in = small_input(4, 2);
+  const std::string text = plan_report(in, plan_all(in));
+  for (const char* word : {"ddp", "zero1", "zero2", "zero3", "params", "grads", "master", "optimizer", "activations",
+                           "comm buffers", "total", "all-gather", "reduce-scatter"}) {
+    INFO(word);
+    CHECK(text.find(word) != std::string::npos);
+  }
+  CHECK(format_bytes(512) == "512 B");
+  CHECK(format_bytes(3 << 20) == "3.0 MiB");
+  CHECK(format_bytes(int64_t{3} << 30) == "3.00 GiB");
+  CHECK(format_count(124439808) == "124.44M");
+}
+
+TEST_CASE("mixed precision: bf16 parameter copies and bf16 staging of reductions", "[plan]") {
+  PlanInput in = small_input(4, 2);
+  const std::vector<StrategyPlan> fp32 = plan_all(in);
+  in.sharding.param_dtype = DType::kBF16;
+  in.sharding.reduce_dtype = DType::kBF16;
+  const std::vector<StrategyPlan> bf16 = plan_all(in);
+  const int64_t psi = ModelLayout::build(in.shape).total_numel;
+  const StrategyPlan& ddp = find(bf16, Strategy::kDdp);
+  CHECK(ddp.params == 4 * psi + 2 * psi);  // fp32 compute copy of the bf16 parameters
+  CHECK(ddp.comm_bytes_per_step.all_reduce == 2 * ddp.comm_elements_per_step.all_reduce);
+  CHECK(ddp.comm_buffers == 2 * 2 * psi);  // every unit's bf16 gradient and result until finish_grads
+  for (Strategy s : {Strategy::kZero1, Strategy::kZero2, Strategy::kZero3}) {
+    INFO(strategy_name(s));
+    const StrategyPlan& lo = find(bf16, s);
+    const StrategyPlan& hi = find(fp32, s);
+    CHECK(lo.comm_elements_per_step.total() == hi.comm_elements_per_step.total());
+    CHECK(lo.comm_bytes_per_step.total() * 2 == hi.comm_bytes_per_step.total());
+    CHECK(lo.master == hi.master);
+    CHECK(lo.optimizer == hi.optimizer);
+    CHECK(lo.comm_buffers > 0);
+    CHECK(hi.comm_buffers == 0);
+  }
+}
+
+TEST_CASE("zero3 options: reshard_after_forward off keeps every unit; prefetch adds gathered blocks", "[plan]") {
+  PlanInput in = small_input(4, 3);
+  const ModelLayout layout = ModelLayout::build(in.shape);
+  const int64_t phi = find(plan_all(in), Strategy::kZero3).padded_params;
+  const int64_t block = 4 * ((layout.units[1].numel + 3) / 4);
+  in.sharding.reshard_after_forward = false;
+  const StrategyPlan keep = find(plan_all(in), Strategy::kZero3);
+  CHECK(keep.params == 4 * phi);                             // the whole model gathered by the end of forward
+  CHECK(keep.comm_elements_per_step.all_gather == 3 * phi);  // once per micro-batch
+  in.sharding.reshard_after_forward = true;
+  in.sharding.prefetch = 0;
+  const StrategyPlan p0 = find(plan_all(in), Strategy::kZero3);
+  in.sharding.prefetch = 2;
+  const StrategyPlan p2 = find(plan_all(in), Strategy::kZero3);
+  CHECK(p2.params - p0.params == 2 * 4 * block);  // two more blocks in flight
+  CHECK(p2.comm_elements_per_step.total() == p0.comm_elements_per_step.total());
+}
+
+TEST_CASE("hybrid: shard groups of ranks_per_node, replicas all-reduce gradient shards", "[plan]") {
+  PlanInput in = small_input(8, 2);
+  in.ranks_per_node = 4;
+  const std::vector<StrategyPlan> plans = plan_all(in);
+  REQUIRE(plans.size() == 6);
+  const ModelLayout layout = ModelLayout::build(in.shape);
+  int64_t local4 = 0, phi4 = 0;
+  for (const UnitLayout& u : layout.units) {
+    local4 += (u.numel + 3) / 4;
+    phi4 += 4 * ((u.numel + 3) / 4);
+  }
+  for (const StrategyPlan& p : plans) {
+    if (!p.hybrid()) continue;
+    INFO(p.name());
+    CHECK(p.name().rfind("hybrid-", 0) == 0);
+    CHECK(p.shard_group_size == 4);
+    CHECK(p.replicas == 2);
+    CHECK(p.master == 4 * local4);
+    CHECK(p.comm_elements_per_step.all_reduce == 2 * local4);  // each micro-batch's gradient shards
+    CHECK(p.comm_elements_per_step.reduce_scatter == 2 * phi4);
+  }
+  CHECK(plans[4].name() == "hybrid-zero2");
+  CHECK(plans[5].name() == "hybrid-zero3");
+  // auto never picks hybrid.
+  CHECK(!choose_auto(plans, 0)->reason.empty());
+  CHECK(choose_auto(plans, 0)->strategy == Strategy::kDdp);
+  in.shard_group_size = 3;
+  CHECK(!check_plan_input(in).is_ok());
+}
+
+// Measured against planned in one process: every strategy and checkpointing mode (planner_mpi_test.cc does
+// it at world sizes 2 to 4, where units are padded).
+TEST_CASE("planned bytes and communication equal what the code allocates and counts (one rank)", "[plan]") {
+  const auto mode = GENERATE(as<std::string>{}, "none", "full", "every:3", "selective");
+  const auto variant =
+      GENERATE(as<std::string>{}, "fp32", "bf16", "bf16-params", "prefetch0", "prefetch2", "keep-after-forward");
+  PlanInput in = small_input(1, 2, mode, 5);
+  if (variant == "bf16" || variant == "bf16-params") in.sharding.param_dtype = DType::kBF16;
+  if (variant == "bf16") in.sharding.reduce_dtype = DType::kBF16;
+  if (variant == "prefetch0") in.sharding.prefetch = 0;
+  if (variant == "prefetch2") in.sharding.prefetch = 2;
+  if (variant == "keep-after-forward") in.sharding.reshard_after_forward = false;
+  const std::vector<StrategyPlan> plans = plan_all(in);
+  REQUIRE(plans.size() == 5);
+  for (const StrategyPlan& p : plans) {
+    INFO("strategy " << p.name() << ", activation checkpointing " << mode << ", " << variant);
+    auto comm = make_single_communicator();
+    const testing::Measured m = testing::run_and_measure(in, p.strategy, *comm);
+    CHECK(m.at(MemCategory::kParams) == p.params);
+    CHECK(m.at(MemCategory::kGrads) == p.grads);
+    CHECK(m.at(MemCategory::kMaster) == p.master);
+    CHECK(m.at(MemCategory::kOptimizer) == p.optimizer);
+    CHECK(m.at(MemCategory::kActivations) == p.activations);
+    CHECK(m.at(MemCategory::kWorkspace) == p.workspace);
+    CHECK(m.at(MemCategory::kComm) == p.comm_buffers);
+    CHECK(m.at(CommOp::kAllReduce) == p.comm_elements_per_step.all_reduce);
+    CHECK(m.at(CommOp::kReduceScatter) == p.comm_elements_per_step.reduce_scatter);
+    CHECK(m.at(CommOp::kAllGather) == p.comm_elements_per_step.all_gather);
+    CHECK(m.bytes_of(CommOp::kReduceScatter) == p.comm_bytes_per_step.reduce_scatter);
+    CHECK(m.bytes_of(CommOp::kAllGather) == p.comm_bytes_per_step.all_gather);
+  }
+}
+
+}  // namespace
+}  // namespace gpt
