@@ -270,7 +270,12 @@ void ShardedParams::drain_pending(size_t keep) {
 
 void ShardedParams::begin_micro_batch(bool first, bool last) {
   last_micro_ = last;
-  if (!first) return;
+  // The previous micro-batch's reductions finish before this backward asks for gradient buffers, so the
+  // embedding's gradient buffer is reused rather than doubled under gradient accumulation.
+  if (!first) {
+    drain_pending(0);
+    return;
+  }
   if (grads_full_.data() != nullptr) be_.fill_zero(grads_full_.as<float>(), full_numel_);
   if (grads_shard_.data() != nullptr) be_.fill_zero(grads_shard_.as<float>(), local_numel_);
 }

@@ -86,6 +86,7 @@ class ShardedParamsSim {
   void step(int64_t micro_batches) {
     for (int64_t m = 0; m < micro_batches; ++m) {
       last_micro_ = m + 1 == micro_batches;
+      if (m > 0) drain_pending(0);  // ShardedParams::begin_micro_batch
       forward_backward();
     }
     finish_grads();
