@@ -2,7 +2,9 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
+#include <thread>
 
 #include "comm/comm_stream.h"
 #include "core/check.h"
@@ -42,6 +44,22 @@ MPI_Datatype mpi_type(DType t) {
 
 MPI_Op mpi_sum(DType t) { return t == DType::kBF16 ? mpi_types().bf16_sum_op : MPI_SUM; }
 
+// Completes a non-blocking collective without monopolising a core: MPI's blocking calls busy-poll, and
+// under mpirun's one-core-per-rank binding that spinning comm thread starves the compute threads of its
+// own rank. So: test, and between tests sleep briefly (after a short spin for small, fast collectives).
+void complete(MPI_Request* request) {
+  for (int spins = 0;; ++spins) {
+    int done = 0;
+    GPT_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (spins < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
 int count(int64_t n) {
   GPT_CHECK_MSG(n >= 0 && n <= INT_MAX, "collective larger than INT_MAX elements");
   return static_cast<int>(n);
@@ -64,28 +82,41 @@ class MpiCommunicator final : public Communicator {
 
   Work all_reduce(void* buf, int64_t n, DType dtype) override {
     return stream_->submit(CommOp::kAllReduce, n, bytes(n, dtype), [=, this] {
-      GPT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), mpi_type(dtype), mpi_sum(dtype), comm_));
+      MPI_Request req;
+      GPT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, count(n), mpi_type(dtype), mpi_sum(dtype), comm_, &req));
+      complete(&req);
     });
   }
   Work reduce_scatter(const void* send, void* recv, int64_t n, DType dtype) override {
     return stream_->submit(CommOp::kReduceScatter, n * size_, bytes(n * size_, dtype), [=, this] {
-      GPT_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, count(n), mpi_type(dtype), mpi_sum(dtype), comm_));
+      MPI_Request req;
+      GPT_MPI_CHECK(
+          MPI_Ireduce_scatter_block(send, recv, count(n), mpi_type(dtype), mpi_sum(dtype), comm_, &req));
+      complete(&req);
     });
   }
   Work all_gather(const void* send, void* recv, int64_t n, DType dtype) override {
     const bool in_place = send == static_cast<const char*>(recv) + n * rank_ * dtype_size(dtype);
     return stream_->submit(CommOp::kAllGather, n * size_, bytes(n * size_, dtype), [=, this] {
-      GPT_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, count(n), mpi_type(dtype), recv, count(n),
-                                  mpi_type(dtype), comm_));
+      MPI_Request req;
+      GPT_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, count(n), mpi_type(dtype), recv, count(n),
+                                   mpi_type(dtype), comm_, &req));
+      complete(&req);
     });
   }
   Work broadcast(void* buf, int64_t n, DType dtype, int root) override {
     return stream_->submit(CommOp::kBroadcast, n, bytes(n, dtype), [=, this] {
-      GPT_MPI_CHECK(MPI_Bcast(buf, count(n), mpi_type(dtype), root, comm_));
+      MPI_Request req;
+      GPT_MPI_CHECK(MPI_Ibcast(buf, count(n), mpi_type(dtype), root, comm_, &req));
+      complete(&req);
     });
   }
   Work barrier() override {
-    return stream_->submit(CommOp::kBarrier, 0, 0, [this] { GPT_MPI_CHECK(MPI_Barrier(comm_)); });
+    return stream_->submit(CommOp::kBarrier, 0, 0, [this] {
+      MPI_Request req;
+      GPT_MPI_CHECK(MPI_Ibarrier(comm_, &req));
+      complete(&req);
+    });
   }
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override {
     MPI_Comm sub = MPI_COMM_NULL;

@@ -8,18 +8,27 @@ tokens/s over the steps after --warmup, then one line `RESULT {json}` for script
 
 Run with Debian's interpreter, /usr/bin/python3 (torch 1.13 on the system OpenBLAS). Set OPENBLAS_CORETYPE
 (and OMP_WAIT_POLICY) before starting it; `--probe` measures the candidates in subprocesses and prints the best.
+
+`--ddp N` trains the same model data-parallel in N processes (torch.multiprocessing, DistributedDataParallel,
+gloo over loopback with a file:// rendezvous, gradient_as_bucket_view): --batch-size is then the micro-batch
+per process, tokens/s counts all N, and each step's time is the slowest process's. The RESULT line adds peak
+memory per process: max RSS (getrusage) and the model-state tensors' bytes (params, grads, AdamW state).
 """
 
 import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -103,11 +112,26 @@ def load_batches(args, n_batches, gen):
              torch.randint(0, args.vocab_size, (B, T), generator=gen)) for _ in range(n_batches)]
 
 
-def train(args):
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _tensor_bytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+
+
+def train(args, rank=0, world=1):
+    rss_start = _rss_bytes()  # torch imported, nothing built yet
     torch.set_num_threads(args.threads)
     torch.manual_seed(1337)
-    gen = torch.Generator().manual_seed(1337)
+    gen = torch.Generator().manual_seed(1337 + rank)  # each process its own batches
     model = GPT(args.n_layer, args.n_head, args.n_embd, args.block_size, args.vocab_size)
+    net = model
+    if world > 1:  # broadcasts rank 0's parameters; all-reduces (averages) gradients in buckets during backward
+        # the causal mask is a constant bool buffer, which gloo cannot broadcast
+        nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ["mask"])
+        net = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt_kwargs = dict(lr=1e-3, betas=(0.9, 0.99), eps=1e-8)
@@ -120,7 +144,7 @@ def train(args):
                                  {"params": no_decay, "weight_decay": 0.0}], **opt_kwargs)
         impl = "for-loop"
     batches = load_batches(args, 16, gen)
-    tokens = args.batch_size * args.block_size
+    tokens = args.batch_size * args.block_size * world
     fpt = flops_per_token(args.n_layer, args.n_head, args.n_embd, args.block_size, args.vocab_size)
 
     step_s = []
@@ -128,24 +152,56 @@ def train(args):
     for step in range(args.steps):
         x, y = batches[step % len(batches)]
         t0 = time.perf_counter()
-        loss = model(x, y)
+        loss = net(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step_s.append(time.perf_counter() - t0)
+    mem = {"params": _tensor_bytes(model.parameters()),
+           "grads": _tensor_bytes(p.grad for p in model.parameters()),  # = DDP's buckets (bucket views)
+           "optimizer": _tensor_bytes(t for st in opt.state.values() for t in st.values()),
+           "rss_start": rss_start,
+           "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux: KiB
+    if world > 1:  # the slowest process's step times; every process's memory
+        t = torch.tensor(step_s, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        step_s = t.tolist()
+        mems = [None] * world
+        dist.all_gather_object(mems, mem)
+        mem = dict(mems[0], max_rss_all=[m["max_rss"] for m in mems])
+        if rank != 0:
+            return
     timed = step_s[args.warmup:] or step_s
     tok_s = statistics.median(tokens / s for s in timed)
     n_params = sum(p.numel() for p in model.parameters())
-    print("pytorch %s: %d layers, %d heads, %d wide, block %d, vocab %d, %.2fM params, batch %d, %d threads, "
+    print("pytorch %s: %d layers, %d heads, %d wide, block %d, vocab %d, %.2fM params, batch %d%s, %d threads, "
           "AdamW %s, OPENBLAS_CORETYPE=%s" % (torch.__version__, args.n_layer, args.n_head, args.n_embd,
                                                args.block_size, args.vocab_size, n_params / 1e6, args.batch_size,
+                                               " x %d DDP (gloo) processes" % world if world > 1 else "",
                                                torch.get_num_threads(), impl,
                                                os.environ.get("OPENBLAS_CORETYPE", "(default)")))
     print("steps %d (warmup %d), final loss %.4f, median %.1f ms/step, %.0f tokens/s, %.1f GFLOP/s"
           % (args.steps, args.warmup, loss.item(), 1e3 * tokens / tok_s, tok_s, tok_s * fpt / 1e9))
+    print("peak memory (rank 0): max RSS %.1f MiB (%.1f MiB at start), params %.1f MiB, grads %.1f MiB, "
+          "AdamW state %.1f MiB" % tuple(mem[k] / 2**20 for k in ("max_rss", "rss_start", "params", "grads",
+                                                                   "optimizer")))
     print("RESULT " + json.dumps({"tokens_per_s": tok_s, "gflops": tok_s * fpt / 1e9,
-                                  "step_ms": [round(1e3 * s, 3) for s in step_s]}))
+                                  "step_ms": [round(1e3 * s, 3) for s in step_s], "mem_bytes": mem}), flush=True)
+
+
+def _ddp_worker(rank, args, store):
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=args.ddp)
+    try:
+        train(args, rank, args.ddp)
+    finally:
+        dist.destroy_process_group()
+
+
+def train_ddp(args):
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only
+    with tempfile.TemporaryDirectory(prefix="pytorch-ddp-") as d:
+        mp.spawn(_ddp_worker, args=(args, os.path.join(d, "store")), nprocs=args.ddp, join=True)
 
 
 # --- OPENBLAS_CORETYPE probe ----------------------------------------------------------------------------------
@@ -224,6 +280,8 @@ def main():
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the median")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--data", default="", help="llm.c-layout token shard (default: random tokens)")
+    p.add_argument("--ddp", type=int, default=0, metavar="N",
+                   help="train in N DistributedDataParallel processes (gloo, loopback); --batch-size per process")
     p.add_argument("--probe", action="store_true",
                    help="pick OPENBLAS_CORETYPE (torch.mm timing) and OMP_WAIT_POLICY (a short training run of "
                         "this model for --steps steps) and print them")
@@ -232,6 +290,8 @@ def main():
     args = p.parse_args()
     if args.probe:
         probe(args)
+    elif args.ddp > 1:
+        train_ddp(args)
     else:
         train(args)
 
