@@ -54,7 +54,8 @@ struct TrainingSection {
 };
 
 struct ParallelSection {
-  std::string strategy = "single";     // single | ddp | zero1 | zero2 | zero3 | hybrid
+  std::string strategy = "single";     // single | ddp | zero1 | zero2 | zero3 | hybrid | auto
+  float device_memory_gb = 0.0f;       // auto: memory per rank to fit in (1 GB = 1e9 bytes); 0 = no limit
   int shard_group_size = 0;            // hybrid: ranks per shard group S; 0 = ranks per node
   std::string hybrid_inner = "zero3";  // hybrid: zero2 | zero3 inside each shard group
   int prefetch = 1;                    // zero3: units all-gathered ahead of use (0..2)

@@ -144,9 +144,12 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(training, activation_checkpointing), checkpointing(),
        "recompute activations in backward: none, full (every block), every:N (every Nth block), selective"},
 
-      {GPT_KEY(parallel, strategy), one_of("single|ddp|zero1|zero2|zero3|hybrid"),
+      {GPT_KEY(parallel, strategy), one_of("single|ddp|zero1|zero2|zero3|hybrid|auto"),
        "single: one process; ddp: replicate, all-reduce grads; zero1/zero2/zero3: shard optimizer state, + grads, "
-       "+ params (FSDP full shard); hybrid: shard within groups, replicate across them (HSDP)"},
+       "+ params (FSDP full shard); hybrid: shard within groups, replicate across them (HSDP); auto: the "
+       "least-communication strategy the planner finds fits parallel.device_memory_gb"},
+      {GPT_KEY(parallel, device_memory_gb), at_least(0),
+       "auto: memory per rank to fit in, in GB (1e9 bytes); 0 = no limit"},
       {GPT_KEY(parallel, shard_group_size), at_least(0),
        "hybrid: ranks per shard group (world = replicas x this); 0 = ranks per node"},
       {GPT_KEY(parallel, hybrid_inner), one_of("zero2|zero3"), "hybrid: the sharding inside each shard group"},

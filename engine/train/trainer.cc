@@ -49,9 +49,33 @@ Expected<data::DataLoader> open_split(const RunConfig& cfg, const std::string& k
 
 }  // namespace
 
+namespace {
+
+PlanInput plan_input(const RunConfig& cfg, const GptShape& shape, int world_size, int ranks_per_node) {
+  PlanInput in;
+  in.shape = shape;
+  in.micro_batch = cfg.training.micro_batch_size;
+  in.micro_batches_per_step = cfg.global_batch() / world_size / cfg.training.micro_batch_size;
+  in.world_size = world_size;
+  in.ranks_per_node = ranks_per_node;
+  // Only hybrid reads the shard group size (plan_all checks it divides the world).
+  in.shard_group_size = cfg.parallel.strategy == "hybrid" ? cfg.parallel.shard_group_size : 0;
+  in.activation_checkpointing = cfg.training.activation_checkpointing;
+  in.sharding = ShardingOptions{cfg.parallel.prefetch, cfg.parallel.reshard_after_forward,
+                                cfg.parallel.param_dtype == "bf16" ? DType::kBF16 : DType::kF32,
+                                cfg.parallel.reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32};
+  return in;
+}
+
+}  // namespace
+
 Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communicator& world, int ranks_per_node) {
   const bool hybrid = cfg.parallel.strategy == "hybrid";
-  GPT_ASSIGN_OR_RETURN(Strategy strategy, parse_strategy(hybrid ? cfg.parallel.hybrid_inner : cfg.parallel.strategy));
+  const bool automatic = cfg.parallel.strategy == "auto";
+  Strategy strategy = Strategy::kDdp;  // auto: decided once the model shape is known
+  if (!automatic) {
+    GPT_ASSIGN_OR_RETURN(strategy, parse_strategy(hybrid ? cfg.parallel.hybrid_inner : cfg.parallel.strategy));
+  }
   int shard_group_size = world.size();
   if (hybrid) {
     shard_group_size = cfg.parallel.shard_group_size > 0 ? cfg.parallel.shard_group_size : ranks_per_node;
@@ -106,19 +130,34 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
     return Status::invalid_argument(cfg.where("model.tied_embeddings") +
                                     ": model.tied_embeddings: false is not supported yet (GPT-2 ties the LM head)");
   }
+  // The planner's figures for this run; under `auto` they also choose the strategy.
+  const std::vector<StrategyPlan> plans = plan_all(plan_input(cfg, shape, world.size(), ranks_per_node));
+  if (automatic) {
+    auto choice = choose_auto(plans, cfg.parallel.device_memory_gb);
+    if (!choice) {
+      return choice.status().with_context(cfg.where("parallel.device_memory_gb") + ": parallel.strategy auto");
+    }
+    strategy = choice->strategy;
+    spdlog::info("parallel.strategy auto chose {}: {}", strategy_name(strategy), choice->reason);
+  }
+  std::optional<StrategyPlan> plan;
+  for (const StrategyPlan& p : plans) {
+    if (p.strategy == strategy && p.hybrid() == (shard_group_size != world.size())) plan = p;
+  }
   return std::unique_ptr<Trainer>(new Trainer(cfg, world, strategy, shard_group_size, shape, std::move(train),
-                                              std::move(val), std::move(tokenizer), ckpt));
+                                              std::move(val), std::move(tokenizer), ckpt, plan));
 }
 
 Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
                  data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
-                 ActivationCheckpointing ckpt)
+                 ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan)
     : config_(config),
       world_(world),
       shape_(shape),
       train_(std::move(train)),
       val_(std::move(val)),
-      tokenizer_(std::move(tokenizer)) {
+      tokenizer_(std::move(tokenizer)),
+      plan_(std::move(plan)) {
   backend_ = make_backend("cpu");
   backend_->set_threads(config_.run.threads);
   model_ = std::make_unique<Gpt>(shape_, *backend_, ckpt);
@@ -181,6 +220,26 @@ float Trainer::train_step(int64_t step) {
   // The step's loss: the mean over every micro-batch of every rank.
   if (world_.size() > 1) world_.all_reduce(&loss_sum, 1, DType::kF32).wait();
   return loss_sum / static_cast<float>(config_.grad_accum_steps());
+}
+
+void Trainer::log_planned_vs_measured() const {
+  if (!plan_ || world_.rank() != 0) return;
+  const MemStats m = MemTracker::instance().stats();
+  auto peak = [&](MemCategory c) { return m.peak[static_cast<size_t>(c)]; };
+  const std::pair<const char*, std::pair<int64_t, int64_t>> rows[] = {
+      {"params", {plan_->params, peak(MemCategory::kParams)}},
+      {"grads", {plan_->grads, peak(MemCategory::kGrads)}},
+      {"master", {plan_->master, peak(MemCategory::kMaster)}},
+      {"optimizer", {plan_->optimizer, peak(MemCategory::kOptimizer)}},
+      {"activations", {plan_->activations, peak(MemCategory::kActivations)}},
+      {"workspace", {plan_->workspace, peak(MemCategory::kWorkspace)}},
+      {"comm", {plan_->comm_buffers, peak(MemCategory::kComm)}}};
+  std::string table;
+  for (const auto& [name, v] : rows) {
+    table +=
+        fmt::format("\n  {:<12} planned {:>12}  measured {:>12}", name, format_bytes(v.first), format_bytes(v.second));
+  }
+  spdlog::info("memory per rank after step 1 ({}):{}", plan_->name(), table);
 }
 
 CommStats Trainer::comm_stats() const {
@@ -252,6 +311,7 @@ Expected<TrainSummary> Trainer::run() {
     ++window_steps;
     summary.final_loss = loss;
     summary.losses.push_back(loss);
+    if (step == 0) log_planned_vs_measured();
     if (!std::isfinite(loss)) {
       return Status::failed_precondition("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                                          "; lower training.lr or check the data");

@@ -23,6 +23,7 @@
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "parallel/sharded_params.h"
+#include "plan/planner.h"
 
 namespace gpt {
 
@@ -46,6 +47,7 @@ class Trainer {
   // Mean validation loss over eval_batches micro-batches (the same batches at every evaluation).
   float evaluate();
   const GptShape& shape() const { return shape_; }
+  Strategy strategy() const { return params_->strategy(); }
   // The full fp32 weights in layout order (collective: every rank calls it).
   std::vector<float> full_weights() { return params_->gather_full_weights(); }
   // FLOPs per token of one training step by 6N + 12 L H Q T (N without position embeddings).
@@ -54,7 +56,9 @@ class Trainer {
  private:
   Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
           data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
-          ActivationCheckpointing ckpt);
+          ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan);
+  // Rank 0, after the first step: the planner's bytes per category beside the tracked allocator's peaks.
+  void log_planned_vs_measured() const;
   CommStats comm_stats() const;
   float train_step(int64_t step);
 
@@ -72,6 +76,7 @@ class Trainer {
   int64_t rows_per_rank_ = 0;              // of the global batch
   std::vector<int32_t> inputs_, targets_;  // one micro-batch
   double last_grad_norm_ = 0.0;
+  std::optional<StrategyPlan> plan_;  // the planner's figures for this run's strategy
 };
 
 }  // namespace gpt

@@ -11,6 +11,7 @@
 
 #include "config/loader.h"
 #include "data/prepare.h"
+#include "plan/planner.h"
 #include "testing/mpi.h"
 #include "train/trainer.h"
 
@@ -200,6 +201,57 @@ TEST_CASE("bf16 policy trains within a documented tolerance of fp32 under every 
   }
   world->barrier().wait();
   if (r == 0) fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gpt
+
+namespace gpt {
+namespace {
+
+TEST_CASE("auto picks the least-communication strategy that fits and trains like it", "[mpi][parallel]") {
+  auto world = testing::g_mpi->make_world();
+  const int n = world->size();
+  if (n < 2) return;  // one rank: auto is single
+  const std::string dir = shared_data_dir(*world);
+  RunConfig cfg = make_config(dir, dir + "/auto", n, 0.0f, "none");
+  cfg.parallel.strategy = "auto";
+  // Wide enough that model states, not activations or pooled unit buffers, decide the memory.
+  cfg.model.n_embd = 128;
+  cfg.model.n_layer = 6;
+  cfg.training.steps = 3;
+  // Limit memory to just what zero3 needs: only it fits.
+  PlanInput in;
+  auto probe = Trainer::create(cfg, *world);  // no limit: the least communication, ddp
+  REQUIRE(probe.has_value());
+  REQUIRE((*probe)->strategy() == Strategy::kDdp);
+  in.shape = (*probe)->shape();
+  in.micro_batch = cfg.training.micro_batch_size;
+  in.micro_batches_per_step = cfg.global_batch() / n / cfg.training.micro_batch_size;
+  in.world_size = n;
+  int64_t zero3_total = 0, others_min = INT64_MAX;
+  for (const StrategyPlan& p : plan_all(in)) {
+    if (p.hybrid()) continue;
+    if (p.strategy == Strategy::kZero3) {
+      zero3_total = p.total;
+    } else {
+      others_min = std::min(others_min, p.total);
+    }
+  }
+  CAPTURE(zero3_total, others_min);
+  REQUIRE(zero3_total < others_min);
+  cfg.parallel.device_memory_gb = static_cast<float>((zero3_total + others_min) / 2 / 1e9);
+  auto limited = Trainer::create(cfg, *world);
+  REQUIRE(limited.has_value());
+  REQUIRE((*limited)->strategy() == Strategy::kZero3);
+  limited->reset();
+  const Result chosen = train(cfg, *world);
+  cfg.parallel.strategy = "zero3";
+  cfg.parallel.device_memory_gb = 0;
+  const Result zero3 = train(cfg, *world);
+  REQUIRE(chosen.losses == zero3.losses);
+  world->barrier().wait();
+  if (world->rank() == 0) fs::remove_all(dir);
 }
 
 }  // namespace
