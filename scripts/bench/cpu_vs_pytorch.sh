@@ -21,7 +21,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-PY=/usr/bin/python3  # Debian's interpreter: the one with torch
+source "$ROOT/scripts/bench/common.sh"
+PY=$BENCH_PY
 BUILD=${BUILD_DIR:-$ROOT/build}
 ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-2}
@@ -32,7 +33,7 @@ WARMUP_B=${WARMUP_B:-3}
 DATA=${DATA:-$ROOT/../shared/data/tinyshakespeare.txt}
 (( WARMUP_A < STEPS_A && WARMUP_B < STEPS_B )) || { echo "need WARMUP_A < STEPS_A and WARMUP_B < STEPS_B" >&2; exit 2; }
 
-log() { echo "[bench $(date +%H:%M:%S)] $*" >&2; }
+log() { bench_log "$@"; }
 START=$(date +%s)
 
 # --- build ----------------------------------------------------------------------------------------------------
@@ -47,7 +48,7 @@ SGEMM=$BUILD/sgemm_bench
 # --- data -----------------------------------------------------------------------------------------------------
 TMP=$(mktemp -d /tmp/gpt-bench.XXXXXX)
 [[ ${KEEP:-0} == 1 ]] && log "keeping $TMP" || trap 'rm -rf "$TMP"' EXIT
-"$GPT" prepare --input "$DATA" --tokenizer char --val-fraction 0.1 --out "$TMP/data" >/dev/null 2>&1
+bench_prepare "$GPT" "$DATA" "$TMP/data"
 mkdir -p "$TMP/runs"
 RESULTS=$TMP/results.tsv  # config  what  round  value
 : >"$RESULTS"
@@ -57,49 +58,11 @@ CONFIGS=("A 4 4 128 64 12 65 $STEPS_A $WARMUP_A" "B 6 6 384 256 8 65 $STEPS_B $W
 
 for cfg in "${CONFIGS[@]}"; do
   read -r name L H C T B V S W <<<"$cfg"
-  cat >"$TMP/$name.yaml" <<EOF
-run:
-  name: bench-$name
-  out_dir: $TMP/runs/$name
-  seed: 1337
-  threads: $THREADS
-model:
-  n_layer: $L
-  n_head: $H
-  n_embd: $C
-  block_size: $T
-  vocab_size: $V
-  dropout: 0.0
-data:
-  train: $TMP/data/train.bin
-  val: $TMP/data/val.bin
-training:
-  steps: $S
-  micro_batch_size: $B
-  lr: 1.0e-3
-  min_lr: 1.0e-4
-  warmup_steps: 0
-  beta1: 0.9
-  beta2: 0.99
-  weight_decay: 0.1
-  grad_clip: 1.0
-  eval_interval: 0
-  eval_batches: 1
-logging:
-  log_interval: 1000000
-EOF
+  bench_config "$TMP/$name.yaml" "$name" "$TMP/runs/$name" "$TMP/data" "$THREADS" "$L" "$H" "$C" "$T" "$B" "$V" "$S"
 done
 
 # --- PyTorch's settings ---------------------------------------------------------------------------------------
-log "probing PyTorch's OPENBLAS_CORETYPE (torch.mm) and OMP_WAIT_POLICY (config A, 30 steps)"
-PROBE=$("$PY" "$ROOT/scripts/bench/pytorch_gpt.py" --probe --threads "$THREADS" --n-layer 4 --n-head 4 \
-  --n-embd 128 --block-size 64 --batch-size 12 --vocab-size 65 --steps 30 --warmup 5)
-CORETYPE=$(awk '$1 == "coretype" {print $2}' <<<"$PROBE")
-WAIT_POLICY=$(awk '$1 == "wait_policy" {print $2}' <<<"$PROBE")
-TORCH_ENV=(OPENBLAS_NUM_THREADS="$THREADS" OMP_NUM_THREADS="$THREADS")
-[[ $CORETYPE != default ]] && TORCH_ENV+=(OPENBLAS_CORETYPE="$CORETYPE")
-[[ $WAIT_POLICY != default ]] && TORCH_ENV+=(OMP_WAIT_POLICY="$WAIT_POLICY")
-log "PyTorch runs with: ${TORCH_ENV[*]}"
+bench_torch_env "$THREADS"
 
 # --- one run of each ------------------------------------------------------------------------------------------
 run_sgemm() {  # name rows width round
