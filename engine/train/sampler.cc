@@ -6,9 +6,10 @@
 
 #include "backend/backend.h"
 #include "checkpoint/model_file.h"
+#include "comm/communicator.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
-#include "parallel/local_params.h"
+#include "parallel/sharded_params.h"
 
 namespace gpt {
 
@@ -32,8 +33,9 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
   backend->set_threads(o.threads);
   saved.shape.dropout = 0.0f;
   Gpt model(saved.shape, *backend);
-  LocalParams params(model.layout(), *backend);
-  std::copy(saved.weights.begin(), saved.weights.end(), params.params());
+  auto single = make_single_communicator();
+  ShardedParams params(model.layout(), *backend, *single, Strategy::kSingle);
+  std::copy(saved.weights.begin(), saved.weights.end(), params.master());
 
   emit(o.prompt);
   const CounterRng rng(o.seed, hash_name("sample"));

@@ -7,7 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "parallel/local_params.h"
+#include "comm/communicator.h"
+#include "parallel/sharded_params.h"
 
 namespace gpt {
 namespace {
@@ -38,12 +39,12 @@ Batch make_batch(int B, int T, int V, uint64_t seed) {
 }
 
 // Runs one forward/backward and returns (loss, gradients).
-std::pair<float, std::vector<float>> loss_and_grads(Gpt& model, LocalParams& params, const Batch& batch, int B,
-                                                    int T, const StepContext& ctx) {
-  params.zero_grads();
-  const float loss = model.forward_backward(params, batch.inputs.data(), batch.targets.data(),
-                                            1.0f / static_cast<float>(B * T), ctx);
-  return {loss, std::vector<float>(params.all_grads(), params.all_grads() + params.numel())};
+std::pair<float, std::vector<float>> loss_and_grads(Gpt& model, ShardedParams& params, const Batch& batch, int B, int T,
+                                                    const StepContext& ctx) {
+  params.begin_micro_batch(true, true);
+  const float loss =
+      model.forward_backward(params, batch.inputs.data(), batch.targets.data(), 1.0f / static_cast<float>(B * T), ctx);
+  return {loss, std::vector<float>(params.local_grads(), params.local_grads() + params.local_numel())};
 }
 
 TEST_CASE("GPT gradients match central finite differences", "[model]") {
@@ -52,11 +53,12 @@ TEST_CASE("GPT gradients match central finite differences", "[model]") {
     auto backend = make_backend("cpu");
     const GptShape shape = tiny_shape(dropout);
     Gpt model(shape, *backend);
-    LocalParams params(model.layout(), *backend);
+    auto single = make_single_communicator();
+    ShardedParams params(model.layout(), *backend, *single, Strategy::kSingle);
     params.init(shape, 3);
     // Make LayerNorm and bias parameters non-trivial so their gradients are exercised.
     CounterRng jitter(5, 5);
-    for (int64_t i = 0; i < params.numel(); ++i) params.params()[i] += 0.05f * jitter.normal(i);
+    for (int64_t i = 0; i < params.local_numel(); ++i) params.master()[i] += 0.05f * jitter.normal(i);
     const int B = 2, T = 6;
     model.prepare(B, T);
     const Batch batch = make_batch(B, T, shape.vocab_size, 1);
@@ -69,12 +71,12 @@ TEST_CASE("GPT gradients match central finite differences", "[model]") {
     for (size_t u = 0; u < model.layout().units.size(); ++u) {
       const auto& unit = model.layout().units[u];
       for (const auto& p : unit.params) {
-        const int64_t base = params.unit_offset(static_cast<int>(u)) + p.offset;
+        const int64_t base = params.regions()[u].local_offset + p.offset;
         int64_t argmax = 0;
         for (int64_t i = 0; i < p.numel; ++i)
           if (std::abs(grads[base + i]) > std::abs(grads[base + argmax])) argmax = i;
         for (int64_t i : {int64_t{0}, p.numel / 2, p.numel - 1, argmax}) {
-          float* w = params.params() + base + i;
+          float* w = params.master() + base + i;
           const float orig = *w;
           const float eps = 1e-2f;
           *w = orig + eps;
@@ -116,11 +118,11 @@ TEST_CASE("Activation checkpointing gives bitwise-equal gradients with less acti
     auto& tracker = MemTracker::instance();
     const int64_t before = tracker.stats().current[static_cast<size_t>(MemCategory::kActivations)];
     Gpt model(shape, *backend, *ActivationCheckpointing::parse(mode));
-    LocalParams params(model.layout(), *backend);
+    auto single = make_single_communicator();
+    ShardedParams params(model.layout(), *backend, *single, Strategy::kSingle);
     params.init(shape, 9);
     model.prepare(B, T);
-    const int64_t act_bytes =
-        tracker.stats().current[static_cast<size_t>(MemCategory::kActivations)] - before;
+    const int64_t act_bytes = tracker.stats().current[static_cast<size_t>(MemCategory::kActivations)] - before;
     auto [loss, grads] = loss_and_grads(model, params, batch, B, T, ctx);
     if (std::string(mode) == "none") {
       ref_grads = grads;
@@ -141,28 +143,29 @@ TEST_CASE("Dropout masks depend on the global row, not on the micro-batch split"
   const int T = 6;
   const Batch batch = make_batch(4, T, shape.vocab_size, 4);
   Gpt model(shape, *backend);
-  LocalParams params(model.layout(), *backend);
+  auto single = make_single_communicator();
+  ShardedParams params(model.layout(), *backend, *single, Strategy::kSingle);
   params.init(shape, 1);
   // One micro-batch of 4 rows vs two of 2 rows (row offsets 0 and 2): same accumulated gradient.
   model.prepare(4, T);
-  params.zero_grads();
+  params.begin_micro_batch(true, true);
   model.forward_backward(params, batch.inputs.data(), batch.targets.data(), 1.0f / (4 * T), {1, 2, 0, true});
-  std::vector<float> whole(params.all_grads(), params.all_grads() + params.numel());
+  std::vector<float> whole(params.local_grads(), params.local_grads() + params.local_numel());
   model.prepare(2, T);
-  params.zero_grads();
+  params.begin_micro_batch(true, true);
   for (int half = 0; half < 2; ++half) {
     model.forward_backward(params, batch.inputs.data() + half * 2 * T, batch.targets.data() + half * 2 * T,
                            1.0f / (4 * T), {1, 2, half * 2, true});
   }
   double max_diff = 0, max_abs = 0;
-  for (int64_t i = 0; i < params.numel(); ++i) {
-    max_diff = std::max(max_diff, static_cast<double>(std::abs(whole[i] - params.all_grads()[i])));
+  for (int64_t i = 0; i < params.local_numel(); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::abs(whole[i] - params.local_grads()[i])));
     max_abs = std::max(max_abs, static_cast<double>(std::abs(whole[i])));
   }
   REQUIRE(max_abs > 0);
   REQUIRE(max_diff <= 1e-5 * max_abs);  // only summation order differs
   // A different step draws a different mask.
-  params.zero_grads();
+  params.begin_micro_batch(true, true);
   model.prepare(4, T);
   const float l1 = model.forward_backward(params, batch.inputs.data(), batch.targets.data(), 1.0f, {1, 2, 0, true});
   const float l2 = model.forward_backward(params, batch.inputs.data(), batch.targets.data(), 1.0f, {1, 3, 0, true});

@@ -7,8 +7,9 @@
 #include <vector>
 
 #include "checkpoint/model_file.h"
+#include "comm/communicator.h"
 #include "model/gpt.h"
-#include "parallel/local_params.h"
+#include "parallel/sharded_params.h"
 
 namespace gpt {
 namespace {
@@ -43,12 +44,13 @@ TEST_CASE("Loss and gradients match the PyTorch float64 reference", "[model][ref
 
   auto backend = make_backend("cpu");
   Gpt model(saved->shape, *backend);
-  LocalParams params(model.layout(), *backend);
-  std::copy(saved->weights.begin(), saved->weights.end(), params.params());
+  auto single = make_single_communicator();
+  ShardedParams params(model.layout(), *backend, *single, Strategy::kSingle);
+  std::copy(saved->weights.begin(), saved->weights.end(), params.master());
   model.prepare(B, T);
-  params.zero_grads();
-  const float loss = model.forward_backward(params, batch.data(), batch.data() + B * T, 1.0f / (B * T),
-                                            StepContext{0, 0, 0, false});
+  params.begin_micro_batch(true, true);
+  const float loss =
+      model.forward_backward(params, batch.data(), batch.data() + B * T, 1.0f / (B * T), StepContext{0, 0, 0, false});
   INFO("loss " << loss << " reference " << ref_loss);
   REQUIRE(std::abs(loss - ref_loss) <= 1e-5 * std::abs(ref_loss));
 
@@ -56,10 +58,11 @@ TEST_CASE("Loss and gradients match the PyTorch float64 reference", "[model][ref
   int tensors = 0;
   for (size_t u = 0; u < model.layout().units.size(); ++u) {
     for (const auto& p : model.layout().units[u].params) {
-      const int64_t base = params.unit_offset(static_cast<int>(u)) + p.offset;
+      const int64_t base = params.regions()[u].local_offset + p.offset;
       double max_err = 0.0, max_ref = 0.0;
       for (int64_t i = 0; i < p.numel; ++i) {
-        max_err = std::max(max_err, static_cast<double>(std::abs(params.all_grads()[base + i] - ref_grads[base + i])));
+        max_err =
+            std::max(max_err, static_cast<double>(std::abs(params.local_grads()[base + i] - ref_grads[base + i])));
         max_ref = std::max(max_ref, static_cast<double>(std::abs(ref_grads[base + i])));
       }
       CAPTURE(model.layout().units[u].name, p.name, max_err, max_ref);
