@@ -1,6 +1,6 @@
 // ParamSource: how the model gets a unit's parameters and hands back its gradients, without knowing the
-// strategy. The single-process implementation holds everything; ShardedParams (issue 3) gathers units
-// from shards and reduce-scatters gradients behind the same four calls.
+// strategy. ShardedParams (engine/parallel) implements it for every strategy: under `single` it holds
+// everything; under zero3 it gathers units from shards and reduce-scatters gradients behind the same calls.
 //
 // Order contract: the model calls acquire/release/grads_done in the same order on every rank. The
 // embed unit is acquired first and released last (the LM head is tied to its wte), like FSDP's root.
