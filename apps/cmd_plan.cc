@@ -7,8 +7,6 @@
 
 #include "apps/commands.h"
 #include "comm/communicator.h"
-#include "config/loader.h"
-#include "embedded_config.h"
 #include "plan/planner.h"
 #include "plan/report.h"
 
@@ -59,47 +57,31 @@ Command add_plan_command(CLI::App& app) {
       "      --set training.activation_checkpointing=full --set parallel.param_dtype=bf16\n"
       "  gpt-train plan -c configs/shakespeare-char-cpu.yaml -n 1 --vocab-size 65 --device-memory-gb 2");
   return [args]() -> int {
-    Expected<RunConfig> cfg = args->config.empty()
-                                  ? load_run_config_text(kEmbeddedConfig, kEmbeddedConfigName, args->overrides)
-                                  : load_run_config_file(args->config, args->overrides);
+    Expected<RunConfig> cfg = load_config_arg(args->config, args->overrides);
     if (!cfg) return report_error(cfg.status());
     const bool print = world().rank() == 0;
-    PlanInput in;
-    in.shape.n_layer = cfg->model.n_layer;
-    in.shape.n_head = cfg->model.n_head;
-    in.shape.n_embd = cfg->model.n_embd;
-    in.shape.block_size = cfg->model.block_size;
-    in.shape.vocab_size = cfg->model.vocab_size;
-    in.shape.dropout = cfg->model.dropout;
+    GptShape shape;
+    shape.n_layer = cfg->model.n_layer;
+    shape.n_head = cfg->model.n_head;
+    shape.n_embd = cfg->model.n_embd;
+    shape.block_size = cfg->model.block_size;
+    shape.vocab_size = cfg->model.vocab_size;
+    shape.dropout = cfg->model.dropout;
     if (args->vocab_size > 0) {
-      in.shape.vocab_size = args->vocab_size;
-    } else if (in.shape.vocab_size == 0) {
-      in.shape.vocab_size = kDefaultVocab;
+      shape.vocab_size = args->vocab_size;
+    } else if (shape.vocab_size == 0) {
+      shape.vocab_size = kDefaultVocab;
       if (print) {
         std::cout << "note: " << cfg->where("model.vocab_size")
                   << ": model.vocab_size is 0 (taken from the data's tokenizer when training); planning with "
                   << kDefaultVocab << " (GPT-2 BPE); pass --vocab-size N for your data's\n";
       }
     }
-    in.micro_batch = cfg->training.micro_batch_size;
-    in.world_size = args->world_size;
-    in.ranks_per_node = args->ranks_per_node > 0 ? args->ranks_per_node : args->world_size;
-    in.activation_checkpointing = cfg->training.activation_checkpointing;
-    in.shard_group_size = cfg->parallel.shard_group_size;
-    in.sharding.prefetch = cfg->parallel.prefetch;
-    in.sharding.reshard_after_forward = cfg->parallel.reshard_after_forward;
-    in.sharding.param_dtype = cfg->parallel.param_dtype == "bf16" ? DType::kBF16 : DType::kF32;
-    in.sharding.reduce_dtype = cfg->parallel.reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32;
-    const int64_t global = cfg->global_batch();
-    if (global % in.world_size != 0 || (global / in.world_size) % in.micro_batch != 0) {
-      return report_error(Status::invalid_argument(cfg->where("training.micro_batch_size") + ": the global batch of " +
-                                                   std::to_string(global) + " sequences must split evenly over " +
-                                                   std::to_string(in.world_size) + " ranks into micro-batches of " +
-                                                   std::to_string(in.micro_batch) +
-                                                   " (training.global_batch_sequences or training.global_batch_tokens, "
-                                                   "training.micro_batch_size, --world-size)"));
-    }
-    in.micro_batches_per_step = global / in.world_size / in.micro_batch;
+    auto planned =
+        plan_input(*cfg, shape, args->world_size, args->ranks_per_node > 0 ? args->ranks_per_node : args->world_size);
+    if (!planned) return report_error(planned.status());
+    PlanInput in = *planned;
+    in.shard_group_size = cfg->parallel.shard_group_size;  // show the configured hybrid whatever the strategy
     if (Status st = check_plan_input(in); !st.is_ok()) return report_error(st);
 
     const std::vector<StrategyPlan> plans = plan_all(in);

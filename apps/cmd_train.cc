@@ -21,6 +21,11 @@ struct TrainArgs {
 };
 }  // namespace
 
+Expected<RunConfig> load_config_arg(const std::string& path, const std::vector<std::string>& overrides) {
+  return path.empty() ? load_run_config_text(kEmbeddedConfig, kEmbeddedConfigName, overrides)
+                      : load_run_config_file(path, overrides);
+}
+
 Command add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   app.add_option("--config,-c", args->config, "YAML run config (default: the built-in configs/quickstart.yaml)");
@@ -38,13 +43,10 @@ Command add_train_command(CLI::App& app) {
       std::cout << config_reference_text();
       return 0;
     }
-    Expected<RunConfig> cfg = args->config.empty()
-                                  ? load_run_config_text(kEmbeddedConfig, kEmbeddedConfigName, args->overrides)
-                                  : load_run_config_file(args->config, args->overrides);
+    Expected<RunConfig> cfg = load_config_arg(args->config, args->overrides);
     if (!cfg) return report_error(cfg.status());
     init_logging(world().rank(), cfg->logging.level);
-    spdlog::info("resolved config ({}):\n{}", args->config.empty() ? kEmbeddedConfigName : args->config,
-                 to_yaml(*cfg));
+    spdlog::info("resolved config ({}):\n{}", args->config.empty() ? kEmbeddedConfigName : args->config, to_yaml(*cfg));
     auto trainer = Trainer::create(*cfg, world(), ranks_per_node());
     if (!trainer && args->config.empty()) {
       return report_error(trainer.status().with_context(

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 
+#include "config/run_config.h"
 #include "core/status.h"
 
 namespace gpt {
@@ -12,6 +13,9 @@ namespace gpt {
 using Command = std::function<int()>;
 
 Command add_train_command(CLI::App& app);
+// The run config of --config PATH (or, when PATH is empty, the built-in configs/quickstart.yaml) with --set
+// overrides applied.
+Expected<RunConfig> load_config_arg(const std::string& path, const std::vector<std::string>& overrides);
 Command add_prepare_command(CLI::App& app);
 Command add_sample_command(CLI::App& app);
 Command add_plan_command(CLI::App& app);

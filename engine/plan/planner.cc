@@ -223,4 +223,35 @@ double zero_paper_max_params(double device_bytes, int n, double k, ZeroStage sta
   return device_bytes / zero_paper_model_state(1.0, n, k).at(stage);
 }
 
+ShardingOptions sharding_options(const ParallelSection& parallel) {
+  auto dtype = [](const std::string& name) { return name == "bf16" ? DType::kBF16 : DType::kF32; };
+  return ShardingOptions{parallel.prefetch, parallel.reshard_after_forward, dtype(parallel.param_dtype),
+                         dtype(parallel.reduce_dtype)};
+}
+
+Status check_batch_split(const RunConfig& cfg, int world_size) {
+  const int64_t global = cfg.global_batch();
+  if (global % world_size == 0 && (global / world_size) % cfg.training.micro_batch_size == 0) return Status::ok();
+  return Status::invalid_argument(cfg.where("training.micro_batch_size") + ": the global batch of " +
+                                  std::to_string(global) + " sequences must split evenly over " +
+                                  std::to_string(world_size) + " ranks into micro-batches of " +
+                                  std::to_string(cfg.training.micro_batch_size) +
+                                  " (training.global_batch_sequences or training.global_batch_tokens, "
+                                  "training.micro_batch_size)");
+}
+
+Expected<PlanInput> plan_input(const RunConfig& cfg, const GptShape& shape, int world_size, int ranks_per_node) {
+  GPT_RETURN_IF_ERROR(check_batch_split(cfg, world_size));
+  PlanInput in;
+  in.shape = shape;
+  in.micro_batch = cfg.training.micro_batch_size;
+  in.micro_batches_per_step = cfg.global_batch() / world_size / cfg.training.micro_batch_size;
+  in.world_size = world_size;
+  in.ranks_per_node = ranks_per_node;
+  in.shard_group_size = cfg.parallel.strategy == "hybrid" ? cfg.parallel.shard_group_size : 0;
+  in.activation_checkpointing = cfg.training.activation_checkpointing;
+  in.sharding = sharding_options(cfg.parallel);
+  return in;
+}
+
 }  // namespace gpt

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "config/run_config.h"
 #include "core/status.h"
 #include "model/layout.h"
 #include "parallel/sharded_params.h"  // Strategy
@@ -88,6 +89,14 @@ struct StrategyPlan {
 // 1 < S < world_size and divides it.
 // REQUIRES: check_plan_input(in).is_ok()
 std::vector<StrategyPlan> plan_all(const PlanInput& in);
+
+// The sharding options a run config asks for (parallel.prefetch, reshard_after_forward, param/reduce dtype).
+ShardingOptions sharding_options(const ParallelSection& parallel);
+// Errors, naming the keys, when the global batch does not split over `world_size` ranks into micro-batches.
+[[nodiscard]] Status check_batch_split(const RunConfig& cfg, int world_size);
+// The planner's input for a run config at a world size (after check_batch_split). The shard group size is
+// read only under parallel.strategy hybrid, as the trainer does.
+Expected<PlanInput> plan_input(const RunConfig& cfg, const GptShape& shape, int world_size, int ranks_per_node);
 
 // The elements a step moves in the ring-equivalent sense (an all-reduce is a reduce-scatter plus an
 // all-gather), the cost that choose_auto minimises.

@@ -49,26 +49,6 @@ Expected<data::DataLoader> open_split(const RunConfig& cfg, const std::string& k
 
 }  // namespace
 
-namespace {
-
-PlanInput plan_input(const RunConfig& cfg, const GptShape& shape, int world_size, int ranks_per_node) {
-  PlanInput in;
-  in.shape = shape;
-  in.micro_batch = cfg.training.micro_batch_size;
-  in.micro_batches_per_step = cfg.global_batch() / world_size / cfg.training.micro_batch_size;
-  in.world_size = world_size;
-  in.ranks_per_node = ranks_per_node;
-  // Only hybrid reads the shard group size (plan_all checks it divides the world).
-  in.shard_group_size = cfg.parallel.strategy == "hybrid" ? cfg.parallel.shard_group_size : 0;
-  in.activation_checkpointing = cfg.training.activation_checkpointing;
-  in.sharding = ShardingOptions{cfg.parallel.prefetch, cfg.parallel.reshard_after_forward,
-                                cfg.parallel.param_dtype == "bf16" ? DType::kBF16 : DType::kF32,
-                                cfg.parallel.reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32};
-  return in;
-}
-
-}  // namespace
-
 Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communicator& world, int ranks_per_node) {
   const bool hybrid = cfg.parallel.strategy == "hybrid";
   const bool automatic = cfg.parallel.strategy == "auto";
@@ -90,14 +70,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
                                     "process, but this job has " + std::to_string(world.size()) +
                                     " ranks; choose ddp, zero1, zero2 or zero3");
   }
-  const int64_t per_rank = cfg.global_batch() / world.size();
-  if (cfg.global_batch() % world.size() != 0 || per_rank % cfg.training.micro_batch_size != 0) {
-    return Status::invalid_argument(
-        cfg.where("training.micro_batch_size") + ": the global batch of " + std::to_string(cfg.global_batch()) +
-        " sequences must split evenly over " + std::to_string(world.size()) + " ranks into micro-batches of " +
-        std::to_string(cfg.training.micro_batch_size) + " (training.global_batch_sequences or " +
-        "training.global_batch_tokens, training.micro_batch_size)");
-  }
+  GPT_RETURN_IF_ERROR(check_batch_split(cfg, world.size()));
   GPT_ASSIGN_OR_RETURN(data::SamplingMode mode, data::parse_sampling_mode(cfg.data.sampling));
   GPT_ASSIGN_OR_RETURN(data::DataLoader train, open_split(cfg, "train", cfg.data.train, cfg.global_batch(), mode));
   GPT_ASSIGN_OR_RETURN(data::DataLoader val, open_split(cfg, "val", cfg.data.val, cfg.training.micro_batch_size,
@@ -131,7 +104,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
                                     ": model.tied_embeddings: false is not supported yet (GPT-2 ties the LM head)");
   }
   // The planner's figures for this run; under `auto` they also choose the strategy.
-  const std::vector<StrategyPlan> plans = plan_all(plan_input(cfg, shape, world.size(), ranks_per_node));
+  GPT_ASSIGN_OR_RETURN(PlanInput in, plan_input(cfg, shape, world.size(), ranks_per_node));
+  const std::vector<StrategyPlan> plans = plan_all(in);
   if (automatic) {
     auto choice = choose_auto(plans, cfg.parallel.device_memory_gb);
     if (!choice) {
@@ -169,11 +143,8 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
     replicate_group_ = world_.split(w % S, w / S, "replicate");
     shard_group = shard_group_.get();
   }
-  params_ = std::make_unique<ShardedParams>(
-      model_->layout(), *backend_, *shard_group, strategy, replicate_group_.get(),
-      ShardingOptions{config_.parallel.prefetch, config_.parallel.reshard_after_forward,
-                      config_.parallel.param_dtype == "bf16" ? DType::kBF16 : DType::kF32,
-                      config_.parallel.reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32});
+  params_ = std::make_unique<ShardedParams>(model_->layout(), *backend_, *shard_group, strategy, replicate_group_.get(),
+                                            sharding_options(config_.parallel));
   params_->init(shape_, config_.run.seed);
   const auto& t = config_.training;
   optimizer_ = std::make_unique<AdamW>(*backend_, model_->layout(), params_->regions(), params_->local_numel(),

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <catch2/catch.hpp>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -83,6 +84,21 @@ inline Measured run_and_measure(const PlanInput& in, Strategy strategy, Communic
   const MemStats after = MemTracker::instance().stats();
   for (size_t c = 0; c < kNumMemCategories; ++c) m.bytes[c] = after.peak[c] - before.current[c];
   return m;
+}
+
+// Every category and the collective volume of one step as the plan says; `extra_all_reduce` elements are
+// scalar all-reduces (the grad norm) that the plan leaves out.
+inline void check_matches_plan(const Measured& m, const StrategyPlan& p, int64_t extra_all_reduce = 0) {
+  CHECK(m.at(MemCategory::kParams) == p.params);
+  CHECK(m.at(MemCategory::kGrads) == p.grads);
+  CHECK(m.at(MemCategory::kMaster) == p.master);
+  CHECK(m.at(MemCategory::kOptimizer) == p.optimizer);
+  CHECK(m.at(MemCategory::kActivations) == p.activations);
+  CHECK(m.at(MemCategory::kWorkspace) == p.workspace);
+  CHECK(m.at(MemCategory::kComm) == p.comm_buffers);
+  CHECK(m.at(CommOp::kAllReduce) == p.comm_elements_per_step.all_reduce + extra_all_reduce);
+  CHECK(m.at(CommOp::kReduceScatter) == p.comm_elements_per_step.reduce_scatter);
+  CHECK(m.at(CommOp::kAllGather) == p.comm_elements_per_step.all_gather);
 }
 
 }  // namespace gpt::testing

@@ -305,16 +305,7 @@ TEST_CASE("planned bytes and communication equal what the code allocates and cou
     INFO("strategy " << p.name() << ", activation checkpointing " << mode << ", " << variant);
     auto comm = make_single_communicator();
     const testing::Measured m = testing::run_and_measure(in, p.strategy, *comm);
-    CHECK(m.at(MemCategory::kParams) == p.params);
-    CHECK(m.at(MemCategory::kGrads) == p.grads);
-    CHECK(m.at(MemCategory::kMaster) == p.master);
-    CHECK(m.at(MemCategory::kOptimizer) == p.optimizer);
-    CHECK(m.at(MemCategory::kActivations) == p.activations);
-    CHECK(m.at(MemCategory::kWorkspace) == p.workspace);
-    CHECK(m.at(MemCategory::kComm) == p.comm_buffers);
-    CHECK(m.at(CommOp::kAllReduce) == p.comm_elements_per_step.all_reduce);
-    CHECK(m.at(CommOp::kReduceScatter) == p.comm_elements_per_step.reduce_scatter);
-    CHECK(m.at(CommOp::kAllGather) == p.comm_elements_per_step.all_gather);
+    testing::check_matches_plan(m, p);
     CHECK(m.bytes_of(CommOp::kReduceScatter) == p.comm_bytes_per_step.reduce_scatter);
     CHECK(m.bytes_of(CommOp::kAllGather) == p.comm_bytes_per_step.all_gather);
   }
