@@ -10,32 +10,32 @@
 namespace gpt {
 
 struct RunSection {
-  std::string name = "gpt";        // run name, used in logs and metrics
+  std::string name = "gpt";          // run name, used in logs and metrics
   std::string out_dir = "runs/gpt";  // where the resolved config, metrics and final weights go
-  uint64_t seed = 1337;            // seeds init, dropout and data order
-  int threads = 0;                 // CPU threads for kernels; 0 = all cores
+  uint64_t seed = 1337;              // seeds init, dropout and data order
+  int threads = 0;                   // CPU threads for kernels; 0 = all cores
 };
 
 struct ModelSection {
   int n_layer = 4;
   int n_head = 4;
   int n_embd = 128;
-  int block_size = 64;        // context length T
-  int vocab_size = 0;         // 0 = take it from the data's tokenizer
-  float dropout = 0.0f;       // attention-probability and residual dropout
+  int block_size = 64;          // context length T
+  int vocab_size = 0;           // 0 = take it from the data's tokenizer
+  float dropout = 0.0f;         // attention-probability and residual dropout
   bool tied_embeddings = true;  // LM head shares the token embedding (GPT-2); false is not supported yet
 };
 
 struct DataSection {
   std::string train = "data/shakespeare_char/train.bin";  // token shard file or glob (llm.c layout)
   std::string val = "data/shakespeare_char/val.bin";
-  std::string tokenizer = "";  // tokenizer.json written by `prepare`; "" = next to the train shard if present
+  std::string tokenizer = "";       // tokenizer.json written by `prepare`; "" = next to the train shard if present
   std::string sampling = "random";  // random | sequential
 };
 
 struct TrainingSection {
   int64_t steps = 2000;
-  int micro_batch_size = 12;       // sequences per forward/backward
+  int micro_batch_size = 12;           // sequences per forward/backward
   int64_t global_batch_sequences = 0;  // 0 = micro_batch_size (or from global_batch_tokens)
   int64_t global_batch_tokens = 0;     // alternative to global_batch_sequences; must be a multiple of T
   float lr = 1e-3f;
@@ -47,7 +47,7 @@ struct TrainingSection {
   float beta2 = 0.99f;
   float eps = 1e-8f;
   float weight_decay = 0.1f;
-  float grad_clip = 1.0f;  // global-norm clip; 0 = off
+  float grad_clip = 1.0f;       // global-norm clip; 0 = off
   int64_t eval_interval = 250;  // 0 = no eval except at the end
   int eval_batches = 20;
   std::string activation_checkpointing = "none";  // none | full | every:N | selective
@@ -60,13 +60,14 @@ struct ParallelSection {
   std::string hybrid_inner = "zero3";  // hybrid: zero2 | zero3 inside each shard group
   int prefetch = 1;                    // zero3: units all-gathered ahead of use (0..2)
   bool reshard_after_forward = true;   // zero3: free a unit after its forward, gather again for backward
+  float bucket_mb = 25.0f;             // ddp: gradient bytes per all-reduce bucket (MiB); 0 = one per unit
   std::string param_dtype = "fp32";    // fp32 | bf16: parameters as stored and communicated
   std::string reduce_dtype = "fp32";   // fp32 | bf16: gradients as communicated
 };
 
 struct LoggingSection {
-  std::string level = "info";  // trace | debug | info | warn | error
-  int64_t log_interval = 10;   // steps between plain progress lines when stdout is not a terminal
+  std::string level = "info";                  // trace | debug | info | warn | error
+  int64_t log_interval = 10;                   // steps between plain progress lines when stdout is not a terminal
   std::string metrics_file = "metrics.jsonl";  // inside out_dir
 };
 

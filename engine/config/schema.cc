@@ -62,13 +62,16 @@ std::string check_tied(const std::string& v) {
 Allowed tied() { return checked(check_tied, "only true for now"); }
 
 // Key name, section, field name and field accessor from one mention of the field, so they cannot drift.
-#define GPT_KEY(sec, fld) #sec "." #fld, #sec, #fld, [](RunConfig& c) -> FieldRef { return &c.sec.fld; }
+#define GPT_KEY(sec, fld) #sec "." #fld, #sec, #fld, [](RunConfig & c) -> FieldRef { return &c.sec.fld; }
 
 constexpr std::array<std::string_view, 6> kSections = {"run", "model", "data", "training", "parallel", "logging"};
 constexpr std::array<std::string_view, 6> kSectionMeanings = {
-    "the run's name, output directory, seed and threads", "the GPT-2 shape", "token shards and how they are read",
+    "the run's name, output directory, seed and threads",
+    "the GPT-2 shape",
+    "token shards and how they are read",
     "steps, batch sizes, AdamW, learning-rate schedule, eval and memory",
-    "how ranks under mpirun/srun share the work", "log level and metrics"};
+    "how ranks under mpirun/srun share the work",
+    "log level and metrics"};
 
 size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<size_t> row(b.size() + 1);
@@ -157,10 +160,13 @@ std::span<const KeySpec> config_schema() {
        "zero3: units all-gathered ahead of use, overlapping communication with compute"},
       {GPT_KEY(parallel, param_dtype), one_of("fp32|bf16"),
        "parameters as stored and communicated (master weights and optimizer state stay fp32)"},
-      {GPT_KEY(parallel, reduce_dtype), one_of("fp32|bf16"),
-       "gradients as communicated (accumulated in fp32)"},
+      {GPT_KEY(parallel, reduce_dtype), one_of("fp32|bf16"), "gradients as communicated (accumulated in fp32)"},
       {GPT_KEY(parallel, reshard_after_forward), anything(),
        "zero3: free each unit after its forward and gather it again for backward (false: keep it, more memory)"},
+      {GPT_KEY(parallel, bucket_mb), at_least(0),
+       "ddp: gradient bytes (as communicated, MiB) per all-reduce bucket; consecutive units are grouped until a "
+       "bucket reaches this and it is launched while backward goes on, as PyTorch DDP's bucket_cap_mb; 0 = one "
+       "all-reduce per unit"},
 
       {GPT_KEY(logging, level), one_of("trace|debug|info|warn|error"), "log level"},
       {GPT_KEY(logging, log_interval), at_least(1), "steps between plain progress lines when stdout is not a terminal"},

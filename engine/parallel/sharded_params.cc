@@ -196,27 +196,31 @@ void ShardedParams::grads_done(int unit) {
   switch (strategy_) {
     case Strategy::kSingle:
       return;
-    case Strategy::kDdp:
+    case Strategy::kDdp: {
+      if (!last_micro_ || size_ == 1) return;
+      // Backward finishes units in descending order, which are adjacent in the flat buffer: a bucket grows
+      // downwards until it holds bucket_bytes, and is launched then (or when the order breaks).
+      if (bucket_lo_ >= 0 && unit != bucket_lo_ - 1) flush_bucket();
+      if (bucket_lo_ < 0) bucket_hi_ = unit;
+      bucket_lo_ = unit;
+      const int64_t n = units_[bucket_hi_].full_offset + units_[bucket_hi_].numel - units_[bucket_lo_].full_offset;
+      const int64_t elem = lo_grads() ? 2 : 4;
+      if (n * elem >= options_.bucket_bytes || unit == 0) flush_bucket();
+      return;
+    }
     case Strategy::kZero1: {
-      if (!last_micro_ || (strategy_ == Strategy::kDdp && size_ == 1)) return;
-      float* dst = strategy_ == Strategy::kDdp ? full : grads_shard_.as<float>() + u.local_offset;
-      const int64_t n_out = strategy_ == Strategy::kDdp ? u.numel : u.shard;
+      if (!last_micro_) return;
+      float* dst = grads_shard_.as<float>() + u.local_offset;
       if (!lo_grads()) {
-        grad_works_.push_back(strategy_ == Strategy::kDdp ? group_.all_reduce(full, u.numel, DType::kF32)
-                                                          : group_.reduce_scatter(full, dst, u.shard, DType::kF32));
+        grad_works_.push_back(group_.reduce_scatter(full, dst, u.shard, DType::kF32));
         return;
       }
       // bf16 reduction: send the unit's gradient as bf16; the result is cast back to fp32 in finish_grads.
-      GradReduce r{Work(), take(lo_pool_, u.padded + n_out, MemCategory::kComm, sizeof(bf16)), nullptr, dst, n_out};
+      GradReduce r{Work(), take(lo_pool_, u.padded + u.shard, MemCategory::kComm, sizeof(bf16)), nullptr, dst, u.shard};
       bf16* lo = r.lo.as<bf16>();
       be_.cast_to_bf16(lo, full, u.padded);
-      if (strategy_ == Strategy::kDdp) {
-        r.work = group_.all_reduce(lo, u.numel, DType::kBF16);
-        r.result = lo;
-      } else {
-        r.work = group_.reduce_scatter(lo, lo + u.padded, u.shard, DType::kBF16);
-        r.result = lo + u.padded;
-      }
+      r.work = group_.reduce_scatter(lo, lo + u.padded, u.shard, DType::kBF16);
+      r.result = lo + u.padded;
       lo_reduces_.push_back(std::move(r));
       return;
     }
@@ -237,6 +241,24 @@ void ShardedParams::grads_done(int unit) {
       return;
     }
   }
+}
+
+void ShardedParams::flush_bucket() {
+  if (bucket_lo_ < 0) return;
+  const int64_t offset = units_[bucket_lo_].full_offset;
+  const int64_t n = units_[bucket_hi_].full_offset + units_[bucket_hi_].numel - offset;
+  bucket_lo_ = bucket_hi_ = -1;
+  float* full = grads_full_.as<float>() + offset;
+  if (!lo_grads()) {
+    grad_works_.push_back(group_.all_reduce(full, n, DType::kF32));
+    return;
+  }
+  // bf16 reduction in place in a bf16 copy; cast back to fp32 in finish_grads.
+  GradReduce r{Work(), take(lo_pool_, n, MemCategory::kComm, sizeof(bf16)), nullptr, full, n};
+  be_.cast_to_bf16(r.lo.as<bf16>(), full, n);
+  r.work = group_.all_reduce(r.lo.as<bf16>(), n, DType::kBF16);
+  r.result = r.lo.as<bf16>();
+  lo_reduces_.push_back(std::move(r));
 }
 
 // Completes the oldest reduce-scatters until at most `keep` are in flight: adds each shard into the
@@ -281,6 +303,7 @@ void ShardedParams::begin_micro_batch(bool first, bool last) {
 }
 
 void ShardedParams::finish_grads() {
+  flush_bucket();
   for (Work& w : grad_works_) w.wait();
   grad_works_.clear();
   for (GradReduce& r : lo_reduces_) {

@@ -2,8 +2,9 @@
 // choices: which of {optimizer state + master weights, gradients, parameters} are sharded over the group.
 //
 //   single/ddp: nothing sharded. Compute parameters are the fp32 master weights. Gradients accumulate in
-//               a full buffer; in the step's last micro-batch each unit's gradient is all-reduced (async,
-//               launched as the unit's backward finishes, overlapping the rest of backward).
+//               a full buffer; in the step's last micro-batch the gradients are all-reduced in buckets of
+//               consecutive units (async, each launched as soon as its units' backward is done, overlapping
+//               the rest of backward; bucket_bytes as PyTorch DDP's bucket_cap_mb).
 //   zero1:      master weights and AdamW state sharded; full gradients accumulate locally and are
 //               reduce-scattered per unit in the last micro-batch; publish() all-gathers the updated shards.
 //   zero2:      also gradients: every micro-batch, each unit's gradient is reduce-scattered as soon as its
@@ -46,6 +47,9 @@ struct ShardingOptions {
   // accumulation are always fp32.
   DType param_dtype = DType::kF32;
   DType reduce_dtype = DType::kF32;
+  // ddp: consecutive units' gradients are all-reduced together until a bucket holds this many bytes (as
+  // communicated); 0 = one all-reduce per unit.
+  int64_t bucket_bytes = 25 << 20;
 };
 Expected<Strategy> parse_strategy(std::string_view name);
 std::string_view strategy_name(Strategy s);
@@ -111,6 +115,7 @@ class ShardedParams final : public ParamSource {
   void start_gather(int unit);
   void free_gathered(int unit);
   void drain_pending(size_t keep);
+  void flush_bucket();  // ddp: all-reduce the units [bucket_lo_, bucket_hi_]
 
   const ModelLayout& layout_;
   Backend& be_;
@@ -124,6 +129,7 @@ class ShardedParams final : public ParamSource {
   std::vector<MasterRegion> regions_;
   int64_t local_numel_ = 0, full_numel_ = 0;
   bool last_micro_ = true;
+  int bucket_lo_ = -1, bucket_hi_ = -1;  // ddp: the units whose gradients wait in the open bucket
 
   Buffer master_;       // (local_numel) fp32 master weights; ddp: also the compute parameters
   Buffer params_full_;  // (full_numel) compute parameters, zero1/zero2

@@ -195,15 +195,18 @@ class ShardedParamsSim {
     switch (s_.strategy) {
       case Strategy::kSingle:
         return;
-      case Strategy::kDdp:
+      case Strategy::kDdp: {
+        if (!last_micro_ || s_.group_size == 1) return;
+        if (bucket_lo_ >= 0 && unit != bucket_lo_ - 1) flush_bucket();
+        if (bucket_lo_ < 0) bucket_hi_ = unit;
+        bucket_lo_ = unit;
+        if (bucket_numel() * rs_bytes >= s_.options.bucket_bytes || unit == 0) flush_bucket();
+        return;
+      }
       case Strategy::kZero1: {
-        if (!last_micro_ || (s_.strategy == Strategy::kDdp && s_.group_size == 1)) return;
-        const bool ddp = s_.strategy == Strategy::kDdp;
-        if (lo_grads()) {
-          lo_reduces_.push_back(
-              take(lo_pool_, u_.padded[unit] + (ddp ? u_.numel[unit] : u_.shard[unit]), MemCategory::kComm, 2));
-        }
-        count(ddp ? CommOp::kAllReduce : CommOp::kReduceScatter, ddp ? u_.numel[unit] : u_.padded[unit], rs_bytes);
+        if (!last_micro_) return;
+        if (lo_grads()) lo_reduces_.push_back(take(lo_pool_, u_.padded[unit] + u_.shard[unit], MemCategory::kComm, 2));
+        count(CommOp::kReduceScatter, u_.padded[unit], rs_bytes);
         return;
       }
       case Strategy::kZero2:
@@ -221,6 +224,18 @@ class ShardedParamsSim {
       }
     }
   }
+  int64_t bucket_numel() const {
+    int64_t n = 0;
+    for (int v = bucket_lo_; v <= bucket_hi_; ++v) n += u_.numel[v];
+    return n;
+  }
+  void flush_bucket() {
+    if (bucket_lo_ < 0) return;
+    const int64_t n = bucket_numel();
+    bucket_lo_ = bucket_hi_ = -1;
+    if (lo_grads()) lo_reduces_.push_back(take(lo_pool_, n, MemCategory::kComm, 2));
+    count(CommOp::kAllReduce, n, lo_grads() ? 2 : 4);
+  }
   void drain_pending(size_t keep) {
     while (pending_.size() > keep) {
       const Pending& p = pending_.front();
@@ -235,6 +250,7 @@ class ShardedParamsSim {
     }
   }
   void finish_grads() {
+    flush_bucket();
     for (const Buf& b : lo_reduces_) lo_pool_.push_back(b);
     lo_reduces_.clear();
     drain_pending(0);
@@ -272,6 +288,7 @@ class ShardedParamsSim {
   const UnitSizes u_;
   const int n_;
   bool backward_ = false, last_micro_ = true;
+  int bucket_lo_ = -1, bucket_hi_ = -1;
   std::vector<Buf> gathered_, gathered_lo_, unit_grads_, lo_reduces_;
   std::vector<int> acquired_;
   std::vector<Buf> param_pool_, grad_pool_, shard_pool_, lo_pool_;

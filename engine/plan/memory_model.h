@@ -5,7 +5,7 @@
 //   unit_sizes               <-> ShardedParams' UnitInfo: per-unit numel, padded size and shard.
 //   simulate_sharded_params  <-> ShardedParams (parallel/sharded_params.cc) with sizes instead of buffers: its
 //                                fixed buffers, best-fit pools (param, grad, shard, bf16), zero3 gathers with
-//                                prefetch and reshard_after_forward, drain_pending(2), bf16 staging, hybrid
+//                                prefetch and reshard_after_forward, drain_pending(2), ddp buckets, bf16 staging, hybrid
 //                                replica all-reduces, and the collectives' element counts; driven as the
 //                                Trainer drives it (init, steps of micro-batches, eval forwards).
 // tests/plan compare all of it with MemTracker and the communicators' counters.

@@ -49,6 +49,7 @@ const std::vector<std::string> kExpectedKeys = {"run.name",
                                                 "parallel.param_dtype",
                                                 "parallel.reduce_dtype",
                                                 "parallel.reshard_after_forward",
+                                                "parallel.bucket_mb",
                                                 "logging.level",
                                                 "logging.log_interval",
                                                 "logging.metrics_file"};

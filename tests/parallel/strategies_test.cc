@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -91,8 +92,10 @@ TEST_CASE("Every strategy trains like a single process on the same global batch"
     RunConfig ref_cfg = make_config(dir, dir + "/ref_" + std::to_string(r), 1, v.dropout, v.ckpt);
     const Result ref = train(ref_cfg, *alone);
     // hybrid:zeroK:S = zeroK inside shard groups of S ranks, replicated across the n/S groups.
-    // zero3:P:R = zero3 with prefetch P and reshard_after_forward R (0/1).
-    std::vector<std::string> strategies = {"ddp", "zero1", "zero2", "zero3:0:1", "zero3:1:1", "zero3:2:0"};
+    // zero3:P:R = zero3 with prefetch P and reshard_after_forward R (0/1). ddp:M = ddp with bucket_mb M
+    // (0: one all-reduce per unit; 0.06: buckets of about two blocks; the default 25: one bucket).
+    std::vector<std::string> strategies = {"ddp",   "ddp:0",     "ddp:0.06",  "zero1",
+                                           "zero2", "zero3:0:1", "zero3:1:1", "zero3:2:0"};
     if (n % 2 == 0) strategies.insert(strategies.end(), {"hybrid:zero3:2", "hybrid:zero2:2"});
     if (n > 1) strategies.push_back("hybrid:zero3:1");
     for (const std::string& strategy : strategies) {
@@ -103,6 +106,7 @@ TEST_CASE("Every strategy trains like a single process on the same global batch"
         cfg.parallel.prefetch = strategy[6] - '0';
         cfg.parallel.reshard_after_forward = strategy[8] == '1';
       }
+      if (cfg.parallel.strategy == "ddp" && strategy.size() > 3) cfg.parallel.bucket_mb = std::stof(strategy.substr(4));
       if (cfg.parallel.strategy == "hybrid") {
         cfg.parallel.hybrid_inner = strategy.substr(7, 5);
         cfg.parallel.shard_group_size = std::stoi(strategy.substr(13));
@@ -121,6 +125,29 @@ TEST_CASE("Every strategy trains like a single process on the same global batch"
       CAPTURE(max_diff);
       REQUIRE(max_diff <= 1e-5);
     }
+  }
+  world->barrier().wait();
+  if (world->rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("ddp all-reduces gradients once per bucket of parallel.bucket_mb", "[mpi][parallel]") {
+  auto world = testing::g_mpi->make_world();
+  if (world->size() < 2) {
+    std::puts("ddp buckets: skipped, nothing to all-reduce on 1 rank (runs at np >= 2)");
+    return;
+  }
+  const std::string dir = shared_data_dir(*world);
+  RunConfig cfg = make_config(dir, dir + "/ddp_buckets", world->size(), 0.0f, "none");
+  cfg.parallel.strategy = "ddp";
+  const int units = cfg.model.n_layer + 2;
+  // Each step all-reduces its gradient buckets and the loss (a scalar).
+  for (const auto& [bucket_mb, buckets] : {std::pair{0.0f, units}, std::pair{25.0f, 1}}) {
+    CAPTURE(bucket_mb);
+    cfg.parallel.bucket_mb = bucket_mb;
+    auto comm = world->split(0, world->rank(), "ddp");  // fresh counters
+    train(cfg, *comm);
+    const CommOpStats ar = comm->stats().ops[static_cast<size_t>(CommOp::kAllReduce)];
+    REQUIRE(ar.calls == cfg.training.steps * (buckets + 1));
   }
   world->barrier().wait();
   if (world->rank() == 0) fs::remove_all(dir);
