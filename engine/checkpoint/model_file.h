@@ -1,7 +1,7 @@
-// The final weights of a run: a single-shard instance of the checkpoint format (engine/checkpoint/
-// FORMAT.md), i.e. a directory with manifest.json (model shape, unit layout, shard list with CRC-32C) and
-// shard_00000.bin (the fp32 flat buffer of all units in layout order), plus the tokenizer. Issue 4 makes
-// this sharded and adds optimizer state; readers check the version.
+// A model directory (weights only, kind "model" of the checkpoint format in engine/checkpoint/FORMAT.md)
+// written or read whole by one process: what `gpt-train sample` and small tools use. Training runs write
+// their final weights sharded, from every rank (Trainer); load_model reads any number of shards, any
+// checkpoint directory (its master weights) and version-1 model directories.
 #pragma once
 
 #include <cstdint>
@@ -16,16 +16,15 @@ namespace gpt {
 struct SavedModel {
   GptShape shape;
   int64_t step = 0;
-  std::vector<float> weights;   // (total_numel,) units concatenated in layout order
-  std::string tokenizer_path;   // absolute or relative to the caller's cwd; "" when none was saved
+  std::vector<float> weights;  // (total_numel,) units concatenated in layout order
+  std::string tokenizer_path;  // absolute or relative to the caller's cwd; "" when none was saved
 };
 
-// Writes <dir>/manifest.json, <dir>/shard_00000.bin and (if tokenizer_json is non-empty) <dir>/tokenizer.json.
-// The shard and tokenizer are written first, the manifest last: a directory without a manifest is not a model.
+// Writes <dir> atomically (save_checkpoint on one rank): one shard, the tokenizer if non-empty, the manifest.
 [[nodiscard]] Status save_model(const std::string& dir, const GptShape& shape, const float* weights, int64_t step,
                                 const std::string& tokenizer_json);
 
-// Reads and verifies (version, layout against the shape, file size, CRC-32C); errors name the file.
+// Reads and verifies (version, layout against the shape, file sizes, CRC-32C); errors name the file.
 Expected<SavedModel> load_model(const std::string& dir);
 
 }  // namespace gpt

@@ -65,6 +65,13 @@ struct ParallelSection {
   std::string reduce_dtype = "fp32";   // fp32 | bf16: gradients as communicated
 };
 
+struct CheckpointSection {
+  int64_t every = 0;   // steps between checkpoints (and one after the last step); 0 = none
+  int keep_last = 3;   // step directories kept; 0 = all
+  std::string dir;     // "" = <out_dir>/checkpoints
+  std::string resume;  // "" | auto | a step directory
+};
+
 struct LoggingSection {
   std::string level = "info";                  // trace | debug | info | warn | error
   int64_t log_interval = 10;                   // steps between plain progress lines when stdout is not a terminal
@@ -77,6 +84,7 @@ struct RunConfig {
   DataSection data;
   TrainingSection training;
   ParallelSection parallel;
+  CheckpointSection checkpoint;
   LoggingSection logging;
 
   // Where each key's value came from, "file.yaml:12:5", "--set", or absent for a default; used by

@@ -64,13 +64,15 @@ Allowed tied() { return checked(check_tied, "only true for now"); }
 // Key name, section, field name and field accessor from one mention of the field, so they cannot drift.
 #define GPT_KEY(sec, fld) #sec "." #fld, #sec, #fld, [](RunConfig & c) -> FieldRef { return &c.sec.fld; }
 
-constexpr std::array<std::string_view, 6> kSections = {"run", "model", "data", "training", "parallel", "logging"};
-constexpr std::array<std::string_view, 6> kSectionMeanings = {
+constexpr std::array<std::string_view, 7> kSections = {"run",      "model",      "data",   "training",
+                                                       "parallel", "checkpoint", "logging"};
+constexpr std::array<std::string_view, 7> kSectionMeanings = {
     "the run's name, output directory, seed and threads",
     "the GPT-2 shape",
     "token shards and how they are read",
     "steps, batch sizes, AdamW, learning-rate schedule, eval and memory",
     "how ranks under mpirun/srun share the work",
+    "sharded checkpoints: cadence, retention, where, and resuming",
     "log level and metrics"};
 
 size_t edit_distance(std::string_view a, std::string_view b) {
@@ -167,6 +169,14 @@ std::span<const KeySpec> config_schema() {
        "ddp: gradient bytes (as communicated, MiB) per all-reduce bucket; consecutive units are grouped until a "
        "bucket reaches this and it is launched while backward goes on, as PyTorch DDP's bucket_cap_mb; 0 = one "
        "all-reduce per unit"},
+
+      {GPT_KEY(checkpoint, every), at_least(0),
+       "save a checkpoint every this many steps and after the last step; 0 = no checkpoints"},
+      {GPT_KEY(checkpoint, keep_last), at_least(0), "step directories kept (the oldest removed first); 0 = all"},
+      {GPT_KEY(checkpoint, dir), anything(), "where step directories go; empty = <run.out_dir>/checkpoints"},
+      {GPT_KEY(checkpoint, resume), anything(),
+       "empty: start fresh; auto: continue from <checkpoint.dir>/latest when there is one; or a step directory "
+       "(any world size and strategy). The command line's --resume sets it"},
 
       {GPT_KEY(logging, level), one_of("trace|debug|info|warn|error"), "log level"},
       {GPT_KEY(logging, log_interval), at_least(1), "steps between plain progress lines when stdout is not a terminal"},

@@ -34,16 +34,23 @@ Status write_all(int fd, std::span<const char> bytes, const std::string& path) {
 // Without this the rename itself may be lost on a crash even though the data was synced.
 void fsync_parent_dir(const std::string& path) {
   std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty()) dir = ".";
+  fsync_dir(dir.empty() ? std::string(".") : dir.string());
+}
+
+}  // namespace
+
+void fsync_dir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;  // best effort: some file systems do not allow opening directories
   ::fsync(fd);
   ::close(fd);
 }
 
-}  // namespace
-
 Status write_file_atomically(const std::string& path, std::initializer_list<std::span<const char>> pieces) {
+  return write_file_atomically(path, std::span<const std::span<const char>>(pieces.begin(), pieces.size()));
+}
+
+Status write_file_atomically(const std::string& path, std::span<const std::span<const char>> pieces) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return errno_status("open for writing", tmp);

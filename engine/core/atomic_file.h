@@ -14,6 +14,10 @@ namespace gpt {
 // Writes the pieces back to back as the whole content of `path`.
 [[nodiscard]] Status write_file_atomically(const std::string& path,
                                            std::initializer_list<std::span<const char>> pieces);
+[[nodiscard]] Status write_file_atomically(const std::string& path, std::span<const std::span<const char>> pieces);
+
+// Makes a rename or a new entry in `dir` durable (best effort where directories cannot be opened).
+void fsync_dir(const std::string& dir);
 
 // Reads the whole file into *out. NotFound if it does not exist, IoError otherwise; both name the path.
 [[nodiscard]] Status read_file(const std::string& path, std::string* out);

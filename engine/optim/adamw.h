@@ -40,6 +40,7 @@ class AdamW {
   void step(float* master, const float* grads, float lr, float grad_scale);
 
   int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }  // resuming from a checkpoint
   float* m() { return m_.as<float>(); }
   float* v() { return v_.as<float>(); }
 

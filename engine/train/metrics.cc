@@ -3,12 +3,23 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdio>
 
 namespace gpt {
 
-Expected<MetricsWriter> MetricsWriter::open(const std::string& path) {
+Expected<MetricsWriter> MetricsWriter::open(const std::string& path, int64_t keep_through_step) {
   MetricsWriter w(path);
+  std::string kept;
+  if (keep_through_step > 0) {  // a resumed run: keep the lines of the steps before the checkpoint
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      long long step = 0;
+      if (std::sscanf(line.c_str(), "{\"step\":%lld", &step) == 1 && step <= keep_through_step) kept += line + "\n";
+    }
+  }
   w.out_.open(path, std::ios::out | std::ios::trunc);
+  w.out_ << kept;
   if (!w.out_) return Status::io_error("cannot open metrics file '" + path + "' for writing");
   return w;
 }
@@ -16,8 +27,8 @@ Expected<MetricsWriter> MetricsWriter::open(const std::string& path) {
 Status MetricsWriter::write(const StepMetrics& m) {
   std::string line = fmt::format(R"({{"step":{},"loss":{:.6f},)", m.step, m.loss);
   if (m.val_loss) line += fmt::format(R"("val_loss":{:.6f},)", *m.val_loss);
-  line += fmt::format(R"("lr":{:.6e},"grad_norm":{:.6f},"tokens_per_s":{:.1f},"step_ms":{:.3f},"gflops":{:.3f},)",
-                      m.lr, m.grad_norm, m.tokens_per_s, m.step_ms, m.gflops);
+  line += fmt::format(R"("lr":{:.6e},"grad_norm":{:.6f},"tokens_per_s":{:.1f},"step_ms":{:.3f},"gflops":{:.3f},)", m.lr,
+                      m.grad_norm, m.tokens_per_s, m.step_ms, m.gflops);
   line += R"("mem_peak_bytes":{)";
   for (size_t i = 0; i < kNumMemCategories; ++i) {
     line += fmt::format(R"("{}":{},)", mem_category_name(static_cast<MemCategory>(i)), m.memory.peak[i]);

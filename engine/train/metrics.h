@@ -28,7 +28,8 @@ struct StepMetrics {
 
 class MetricsWriter {
  public:
-  static Expected<MetricsWriter> open(const std::string& path);
+  // Truncates `path`, except that a resumed run keeps the lines of steps <= keep_through_step.
+  static Expected<MetricsWriter> open(const std::string& path, int64_t keep_through_step = 0);
   // {"step":1,"loss":..,"val_loss":..,"lr":..,"grad_norm":..,"tokens_per_s":..,"step_ms":..,"gflops":..,
   //  "mem_peak_bytes":{"params":..,...,"total":..},
   //  "comm":{"all_reduce":{"calls":..,"elements":..,"bytes":..,"seconds":..},...}}

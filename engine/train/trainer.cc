@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint/model_file.h"
 #include "config/loader.h"
 #include "train/metrics.h"
 
@@ -118,20 +117,30 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   for (const StrategyPlan& p : plans) {
     if (p.strategy == strategy && p.hybrid() == (shard_group_size != world.size())) plan = p;
   }
+  GPT_ASSIGN_OR_RETURN(std::optional<CheckpointReader> resume, open_resume(cfg, shape));
+  if (resume && resume->manifest().sampling == "sequential" && resume->manifest().global_batch != cfg.global_batch()) {
+    return Status::invalid_argument(cfg.where("training.global_batch_sequences") + ": the checkpoint " + resume->dir() +
+                                    " was saved with a global batch of " +
+                                    std::to_string(resume->manifest().global_batch) +
+                                    " sequences and sequential data order, which continues only with the same "
+                                    "global batch; this run has " +
+                                    std::to_string(cfg.global_batch()));
+  }
   return std::unique_ptr<Trainer>(new Trainer(cfg, world, strategy, shard_group_size, shape, std::move(train),
-                                              std::move(val), std::move(tokenizer), ckpt, plan));
+                                              std::move(val), std::move(tokenizer), ckpt, plan, std::move(resume)));
 }
 
 Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
                  data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
-                 ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan)
+                 ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan, std::optional<CheckpointReader> resume)
     : config_(config),
       world_(world),
       shape_(shape),
       train_(std::move(train)),
       val_(std::move(val)),
       tokenizer_(std::move(tokenizer)),
-      plan_(std::move(plan)) {
+      plan_(std::move(plan)),
+      resume_(std::move(resume)) {
   backend_ = make_backend("cpu");
   backend_->set_threads(config_.run.threads);
   model_ = std::make_unique<Gpt>(shape_, *backend_, ckpt);
@@ -254,7 +263,8 @@ Expected<TrainSummary> Trainer::run() {
     std::ofstream f(out_dir / "config.yaml");
     f << to_yaml(config_);
     if (!f) return Status::io_error("cannot write '" + (out_dir / "config.yaml").string() + "'");
-    GPT_ASSIGN_OR_RETURN(MetricsWriter m, MetricsWriter::open((out_dir / config_.logging.metrics_file).string()));
+    GPT_ASSIGN_OR_RETURN(MetricsWriter m, MetricsWriter::open((out_dir / config_.logging.metrics_file).string(),
+                                                              resume_ ? resume_->manifest().step : 0));
     metrics.emplace(std::move(m));
   }
   spdlog::info("model: {} layers, {} heads, {} wide, block {}, vocab {}: {:.2f}M parameters", shape_.n_layer,
@@ -269,12 +279,13 @@ Expected<TrainSummary> Trainer::run() {
                        : std::string(strategy_name(params_->strategy())),
       t.activation_checkpointing);
 
+  if (resume_) GPT_RETURN_IF_ERROR(restore());
   TrainSummary summary;
   const double tokens_per_step = static_cast<double>(config_.global_batch()) * shape_.block_size;
   const auto start = std::chrono::steady_clock::now();
   double window_s = 0.0;
   int64_t window_steps = 0;
-  for (int64_t step = 0; step < t.steps; ++step) {
+  for (int64_t step = start_step_; step < t.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const float loss = train_step(step);
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -282,7 +293,7 @@ Expected<TrainSummary> Trainer::run() {
     ++window_steps;
     summary.final_loss = loss;
     summary.losses.push_back(loss);
-    if (step == 0) log_planned_vs_measured();
+    if (step == start_step_) log_planned_vs_measured();
     if (!std::isfinite(loss)) {
       return Status::failed_precondition("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                                          "; lower training.lr or check the data");
@@ -305,7 +316,8 @@ Expected<TrainSummary> Trainer::run() {
     if (metrics) GPT_RETURN_IF_ERROR(metrics->write(m));
     if ((step + 1) % config_.logging.log_interval == 0 || last || m.val_loss) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double eta = elapsed / static_cast<double>(step + 1) * static_cast<double>(t.steps - step - 1);
+      const double eta =
+          elapsed / static_cast<double>(step + 1 - start_step_) * static_cast<double>(t.steps - step - 1);
       spdlog::info(
           "step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {:.0f} tok/s | "
           "{:.1f} GFLOP/s | ETA {}",
@@ -316,17 +328,15 @@ Expected<TrainSummary> Trainer::run() {
       window_s = 0.0;
       window_steps = 0;
     }
+    if (config_.checkpoint.every > 0 && ((step + 1) % config_.checkpoint.every == 0 || last)) {
+      GPT_RETURN_IF_ERROR(save(step + 1, /*model_only=*/false));
+    }
   }
-  summary.steps = t.steps;
+  summary.steps = t.steps - start_step_;
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  summary.tokens_per_s = tokens_per_step * static_cast<double>(t.steps) / summary.seconds;
+  summary.tokens_per_s = tokens_per_step * static_cast<double>(summary.steps) / summary.seconds;
   const std::string model_dir = (out_dir / "model").string();
-  // Every rank takes part in gathering the weights; rank 0 writes them (sharded saving is issue 4).
-  const std::vector<float> weights = params_->gather_full_weights();
-  if (writer) {
-    GPT_RETURN_IF_ERROR(
-        save_model(model_dir, shape_, weights.data(), t.steps, tokenizer_ ? tokenizer_->to_json() : ""));
-  }
+  GPT_RETURN_IF_ERROR(save(t.steps, /*model_only=*/true));
   spdlog::info("done: {} steps in {}, final loss {:.4f}{}; weights saved to {}", t.steps,
                format_duration(summary.seconds), summary.final_loss,
                summary.final_val_loss ? fmt::format(", val loss {:.4f}", *summary.final_val_loss) : "", model_dir);

@@ -4,8 +4,10 @@
 // out_dir and saves the resolved config, then every rank trains: each data-parallel rank takes its rows of
 // the same global batch, micro-batch by micro-batch (gradient accumulation), the strategy reduces the
 // gradients, the global norm is clipped, AdamW updates the local master weights; evaluation every
-// eval_interval steps; rank 0 writes metrics JSONL, logs progress, and saves the final weights and
-// tokenizer into out_dir/model.
+// eval_interval steps; rank 0 writes metrics JSONL and logs progress. Every checkpoint.every steps (and
+// after the last) every rank writes its slices of a sharded checkpoint; the final weights go to
+// out_dir/model the same way. checkpoint.resume continues a run from a checkpoint of any world size and
+// strategy, exactly (same losses bit for bit at the same world size and strategy).
 #pragma once
 
 #include <memory>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "checkpoint/checkpoint_reader.h"
 #include "comm/communicator.h"
 #include "config/run_config.h"
 #include "core/status.h"
@@ -56,7 +59,16 @@ class Trainer {
  private:
   Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
           data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
-          ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan);
+          ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan, std::optional<CheckpointReader> resume);
+  // trainer_checkpoint.cc: the checkpoint named by checkpoint.resume, checked against the run (or none).
+  static Expected<std::optional<CheckpointReader>> open_resume(const RunConfig& config, const GptShape& shape);
+  // Loads the resume checkpoint's slices this rank holds under its own strategy, the optimizer step, the data
+  // position; sets start_step_.
+  [[nodiscard]] Status restore();
+  // Collective: a checkpoint of the state after `steps_done` steps into <checkpoint root>/step_N, or
+  // (model_only) the weights into <out_dir>/model; every rank writes its own slices.
+  [[nodiscard]] Status save(int64_t steps_done, bool model_only);
+  std::string checkpoint_root() const;
   // Rank 0, after the first step: the planner's bytes per category beside the tracked allocator's peaks.
   void log_planned_vs_measured() const;
   CommStats comm_stats() const;
@@ -77,6 +89,8 @@ class Trainer {
   std::vector<int32_t> inputs_, targets_;  // one micro-batch
   double last_grad_norm_ = 0.0;
   std::optional<StrategyPlan> plan_;  // the planner's figures for this run's strategy
+  std::optional<CheckpointReader> resume_;
+  int64_t start_step_ = 0;  // steps already taken (resumed runs)
 };
 
 }  // namespace gpt

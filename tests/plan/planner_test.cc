@@ -225,7 +225,7 @@ TEST_CASE("mixed precision: bf16 parameter copies and bf16 staging of reductions
   const StrategyPlan& ddp = find(bf16, Strategy::kDdp);
   CHECK(ddp.params == 4 * psi + 2 * psi);  // fp32 compute copy of the bf16 parameters
   CHECK(ddp.comm_bytes_per_step.all_reduce == 2 * ddp.comm_elements_per_step.all_reduce);
-  CHECK(ddp.comm_buffers == 2 * 2 * psi);  // every unit's bf16 gradient and result until finish_grads
+  CHECK(ddp.comm_buffers == 2 * psi);  // every bucket's bf16 gradient, reduced in place, until finish_grads
   for (Strategy s : {Strategy::kZero1, Strategy::kZero2, Strategy::kZero3}) {
     INFO(strategy_name(s));
     const StrategyPlan& lo = find(bf16, s);

@@ -1,0 +1,200 @@
+#include "checkpoint/checkpoint_writer.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "checkpoint/crc32c.h"
+#include "core/atomic_file.h"
+#include "core/check.h"
+
+namespace gpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Every rank learns whether any rank failed: returns the local error, or one naming the first failed rank.
+Status agree(Communicator& world, const Status& local, const std::string& what) {
+  const int32_t mine = local.is_ok() ? 0 : 1;
+  std::vector<int32_t> all(static_cast<size_t>(world.size()));
+  world.all_gather(&mine, all.data(), 1, DType::kI32).wait();
+  if (!local.is_ok()) return local;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] != 0)
+      return Status::io_error(what + " failed on rank " + std::to_string(r) + " (its log has the cause)");
+  }
+  return Status::ok();
+}
+
+// Test hook for the crash-while-saving test: GPT_TRAIN_FAULT=kill_during_save:<rank>:<step> makes that rank
+// SIGKILL itself right after writing its shard of that step, before the checkpoint is complete.
+void maybe_inject_kill(int rank, int64_t step) {
+  const char* fault = std::getenv("GPT_TRAIN_FAULT");
+  if (fault == nullptr) return;
+  int r = -1;
+  long long s = -1;
+  if (std::sscanf(fault, "kill_during_save:%d:%lld", &r, &s) == 2 && r == rank && s == step) ::raise(SIGKILL);
+}
+
+Status remove_tree(const fs::path& p) {
+  std::error_code ec;
+  fs::remove_all(p, ec);
+  if (ec) return Status::io_error(p.string() + ": cannot remove: " + ec.message());
+  return Status::ok();
+}
+
+// Rank 0, phase 1.
+Status prepare_tmp(const fs::path& root, const fs::path& tmp) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) return Status::io_error(root.string() + ": cannot create checkpoint directory: " + ec.message());
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    if (entry.path().filename().string().rfind(".tmp-", 0) == 0) GPT_RETURN_IF_ERROR(remove_tree(entry.path()));
+  }
+  if (ec) return Status::io_error(root.string() + ": cannot list: " + ec.message());
+  fs::create_directory(tmp, ec);
+  if (ec) return Status::io_error(tmp.string() + ": cannot create: " + ec.message());
+  return Status::ok();
+}
+
+// Phase 2: this rank's shard file; fills the slices' CRCs.
+Status write_shard(const fs::path& path, const SaveRequest& req, std::vector<ShardSlice>* slices) {
+  std::vector<std::span<const char>> pieces;
+  for (const SaveSlice& s : req.slices) slices->push_back({s.unit, s.begin, s.length, {}});
+  for (const float* section : req.sections) {
+    for (size_t i = 0; i < req.slices.size(); ++i) {
+      const SaveSlice& s = req.slices[i];
+      const char* p = reinterpret_cast<const char*>(section + s.local_offset);
+      const size_t bytes = static_cast<size_t>(s.length) * sizeof(float);
+      pieces.emplace_back(p, bytes);
+      (*slices)[i].crc.push_back(crc32c(p, bytes));
+    }
+  }
+  return write_file_atomically(path.string(), pieces);
+}
+
+// Rank 0, phase 3: everything but the shards, then the rename into place.
+Status finish(const fs::path& root, const fs::path& tmp, const std::string& name, const SaveRequest& req,
+              const Manifest& m) {
+  if (!req.tokenizer_json.empty()) {
+    GPT_RETURN_IF_ERROR(
+        write_file_atomically((tmp / m.tokenizer).string(), {std::span<const char>(req.tokenizer_json)}));
+  }
+  if (!req.config_yaml.empty()) {
+    GPT_RETURN_IF_ERROR(write_file_atomically((tmp / m.config).string(), {std::span<const char>(req.config_yaml)}));
+  }
+  const std::string json = manifest_to_json(m);
+  GPT_RETURN_IF_ERROR(write_file_atomically((tmp / "manifest.json").string(), {std::span<const char>(json)}));
+  const fs::path final_dir = root / name;
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) {  // saving the same step again (a re-run): move the old one out of the way
+    const fs::path old = root / (".tmp-old-" + name);
+    fs::rename(final_dir, old, ec);
+    if (ec) return Status::io_error(final_dir.string() + ": cannot replace: " + ec.message());
+    GPT_RETURN_IF_ERROR(remove_tree(old));
+  }
+  fs::rename(tmp, final_dir, ec);
+  if (ec) return Status::io_error(tmp.string() + ": cannot rename to " + final_dir.string() + ": " + ec.message());
+  fsync_dir(root.string());
+  if (req.update_latest) {
+    GPT_RETURN_IF_ERROR(write_file_atomically((root / "latest").string(), {std::span<const char>(name)}));
+  }
+  if (req.keep_last > 0) {
+    std::vector<fs::path> steps;
+    for (const auto& entry : fs::directory_iterator(root, ec)) {
+      const std::string n = entry.path().filename().string();
+      if (n.rfind("step_", 0) == 0 && entry.is_directory() && n != name) steps.push_back(entry.path());
+    }
+    std::sort(steps.begin(), steps.end());
+    const size_t keep_others = static_cast<size_t>(req.keep_last - 1);
+    for (size_t i = 0; i + keep_others < steps.size(); ++i) GPT_RETURN_IF_ERROR(remove_tree(steps[i]));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string latest_checkpoint(const std::string& root) {
+  std::string name;
+  if (!read_file((fs::path(root) / "latest").string(), &name).is_ok()) return "";
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  if (name.empty() || name.find('/') != std::string::npos) return "";
+  return (fs::path(root) / name).string();
+}
+
+Status save_checkpoint(Communicator& world, const std::string& root_dir, const std::string& name,
+                       const SaveRequest& req) {
+  GPT_CHECK(req.sections.size() == req.manifest.sections.size());
+  const fs::path root(root_dir), tmp = root / (".tmp-" + name);
+  const int rank = world.rank();
+  const std::string what = "saving checkpoint " + (root / name).string();
+  GPT_RETURN_IF_ERROR(agree(world, rank == 0 ? prepare_tmp(root, tmp) : Status::ok(), what));
+
+  char file[32];
+  std::snprintf(file, sizeof(file), "shard_%05d.bin", rank);
+  std::vector<ShardSlice> mine;
+  Status st;
+  if (!req.slices.empty()) {
+    st = write_shard(tmp / file, req, &mine);
+    if (!st.is_ok()) st = st.with_context(what);
+  }
+  if (st.is_ok()) maybe_inject_kill(rank, req.manifest.step);
+  GPT_RETURN_IF_ERROR(agree(world, st, what));
+
+  // Where every rank's slices went: per unit, (begin, length) as int64 halves and one CRC per section.
+  const int n_units = static_cast<int>(ModelLayout::build(req.manifest.shape).units.size());
+  const size_t n_sec = req.sections.size(), per_unit = 4 + n_sec;
+  std::vector<int32_t> meta(static_cast<size_t>(n_units) * per_unit, 0);
+  for (const ShardSlice& s : mine) {
+    GPT_CHECK_MSG(meta[static_cast<size_t>(s.unit) * per_unit + 2] == 0 && meta[s.unit * per_unit + 3] == 0,
+                  "at most one slice per unit and rank");
+    int32_t* row = &meta[static_cast<size_t>(s.unit) * per_unit];
+    std::memcpy(row, &s.begin, 8);
+    std::memcpy(row + 2, &s.length, 8);
+    for (size_t k = 0; k < n_sec; ++k) std::memcpy(row + 4 + k, &s.crc[k], 4);
+  }
+  std::vector<int32_t> all(meta.size() * static_cast<size_t>(world.size()));
+  world.all_gather(meta.data(), all.data(), static_cast<int64_t>(meta.size()), DType::kI32).wait();
+
+  st = Status::ok();
+  if (rank == 0) {
+    Manifest m = req.manifest;
+    m.shards.clear();
+    if (!req.tokenizer_json.empty()) m.tokenizer = "tokenizer.json";
+    if (!req.config_yaml.empty()) m.config = "config.yaml";
+    for (int r = 0; r < world.size(); ++r) {
+      ShardFile f;
+      std::snprintf(file, sizeof(file), "shard_%05d.bin", r);
+      f.file = file;
+      f.rank = r;
+      for (int u = 0; u < n_units; ++u) {
+        const int32_t* row = &all[(static_cast<size_t>(r) * n_units + u) * per_unit];
+        ShardSlice s;
+        s.unit = u;
+        std::memcpy(&s.begin, row, 8);
+        std::memcpy(&s.length, row + 2, 8);
+        if (s.length == 0) continue;
+        s.crc.resize(n_sec);
+        for (size_t k = 0; k < n_sec; ++k) std::memcpy(&s.crc[k], row + 4 + k, 4);
+        f.slices.push_back(std::move(s));
+      }
+      if (!f.slices.empty()) m.shards.push_back(std::move(f));
+    }
+    st = finish(root, tmp, name, req, m);
+    if (!st.is_ok()) st = st.with_context(what);
+  }
+  return agree(world, st, what);
+}
+
+}  // namespace gpt

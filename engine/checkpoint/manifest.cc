@@ -1,0 +1,239 @@
+#include "checkpoint/manifest.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace gpt {
+
+namespace {
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0x%08x", v);
+  return buf;
+}
+
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+uint32_t parse_crc(const YAML::Node& n) { return static_cast<uint32_t>(std::stoul(n.as<std::string>(), nullptr, 16)); }
+
+}  // namespace
+
+int64_t ShardFile::total_elements() const {
+  int64_t n = 0;
+  for (const ShardSlice& s : slices) n += s.length;
+  return n;
+}
+
+int Manifest::section_index(const std::string& name) const {
+  for (size_t i = 0; i < sections.size(); ++i) {
+    if (sections[i] == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+std::string manifest_to_json(const Manifest& m) {
+  const GptShape& s = m.shape;
+  std::ostringstream o;
+  o.precision(9);
+  o << "{\n  \"format\": \"gpt-train checkpoint\",\n  \"version\": " << m.version << ",\n  \"kind\": " << quoted(m.kind)
+    << ",\n  \"step\": " << m.step << ",\n  \"tokens_seen\": " << m.tokens_seen
+    << ",\n  \"model\": {\"n_layer\": " << s.n_layer << ", \"n_head\": " << s.n_head << ", \"n_embd\": " << s.n_embd
+    << ", \"block_size\": " << s.block_size << ", \"vocab_size\": " << s.vocab_size << ", \"dropout\": " << s.dropout
+    << ", \"tied_embeddings\": true},\n";
+  if (m.kind == "checkpoint") {
+    o << "  \"data_loader\": {\"batch_index\": " << m.loader_batch_index << ", \"global_batch\": " << m.global_batch
+      << ", \"sampling\": " << quoted(m.sampling) << "},\n"
+      << "  \"rng\": {\"kind\": \"philox4x32-10, counter-based on (seed, step, row)\", \"seed\": " << m.seed << "},\n"
+      << "  \"optimizer\": {\"kind\": \"adamw\", \"steps_taken\": " << m.adam_steps << ", \"beta1\": " << m.beta1
+      << ", \"beta2\": " << m.beta2 << ", \"eps\": " << m.eps << ", \"weight_decay\": " << m.weight_decay << "},\n"
+      << "  \"parallel\": {\"strategy\": " << quoted(m.strategy) << ", \"world_size\": " << m.world_size
+      << ", \"shard_group_size\": " << m.shard_group_size << ", \"param_dtype\": " << quoted(m.param_dtype)
+      << ", \"reduce_dtype\": " << quoted(m.reduce_dtype) << "},\n";
+  }
+  o << "  \"dtype\": \"f32\",\n  \"sections\": [";
+  for (size_t i = 0; i < m.sections.size(); ++i) o << (i ? ", " : "") << quoted(m.sections[i]);
+  o << "],\n  \"units\": [\n";
+  const ModelLayout layout = ModelLayout::build(s);
+  int64_t base = 0;
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    const UnitLayout& unit = layout.units[u];
+    o << "    {\"name\": " << quoted(unit.name) << ", \"offset\": " << base << ", \"numel\": " << unit.numel
+      << ", \"params\": [";
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      const ParamSpec& p = unit.params[i];
+      o << (i ? ", " : "") << "{\"name\": " << quoted(p.name) << ", \"shape\": [";
+      for (size_t d = 0; d < p.shape.size(); ++d) o << (d ? ", " : "") << p.shape[d];
+      o << "], \"offset\": " << p.offset << ", \"numel\": " << p.numel << "}";
+    }
+    o << "]}" << (u + 1 < layout.units.size() ? "," : "") << "\n";
+    base += unit.numel;
+  }
+  o << "  ],\n  \"shards\": [\n";
+  for (size_t f = 0; f < m.shards.size(); ++f) {
+    const ShardFile& sh = m.shards[f];
+    o << "    {\"file\": " << quoted(sh.file) << ", \"rank\": " << sh.rank
+      << ", \"bytes\": " << sh.bytes(m.sections.size()) << ", \"slices\": [";
+    for (size_t i = 0; i < sh.slices.size(); ++i) {
+      const ShardSlice& sl = sh.slices[i];
+      o << (i ? ",\n      " : "\n      ") << "{\"unit\": " << sl.unit << ", \"begin\": " << sl.begin
+        << ", \"length\": " << sl.length << ", \"crc32c\": [";
+      for (size_t k = 0; k < sl.crc.size(); ++k) o << (k ? ", " : "") << quoted(hex32(sl.crc[k]));
+      o << "]}";
+    }
+    o << "]}" << (f + 1 < m.shards.size() ? "," : "") << "\n";
+  }
+  o << "  ],\n  \"tokenizer\": " << (m.tokenizer.empty() ? "null" : quoted(m.tokenizer))
+    << ",\n  \"config\": " << (m.config.empty() ? "null" : quoted(m.config)) << "\n}\n";
+  return o.str();
+}
+
+Expected<Manifest> parse_manifest(const std::string& text, const std::string& path) {
+  Manifest m;
+  try {
+    const YAML::Node j = YAML::Load(text);
+    if (!j.IsMap() || j["format"].as<std::string>("") != "gpt-train checkpoint") {
+      return Status::corruption(path +
+                                ": not a gpt-train checkpoint manifest (no \"format\": \"gpt-train checkpoint\")");
+    }
+    m.version = j["version"].as<int>(0);
+    if (m.version != 1 && m.version != kCheckpointVersion) {
+      return Status::failed_precondition(path + ": manifest version " + std::to_string(m.version) +
+                                         "; this build reads versions 1 and " + std::to_string(kCheckpointVersion));
+    }
+    const YAML::Node model = j["model"];
+    m.shape.n_layer = model["n_layer"].as<int>();
+    m.shape.n_head = model["n_head"].as<int>();
+    m.shape.n_embd = model["n_embd"].as<int>();
+    m.shape.block_size = model["block_size"].as<int>();
+    m.shape.vocab_size = model["vocab_size"].as<int>();
+    m.shape.dropout = model["dropout"].as<float>(0.0f);
+    m.step = j["step"].as<int64_t>(0);
+    const GptShape& s = m.shape;
+    if (s.n_layer < 1 || s.n_head < 1 || s.n_embd < 1 || s.n_embd % s.n_head != 0 || s.block_size < 1 ||
+        s.vocab_size < 1 || s.n_layer > 4096 || s.n_embd > (1 << 20) || s.vocab_size > (1 << 24)) {
+      return Status::corruption(path + ": impossible model shape");
+    }
+    const ModelLayout layout = ModelLayout::build(s);
+    const YAML::Node units = j["units"];
+    if (!units.IsSequence() || units.size() != layout.units.size()) {
+      return Status::corruption(path + ": the unit list does not match the model shape (" +
+                                std::to_string(layout.units.size()) + " units expected)");
+    }
+    for (size_t u = 0; u < layout.units.size(); ++u) {
+      if (units[u]["name"].as<std::string>() != layout.units[u].name ||
+          units[u]["numel"].as<int64_t>() != layout.units[u].numel) {
+        return Status::corruption(path + ": unit " + std::to_string(u) + " ('" + units[u]["name"].as<std::string>() +
+                                  "') does not match the layout of this model shape");
+      }
+    }
+    if (j["tokenizer"] && j["tokenizer"].IsScalar()) m.tokenizer = j["tokenizer"].as<std::string>();
+    if (m.version == 1) {  // one shard holding the whole flat buffer, one CRC for the file
+      m.kind = "model";
+      const YAML::Node sh = j["shards"][0];
+      ShardFile f;
+      f.file = sh["file"].as<std::string>();
+      f.file_crc = parse_crc(sh["crc32c"]);
+      for (size_t u = 0; u < layout.units.size(); ++u) {
+        f.slices.push_back({static_cast<int>(u), 0, layout.units[u].numel, {}});
+      }
+      m.shards.push_back(std::move(f));
+      return m;
+    }
+    m.kind = j["kind"].as<std::string>();
+    if (m.kind != "checkpoint" && m.kind != "model") {
+      return Status::corruption(path + ": kind '" + m.kind + "', expected checkpoint or model");
+    }
+    m.tokens_seen = j["tokens_seen"].as<int64_t>(0);
+    m.sections.clear();
+    for (const auto& sec : j["sections"]) m.sections.push_back(sec.as<std::string>());
+    if (m.sections.empty() || m.sections[0] != "master") {
+      return Status::corruption(path + ": sections must start with \"master\"");
+    }
+    if (j["config"] && j["config"].IsScalar()) m.config = j["config"].as<std::string>();
+    if (m.kind == "checkpoint") {
+      const YAML::Node dl = j["data_loader"], opt = j["optimizer"], par = j["parallel"];
+      m.loader_batch_index = dl["batch_index"].as<uint64_t>();
+      m.global_batch = dl["global_batch"].as<int64_t>();
+      m.sampling = dl["sampling"].as<std::string>();
+      m.seed = j["rng"]["seed"].as<uint64_t>();
+      m.adam_steps = opt["steps_taken"].as<int64_t>();
+      m.beta1 = opt["beta1"].as<float>();
+      m.beta2 = opt["beta2"].as<float>();
+      m.eps = opt["eps"].as<float>();
+      m.weight_decay = opt["weight_decay"].as<float>();
+      m.strategy = par["strategy"].as<std::string>();
+      m.world_size = par["world_size"].as<int>();
+      m.shard_group_size = par["shard_group_size"].as<int>();
+      m.param_dtype = par["param_dtype"].as<std::string>();
+      m.reduce_dtype = par["reduce_dtype"].as<std::string>();
+      if (m.section_index("adam_m") < 0 || m.section_index("adam_v") < 0) {
+        return Status::corruption(path + ": a checkpoint needs sections adam_m and adam_v");
+      }
+    }
+    for (const auto& sh : j["shards"]) {
+      ShardFile f;
+      f.file = sh["file"].as<std::string>();
+      f.rank = sh["rank"].as<int>();
+      if (f.file.empty() || f.file.find('/') != std::string::npos || f.file[0] == '.') {
+        return Status::corruption(path + ": shard file name '" + f.file + "' must be a plain file name");
+      }
+      for (const auto& sl : sh["slices"]) {
+        ShardSlice slice{sl["unit"].as<int>(), sl["begin"].as<int64_t>(), sl["length"].as<int64_t>(), {}};
+        for (const auto& c : sl["crc32c"]) slice.crc.push_back(parse_crc(c));
+        if (slice.unit < 0 || slice.unit >= static_cast<int>(layout.units.size()) || slice.begin < 0 ||
+            slice.length < 1 || slice.begin + slice.length > layout.units[slice.unit].numel ||
+            slice.crc.size() != m.sections.size()) {
+          return Status::corruption(path + ": shard '" + f.file + "' has a slice outside its unit or without " +
+                                    "one checksum per section");
+        }
+        f.slices.push_back(std::move(slice));
+      }
+      if (sh["bytes"].as<int64_t>() != f.bytes(m.sections.size())) {
+        return Status::corruption(path + ": shard '" + f.file + "' bytes do not match its slices");
+      }
+      m.shards.push_back(std::move(f));
+    }
+  } catch (const std::exception& e) {
+    return Status::corruption(path + ": malformed manifest: " + e.what());
+  }
+  // Every element of every unit must be stored exactly once.
+  const ModelLayout layout = ModelLayout::build(m.shape);
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> covered(layout.units.size());
+  for (const ShardFile& f : m.shards) {
+    for (const ShardSlice& s : f.slices) covered[s.unit].push_back({s.begin, s.begin + s.length});
+  }
+  for (size_t u = 0; u < covered.size(); ++u) {
+    std::sort(covered[u].begin(), covered[u].end());
+    int64_t at = 0;
+    for (const auto& [b, e] : covered[u]) {
+      if (b != at) break;
+      at = e;
+    }
+    if (at != layout.units[u].numel) {
+      return Status::corruption(path + ": the shards do not cover unit '" + layout.units[u].name +
+                                "' exactly once (elements from " + std::to_string(at) + " missing or overlapping)");
+    }
+  }
+  return m;
+}
+
+}  // namespace gpt

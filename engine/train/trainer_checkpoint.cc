@@ -1,0 +1,152 @@
+// The Trainer's side of checkpoints: which slices this rank saves, restoring any checkpoint into this rank's
+// regions (resharding is re-slicing: the flat unit layouts do not depend on strategy or world size), and
+// checking a checkpoint against the run before anything is loaded.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "checkpoint/checkpoint_writer.h"
+#include "config/loader.h"
+#include "train/trainer.h"
+
+namespace gpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string root_of(const RunConfig& cfg) {
+  return cfg.checkpoint.dir.empty() ? (fs::path(cfg.run.out_dir) / "checkpoints").string() : cfg.checkpoint.dir;
+}
+
+}  // namespace
+
+std::string Trainer::checkpoint_root() const { return root_of(config_); }
+
+Expected<std::optional<CheckpointReader>> Trainer::open_resume(const RunConfig& cfg, const GptShape& shape) {
+  const std::string& resume = cfg.checkpoint.resume;
+  if (resume.empty()) return std::optional<CheckpointReader>();
+  std::string dir = resume;
+  if (resume == "auto") {
+    dir = latest_checkpoint(root_of(cfg));
+    if (dir.empty()) {
+      spdlog::info("checkpoint.resume auto: no checkpoint in {} yet, starting from step 0", root_of(cfg));
+      return std::optional<CheckpointReader>();
+    }
+  }
+  const std::string where = cfg.where("checkpoint.resume") + ": checkpoint.resume";
+  auto reader = CheckpointReader::open(dir);
+  if (!reader) return reader.status().with_context(where);
+  const Manifest& m = reader->manifest();
+  if (m.kind != "checkpoint") {
+    return Status::invalid_argument(where + ": " + dir + " holds model weights only (kind \"" + m.kind +
+                                    "\"), not a resumable checkpoint; resume from <checkpoint.dir>/step_*");
+  }
+  const std::pair<const char*, std::pair<int, int>> dims[] = {
+      {"model.n_layer", {shape.n_layer, m.shape.n_layer}},
+      {"model.n_head", {shape.n_head, m.shape.n_head}},
+      {"model.n_embd", {shape.n_embd, m.shape.n_embd}},
+      {"model.block_size", {shape.block_size, m.shape.block_size}},
+      {"model.vocab_size", {shape.vocab_size, m.shape.vocab_size}}};
+  for (const auto& [key, v] : dims) {
+    if (v.first != v.second) {
+      return Status::invalid_argument(cfg.where(key) + ": " + key + " is " + std::to_string(v.first) +
+                                      " but the checkpoint " + reader->manifest_path() + " has " +
+                                      std::to_string(v.second) + "; a checkpoint resumes only the same model shape");
+    }
+  }
+  if (m.seed != cfg.run.seed) {
+    return Status::invalid_argument(cfg.where("run.seed") + ": run.seed is " + std::to_string(cfg.run.seed) +
+                                    " but the checkpoint " + reader->manifest_path() + " was trained with " +
+                                    std::to_string(m.seed) + " (data order and dropout follow the seed); set " +
+                                    "run.seed: " + std::to_string(m.seed) + " to continue it");
+  }
+  return std::optional<CheckpointReader>(std::move(*reader));
+}
+
+Status Trainer::restore() {
+  const CheckpointReader& r = *resume_;
+  const Manifest& m = r.manifest();
+  float* const dst[] = {params_->master(), optimizer_->m(), optimizer_->v()};
+  const char* const sections[] = {"master", "adam_m", "adam_v"};
+  for (const MasterRegion& region : params_->regions()) {
+    if (region.length == 0) continue;
+    for (int s = 0; s < 3; ++s) {
+      GPT_RETURN_IF_ERROR(r.read(sections[s], region.unit, region.begin, region.length, dst[s] + region.local_offset));
+    }
+  }
+  optimizer_->set_steps_taken(m.adam_steps);
+  GPT_RETURN_IF_ERROR(train_.restore({m.loader_batch_index, m.global_batch}));
+  params_->publish();
+  start_step_ = m.step;
+  spdlog::info("resumed from {} (step {}, saved by {} on {} rank(s)); this rank read {:.2f} MiB of shards", r.dir(),
+               m.step, m.strategy, m.world_size, static_cast<double>(r.bytes_read()) / (1 << 20));
+  if (m.step >= config_.training.steps) {
+    spdlog::warn("the checkpoint is at step {}, not before training.steps {}: nothing left to train", m.step,
+                 config_.training.steps);
+  }
+  resume_.reset();
+  return Status::ok();
+}
+
+Status Trainer::save(int64_t steps_done, bool model_only) {
+  const auto& t = config_.training;
+  SaveRequest req;
+  Manifest& m = req.manifest;
+  m.kind = model_only ? "model" : "checkpoint";
+  m.step = steps_done;
+  m.tokens_seen = steps_done * config_.global_batch() * shape_.block_size;
+  m.shape = shape_;
+  if (!model_only) {
+    m.sections = {"master", "adam_m", "adam_v"};
+    m.seed = config_.run.seed;
+    m.loader_batch_index = train_.state().batch_index;
+    m.global_batch = config_.global_batch();
+    m.sampling = config_.data.sampling;
+    m.adam_steps = optimizer_->steps_taken();
+    m.beta1 = t.beta1;
+    m.beta2 = t.beta2;
+    m.eps = t.eps;
+    m.weight_decay = t.weight_decay;
+    const std::string inner(strategy_name(params_->strategy()));
+    m.strategy = replicate_group_ ? "hybrid:" + inner : inner;
+    m.world_size = world_.size();
+    m.shard_group_size = shard_group_ ? shard_group_->size() : world_.size();
+    m.param_dtype = config_.parallel.param_dtype;
+    m.reduce_dtype = config_.parallel.reduce_dtype;
+    m.config = "config.yaml";
+    req.config_yaml = to_yaml(config_);
+    req.sections = {params_->master(), optimizer_->m(), optimizer_->v()};
+    req.keep_last = config_.checkpoint.keep_last;
+  } else {
+    req.sections = {params_->master()};
+    req.update_latest = false;
+  }
+  if (tokenizer_) req.tokenizer_json = tokenizer_->to_json();
+  // Who writes what: sharded strategies write their own shards (hybrid: the first replica only); replicated
+  // ones (single, ddp) split every unit evenly over the ranks, so saving is parallel either way.
+  const bool first_replica = replicate_group_ == nullptr || replicate_group_->rank() == 0;
+  const bool sharded = params_->strategy() >= Strategy::kZero1;
+  for (const MasterRegion& region : params_->regions()) {
+    if (sharded) {
+      if (first_replica && region.length > 0) {
+        req.slices.push_back({region.unit, region.begin, region.length, region.local_offset});
+      }
+      continue;
+    }
+    const int64_t n = region.length, parts = world_.size();
+    const int64_t per = (n + parts - 1) / parts, begin = std::min(n, per * world_.rank());
+    const int64_t length = std::min(n, begin + per) - begin;
+    if (length > 0) req.slices.push_back({region.unit, region.begin + begin, length, region.local_offset + begin});
+  }
+  const std::string root = model_only ? config_.run.out_dir : checkpoint_root();
+  const std::string name = model_only ? "model" : step_dir_name(steps_done);
+  const auto t0 = std::chrono::steady_clock::now();
+  GPT_RETURN_IF_ERROR(save_checkpoint(world_, root, name, req));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!model_only) spdlog::info("checkpoint step {} saved to {}/{} in {:.2f} s", steps_done, root, name, s);
+  return Status::ok();
+}
+
+}  // namespace gpt
