@@ -126,8 +126,11 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
                                     "global batch; this run has " +
                                     std::to_string(cfg.global_batch()));
   }
-  return std::unique_ptr<Trainer>(new Trainer(cfg, world, strategy, shard_group_size, shape, std::move(train),
-                                              std::move(val), std::move(tokenizer), ckpt, plan, std::move(resume)));
+  std::unique_ptr<Trainer> trainer(new Trainer(cfg, world, strategy, shard_group_size, shape, std::move(train),
+                                               std::move(val), std::move(tokenizer), ckpt, plan, std::move(resume)));
+  // Loaded (and every slice read verified) before run() writes anything.
+  if (trainer->resume_) GPT_RETURN_IF_ERROR(trainer->restore());
+  return trainer;
 }
 
 Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
@@ -263,8 +266,8 @@ Expected<TrainSummary> Trainer::run() {
     std::ofstream f(out_dir / "config.yaml");
     f << to_yaml(config_);
     if (!f) return Status::io_error("cannot write '" + (out_dir / "config.yaml").string() + "'");
-    GPT_ASSIGN_OR_RETURN(MetricsWriter m, MetricsWriter::open((out_dir / config_.logging.metrics_file).string(),
-                                                              resume_ ? resume_->manifest().step : 0));
+    GPT_ASSIGN_OR_RETURN(MetricsWriter m,
+                         MetricsWriter::open((out_dir / config_.logging.metrics_file).string(), start_step_));
     metrics.emplace(std::move(m));
   }
   spdlog::info("model: {} layers, {} heads, {} wide, block {}, vocab {}: {:.2f}M parameters", shape_.n_layer,
@@ -279,7 +282,6 @@ Expected<TrainSummary> Trainer::run() {
                        : std::string(strategy_name(params_->strategy())),
       t.activation_checkpointing);
 
-  if (resume_) GPT_RETURN_IF_ERROR(restore());
   TrainSummary summary;
   const double tokens_per_step = static_cast<double>(config_.global_batch()) * shape_.block_size;
   const auto start = std::chrono::steady_clock::now();

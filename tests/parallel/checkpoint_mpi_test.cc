@@ -1,0 +1,123 @@
+// Checkpoints under mpirun -np N: exact resume (bit for bit) under every strategy at the same world size, and
+// resharding across strategies and world sizes (a chain of runs, each resuming the previous one's checkpoint
+// on a different sub-communicator), with the optimizer state carried over.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "checkpoint/checkpoint_reader.h"
+#include "checkpoint/checkpoint_writer.h"
+#include "parallel/run_helpers.h"
+#include "testing/mpi.h"
+
+namespace gpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+// strategy "single" | "ddp" | "zero1" | "zero2" | "zero3" | "hybrid:S" (zero3 in shard groups of S).
+void set_strategy(RunConfig& cfg, const std::string& strategy) {
+  cfg.parallel.strategy = strategy.substr(0, strategy.find(':'));
+  if (cfg.parallel.strategy == "hybrid") cfg.parallel.shard_group_size = std::stoi(strategy.substr(7));
+}
+
+TEST_CASE("Resuming from a checkpoint continues bit for bit under every strategy", "[mpi][checkpoint]") {
+  auto world = testing::g_mpi->make_world();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = shared_data_dir(*world);
+  std::vector<std::string> strategies = {"ddp", "zero1", "zero2", "zero3"};
+  if (n % 2 == 0) strategies.push_back("hybrid:2");
+  if (n == 1) strategies = {"single"};
+  for (const std::string& strategy : strategies) {
+    CAPTURE(n, strategy);
+    // Uninterrupted: 6 steps with dropout, checkpoints after steps 3 and 6.
+    RunConfig cfg = make_config(dir, dir + "/exact_" + strategy, n, 0.1f, "none");
+    set_strategy(cfg, strategy);
+    cfg.training.steps = 6;
+    cfg.training.decay_steps = 6;
+    cfg.checkpoint.every = 3;
+    const Result whole = train(cfg, *world);
+    // Resumed from step 3 into another out_dir.
+    RunConfig again = cfg;
+    again.run.out_dir = dir + "/exact_resumed_" + strategy;
+    again.checkpoint.resume = cfg.run.out_dir + "/checkpoints/" + step_dir_name(3);
+    const Result resumed = train(again, *world);
+    REQUIRE(resumed.losses.size() == 3);
+    for (size_t i = 0; i < 3; ++i) {
+      CAPTURE(i);
+      REQUIRE(resumed.losses[i] == whole.losses[3 + i]);  // bit for bit
+    }
+    REQUIRE(resumed.weights == whole.weights);
+    // Auto-resume of a finished run trains nothing more and keeps the result.
+    RunConfig done = cfg;
+    done.checkpoint.resume = "auto";
+    const Result nothing = train(done, *world);
+    REQUIRE(nothing.losses.empty());
+    REQUIRE(nothing.weights == whole.weights);
+  }
+  world->barrier().wait();
+  if (r == 0) fs::remove_all(dir);
+}
+
+// A chain of runs on sub-communicators of the world, each resuming the previous run's checkpoint saved two
+// steps before that run ended: the first loss after loading equals the saving run's within 1e-6 (weights
+// resharded), the second within 1e-5 (AdamW's moments resharded too).
+TEST_CASE("A checkpoint saved under any strategy and world size loads under any other", "[mpi][checkpoint]") {
+  auto world = testing::g_mpi->make_world();
+  const int n = world->size(), r = world->rank();
+  struct Stage {
+    std::string strategy;
+    int ranks;
+  };
+  std::vector<Stage> chain;
+  if (n == 4) chain = {{"zero3", 4}, {"ddp", 2}, {"single", 1}, {"hybrid:2", 4}, {"zero3", 3}};
+  if (n == 3) chain = {{"zero3", 3}, {"zero2", 2}, {"zero1", 3}, {"single", 1}};
+  if (n == 2) chain = {{"zero3", 2}, {"single", 1}, {"ddp", 2}, {"zero1", 2}};
+  if (chain.empty()) return;  // one rank: the single-strategy case is in the test above
+  const std::string dir = shared_data_dir(*world);
+  std::vector<float> prev_losses;  // the previous stage's losses by step (rank 0's view)
+  std::string prev_ckpt;
+  int64_t step = 0;
+  for (size_t k = 0; k < chain.size(); ++k) {
+    const Stage& st = chain[k];
+    CAPTURE(n, k, st.strategy, st.ranks);
+    auto comm = world->split(r < st.ranks ? 0 : 1, r, "stage");
+    const int64_t save_at = step + 2, end = step + 4;
+    std::vector<float> losses(static_cast<size_t>(end), 0.0f);
+    if (r < st.ranks) {
+      RunConfig cfg = make_config(dir, dir + "/chain_" + std::to_string(k), st.ranks, 0.0f, "none");
+      set_strategy(cfg, st.strategy);
+      cfg.training.steps = end;
+      cfg.training.decay_steps = 20;
+      cfg.checkpoint.every = 2;
+      cfg.checkpoint.resume = prev_ckpt;
+      std::unique_ptr<Communicator> alone;
+      Communicator* c = comm.get();
+      if (st.strategy == "single") {
+        alone = make_single_communicator();
+        c = alone.get();
+      }
+      const Result res = train(cfg, *c);
+      REQUIRE(static_cast<int64_t>(res.losses.size()) == end - step);
+      for (size_t i = 0; i < res.losses.size(); ++i) losses[static_cast<size_t>(step) + i] = res.losses[i];
+      if (k > 0 && r == 0) {
+        for (int64_t s : {step, step + 1}) {
+          const float want = prev_losses[static_cast<size_t>(s)], got = losses[static_cast<size_t>(s)];
+          CAPTURE(s + 1, want, got);
+          CHECK(std::abs(got - want) <= (s == step ? 1e-6 : 1e-5) * std::abs(want));
+        }
+      }
+    }
+    world->barrier().wait();
+    world->broadcast(losses.data(), end, DType::kF32, 0).wait();
+    prev_losses = losses;
+    prev_ckpt = dir + "/chain_" + std::to_string(k) + "/checkpoints/" + step_dir_name(save_at);
+    step = save_at;
+  }
+  world->barrier().wait();
+  if (r == 0) fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace gpt

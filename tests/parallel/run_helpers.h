@@ -1,0 +1,78 @@
+// Helpers shared by the multi-rank training tests (gpt_mpi_tests): a tiny corpus every rank can read, a
+// tiny run config whose global batch (12 sequences) splits over 1, 2, 3 and 4 ranks, and a training run.
+#pragma once
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "config/loader.h"
+#include "data/prepare.h"
+#include "train/trainer.h"
+
+namespace gpt {
+
+namespace fs_helpers = std::filesystem;
+
+// A corpus prepared once by rank 0 into a directory every rank knows (named by rank 0's pid).
+inline std::string shared_data_dir(Communicator& world) {
+  int32_t pid = world.rank() == 0 ? static_cast<int32_t>(::getpid()) : 0;
+  world.broadcast(&pid, 1, DType::kI32, 0).wait();
+  const std::string dir = (fs_helpers::temp_directory_path() / ("gpt_mpi_strategies_" + std::to_string(pid))).string();
+  if (world.rank() == 0 && !fs_helpers::exists(dir + "/data/train.bin")) {
+    std::string text;
+    for (int i = 0; i < 400; ++i) text += "to be or not to be, that is the question; " + std::to_string(i % 7) + "\n";
+    fs_helpers::create_directories(dir);
+    std::ofstream(dir + "/corpus.txt") << text;
+    data::PrepareOptions prep;
+    prep.inputs = {dir + "/corpus.txt"};
+    prep.out_dir = dir + "/data";
+    REQUIRE(data::prepare_dataset(prep).has_value());
+  }
+  world.barrier().wait();
+  return dir;
+}
+
+inline RunConfig make_config(const std::string& dir, const std::string& out, int world_size, float dropout,
+                             const std::string& ckpt) {
+  const int global = 12;
+  const int rows = global / world_size;
+  const int micro = rows % 2 == 0 ? 2 : rows;  // gradient accumulation wherever rows allow
+  const std::string yaml = "run: {out_dir: " + out +
+                           ", threads: 1, seed: 5}\n"
+                           "model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, dropout: " +
+                           std::to_string(dropout) +
+                           "}\n"
+                           "data: {train: " +
+                           dir + "/data/train.bin, val: " + dir +
+                           "/data/val.bin}\n"
+                           "training: {steps: 10, micro_batch_size: " +
+                           std::to_string(micro) + ", global_batch_sequences: " + std::to_string(global) +
+                           ", lr: 3.0e-3, warmup_steps: 2, eval_interval: 0, eval_batches: 2,\n"
+                           "  activation_checkpointing: " +
+                           ckpt +
+                           "}\n"
+                           "logging: {level: warn}\n";
+  auto cfg = load_run_config_text(yaml, "strategies_test", {});
+  REQUIRE(cfg.has_value());
+  return *cfg;
+}
+
+struct Result {
+  std::vector<float> losses, weights;
+};
+
+inline Result train(const RunConfig& cfg, Communicator& comm) {
+  auto trainer = Trainer::create(cfg, comm);
+  INFO(trainer.status().message());
+  REQUIRE(trainer.has_value());
+  auto summary = (*trainer)->run();
+  REQUIRE(summary.has_value());
+  return {summary->losses, (*trainer)->full_weights()};
+}
+
+}  // namespace gpt
