@@ -70,6 +70,7 @@ struct CheckpointSection {
   int keep_last = 3;   // step directories kept; 0 = all
   std::string dir;     // "" = <out_dir>/checkpoints
   std::string resume;  // "" | auto | a step directory
+  bool async = false;  // write in a background thread after copying the slices to host memory
 };
 
 struct LoggingSection {

@@ -174,6 +174,9 @@ std::span<const KeySpec> config_schema() {
        "save a checkpoint every this many steps and after the last step; 0 = no checkpoints"},
       {GPT_KEY(checkpoint, keep_last), at_least(0), "step directories kept (the oldest removed first); 0 = all"},
       {GPT_KEY(checkpoint, dir), anything(), "where step directories go; empty = <run.out_dir>/checkpoints"},
+      {GPT_KEY(checkpoint, async), anything(),
+       "copy this rank's slices to host memory and write them in a background thread while training goes on "
+       "(still atomic; the next save waits for the previous one)"},
       {GPT_KEY(checkpoint, resume), anything(),
        "empty: start fresh; auto: continue from <checkpoint.dir>/latest when there is one; or a step directory "
        "(any world size and strategy). The command line's --resume sets it"},

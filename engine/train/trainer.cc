@@ -144,6 +144,7 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
       tokenizer_(std::move(tokenizer)),
       plan_(std::move(plan)),
       resume_(std::move(resume)) {
+  if (config_.checkpoint.async) save_comm_ = world_.split(0, world_.rank(), "checkpoint");
   backend_ = make_backend("cpu");
   backend_->set_threads(config_.run.threads);
   model_ = std::make_unique<Gpt>(shape_, *backend_, ckpt);
@@ -173,6 +174,10 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
   const size_t n = static_cast<size_t>(t.micro_batch_size) * shape_.block_size;
   inputs_.resize(n);
   targets_.resize(n);
+}
+
+Trainer::~Trainer() {
+  if (save_thread_.joinable()) save_thread_.join();
 }
 
 double Trainer::flops_per_token() const {
@@ -338,6 +343,7 @@ Expected<TrainSummary> Trainer::run() {
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   summary.tokens_per_s = tokens_per_step * static_cast<double>(summary.steps) / summary.seconds;
   const std::string model_dir = (out_dir / "model").string();
+  GPT_RETURN_IF_ERROR(wait_for_save());
   GPT_RETURN_IF_ERROR(save(t.steps, /*model_only=*/true));
   spdlog::info("done: {} steps in {}, final loss {:.4f}{}; weights saved to {}", t.steps,
                format_duration(summary.seconds), summary.final_loss,

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
@@ -43,6 +44,7 @@ class Trainer {
  public:
   // `world` must outlive the Trainer; every rank calls create() and run(). `ranks_per_node` is the default
   // shard group size of the hybrid strategy.
+  ~Trainer();
   static Expected<std::unique_ptr<Trainer>> create(const RunConfig& config, Communicator& world,
                                                    int ranks_per_node = 1);
   Expected<TrainSummary> run();
@@ -67,7 +69,11 @@ class Trainer {
   [[nodiscard]] Status restore();
   // Collective: a checkpoint of the state after `steps_done` steps into <checkpoint root>/step_N, or
   // (model_only) the weights into <out_dir>/model; every rank writes its own slices.
+  // checkpoint.async: the slices are copied to host memory (the only time the loop is blocked) and written
+  // by a background thread over a communicator of its own; the next save (or the end of the run) waits for it.
   [[nodiscard]] Status save(int64_t steps_done, bool model_only);
+  // Waits for a background save; its result.
+  [[nodiscard]] Status wait_for_save();
   std::string checkpoint_root() const;
   // Rank 0, after the first step: the planner's bytes per category beside the tracked allocator's peaks.
   void log_planned_vs_measured() const;
@@ -90,7 +96,11 @@ class Trainer {
   double last_grad_norm_ = 0.0;
   std::optional<StrategyPlan> plan_;  // the planner's figures for this run's strategy
   std::optional<CheckpointReader> resume_;
-  int64_t start_step_ = 0;  // steps already taken (resumed runs)
+  int64_t start_step_ = 0;                   // steps already taken (resumed runs)
+  std::unique_ptr<Communicator> save_comm_;  // checkpoint.async: the background saves' collectives
+  std::vector<float> save_copy_;             // checkpoint.async: the slices being written
+  std::thread save_thread_;
+  Status save_status_;
 };
 
 }  // namespace gpt

@@ -3,6 +3,7 @@
 // checking a checkpoint against the run before anything is loaded.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
@@ -143,10 +144,54 @@ Status Trainer::save(int64_t steps_done, bool model_only) {
   const std::string root = model_only ? config_.run.out_dir : checkpoint_root();
   const std::string name = model_only ? "model" : step_dir_name(steps_done);
   const auto t0 = std::chrono::steady_clock::now();
-  GPT_RETURN_IF_ERROR(save_checkpoint(world_, root, name, req));
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!model_only) spdlog::info("checkpoint step {} saved to {}/{} in {:.2f} s", steps_done, root, name, s);
+  auto seconds_since = [](auto t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  if (model_only || !config_.checkpoint.async) {
+    GPT_RETURN_IF_ERROR(save_checkpoint(world_, root, name, req));
+    if (!model_only)
+      spdlog::info("checkpoint step {} saved to {}/{} in {:.2f} s", steps_done, root, name, seconds_since(t0));
+    return Status::ok();
+  }
+  GPT_RETURN_IF_ERROR(wait_for_save());
+  const double waited = seconds_since(t0);
+  // The copy: sections back to back, each holding the slices in order.
+  int64_t total = 0;
+  for (const SaveSlice& s : req.slices) total += s.length;
+  save_copy_.resize(static_cast<size_t>(total * 3));
+  for (size_t k = 0; k < req.sections.size(); ++k) {
+    float* dst = save_copy_.data() + k * static_cast<size_t>(total);
+    for (const SaveSlice& s : req.slices) {
+      std::copy_n(req.sections[k] + s.local_offset, s.length, dst);
+      dst += s.length;
+    }
+  }
+  int64_t offset = 0;
+  for (SaveSlice& s : req.slices) {
+    s.local_offset = offset;
+    offset += s.length;
+  }
+  for (size_t k = 0; k < req.sections.size(); ++k) req.sections[k] = save_copy_.data() + k * static_cast<size_t>(total);
+  const double blocked = seconds_since(t0);
+  save_thread_ = std::thread([this, req = std::move(req), root, name, steps_done, blocked, waited] {
+    const auto start = std::chrono::steady_clock::now();
+    save_status_ = save_checkpoint(*save_comm_, root, name, req);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (save_status_.is_ok()) {
+      spdlog::info(
+          "checkpoint step {} saved to {}/{}: training blocked {:.3f} s ({:.3f} s waiting for the previous "
+          "save, then the copy), written in the background in {:.2f} s",
+          steps_done, root, name, blocked, waited, s);
+    }
+  });
   return Status::ok();
+}
+
+Status Trainer::wait_for_save() {
+  if (save_thread_.joinable()) save_thread_.join();
+  Status st = save_status_;
+  save_status_ = Status::ok();
+  return st;
 }
 
 }  // namespace gpt
