@@ -1,6 +1,11 @@
 #include "checkpoint/crc32c.h"
 
 #include <array>
+#include <cstring>
+
+#if defined(__SSE4_2__)
+#include <nmmintrin.h>
+#endif
 
 namespace gpt {
 
@@ -24,6 +29,19 @@ const Tables kTables;
 
 uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   const auto* p = static_cast<const uint8_t*>(data);
+#if defined(__SSE4_2__)
+  // The CPU's CRC32 instruction computes exactly this polynomial, 8 bytes at a time (several GB/s, so
+  // checksumming does not slow checkpoint writes); the tables below are the portable path.
+  uint64_t c = ~crc;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = _mm_crc32_u64(c, word);
+  }
+  crc = static_cast<uint32_t>(c);
+  for (; n > 0; --n) crc = _mm_crc32_u8(crc, *p++);
+  return ~crc;
+#else
   const auto& t = kTables.t;
   crc = ~crc;
   while (n >= 8) {
@@ -35,6 +53,7 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   }
   while (n--) crc = (crc >> 8) ^ t[0][(crc ^ *p++) & 0xff];
   return ~crc;
+#endif
 }
 
 }  // namespace gpt

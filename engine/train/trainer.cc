@@ -171,6 +171,7 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
   schedule_.warmup_steps = t.warmup_steps;
   schedule_.decay_steps = t.decay_steps > 0 ? t.decay_steps : t.steps;
   model_->prepare(t.micro_batch_size, shape_.block_size);
+  if (config_.checkpoint.async) allocate_save_copy();
   const size_t n = static_cast<size_t>(t.micro_batch_size) * shape_.block_size;
   inputs_.resize(n);
   targets_.resize(n);

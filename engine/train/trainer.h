@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "checkpoint/checkpoint_reader.h"
+#include "checkpoint/checkpoint_writer.h"
 #include "comm/communicator.h"
 #include "config/run_config.h"
 #include "core/status.h"
@@ -72,6 +73,8 @@ class Trainer {
   // checkpoint.async: the slices are copied to host memory (the only time the loop is blocked) and written
   // by a background thread over a communicator of its own; the next save (or the end of the run) waits for it.
   [[nodiscard]] Status save(int64_t steps_done, bool model_only);
+  std::vector<SaveSlice> save_slices() const;  // this rank's share of a checkpoint
+  void allocate_save_copy();                   // checkpoint.async, at start-up
   // Waits for a background save; its result.
   [[nodiscard]] Status wait_for_save();
   std::string checkpoint_root() const;
@@ -98,7 +101,8 @@ class Trainer {
   std::optional<CheckpointReader> resume_;
   int64_t start_step_ = 0;                   // steps already taken (resumed runs)
   std::unique_ptr<Communicator> save_comm_;  // checkpoint.async: the background saves' collectives
-  std::vector<float> save_copy_;             // checkpoint.async: the slices being written
+  std::unique_ptr<float[]> save_copy_;       // checkpoint.async: the slices being written (uninitialised:
+  size_t save_copy_size_ = 0;                // zero-filling would double the time the loop is blocked)
   std::thread save_thread_;
   Status save_status_;
 };

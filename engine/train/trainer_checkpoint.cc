@@ -9,6 +9,7 @@
 
 #include "checkpoint/checkpoint_writer.h"
 #include "config/loader.h"
+#include "core/check.h"
 #include "train/trainer.h"
 
 namespace gpt {
@@ -67,6 +68,7 @@ Expected<std::optional<CheckpointReader>> Trainer::open_resume(const RunConfig& 
 }
 
 Status Trainer::restore() {
+  const auto t0 = std::chrono::steady_clock::now();
   const CheckpointReader& r = *resume_;
   const Manifest& m = r.manifest();
   float* const dst[] = {params_->master(), optimizer_->m(), optimizer_->v()};
@@ -81,14 +83,44 @@ Status Trainer::restore() {
   GPT_RETURN_IF_ERROR(train_.restore({m.loader_batch_index, m.global_batch}));
   params_->publish();
   start_step_ = m.step;
-  spdlog::info("resumed from {} (step {}, saved by {} on {} rank(s)); this rank read {:.2f} MiB of shards", r.dir(),
-               m.step, m.strategy, m.world_size, static_cast<double>(r.bytes_read()) / (1 << 20));
+  spdlog::info("resumed from {} (step {}, saved by {} on {} rank(s)); this rank read {:.2f} MiB of shards in {:.3f} s",
+               r.dir(), m.step, m.strategy, m.world_size, static_cast<double>(r.bytes_read()) / (1 << 20),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   if (m.step >= config_.training.steps) {
     spdlog::warn("the checkpoint is at step {}, not before training.steps {}: nothing left to train", m.step,
                  config_.training.steps);
   }
   resume_.reset();
   return Status::ok();
+}
+
+std::vector<SaveSlice> Trainer::save_slices() const {
+  // Who writes what: sharded strategies write their own shards (hybrid: the first replica only); replicated
+  // ones (single, ddp) split every unit evenly over the ranks, so saving is parallel either way.
+  std::vector<SaveSlice> slices;
+  const bool first_replica = replicate_group_ == nullptr || replicate_group_->rank() == 0;
+  const bool sharded = params_->strategy() >= Strategy::kZero1;
+  for (const MasterRegion& region : params_->regions()) {
+    if (sharded) {
+      if (first_replica && region.length > 0) {
+        slices.push_back({region.unit, region.begin, region.length, region.local_offset});
+      }
+      continue;
+    }
+    const int64_t n = region.length, parts = world_.size();
+    const int64_t per = (n + parts - 1) / parts, begin = std::min(n, per * world_.rank());
+    const int64_t length = std::min(n, begin + per) - begin;
+    if (length > 0) slices.push_back({region.unit, region.begin + begin, length, region.local_offset + begin});
+  }
+  return slices;
+}
+
+void Trainer::allocate_save_copy() {
+  int64_t total = 0;
+  for (const SaveSlice& s : save_slices()) total += s.length;
+  save_copy_size_ = static_cast<size_t>(total * 3);
+  save_copy_.reset(new float[save_copy_size_]);
+  std::fill_n(save_copy_.get(), save_copy_size_, 0.0f);  // touched now, so no page faults while the loop waits
 }
 
 Status Trainer::save(int64_t steps_done, bool model_only) {
@@ -125,22 +157,7 @@ Status Trainer::save(int64_t steps_done, bool model_only) {
     req.update_latest = false;
   }
   if (tokenizer_) req.tokenizer_json = tokenizer_->to_json();
-  // Who writes what: sharded strategies write their own shards (hybrid: the first replica only); replicated
-  // ones (single, ddp) split every unit evenly over the ranks, so saving is parallel either way.
-  const bool first_replica = replicate_group_ == nullptr || replicate_group_->rank() == 0;
-  const bool sharded = params_->strategy() >= Strategy::kZero1;
-  for (const MasterRegion& region : params_->regions()) {
-    if (sharded) {
-      if (first_replica && region.length > 0) {
-        req.slices.push_back({region.unit, region.begin, region.length, region.local_offset});
-      }
-      continue;
-    }
-    const int64_t n = region.length, parts = world_.size();
-    const int64_t per = (n + parts - 1) / parts, begin = std::min(n, per * world_.rank());
-    const int64_t length = std::min(n, begin + per) - begin;
-    if (length > 0) req.slices.push_back({region.unit, region.begin + begin, length, region.local_offset + begin});
-  }
+  req.slices = save_slices();
   const std::string root = model_only ? config_.run.out_dir : checkpoint_root();
   const std::string name = model_only ? "model" : step_dir_name(steps_done);
   const auto t0 = std::chrono::steady_clock::now();
@@ -158,9 +175,9 @@ Status Trainer::save(int64_t steps_done, bool model_only) {
   // The copy: sections back to back, each holding the slices in order.
   int64_t total = 0;
   for (const SaveSlice& s : req.slices) total += s.length;
-  save_copy_.resize(static_cast<size_t>(total * 3));
+  GPT_CHECK(save_copy_size_ >= static_cast<size_t>(total * 3));
   for (size_t k = 0; k < req.sections.size(); ++k) {
-    float* dst = save_copy_.data() + k * static_cast<size_t>(total);
+    float* dst = save_copy_.get() + k * static_cast<size_t>(total);
     for (const SaveSlice& s : req.slices) {
       std::copy_n(req.sections[k] + s.local_offset, s.length, dst);
       dst += s.length;
@@ -171,7 +188,7 @@ Status Trainer::save(int64_t steps_done, bool model_only) {
     s.local_offset = offset;
     offset += s.length;
   }
-  for (size_t k = 0; k < req.sections.size(); ++k) req.sections[k] = save_copy_.data() + k * static_cast<size_t>(total);
+  for (size_t k = 0; k < req.sections.size(); ++k) req.sections[k] = save_copy_.get() + k * static_cast<size_t>(total);
   const double blocked = seconds_since(t0);
   save_thread_ = std::thread([this, req = std::move(req), root, name, steps_done, blocked, waited] {
     const auto start = std::chrono::steady_clock::now();

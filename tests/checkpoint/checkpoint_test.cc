@@ -75,6 +75,17 @@ void flip_byte(const std::string& path, int64_t at) {
   f.write(&c, 1);
 }
 
+TEST_CASE("CRC-32C: the standard check value, and running checksums over pieces", "[checkpoint]") {
+  const std::string digits = "123456789";
+  CHECK(crc32c(digits.data(), digits.size()) == 0xE3069283u);  // RFC 3720's CRC-32C check value
+  std::vector<uint8_t> bytes(1000);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 131 + 7);
+  const uint32_t whole = crc32c(bytes.data(), bytes.size());
+  for (size_t cut : {0, 1, 7, 8, 9, 500, 999}) {
+    CHECK(crc32c(bytes.data() + cut, bytes.size() - cut, crc32c(bytes.data(), cut)) == whole);
+  }
+}
+
 TEST_CASE("A checkpoint reads back any element range of any section", "[checkpoint]") {
   testing::TempDir tmp;
   Fixture fx;
