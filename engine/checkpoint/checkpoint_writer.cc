@@ -127,10 +127,23 @@ std::string step_dir_name(int64_t step) {
 
 std::string latest_checkpoint(const std::string& root) {
   std::string name;
-  if (!read_file((fs::path(root) / "latest").string(), &name).is_ok()) return "";
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  if (name.empty() || name.find('/') != std::string::npos) return "";
-  return (fs::path(root) / name).string();
+  if (read_file((fs::path(root) / "latest").string(), &name).is_ok()) {
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    const fs::path dir = fs::path(root) / name;
+    std::error_code ec;
+    if (!name.empty() && name.find('/') == std::string::npos && fs::exists(dir / "manifest.json", ec)) {
+      return dir.string();
+    }
+  }
+  // No usable `latest` (a crash between the rename and its update, or a hand-edited root): the newest
+  // complete step directory.
+  std::string best;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string n = entry.path().filename().string();
+    if (n.rfind("step_", 0) == 0 && fs::exists(entry.path() / "manifest.json", ec) && n > best) best = n;
+  }
+  return best.empty() ? std::string() : (fs::path(root) / best).string();
 }
 
 Status save_checkpoint(Communicator& world, const std::string& root_dir, const std::string& name,

@@ -42,7 +42,8 @@ std::string step_dir_name(int64_t step);
 [[nodiscard]] Status save_checkpoint(Communicator& world, const std::string& root, const std::string& name,
                                      const SaveRequest& request);
 
-// The directory <root>/latest names, or "" when there is none.
+// The directory <root>/latest names; without a usable `latest`, the newest step directory with a manifest;
+// "" when there is none.
 std::string latest_checkpoint(const std::string& root);
 
 }  // namespace gpt

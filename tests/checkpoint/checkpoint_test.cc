@@ -170,6 +170,11 @@ TEST_CASE("keep_last prunes the oldest step directories and a crashed save's lef
   std::sort(names.begin(), names.end());
   CHECK(names == std::vector<std::string>{"latest", "step_00000003", "step_00000004"});
   CHECK(latest_checkpoint(tmp.file("ck")) == tmp.file("ck/step_00000004"));
+  // Without `latest` (a crash right after the rename), the newest complete step directory.
+  fs::remove(tmp.file("ck/latest"));
+  fs::create_directories(tmp.file("ck/step_00000009"));  // no manifest: not a checkpoint
+  CHECK(latest_checkpoint(tmp.file("ck")) == tmp.file("ck/step_00000004"));
+  CHECK(latest_checkpoint(tmp.file("nothing_here")).empty());
 }
 
 TEST_CASE("Damaged checkpoints give errors naming the file and the problem", "[checkpoint]") {
