@@ -13,6 +13,7 @@ namespace {
 struct SampleArgs {
   SampleOptions opts;
   std::string run_dir;
+  std::string checkpoint_dir;
 };
 }  // namespace
 
@@ -20,7 +21,11 @@ Command add_sample_command(CLI::App& app) {
   auto args = std::make_shared<SampleArgs>();
   auto* run = app.add_option("--run", args->run_dir, "A run's out_dir (its final weights are in <out_dir>/model)");
   auto* model = app.add_option("--model", args->opts.model_dir, "A model directory (manifest.json + shard)");
+  auto* checkpoint = app.add_option("--checkpoint", args->checkpoint_dir,
+                                    "A checkpoint step directory (its master weights), or a checkpoint root (its "
+                                    "`latest`)");
   run->excludes(model);
+  checkpoint->excludes(run)->excludes(model);
   app.add_option("--prompt,-p", args->opts.prompt, "Text to continue")->default_str("\\n");
   app.add_option("--tokens,-n", args->opts.tokens, "Tokens to generate")->default_str("300");
   app.add_option("--temperature", args->opts.temperature, "Softmax temperature (> 0)")->default_str("0.8");
@@ -30,12 +35,14 @@ Command add_sample_command(CLI::App& app) {
   app.footer(
       "Examples:\n"
       "  gpt-train sample --run runs/shakespeare-char --prompt 'ROMEO:' --tokens 300 --temperature 0.8 --top-k 40\n"
-      "  gpt-train sample --model runs/quickstart/model --seed 7");
+      "  gpt-train sample --model runs/quickstart/model --seed 7\n"
+      "  gpt-train sample --checkpoint runs/shakespeare-char/checkpoints/step_00001000 --prompt 'ROMEO:'");
   return [args]() -> int {
-    if (args->run_dir.empty() && args->opts.model_dir.empty()) {
-      return report_error(Status::invalid_argument("sample needs --run DIR or --model DIR"));
+    if (args->run_dir.empty() && args->opts.model_dir.empty() && args->checkpoint_dir.empty()) {
+      return report_error(Status::invalid_argument("sample needs --run DIR, --model DIR or --checkpoint DIR"));
     }
     if (!args->run_dir.empty()) args->opts.model_dir = (std::filesystem::path(args->run_dir) / "model").string();
+    if (!args->checkpoint_dir.empty()) args->opts.model_dir = resolve_checkpoint_dir(args->checkpoint_dir);
     Status st = sample_text(args->opts, [](const std::string& piece) { std::cout << piece << std::flush; });
     std::cout << std::endl;
     if (!st.is_ok()) return report_error(st);

@@ -1,4 +1,4 @@
-// gpt-train: the command-line entry point. Subcommands: train, prepare, sample, plan.
+// gpt-train: the command-line entry point. Subcommands: train, prepare, sample, plan, checkpoint.
 #include <spdlog/spdlog.h>
 
 #include <map>
@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
       "  gpt-train train --config configs/shakespeare-char-cpu.yaml\n"
       "  gpt-train sample --run runs/shakespeare-char --prompt 'ROMEO:' --tokens 300\n"
       "  gpt-train plan --config configs/gpt2-124m.yaml --world-size 8 --device-memory-gb 80\n"
+      "  gpt-train checkpoint inspect runs/shakespeare-char/checkpoints/step_00001000\n"
       "Run 'gpt-train SUBCOMMAND --help' for a subcommand's options.");
   std::map<CLI::App*, gpt::Command> commands;
   CLI::App* train = app.add_subcommand("train", "Train a model from a YAML run config");
@@ -62,6 +63,9 @@ int main(int argc, char** argv) {
   commands[sample] = gpt::add_sample_command(*sample);
   CLI::App* plan = app.add_subcommand("plan", "Memory and communication per rank for every strategy; what auto picks");
   commands[plan] = gpt::add_plan_command(*plan);
+  CLI::App* checkpoint =
+      app.add_subcommand("checkpoint", "Inspect, verify or consolidate (to safetensors) a checkpoint or model");
+  commands[checkpoint] = gpt::add_checkpoint_command(*checkpoint);
   CLI11_PARSE(app, argc, argv);
   int code = 0;
   for (auto& [sub, run] : commands) {

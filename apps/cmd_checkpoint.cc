@@ -1,0 +1,187 @@
+// `gpt-train checkpoint inspect|verify|consolidate DIR`: tools for checkpoint and model directories
+// (engine/checkpoint/FORMAT.md). inspect prints the manifest for people; verify checks every CRC-32C;
+// consolidate writes the master weights as one safetensors file with Hugging Face GPT-2 names. DIR is a step
+// directory, a model directory, or a checkpoint root whose `latest` file names a step directory.
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "apps/commands.h"
+#include "checkpoint/checkpoint_reader.h"
+#include "checkpoint/checkpoint_writer.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/safetensors.h"
+#include "core/atomic_file.h"
+
+namespace gpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct CheckpointArgs {
+  std::string dir;
+  std::string out;
+};
+
+// "123456789 bytes (123.5 MB)".
+std::string bytes_text(int64_t bytes) {
+  std::ostringstream o;
+  o << bytes << " bytes";
+  const char* units[] = {"kB", "MB", "GB", "TB"};
+  double v = static_cast<double>(bytes);
+  int u = -1;
+  while (v >= 1000 && u < 3) {
+    v /= 1000;
+    ++u;
+  }
+  if (u >= 0) {
+    o.precision(v < 10 ? 2 : (v < 100 ? 3 : 4));
+    o << " (" << v << " " << units[u] << ")";
+  }
+  return o.str();
+}
+
+// The manifest alone, so that inspect can describe a directory whose shard files are damaged.
+Expected<Manifest> read_manifest(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return Status::not_found(dir + ": no such checkpoint directory");
+  const std::string path = (fs::path(dir) / "manifest.json").string();
+  std::string text;
+  Status st = read_file(path, &text);
+  if (!st.is_ok()) {
+    return Status::not_found(dir + " is not a complete gpt-train checkpoint or model directory: " + st.message());
+  }
+  return parse_manifest(text, path);
+}
+
+// "present", "missing" or the size mismatch of a file the manifest names.
+std::string file_state(const fs::path& path, int64_t want_bytes) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return "MISSING";
+  if (want_bytes < 0) return "present";
+  const auto size = static_cast<int64_t>(fs::file_size(path, ec));
+  if (ec) return "unreadable: " + ec.message();
+  if (size != want_bytes) return "WRONG SIZE: " + std::to_string(size) + " bytes on disk";
+  return "";
+}
+
+int inspect(const std::string& arg) {
+  const std::string dir = resolve_checkpoint_dir(arg);
+  Expected<Manifest> parsed = read_manifest(dir);
+  if (!parsed) return report_error(parsed.status());
+  const Manifest& m = *parsed;
+  const GptShape& s = m.shape;
+  std::ostringstream o;
+  o << dir << (dir != arg ? "  (" + arg + "/latest)" : "") << "\n";
+  o << "  kind:          " << m.kind << ", format version " << m.version << "\n";
+  o << "  step:          " << m.step << "\n";
+  if (m.version >= 2) o << "  tokens seen:   " << m.tokens_seen << "\n";
+  o << "  model:         n_layer " << s.n_layer << ", n_head " << s.n_head << ", n_embd " << s.n_embd << ", block_size "
+    << s.block_size << ", vocab_size " << s.vocab_size << ", dropout " << s.dropout << "\n";
+  o << "  parameters:    " << s.num_params() << " (LM head tied to wte)\n";
+  if (m.kind == "checkpoint") {
+    o << "  saved by:      strategy " << m.strategy << ", world size " << m.world_size << ", shard group "
+      << m.shard_group_size << "\n";
+    o << "  precision:     params " << m.param_dtype << ", gradient reduce " << m.reduce_dtype
+      << ", master weights and optimizer state fp32\n";
+    o << "  data loader:   next global batch " << m.loader_batch_index << " (" << m.global_batch
+      << " sequences per step, sampling " << m.sampling << "), seed " << m.seed << "\n";
+    o << "  optimizer:     AdamW, " << m.adam_steps << " steps taken, beta1 " << m.beta1 << ", beta2 " << m.beta2
+      << ", eps " << m.eps << ", weight decay " << m.weight_decay << "\n";
+  } else {
+    o << "  saved by:      weights only (no optimizer, data-loader or strategy state)\n";
+  }
+  o << "  sections:      ";
+  for (size_t i = 0; i < m.sections.size(); ++i) o << (i ? ", " : "") << m.sections[i];
+  o << " (fp32)\n";
+  int64_t total = 0;
+  for (const ShardFile& f : m.shards) total += f.bytes(m.sections.size());
+  o << "  shard files:   " << m.shards.size() << ", " << bytes_text(total) << "\n";
+  for (const ShardFile& f : m.shards) {
+    const int64_t bytes = f.bytes(m.sections.size());
+    const std::string state = file_state(fs::path(dir) / f.file, bytes);
+    o << "    " << f.file << "  rank " << f.rank << ", " << bytes << " bytes, " << f.slices.size()
+      << (f.slices.size() == 1 ? " slice" : " slices") << (state.empty() ? "" : "  [" + state + "]") << "\n";
+  }
+  for (const auto& [what, name] :
+       {std::pair<const char*, std::string>{"tokenizer", m.tokenizer}, {"config", m.config}}) {
+    o << "  " << what << ":" << std::string(14 - std::string(what).size(), ' ');
+    o << (name.empty() ? "none saved" : name + " (" + file_state(fs::path(dir) / name, -1) + ")") << "\n";
+  }
+  std::cout << o.str() << std::flush;
+  return 0;
+}
+
+int verify(const std::string& arg) {
+  const std::string dir = resolve_checkpoint_dir(arg);
+  Expected<CheckpointReader> reader = CheckpointReader::open(dir);
+  if (!reader) return report_error(reader.status());
+  Status st = reader->verify();
+  if (!st.is_ok()) return report_error(st);
+  const Manifest& m = reader->manifest();
+  for (const std::string& name : {m.tokenizer, m.config}) {
+    const std::string path = reader->file_path(name);
+    std::error_code ec;
+    if (!path.empty() && !fs::is_regular_file(path, ec)) {
+      return report_error(
+          Status::not_found(path + ": missing (the manifest " + reader->manifest_path() + " names it)"));
+    }
+  }
+  std::cout << "OK: " << m.shards.size() << " shard files, " << reader->bytes_read() << " bytes verified (" << dir
+            << ")" << std::endl;
+  return 0;
+}
+
+int consolidate(const std::string& arg, const std::string& out) {
+  const std::string dir = resolve_checkpoint_dir(arg);
+  Expected<CheckpointReader> reader = CheckpointReader::open(dir);
+  if (!reader) return report_error(reader.status());
+  Status st = consolidate_to_safetensors(*reader, out);
+  if (!st.is_ok()) return report_error(st);
+  std::error_code ec;
+  const auto bytes = static_cast<int64_t>(fs::file_size(out, ec));
+  std::cout << "wrote " << out << ": " << hf_gpt2_tensors(reader->layout()).size()
+            << " tensors with Hugging Face GPT-2 names, " << bytes_text(bytes) << ", the master weights of step "
+            << reader->manifest().step << " (" << dir << ")" << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+std::string resolve_checkpoint_dir(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / "manifest.json", ec)) return dir;
+  const std::string latest = latest_checkpoint(dir);
+  return latest.empty() ? dir : latest;
+}
+
+Command add_checkpoint_command(CLI::App& app) {
+  auto args = std::make_shared<CheckpointArgs>();
+  app.require_subcommand(1);
+  const char* dir_help = "A checkpoint step directory, a model directory, or a checkpoint root (uses its `latest`)";
+  CLI::App* inspect_cmd = app.add_subcommand("inspect", "Print what a checkpoint or model directory holds");
+  inspect_cmd->add_option("dir", args->dir, dir_help)->required();
+  CLI::App* verify_cmd = app.add_subcommand("verify", "Check every shard file's CRC-32C checksums");
+  verify_cmd->add_option("dir", args->dir, dir_help)->required();
+  CLI::App* consolidate_cmd =
+      app.add_subcommand("consolidate", "Write the fp32 weights as one safetensors file (Hugging Face GPT-2 names)");
+  consolidate_cmd->add_option("dir", args->dir, dir_help)->required();
+  consolidate_cmd->add_option("--out,-o", args->out, "The .safetensors file to write (atomically)")->required();
+  app.footer(
+      "Examples:\n"
+      "  gpt-train checkpoint inspect runs/shakespeare-char/checkpoints/step_00001000\n"
+      "  gpt-train checkpoint verify runs/shakespeare-char/checkpoints        # the step `latest` names\n"
+      "  gpt-train checkpoint consolidate runs/shakespeare-char/model --out model.safetensors\n"
+      "consolidate maps wte/wpe, h.<i>.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj} and ln_f to the\n"
+      "names of Hugging Face's GPT2Model; c_attn, c_proj and c_fc weights are stored (in, out) as HF's Conv1D.");
+  return [args, inspect_cmd, verify_cmd, consolidate_cmd]() -> int {
+    if (inspect_cmd->parsed()) return inspect(args->dir);
+    if (verify_cmd->parsed()) return verify(args->dir);
+    if (consolidate_cmd->parsed()) return consolidate(args->dir, args->out);
+    return report_error(Status::invalid_argument("checkpoint needs a subcommand: inspect, verify or consolidate"));
+  };
+}
+
+}  // namespace gpt
