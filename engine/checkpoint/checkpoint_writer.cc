@@ -1,6 +1,7 @@
 #include "checkpoint/checkpoint_writer.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -31,14 +32,28 @@ Status agree(Communicator& world, const Status& local, const std::string& what) 
   return Status::ok();
 }
 
-// Test hook for the crash-while-saving test: GPT_TRAIN_FAULT=kill_during_save:<rank>:<step> makes that rank
-// SIGKILL itself right after writing its shard of that step, before the checkpoint is complete.
+// Test hooks (tests/apps/checkpoint_faults_test.sh), from GPT_TRAIN_FAULT:
+//   kill_during_save:<rank>:<step>  that rank SIGKILLs itself right after writing its shard of that step;
+//   file_size_limit:<bytes>         from the first save on, the kernel refuses to grow any file past <bytes>
+//                                   (RLIMIT_FSIZE: write() fails with EFBIG), as a full disk would; set here
+//                                   rather than by the shell's ulimit, which MPI's start-up files would hit.
+const char* fault_hook() { return std::getenv("GPT_TRAIN_FAULT"); }
+
+void maybe_limit_file_size() {
+  long long bytes = 0;
+  if (fault_hook() == nullptr || std::sscanf(fault_hook(), "file_size_limit:%lld", &bytes) != 1) return;
+  ::signal(SIGXFSZ, SIG_IGN);
+  const rlimit limit{static_cast<rlim_t>(bytes), static_cast<rlim_t>(bytes)};
+  ::setrlimit(RLIMIT_FSIZE, &limit);
+}
+
 void maybe_inject_kill(int rank, int64_t step) {
-  const char* fault = std::getenv("GPT_TRAIN_FAULT");
-  if (fault == nullptr) return;
   int r = -1;
   long long s = -1;
-  if (std::sscanf(fault, "kill_during_save:%d:%lld", &r, &s) == 2 && r == rank && s == step) ::raise(SIGKILL);
+  if (fault_hook() != nullptr && std::sscanf(fault_hook(), "kill_during_save:%d:%lld", &r, &s) == 2 && r == rank &&
+      s == step) {
+    ::raise(SIGKILL);
+  }
 }
 
 Status remove_tree(const fs::path& p) {
@@ -152,6 +167,7 @@ Status save_checkpoint(Communicator& world, const std::string& root_dir, const s
   const fs::path root(root_dir), tmp = root / (".tmp-" + name);
   const int rank = world.rank();
   const std::string what = "saving checkpoint " + (root / name).string();
+  maybe_limit_file_size();
   GPT_RETURN_IF_ERROR(agree(world, rank == 0 ? prepare_tmp(root, tmp) : Status::ok(), what));
 
   char file[32];
