@@ -1,0 +1,175 @@
+#include "comm/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+
+#include "comm/comm_stream.h"
+#include "core/check.h"
+
+#define GPT_CUDA_CHECK(call)                                                                                    \
+  do {                                                                                                          \
+    const cudaError_t gpt_err_ = (call);                                                                        \
+    GPT_CHECK_MSG(gpt_err_ == cudaSuccess, (std::string(#call) + ": " + cudaGetErrorString(gpt_err_)).c_str()); \
+  } while (0)
+#define GPT_NCCL_CHECK(call)                                                                                    \
+  do {                                                                                                          \
+    const ncclResult_t gpt_res_ = (call);                                                                       \
+    GPT_CHECK_MSG(gpt_res_ == ncclSuccess, (std::string(#call) + ": " + ncclGetErrorString(gpt_res_)).c_str()); \
+  } while (0)
+
+namespace gpt {
+
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kU16:
+      break;
+  }
+  GPT_CHECK_MSG(false, "NCCL has no 16-bit unsigned type: move u16 data as bytes");
+  return ncclUint8;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& bootstrap, std::unique_ptr<Communicator> owned_bootstrap, int device,
+                   cudaStream_t compute, ncclComm_t comm, std::string name)
+      : bootstrap_(bootstrap),
+        owned_bootstrap_(std::move(owned_bootstrap)),
+        device_(device),
+        compute_(compute),
+        comm_(comm),
+        name_(std::move(name)) {
+    GPT_CUDA_CHECK(cudaSetDevice(device_));
+    GPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    GPT_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
+    GPT_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
+    GPT_NCCL_CHECK(ncclCommCount(comm_, &size_));
+  }
+  ~NcclCommunicator() override {
+    tasks_.reset();  // finish queued collectives first
+    cudaStreamSynchronize(stream_);
+    ncclCommDestroy(comm_);
+    cudaFree(barrier_buf_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view group_name() const override { return name_; }
+
+  Work all_reduce(void* buf, int64_t n, DType dtype) override {
+    return submit(CommOp::kAllReduce, n, n, dtype, [=, this] {
+      GPT_NCCL_CHECK(ncclAllReduce(buf, buf, static_cast<size_t>(n), nccl_type(dtype), ncclSum, comm_, stream_));
+    });
+  }
+  Work reduce_scatter(const void* send, void* recv, int64_t n, DType dtype) override {
+    return submit(CommOp::kReduceScatter, n * size_, n * size_, dtype, [=, this] {
+      GPT_NCCL_CHECK(ncclReduceScatter(send, recv, static_cast<size_t>(n), nccl_type(dtype), ncclSum, comm_, stream_));
+    });
+  }
+  Work all_gather(const void* send, void* recv, int64_t n, DType dtype) override {
+    return submit(CommOp::kAllGather, n * size_, n * size_, dtype, [=, this] {
+      GPT_NCCL_CHECK(ncclAllGather(send, recv, static_cast<size_t>(n), nccl_type(dtype), comm_, stream_));
+    });
+  }
+  Work broadcast(void* buf, int64_t n, DType dtype, int root) override {
+    return submit(CommOp::kBroadcast, n, n, dtype, [=, this] {
+      GPT_NCCL_CHECK(ncclBroadcast(buf, buf, static_cast<size_t>(n), nccl_type(dtype), root, comm_, stream_));
+    });
+  }
+  Work barrier() override {
+    return submit(CommOp::kBarrier, 0, 0, DType::kF32, [this] {
+      GPT_NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
+    });
+  }
+  std::unique_ptr<Communicator> split(int color, int key, std::string name) override {
+    std::unique_ptr<Communicator> sub = bootstrap_.split(color, key, name);
+    auto made = make_nccl_communicator(*sub, device_, compute_, name);
+    GPT_CHECK_MSG(made.has_value(), made.status().message().c_str());
+    auto* nccl = static_cast<NcclCommunicator*>(made->get());
+    nccl->owned_bootstrap_ = std::move(sub);
+    return std::move(*made);
+  }
+  CommStats stats() const override { return tasks_->stats(); }
+
+ private:
+  // Orders the collective after the compute stream's work so far, then runs it on the comm stream from
+  // the CommStream thread, which waits for the GPU so that the Work completes when the data is there.
+  Work submit(CommOp op, int64_t elements, int64_t n, DType dtype, std::function<void()> enqueue) {
+    cudaEvent_t ready = nullptr;
+    GPT_CUDA_CHECK(cudaSetDevice(device_));
+    GPT_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    GPT_CUDA_CHECK(cudaEventRecord(ready, compute_));
+    const int64_t bytes = n * static_cast<int64_t>(dtype_size(dtype));
+    return tasks_->submit(op, elements, bytes, [this, ready, enqueue = std::move(enqueue)] {
+      GPT_CUDA_CHECK(cudaSetDevice(device_));
+      GPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+      enqueue();
+      GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      GPT_CUDA_CHECK(cudaEventDestroy(ready));
+    });
+  }
+
+  Communicator& bootstrap_;
+  std::unique_ptr<Communicator> owned_bootstrap_;  // split(): the sub-group this communicator was made on
+  int device_;
+  cudaStream_t compute_;
+  ncclComm_t comm_;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+  cudaStream_t stream_ = nullptr;
+  float* barrier_buf_ = nullptr;
+  std::unique_ptr<CommStream> tasks_ = std::make_unique<CommStream>();
+};
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver / no device" error
+    return 0;
+  }
+  return n;
+}
+
+Expected<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& bootstrap, int device,
+                                                               void* compute_stream, std::string name) {
+  const int devices = cuda_device_count();
+  if (device < 0 || device >= devices) {
+    return Status::failed_precondition("rank " + std::to_string(bootstrap.rank()) + " needs CUDA device " +
+                                       std::to_string(device) + " but this node has " + std::to_string(devices) +
+                                       " visible; run one rank per GPU");
+  }
+  if (cudaSetDevice(device) != cudaSuccess) {
+    return Status::failed_precondition("cudaSetDevice(" + std::to_string(device) + ") failed");
+  }
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  if (bootstrap.rank() == 0) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) return Status::failed_precondition(std::string("ncclGetUniqueId: ") + ncclGetErrorString(r));
+  }
+  static_assert(sizeof(ncclUniqueId) % sizeof(int32_t) == 0);
+  bootstrap.broadcast(&id, sizeof(id) / sizeof(int32_t), DType::kI32, 0).wait();
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank());
+  if (r != ncclSuccess) {
+    return Status::failed_precondition("ncclCommInitRank (rank " + std::to_string(bootstrap.rank()) + " of " +
+                                       std::to_string(bootstrap.size()) + ", device " + std::to_string(device) +
+                                       "): " + ncclGetErrorString(r));
+  }
+  return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(
+      bootstrap, nullptr, device, static_cast<cudaStream_t>(compute_stream), comm, std::move(name)));
+}
+
+}  // namespace gpt

@@ -1,0 +1,29 @@
+// The NCCL Communicator (compiled when CUDA is found): collectives between GPUs, one rank per GPU. Built from
+// a bootstrap Communicator over the same ranks (MPI): rank 0's ncclUniqueId is broadcast over it, then every
+// rank joins with ncclCommInitRank on its own device. Collectives run on the communicator's own CUDA stream,
+// in issue order: at issue, an event recorded on the compute stream orders the collective after the kernels
+// that produced its buffers; the Work completes when the GPU has finished it (a CommStream thread enqueues
+// the NCCL call and synchronises the comm stream, so Work::wait() works from the host as for MPI, and the
+// compute stream keeps going meanwhile). Buffers are device pointers. Reductions are sums; bf16 is summed by
+// NCCL in bf16 (ncclBfloat16). split() splits the bootstrap and creates a new NCCL communicator on it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+
+namespace gpt {
+
+// Number of CUDA devices visible to this process (0 when there is no driver or no GPU).
+int cuda_device_count();
+
+// Collective over `bootstrap` (which must outlive the result). `device`: the CUDA device of this rank (the
+// local rank); `compute_stream`: the cudaStream_t whose work each collective must follow (nullptr = the
+// legacy default stream). Errors: no such device, NCCL initialisation failure (with NCCL's message).
+Expected<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& bootstrap, int device,
+                                                               void* compute_stream = nullptr,
+                                                               std::string name = "world");
+
+}  // namespace gpt

@@ -1,0 +1,109 @@
+// The NCCL Communicator on GPUs, one rank per GPU, bootstrapped over the MPI world: every collective in fp32
+// and bf16 against values computed on the host, in-place all-gather, barrier, split, and the counters. Needs
+// as many visible GPUs on each node as ranks on it; otherwise it prints why it is skipped.
+#include <cuda_runtime.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <vector>
+
+#include "comm/nccl_communicator.h"
+#include "core/dtype.h"
+#include "testing/mpi.h"
+
+namespace gpt {
+namespace {
+
+bool gpus_for_every_rank() {
+  const int devices = cuda_device_count();
+  if (devices >= testing::g_mpi->local_size()) return true;
+  if (testing::g_mpi->world_rank() == 0) {
+    std::printf("SKIPPED NCCL communicator tests: %d CUDA device(s) visible for %d rank(s) on this node (%s)\n",
+                devices, testing::g_mpi->local_size(),
+                devices == 0 ? "no GPU or no driver" : "NCCL needs one GPU per rank");
+  }
+  return false;
+}
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(const std::vector<T>& host) : n(host.size()) {
+    REQUIRE(cudaMalloc(&ptr, n * sizeof(T)) == cudaSuccess);
+    REQUIRE(cudaMemcpy(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  std::vector<T> to_host() const {
+    std::vector<T> out(n);
+    REQUIRE(cudaMemcpy(out.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+    return out;
+  }
+};
+
+TEST_CASE("NCCL collectives on GPUs match the host's sums and copies", "[mpi][nccl]") {
+  if (!gpus_for_every_rank()) return;
+  auto world = testing::g_mpi->make_world();
+  auto made = make_nccl_communicator(*world, testing::g_mpi->local_rank());
+  INFO(made.status().message());
+  REQUIRE(made.has_value());
+  Communicator& nccl = **made;
+  const int r = nccl.rank(), n = nccl.size();
+  REQUIRE(n == world->size());
+  const int64_t k = 1000;  // elements per rank block
+
+  // all_reduce, fp32: rank r contributes (r + 1) * i.
+  std::vector<float> mine(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) mine[i] = static_cast<float>((r + 1) * i);
+  DeviceBuffer<float> sum(mine);
+  nccl.all_reduce(sum.ptr, k, DType::kF32).wait();
+  const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+  for (int64_t i = 0; const float x : sum.to_host()) REQUIRE(x == ranks_sum * static_cast<float>(i++));
+
+  // all_reduce, bf16: small integers are exact in bf16.
+  std::vector<bf16> lo(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) lo[i] = f32_to_bf16(static_cast<float>(r + i % 7));
+  DeviceBuffer<bf16> lo_sum(lo);
+  nccl.all_reduce(lo_sum.ptr, k, DType::kBF16).wait();
+  for (int64_t i = 0; const bf16 x : lo_sum.to_host()) {
+    REQUIRE(bf16_to_f32(x) == static_cast<float>(n * (n - 1) / 2 + n * (i++ % 7)));
+  }
+
+  // reduce_scatter: block b of rank r's send is b * 100 + r; rank r receives the sum of block r.
+  std::vector<float> send(static_cast<size_t>(k * n));
+  for (int b = 0; b < n; ++b) {
+    for (int64_t i = 0; i < k; ++i) send[b * k + i] = static_cast<float>(b * 100 + r);
+  }
+  DeviceBuffer<float> rs_send(send), rs_recv(std::vector<float>(static_cast<size_t>(k), -1.0f));
+  nccl.reduce_scatter(rs_send.ptr, rs_recv.ptr, k, DType::kF32).wait();
+  for (const float x : rs_recv.to_host()) REQUIRE(x == static_cast<float>(n * r * 100 + n * (n - 1) / 2));
+
+  // all_gather in place: rank r's block holds r.
+  std::vector<float> gathered(static_cast<size_t>(k * n), -1.0f);
+  for (int64_t i = 0; i < k; ++i) gathered[r * k + i] = static_cast<float>(r);
+  DeviceBuffer<float> ag(gathered);
+  nccl.all_gather(ag.ptr + r * k, ag.ptr, k, DType::kF32).wait();
+  const std::vector<float> got = ag.to_host();
+  for (int b = 0; b < n; ++b) REQUIRE(got[b * k + k - 1] == static_cast<float>(b));
+
+  // broadcast from the last rank.
+  DeviceBuffer<float> bc(std::vector<float>(static_cast<size_t>(k), static_cast<float>(r)));
+  nccl.broadcast(bc.ptr, k, DType::kF32, n - 1).wait();
+  for (const float x : bc.to_host()) REQUIRE(x == static_cast<float>(n - 1));
+  nccl.barrier().wait();
+
+  const CommStats s = nccl.stats();
+  CHECK(s.ops[static_cast<size_t>(CommOp::kAllReduce)].calls == 2);
+  CHECK(s.ops[static_cast<size_t>(CommOp::kAllReduce)].bytes == k * 4 + k * 2);
+  CHECK(s.ops[static_cast<size_t>(CommOp::kReduceScatter)].elements == k * n);
+  CHECK(s.ops[static_cast<size_t>(CommOp::kAllGather)].calls == 1);
+
+  // A split into odd and even ranks sums within each half.
+  auto half = nccl.split(r % 2, r, "half");
+  DeviceBuffer<float> one(std::vector<float>(1, 1.0f));
+  half->all_reduce(one.ptr, 1, DType::kF32).wait();
+  REQUIRE(one.to_host()[0] == static_cast<float>(half->size()));
+}
+
+}  // namespace
+}  // namespace gpt
