@@ -65,8 +65,9 @@ Expected<CheckpointReader> CheckpointReader::open(const std::string& dir) {
       return Status::not_found(path + ": shard file missing (the manifest " + mpath + " lists it)");
     }
     const auto size = static_cast<int64_t>(fs::file_size(path, ec));
+    if (ec) return Status::io_error(path + ": cannot read its size: " + ec.message());
     const int64_t want = f.bytes(r.manifest_.sections.size());
-    if (ec || size != want) {
+    if (size != want) {
       return Status::corruption(path + ": " + std::to_string(size) + " bytes, the manifest says " +
                                 std::to_string(want) + (size < want ? " (truncated)" : ""));
     }

@@ -145,7 +145,16 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
                                   "') does not match the layout of this model shape");
       }
     }
-    if (j["tokenizer"] && j["tokenizer"].IsScalar()) m.tokenizer = j["tokenizer"].as<std::string>();
+    // Names of files in the directory: plain names only, so a crafted manifest cannot point elsewhere.
+    auto plain_name = [&](const std::string& key) -> Expected<std::string> {
+      if (!j[key] || !j[key].IsScalar()) return std::string();
+      std::string name = j[key].as<std::string>();
+      if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
+        return Status::corruption(path + ": \"" + key + "\" must be a plain file name, got '" + name + "'");
+      }
+      return name;
+    };
+    GPT_ASSIGN_OR_RETURN(m.tokenizer, plain_name("tokenizer"));
     if (m.version == 1) {  // one shard holding the whole flat buffer, one CRC for the file
       m.kind = "model";
       const YAML::Node sh = j["shards"][0];
@@ -168,7 +177,7 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
     if (m.sections.empty() || m.sections[0] != "master") {
       return Status::corruption(path + ": sections must start with \"master\"");
     }
-    if (j["config"] && j["config"].IsScalar()) m.config = j["config"].as<std::string>();
+    GPT_ASSIGN_OR_RETURN(m.config, plain_name("config"));
     if (m.kind == "checkpoint") {
       const YAML::Node dl = j["data_loader"], opt = j["optimizer"], par = j["parallel"];
       m.loader_batch_index = dl["batch_index"].as<uint64_t>();

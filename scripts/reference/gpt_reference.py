@@ -68,10 +68,24 @@ def read_flat(weights_dir, manifest, verify_crc=True, crc_max_bytes=64 << 20):
                          % manifest.get("dtype"))
     total = total_numel(manifest)
     flat = np.full(total, np.nan, dtype=np.float64)
+    unit_offsets = [int(u["offset"]) for u in manifest["units"]]
     for sh in manifest["shards"]:
         path = os.path.join(weights_dir, sh["file"])
         with open(path, "rb") as f:
             raw = f.read()
+        if "slices" in sh:  # version 2: section-major; the master weights are section 0
+            if "bytes" in sh and len(raw) != sh["bytes"]:
+                raise ValueError("%s: size %d, manifest says %d" % (path, len(raw), sh["bytes"]))
+            at = 0
+            for sl in sh["slices"]:
+                n = int(sl["length"])
+                piece = raw[4 * at:4 * (at + n)]
+                if verify_crc and len(piece) <= crc_max_bytes and crc32c(piece) != int(sl["crc32c"][0], 16):
+                    raise ValueError("%s: crc32c mismatch in unit %d" % (path, sl["unit"]))
+                b = unit_offsets[int(sl["unit"])] + int(sl["begin"])
+                flat[b:b + n] = np.frombuffer(piece, dtype="<f4").astype(np.float64)
+                at += n
+            continue
         begin, end = int(sh["begin"]), int(sh["end"])
         if len(raw) != 4 * (end - begin) or ("bytes" in sh and len(raw) != sh["bytes"]):
             raise ValueError("%s: size %d does not match manifest [%d,%d)"

@@ -229,6 +229,13 @@ TEST_CASE("Damaged checkpoints give errors naming the file and the problem", "[c
     std::ofstream(dir + "/manifest.json") << text;
     CHECK(error_of().find("manifest.json: manifest version 9; this build reads versions 1 and 2") != std::string::npos);
   }
+  SECTION("a manifest naming a file outside the directory") {
+    fresh();
+    Manifest m = CheckpointReader::open(dir)->manifest();
+    m.tokenizer = "../../etc/passwd";
+    std::ofstream(dir + "/manifest.json") << manifest_to_json(m);
+    CHECK(error_of().find("\"tokenizer\" must be a plain file name, got '../../etc/passwd'") != std::string::npos);
+  }
   SECTION("no manifest: a save that never finished") {
     fresh();
     fs::remove(dir + "/manifest.json");
