@@ -8,6 +8,7 @@
 #include "config/loader.h"
 #include "config/schema.h"
 #include "core/logging.h"
+#include "core/stop_signal.h"
 #include "embedded_config.h"
 #include "train/trainer.h"
 
@@ -62,6 +63,7 @@ Command add_train_command(CLI::App& app) {
           "the built-in quickstart config trains on data/fortunes, which scripts/setup.sh prepares"));
     }
     if (!trainer) return report_error(trainer.status());
+    install_stop_signal_handlers();  // SIGUSR1/SIGTERM/SIGINT: checkpoint after the current step, exit 0
     auto summary = (*trainer)->run();
     if (!summary) return report_error(summary.status());
     return 0;

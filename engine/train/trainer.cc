@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "config/loader.h"
+#include "core/stop_signal.h"
 #include "train/metrics.h"
 
 namespace gpt {
@@ -207,8 +208,11 @@ float Trainer::train_step(int64_t step) {
   optimizer_->step(params_->master(), params_->local_grads(), schedule_.at(step), scale);
   params_->publish();
   // The step's loss: the mean over every micro-batch of every rank.
-  if (world_.size() > 1) world_.all_reduce(&loss_sum, 1, DType::kF32).wait();
-  return loss_sum / static_cast<float>(config_.grad_accum_steps());
+  // With it, whether any rank has been asked to stop (SIGUSR1/SIGTERM/SIGINT), so all stop at this step.
+  float sums[2] = {loss_sum, stop_signal() != 0 ? 1.0f : 0.0f};
+  if (world_.size() > 1) world_.all_reduce(sums, 2, DType::kF32).wait();
+  stop_requested_ = sums[1] > 0.0f;
+  return sums[0] / static_cast<float>(config_.grad_accum_steps());
 }
 
 void Trainer::log_planned_vs_measured() const {
@@ -336,8 +340,19 @@ Expected<TrainSummary> Trainer::run() {
       window_s = 0.0;
       window_steps = 0;
     }
-    if (config_.checkpoint.every > 0 && ((step + 1) % config_.checkpoint.every == 0 || last)) {
-      GPT_RETURN_IF_ERROR(save(step + 1, /*model_only=*/false));
+    const bool saved = config_.checkpoint.every > 0 && ((step + 1) % config_.checkpoint.every == 0 || last);
+    if (saved) GPT_RETURN_IF_ERROR(save(step + 1, /*model_only=*/false));
+    if (stop_requested_ && !last) {
+      if (!saved) GPT_RETURN_IF_ERROR(save(step + 1, /*model_only=*/false));
+      GPT_RETURN_IF_ERROR(wait_for_save());
+      const int sig = stop_signal();
+      spdlog::info("{}: checkpoint saved after signal at step {}/{} in {}; exiting, --resume auto continues from it",
+                   sig != 0 ? std::string(stop_signal_name(sig)) + " received" : "another rank was signalled", step + 1,
+                   t.steps, checkpoint_root());
+      summary.interrupted = true;
+      summary.steps = step + 1 - start_step_;
+      summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      return summary;
     }
   }
   summary.steps = t.steps - start_step_;

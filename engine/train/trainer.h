@@ -39,6 +39,7 @@ struct TrainSummary {
   double seconds = 0.0;
   double tokens_per_s = 0.0;
   std::vector<float> losses;  // per step, mean over the global batch
+  bool interrupted = false;   // stopped early by a signal, after saving a checkpoint
 };
 
 class Trainer {
@@ -97,6 +98,7 @@ class Trainer {
   int64_t rows_per_rank_ = 0;              // of the global batch
   std::vector<int32_t> inputs_, targets_;  // one micro-batch
   double last_grad_norm_ = 0.0;
+  bool stop_requested_ = false;       // a rank received a stop signal before this step's end
   std::optional<StrategyPlan> plan_;  // the planner's figures for this run's strategy
   std::optional<CheckpointReader> resume_;
   int64_t start_step_ = 0;                   // steps already taken (resumed runs)
