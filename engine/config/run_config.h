@@ -51,6 +51,7 @@ struct TrainingSection {
   int64_t eval_interval = 250;  // 0 = no eval except at the end
   int eval_batches = 20;
   std::string activation_checkpointing = "none";  // none | full | every:N | selective
+  std::string nonfinite = "stop";                  // stop | skip_step: on a non-finite loss or gradient
 };
 
 struct ParallelSection {

@@ -148,6 +148,9 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(training, eval_batches), at_least(1), "micro-batches per validation eval"},
       {GPT_KEY(training, activation_checkpointing), checkpointing(),
        "recompute activations in backward: none, full (every block), every:N (every Nth block), selective"},
+      {GPT_KEY(training, nonfinite), one_of("stop|skip_step"),
+       "a non-finite loss or gradient norm: stop the run naming the step and the first unit with a non-finite "
+       "gradient, or skip that step's update (logged) and go on"},
 
       {GPT_KEY(parallel, strategy), one_of("single|ddp|zero1|zero2|zero3|hybrid|auto"),
        "single: one process; ddp: replicate, all-reduce grads; zero1/zero2/zero3: shard optimizer state, + grads, "

@@ -24,11 +24,17 @@ Expected<MetricsWriter> MetricsWriter::open(const std::string& path, int64_t kee
   return w;
 }
 
+namespace {
+// A JSON number, or null for NaN/Inf (which JSON cannot hold).
+std::string num(double v, const char* spec) { return std::isfinite(v) ? fmt::format(fmt::runtime(spec), v) : "null"; }
+}  // namespace
+
 Status MetricsWriter::write(const StepMetrics& m) {
-  std::string line = fmt::format(R"({{"step":{},"loss":{:.6f},)", m.step, m.loss);
-  if (m.val_loss) line += fmt::format(R"("val_loss":{:.6f},)", *m.val_loss);
-  line += fmt::format(R"("lr":{:.6e},"grad_norm":{:.6f},"tokens_per_s":{:.1f},"step_ms":{:.3f},"gflops":{:.3f},)", m.lr,
-                      m.grad_norm, m.tokens_per_s, m.step_ms, m.gflops);
+  std::string line = fmt::format(R"({{"step":{},"loss":{},)", m.step, num(m.loss, "{:.6f}"));
+  if (m.val_loss) line += fmt::format(R"("val_loss":{},)", num(*m.val_loss, "{:.6f}"));
+  if (m.skipped) line += R"("skipped":true,)";
+  line += fmt::format(R"("lr":{:.6e},"grad_norm":{},"tokens_per_s":{:.1f},"step_ms":{:.3f},"gflops":{:.3f},)", m.lr,
+                      num(m.grad_norm, "{:.6f}"), m.tokens_per_s, m.step_ms, m.gflops);
   line += R"("mem_peak_bytes":{)";
   for (size_t i = 0; i < kNumMemCategories; ++i) {
     line += fmt::format(R"("{}":{},)", mem_category_name(static_cast<MemCategory>(i)), m.memory.peak[i]);

@@ -19,6 +19,7 @@ struct StepMetrics {
   std::optional<float> val_loss;
   float lr = 0.0f;
   double grad_norm = 0.0;
+  bool skipped = false;  // training.nonfinite: skip_step skipped this step's update
   double tokens_per_s = 0.0;
   double step_ms = 0.0;
   double gflops = 0.0;  // achieved, by 6N + 12 L H Q T FLOPs per token

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -188,7 +190,39 @@ double Trainer::flops_per_token() const {
   return 6.0 * n + 12.0 * L * H * Q * T;
 }
 
-float Trainer::train_step(int64_t step) {
+int Trainer::first_nonfinite_unit() {
+  const int n = static_cast<int>(model_->layout().units.size());
+  std::vector<float> bad(static_cast<size_t>(n), 0.0f);
+  for (const MasterRegion& r : params_->regions()) {
+    // A sum of squares is non-finite when an element is (or when one exceeds ~1e19, as bad a gradient).
+    if (r.length > 0 && !std::isfinite(backend_->sum_squares(params_->local_grads() + r.local_offset, r.length))) {
+      bad[static_cast<size_t>(r.unit)] = 1.0f;
+    }
+  }
+  if (world_.size() > 1) world_.all_reduce(bad.data(), n, DType::kF32).wait();
+  for (int u = 0; u < n; ++u) {
+    if (bad[static_cast<size_t>(u)] > 0.0f) return u;
+  }
+  return -1;
+}
+
+namespace {
+
+// Test hook: GPT_TRAIN_FAULT=nan_grad:<step>:<unit> puts a NaN into that unit's gradient at that step (1-based),
+// on every rank that holds part of it, as an overflow in backward would.
+void maybe_inject_nan(int64_t step, ShardedParams& params) {
+  const char* fault = std::getenv("GPT_TRAIN_FAULT");
+  long long s = 0;
+  int unit = -1;
+  if (fault == nullptr || std::sscanf(fault, "nan_grad:%lld:%d", &s, &unit) != 2 || s != step) return;
+  for (const MasterRegion& r : params.regions()) {
+    if (r.unit == unit && r.length > 0) const_cast<float*>(params.local_grads())[r.local_offset] = std::nanf("");
+  }
+}
+
+}  // namespace
+
+Expected<float> Trainer::train_step(int64_t step) {
   const int B = config_.training.micro_batch_size;
   const int64_t accum = rows_per_rank_ / B;  // micro-batches on this rank
   const float loss_scale = 1.0f / static_cast<float>(config_.global_batch() * shape_.block_size);
@@ -202,17 +236,34 @@ float Trainer::train_step(int64_t step) {
     const StepContext ctx{config_.run.seed, step, row, true};
     loss_sum += model_->forward_backward(*params_, inputs_.data(), targets_.data(), loss_scale, ctx);
   }
-  params_->finish_grads();
-  last_grad_norm_ = std::sqrt(params_->grad_sq_norm());
-  const float scale = clip_scale(last_grad_norm_, config_.training.grad_clip);
-  optimizer_->step(params_->master(), params_->local_grads(), schedule_.at(step), scale);
-  params_->publish();
-  // The step's loss: the mean over every micro-batch of every rank.
-  // With it, whether any rank has been asked to stop (SIGUSR1/SIGTERM/SIGINT), so all stop at this step.
+  // The step's loss: the mean over every micro-batch of every rank. With it, whether any rank has been asked
+  // to stop (SIGUSR1/SIGTERM/SIGINT), so that all stop after this step.
   float sums[2] = {loss_sum, stop_signal() != 0 ? 1.0f : 0.0f};
   if (world_.size() > 1) world_.all_reduce(sums, 2, DType::kF32).wait();
   stop_requested_ = sums[1] > 0.0f;
-  return sums[0] / static_cast<float>(config_.grad_accum_steps());
+  const float loss = sums[0] / static_cast<float>(config_.grad_accum_steps());
+  params_->finish_grads();
+  maybe_inject_nan(step + 1, *params_);
+  last_grad_norm_ = std::sqrt(params_->grad_sq_norm());
+  step_skipped_ = false;
+  if (!std::isfinite(loss) || !std::isfinite(last_grad_norm_)) {
+    const int unit = first_nonfinite_unit();
+    const std::string what = fmt::format(
+        "step {}: loss {}, gradient norm {}; {}", step + 1, loss, last_grad_norm_,
+        unit >= 0 ? "the first unit with a non-finite gradient is '" + model_->layout().units[unit].name + "'"
+                  : std::string("no gradient element is non-finite (the norm overflowed)"));
+    if (config_.training.nonfinite == "stop") {
+      return Status::failed_precondition(what + " (training.nonfinite: stop; lower training.lr, clip harder with " +
+                                         "training.grad_clip, or set training.nonfinite: skip_step)");
+    }
+    spdlog::warn("{}: update skipped (training.nonfinite: skip_step)", what);
+    step_skipped_ = true;
+    return loss;
+  }
+  const float scale = clip_scale(last_grad_norm_, config_.training.grad_clip);
+  optimizer_->step(params_->master(), params_->local_grads(), schedule_.at(step), scale);
+  params_->publish();
+  return loss;
 }
 
 void Trainer::log_planned_vs_measured() const {
@@ -299,22 +350,19 @@ Expected<TrainSummary> Trainer::run() {
   int64_t window_steps = 0;
   for (int64_t step = start_step_; step < t.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    const float loss = train_step(step);
+    GPT_ASSIGN_OR_RETURN(const float loss, train_step(step));
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     window_s += step_s;
     ++window_steps;
     summary.final_loss = loss;
     summary.losses.push_back(loss);
     if (step == start_step_) log_planned_vs_measured();
-    if (!std::isfinite(loss)) {
-      return Status::failed_precondition("loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
-                                         "; lower training.lr or check the data");
-    }
     StepMetrics m;
     m.step = step + 1;
     m.loss = loss;
     m.lr = schedule_.at(step);
     m.grad_norm = last_grad_norm_;
+    m.skipped = step_skipped_;
     m.step_ms = step_s * 1e3;
     m.tokens_per_s = tokens_per_step / step_s;
     m.gflops = flops_per_token() * m.tokens_per_s / 1e9;

@@ -82,7 +82,10 @@ class Trainer {
   // Rank 0, after the first step: the planner's bytes per category beside the tracked allocator's peaks.
   void log_planned_vs_measured() const;
   CommStats comm_stats() const;
-  float train_step(int64_t step);
+  // One optimizer step; an error when the loss or gradient is non-finite under training.nonfinite: stop.
+  Expected<float> train_step(int64_t step);
+  // The first unit (layout order) whose gradient has a non-finite element on any rank, or -1 (collective).
+  int first_nonfinite_unit();
 
   RunConfig config_;
   Communicator& world_;
@@ -99,6 +102,7 @@ class Trainer {
   std::vector<int32_t> inputs_, targets_;  // one micro-batch
   double last_grad_norm_ = 0.0;
   bool stop_requested_ = false;       // a rank received a stop signal before this step's end
+  bool step_skipped_ = false;         // training.nonfinite: skip_step skipped this step's update
   std::optional<StrategyPlan> plan_;  // the planner's figures for this run's strategy
   std::optional<CheckpointReader> resume_;
   int64_t start_step_ = 0;                   // steps already taken (resumed runs)
