@@ -1,9 +1,15 @@
 #include "train/metrics.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+
+#include "core/atomic_file.h"
+#include "plan/planner.h"
 
 namespace gpt {
 
@@ -50,6 +56,79 @@ Status MetricsWriter::write(const StepMetrics& m) {
   out_.flush();
   if (!out_) return Status::io_error("cannot write metrics file '" + path_ + "'");
   return Status::ok();
+}
+
+Progress::Progress(int64_t first_step, int64_t total_steps, int64_t interval, double tokens_per_step,
+                   double flops_per_token, bool enabled)
+    : first_step_(first_step),
+      total_(total_steps),
+      interval_(interval),
+      tokens_per_step_(tokens_per_step),
+      flops_per_token_(flops_per_token),
+      enabled_(enabled),
+      live_(enabled && ::isatty(STDERR_FILENO) != 0) {}
+
+void Progress::clear_live() {
+  if (!live_shown_) return;
+  std::fputs("\r\033[K", stderr);
+  std::fflush(stderr);
+  live_shown_ = false;
+}
+
+void Progress::update(const StepMetrics& m) {
+  if (!enabled_) return;
+  const double s = m.step_ms / 1e3;
+  elapsed_s_ += s;
+  window_s_ += s;
+  ++window_steps_;
+  const double eta = elapsed_s_ / static_cast<double>(m.step - first_step_) * static_cast<double>(total_ - m.step);
+  const std::string peak = format_bytes(m.memory.total_peak);
+  if (m.step % interval_ == 0 || m.step == total_ || m.val_loss) {
+    clear_live();
+    const double tok_s = tokens_per_step_ * static_cast<double>(window_steps_) / window_s_;
+    spdlog::info(
+        "step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {:.0f} tok/s | {:.1f} GFLOP/s | "
+        "mem {} | ETA {}",
+        m.step, std::to_string(total_).size(), total_, m.loss,
+        m.val_loss ? fmt::format(" | val {:.4f}", *m.val_loss) : "", m.lr, m.grad_norm,
+        window_s_ / static_cast<double>(window_steps_) * 1e3, tok_s, flops_per_token_ * tok_s / 1e9, peak,
+        format_duration(eta));
+    window_s_ = 0.0;
+    window_steps_ = 0;
+    return;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (live_ && now - last_live_ >= std::chrono::milliseconds(100)) {  // at most 10 redraws a second
+    last_live_ = now;
+    std::fprintf(stderr, "\r\033[Kstep %lld/%lld | loss %.4f | %.1f ms | %.0f tok/s | mem %s | ETA %s",
+                 static_cast<long long>(m.step), static_cast<long long>(total_), m.loss, m.step_ms, m.tokens_per_s,
+                 peak.c_str(), format_duration(eta).c_str());
+    std::fflush(stderr);
+    live_shown_ = true;
+  }
+}
+
+Status write_run_summary(const std::string& path, const RunSummary& s) {
+  std::string j = fmt::format(
+      "{{\n  \"steps_done\": {},\n  \"total_steps\": {},\n  \"steps_this_run\": {},\n  \"interrupted\": {},\n"
+      "  \"final_loss\": {},\n  \"final_val_loss\": {},\n  \"seconds\": {:.3f},\n  \"tokens_per_s\": {:.1f},\n"
+      "  \"gflops\": {:.3f},\n  \"strategy\": \"{}\",\n  \"world_size\": {},\n  \"model_dir\": {},\n"
+      "  \"latest_checkpoint\": {},\n  \"mem_peak_bytes\": {{",
+      s.steps_done, s.total_steps, s.steps_this_run, s.interrupted, num(s.final_loss, "{:.6f}"),
+      s.final_val_loss ? num(*s.final_val_loss, "{:.6f}") : "null", s.seconds, s.tokens_per_s, s.gflops, s.strategy,
+      s.world_size, s.model_dir.empty() ? "null" : "\"" + s.model_dir + "\"",
+      s.latest_checkpoint.empty() ? "null" : "\"" + s.latest_checkpoint + "\"");
+  for (size_t i = 0; i < kNumMemCategories; ++i) {
+    j += fmt::format("\"{}\": {}, ", mem_category_name(static_cast<MemCategory>(i)), s.memory.peak[i]);
+  }
+  j += fmt::format("\"total\": {}}},\n  \"comm\": {{", s.memory.total_peak);
+  for (size_t i = 0; i < kNumCommOps; ++i) {
+    const CommOpStats& c = s.comm.ops[i];
+    j += fmt::format("{}\"{}\": {{\"calls\": {}, \"elements\": {}, \"bytes\": {}, \"seconds\": {:.6f}}}", i ? ", " : "",
+                     comm_op_name(static_cast<CommOp>(i)), c.calls, c.elements, c.bytes, c.seconds);
+  }
+  j += "}\n}\n";
+  return write_file_atomically(path, {std::span<const char>(j)});
 }
 
 std::string format_duration(double seconds) {

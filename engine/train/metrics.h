@@ -2,6 +2,7 @@
 // formatting helpers for progress lines.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <optional>
@@ -44,5 +45,44 @@ class MetricsWriter {
 
 // "1h02m", "3m05s", "12s".
 std::string format_duration(double seconds);
+
+// Rank 0's progress: a plain log line every `interval` steps (and at evals and the last step) with step/total,
+// loss, val loss, lr, grad norm, step time, tokens/s, achieved GFLOP/s, peak memory and ETA, averaged over
+// the steps since the previous line; when stderr is a terminal, also a status line rewritten every step.
+class Progress {
+ public:
+  Progress(int64_t first_step, int64_t total_steps, int64_t interval, double tokens_per_step, double flops_per_token,
+           bool enabled);
+  ~Progress() { clear_live(); }
+  // After step m.step (1-based) took m.step_ms.
+  void update(const StepMetrics& m);
+  void clear_live();  // before logging something else
+
+ private:
+  int64_t first_step_, total_, interval_;
+  double tokens_per_step_, flops_per_token_;
+  bool enabled_, live_;
+  bool live_shown_ = false;
+  std::chrono::steady_clock::time_point last_live_{};
+  double elapsed_s_ = 0.0, window_s_ = 0.0;
+  int64_t window_steps_ = 0;
+};
+
+// The end-of-run summary, <out_dir>/summary.json (written atomically by rank 0).
+struct RunSummary {
+  int64_t steps_done = 0;   // steps taken by the whole run, resumed or not
+  int64_t total_steps = 0;  // training.steps
+  int64_t steps_this_run = 0;
+  bool interrupted = false;  // stopped by a signal (a checkpoint was written)
+  float final_loss = 0.0f;
+  std::optional<float> final_val_loss;
+  double seconds = 0.0, tokens_per_s = 0.0, gflops = 0.0;
+  std::string strategy;
+  int world_size = 1;
+  MemStats memory;
+  CommStats comm;
+  std::string model_dir, latest_checkpoint;  // "" when none
+};
+[[nodiscard]] Status write_run_summary(const std::string& path, const RunSummary& s);
 
 }  // namespace gpt

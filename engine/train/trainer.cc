@@ -286,6 +286,28 @@ void Trainer::log_planned_vs_measured() const {
   spdlog::info("memory per rank after step 1 ({}):{}", plan_->name(), table);
 }
 
+Status Trainer::write_summary(const TrainSummary& summary, int64_t steps_done, const std::string& model_dir) {
+  if (world_.rank() != 0) return Status::ok();
+  RunSummary s;
+  s.steps_done = steps_done;
+  s.total_steps = config_.training.steps;
+  s.steps_this_run = summary.steps;
+  s.interrupted = summary.interrupted;
+  s.final_loss = summary.final_loss;
+  s.final_val_loss = summary.final_val_loss;
+  s.seconds = summary.seconds;
+  s.tokens_per_s = summary.tokens_per_s;
+  s.gflops = flops_per_token() * summary.tokens_per_s / 1e9;
+  const std::string inner(strategy_name(params_->strategy()));
+  s.strategy = replicate_group_ ? "hybrid:" + inner : inner;
+  s.world_size = world_.size();
+  s.memory = MemTracker::instance().stats();
+  s.comm = comm_stats();
+  s.model_dir = model_dir;
+  s.latest_checkpoint = latest_checkpoint(checkpoint_root());
+  return write_run_summary((std::filesystem::path(config_.run.out_dir) / "summary.json").string(), s);
+}
+
 CommStats Trainer::comm_stats() const {
   CommStats total = world_.stats();
   for (const auto* group : {shard_group_.get(), replicate_group_.get()}) {
@@ -346,17 +368,17 @@ Expected<TrainSummary> Trainer::run() {
   TrainSummary summary;
   const double tokens_per_step = static_cast<double>(config_.global_batch()) * shape_.block_size;
   const auto start = std::chrono::steady_clock::now();
-  double window_s = 0.0;
-  int64_t window_steps = 0;
+  Progress progress(start_step_, t.steps, config_.logging.log_interval, tokens_per_step, flops_per_token(), writer);
   for (int64_t step = start_step_; step < t.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     GPT_ASSIGN_OR_RETURN(const float loss, train_step(step));
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    window_s += step_s;
-    ++window_steps;
     summary.final_loss = loss;
     summary.losses.push_back(loss);
-    if (step == start_step_) log_planned_vs_measured();
+    if (step == start_step_) {
+      progress.clear_live();
+      log_planned_vs_measured();
+    }
     StepMetrics m;
     m.step = step + 1;
     m.loss = loss;
@@ -374,23 +396,14 @@ Expected<TrainSummary> Trainer::run() {
     m.memory = MemTracker::instance().stats();
     m.comm = comm_stats();
     if (metrics) GPT_RETURN_IF_ERROR(metrics->write(m));
-    if ((step + 1) % config_.logging.log_interval == 0 || last || m.val_loss) {
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const double eta =
-          elapsed / static_cast<double>(step + 1 - start_step_) * static_cast<double>(t.steps - step - 1);
-      spdlog::info(
-          "step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {:.0f} tok/s | "
-          "{:.1f} GFLOP/s | ETA {}",
-          step + 1, std::to_string(t.steps).size(), t.steps, loss,
-          m.val_loss ? fmt::format(" | val {:.4f}", *m.val_loss) : "", m.lr, m.grad_norm, window_s / window_steps * 1e3,
-          tokens_per_step * window_steps / window_s,
-          flops_per_token() * tokens_per_step * window_steps / window_s / 1e9, format_duration(eta));
-      window_s = 0.0;
-      window_steps = 0;
-    }
+    progress.update(m);
     const bool saved = config_.checkpoint.every > 0 && ((step + 1) % config_.checkpoint.every == 0 || last);
-    if (saved) GPT_RETURN_IF_ERROR(save(step + 1, /*model_only=*/false));
+    if (saved) {
+      progress.clear_live();
+      GPT_RETURN_IF_ERROR(save(step + 1, /*model_only=*/false));
+    }
     if (stop_requested_ && !last) {
+      progress.clear_live();
       if (!saved) GPT_RETURN_IF_ERROR(save(step + 1, /*model_only=*/false));
       GPT_RETURN_IF_ERROR(wait_for_save());
       const int sig = stop_signal();
@@ -400,6 +413,8 @@ Expected<TrainSummary> Trainer::run() {
       summary.interrupted = true;
       summary.steps = step + 1 - start_step_;
       summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      summary.tokens_per_s = tokens_per_step * static_cast<double>(summary.steps) / summary.seconds;
+      GPT_RETURN_IF_ERROR(write_summary(summary, step + 1, ""));
       return summary;
     }
   }
@@ -409,6 +424,7 @@ Expected<TrainSummary> Trainer::run() {
   const std::string model_dir = (out_dir / "model").string();
   GPT_RETURN_IF_ERROR(wait_for_save());
   GPT_RETURN_IF_ERROR(save(t.steps, /*model_only=*/true));
+  GPT_RETURN_IF_ERROR(write_summary(summary, t.steps, model_dir));
   spdlog::info("done: {} steps in {}, final loss {:.4f}{}; weights saved to {}", t.steps,
                format_duration(summary.seconds), summary.final_loss,
                summary.final_val_loss ? fmt::format(", val loss {:.4f}", *summary.final_val_loss) : "", model_dir);
