@@ -52,10 +52,13 @@ stopped=$(grep -o "saved after signal at step [0-9]*" "$work/first.log" | head -
 check "it stopped mid-run (step ${stopped:-none} of $steps)" test -n "$stopped" -a "${stopped:-0}" -lt "$steps"
 check "latest names that step" test "$(cat "$work/run/checkpoints/latest")" = "$(printf 'step_%08d' "${stopped:-0}")"
 check "no final model was written for the unfinished run" test ! -e "$work/run/model"
+check "summary.json says interrupted at that step" grep -qz "\"steps_done\": $stopped,.*\"interrupted\": true" \
+  "$work/run/summary.json"
 
 mpi "$gpt_train" train -c "$work/run.yaml" --resume auto > "$work/second.log" 2>&1
 check "the requeued job finishes (exit $?)" grep -q "done: $steps steps" "$work/second.log"
 check "final loss equals the uninterrupted run's ($ref)" test "$(last_loss "$work/run")" = "$ref"
+check "summary.json says finished" grep -qz "\"steps_done\": $steps,.*\"interrupted\": false" "$work/run/summary.json"
 check "metrics.jsonl has each of the $steps steps once" \
   test "$(grep -o '"step":[0-9]*' "$work/run/metrics.jsonl" | sort -u | wc -l)" -eq "$steps" -a \
   "$(wc -l < "$work/run/metrics.jsonl")" -eq "$steps"
