@@ -57,6 +57,7 @@ Command add_train_command(CLI::App& app) {
     if (!cfg) return report_error(cfg.status());
     init_logging(world().rank(), cfg->logging.level);
     spdlog::info("resolved config ({}):\n{}", args->config.empty() ? kEmbeddedConfigName : args->config, to_yaml(*cfg));
+    start_comm_watchdog(cfg->comm.timeout_s);
     auto trainer = Trainer::create(*cfg, world(), ranks_per_node());
     if (!trainer && args->config.empty()) {
       return report_error(trainer.status().with_context(

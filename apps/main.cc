@@ -1,9 +1,8 @@
 // gpt-train: the command-line entry point. Subcommands: train, prepare, sample, plan, checkpoint.
 #include <spdlog/spdlog.h>
 
-#include <map>
-
 #include <cstdio>
+#include <map>
 
 #include "apps/commands.h"
 #include "comm/mpi_communicator.h"
@@ -18,6 +17,7 @@ std::unique_ptr<Communicator> g_world;
 
 Communicator& world() { return *g_world; }
 int ranks_per_node() { return g_mpi->local_size(); }
+void start_comm_watchdog(double timeout_s) { g_mpi->start_watchdog(timeout_s); }
 
 int report_error(const Status& status) {
   spdlog::error("{}", status.message());
@@ -66,7 +66,13 @@ int main(int argc, char** argv) {
   CLI::App* checkpoint =
       app.add_subcommand("checkpoint", "Inspect, verify or consolidate (to safetensors) a checkpoint or model");
   commands[checkpoint] = gpt::add_checkpoint_command(*checkpoint);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    gpt::g_world.reset();  // communicators go before the MPI environment (and its watchdog)
+    return code;
+  }
   int code = 0;
   for (auto& [sub, run] : commands) {
     if (sub->parsed()) code = run();

@@ -1,10 +1,29 @@
 #include "comm/comm_stream.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 
 namespace gpt {
 
-CommStream::CommStream() : thread_([this] { loop(); }) {}
+namespace {
+
+// GPT_TRAIN_FAULT=skip_collective:<rank>:<seq>: that rank silently drops the world group's collective <seq>,
+// as a rank that took another branch would, and its next collective then never completes, as a mismatched
+// collective does under NCCL (MPI may instead match mismatched collectives silently and fail later)
+// (tests/apps/comm_watchdog_test.sh).
+bool fault_skips(const std::string& group, int rank, uint64_t seq) {
+  const char* fault = std::getenv("GPT_TRAIN_FAULT");
+  int r = -1;
+  unsigned long long s = 0;
+  return fault != nullptr && group == "world" && std::sscanf(fault, "skip_collective:%d:%llu", &r, &s) == 2 &&
+         r == rank && s == seq;
+}
+
+}  // namespace
+
+CommStream::CommStream(std::string group, int rank)
+    : group_(std::move(group)), rank_(rank), thread_([this] { loop(); }) {}
 
 CommStream::~CommStream() {
   {
@@ -19,17 +38,42 @@ Work CommStream::submit(CommOp op, int64_t elements, int64_t bytes, std::functio
   auto state = std::make_shared<Work::State>();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({op, elements, bytes, std::move(task), state, true});
+    const uint64_t seq = ++submitted_;
+    if (!fault_fired_ && fault_skips(group_, rank_, seq)) {
+      --submitted_;  // the next collective takes this number
+      fault_fired_ = stall_next_ = true;
+      return Work();
+    }
+    if (stall_next_) {
+      stall_next_ = false;
+      task = [] {
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      };
+    }
+    history_.push_back({group_, seq, op, elements, false});
+    if (history_.size() > kHistory) history_.pop_front();
+    queue_.push_back({op, elements, bytes, std::move(task), state, true, seq});
   }
   cv_.notify_all();
   return Work(state);
+}
+
+std::vector<CollectiveRecord> CommStream::history() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {history_.begin(), history_.end()};
+}
+
+std::optional<double> CommStream::running_for() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!running_since_) return std::nullopt;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - *running_since_).count();
 }
 
 void CommStream::run_sync(std::function<void()> task) {
   auto state = std::make_shared<Work::State>();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back({CommOp::kBarrier, 0, 0, std::move(task), state, false});
+    queue_.push_back({CommOp::kBarrier, 0, 0, std::move(task), state, false, 0});
   }
   cv_.notify_all();
   Work(state).wait();
@@ -49,12 +93,17 @@ void CommStream::loop() {
       if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();
+      running_since_ = std::chrono::steady_clock::now();
     }
     const auto t0 = std::chrono::steady_clock::now();
     task.fn();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     {
       std::lock_guard<std::mutex> lock(mu_);
+      running_since_.reset();
+      for (CollectiveRecord& r : history_) {
+        if (task.counted && r.seq == task.seq) r.done = true;
+      }
       if (task.counted) {
         CommOpStats& s = stats_.ops[static_cast<size_t>(task.op)];
         ++s.calls;

@@ -4,17 +4,34 @@
 // Thread-safe: submit() and stats() may be called from any thread; tasks never run concurrently.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <functional>
+#include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/communicator.h"
 
 namespace gpt {
 
+// One collective as the watchdog reports it: its number in this communicator (1-based, in issue order), what
+// it was, and whether it had completed.
+struct CollectiveRecord {
+  std::string group;
+  uint64_t seq = 0;
+  CommOp op = CommOp::kBarrier;
+  int64_t elements = 0;
+  bool done = false;
+};
+
 class CommStream {
  public:
-  CommStream();
+  static constexpr size_t kHistory = 20;  // collectives remembered for a hang report
+  // `group` and `rank` name the communicator in reports (and let the test hook GPT_TRAIN_FAULT=
+  // skip_collective:<rank>:<seq> drop the world group's collective number <seq> on one rank).
+  explicit CommStream(std::string group = "", int rank = -1);
   ~CommStream();  // drains the queue, then joins the thread
   CommStream(const CommStream&) = delete;
   CommStream& operator=(const CommStream&) = delete;
@@ -24,6 +41,10 @@ class CommStream {
   // Runs `task` on the stream and waits for it (for calls that must happen in stream order, e.g. split).
   void run_sync(std::function<void()> task);
   CommStats stats() const;
+  // The last kHistory collectives submitted, oldest first.
+  std::vector<CollectiveRecord> history() const;
+  // How long the collective running now has been running, if one is.
+  std::optional<double> running_for() const;
 
  private:
   struct Task {
@@ -32,6 +53,7 @@ class CommStream {
     std::function<void()> fn;
     std::shared_ptr<Work::State> state;
     bool counted;
+    uint64_t seq;
   };
   void loop();
 
@@ -40,6 +62,12 @@ class CommStream {
   std::deque<Task> queue_;
   bool stopping_ = false;
   CommStats stats_;
+  std::string group_;
+  int rank_;
+  uint64_t submitted_ = 0;
+  bool fault_fired_ = false, stall_next_ = false;  // the skip_collective test hook
+  std::deque<CollectiveRecord> history_;
+  std::optional<std::chrono::steady_clock::time_point> running_since_;
   std::thread thread_;
 };
 

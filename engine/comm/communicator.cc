@@ -8,12 +8,18 @@ namespace gpt {
 
 std::string_view comm_op_name(CommOp op) {
   switch (op) {
-    case CommOp::kAllReduce: return "all_reduce";
-    case CommOp::kReduceScatter: return "reduce_scatter";
-    case CommOp::kAllGather: return "all_gather";
-    case CommOp::kBroadcast: return "broadcast";
-    case CommOp::kBarrier: return "barrier";
-    case CommOp::kCount: break;
+    case CommOp::kAllReduce:
+      return "all_reduce";
+    case CommOp::kReduceScatter:
+      return "reduce_scatter";
+    case CommOp::kAllGather:
+      return "all_gather";
+    case CommOp::kBroadcast:
+      return "broadcast";
+    case CommOp::kBarrier:
+      return "barrier";
+    case CommOp::kCount:
+      break;
   }
   return "?";
 }

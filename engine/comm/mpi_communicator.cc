@@ -1,9 +1,13 @@
 #include "comm/mpi_communicator.h"
 
 #include <mpi.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <climits>
+#include <cstdio>
+#include <cstring>
+#include <optional>
 #include <thread>
 
 #include "comm/comm_stream.h"
@@ -34,10 +38,14 @@ MpiTypes& mpi_types() {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::kF32: return MPI_FLOAT;
-    case DType::kBF16: return mpi_types().bf16_type;
-    case DType::kI32: return MPI_INT32_T;
-    case DType::kU16: return MPI_UINT16_T;
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kBF16:
+      return mpi_types().bf16_type;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kU16:
+      return MPI_UINT16_T;
   }
   return MPI_DATATYPE_NULL;
 }
@@ -67,11 +75,15 @@ int count(int64_t n) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, bool owned, std::string name) : comm_(comm), owned_(owned), name_(std::move(name)) {
+  MpiCommunicator(MPI_Comm comm, bool owned, std::string name, CommWatchdog* watchdog)
+      : comm_(comm), owned_(owned), name_(std::move(name)), watchdog_(watchdog) {
     GPT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     GPT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    stream_ = std::make_unique<CommStream>(name_, rank_);
+    if (watchdog_ != nullptr) watchdog_->watch(stream_.get());
   }
   ~MpiCommunicator() override {
+    if (watchdog_ != nullptr) watchdog_->unwatch(stream_.get());
     stream_.reset();  // finish queued collectives before freeing the communicator
     if (owned_) MPI_Comm_free(&comm_);
   }
@@ -90,8 +102,7 @@ class MpiCommunicator final : public Communicator {
   Work reduce_scatter(const void* send, void* recv, int64_t n, DType dtype) override {
     return stream_->submit(CommOp::kReduceScatter, n * size_, bytes(n * size_, dtype), [=, this] {
       MPI_Request req;
-      GPT_MPI_CHECK(
-          MPI_Ireduce_scatter_block(send, recv, count(n), mpi_type(dtype), mpi_sum(dtype), comm_, &req));
+      GPT_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, count(n), mpi_type(dtype), mpi_sum(dtype), comm_, &req));
       complete(&req);
     });
   }
@@ -121,7 +132,7 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override {
     MPI_Comm sub = MPI_COMM_NULL;
     stream_->run_sync([&] { GPT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub)); });
-    return std::make_unique<MpiCommunicator>(sub, true, std::move(name));
+    return std::make_unique<MpiCommunicator>(sub, true, std::move(name), watchdog_);
   }
   CommStats stats() const override { return stream_->stats(); }
 
@@ -130,9 +141,59 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   bool owned_;
   std::string name_;
+  CommWatchdog* watchdog_;
   int rank_ = 0, size_ = 1;
-  std::unique_ptr<CommStream> stream_ = std::make_unique<CommStream>();
+  std::unique_ptr<CommStream> stream_;
 };
+
+// A CollectiveRecord as fixed-size bytes for the watchdog's all-gather.
+struct WireRecord {
+  char group[24];
+  uint64_t seq;
+  int64_t elements;
+  int32_t op, done;
+};
+constexpr size_t kWireRecords = 4 * CommStream::kHistory;  // up to 4 communicators per rank
+
+// Gathers every rank's history over `comm` (a duplicate of the world kept for this), giving up after
+// `timeout_s`.
+std::optional<std::vector<std::vector<CollectiveRecord>>> exchange_histories(
+    MPI_Comm comm, double timeout_s, const std::vector<CollectiveRecord>& mine) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  std::vector<WireRecord> send(kWireRecords), recv(kWireRecords * static_cast<size_t>(size));
+  for (WireRecord& w : send) w = WireRecord{};
+  const size_t n = std::min(mine.size(), kWireRecords);
+  for (size_t i = 0; i < n; ++i) {
+    const CollectiveRecord& r = mine[mine.size() - n + i];
+    std::snprintf(send[i].group, sizeof(send[i].group), "%s", r.group.c_str());
+    send[i].seq = r.seq;
+    send[i].elements = r.elements;
+    send[i].op = static_cast<int32_t>(r.op);
+    send[i].done = r.done ? 1 : 0;
+  }
+  const int bytes = static_cast<int>(sizeof(WireRecord) * kWireRecords);
+  MPI_Request req;
+  if (MPI_Iallgather(send.data(), bytes, MPI_BYTE, recv.data(), bytes, MPI_BYTE, comm, &req) != MPI_SUCCESS) {
+    return std::nullopt;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (int done = 0; !done;) {
+    if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return std::nullopt;
+    if (!done && std::chrono::steady_clock::now() > deadline) return std::nullopt;
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::vector<std::vector<CollectiveRecord>> all(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    for (size_t i = 0; i < kWireRecords; ++i) {
+      const WireRecord& w = recv[static_cast<size_t>(r) * kWireRecords + i];
+      if (w.seq == 0) continue;
+      all[static_cast<size_t>(r)].push_back({std::string(w.group, strnlen(w.group, sizeof(w.group))), w.seq,
+                                             static_cast<CommOp>(w.op), w.elements, w.done != 0});
+    }
+  }
+  return all;
+}
 
 }  // namespace
 
@@ -161,6 +222,7 @@ Expected<std::unique_ptr<MpiEnvironment>> MpiEnvironment::init(int* argc, char**
 }
 
 MpiEnvironment::~MpiEnvironment() {
+  watchdog_.reset();  // its thread may use MPI
   MpiTypes& t = mpi_types();
   if (t.bf16_sum_op != MPI_OP_NULL) MPI_Op_free(&t.bf16_sum_op);
   if (t.bf16_type != MPI_DATATYPE_NULL) MPI_Type_free(&t.bf16_type);
@@ -168,7 +230,25 @@ MpiEnvironment::~MpiEnvironment() {
 }
 
 std::unique_ptr<Communicator> MpiEnvironment::make_world() {
-  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false, "world");
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false, "world", watchdog_.get());
+}
+
+void MpiEnvironment::start_watchdog(double timeout_s) {
+  if (timeout_s <= 0) return;
+  MPI_Comm channel = MPI_COMM_NULL;
+  GPT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &channel));  // never freed: it lives as long as the watchdog
+  watchdog_->start(
+      timeout_s, world_rank_,
+      [channel, timeout_s](const std::vector<CollectiveRecord>& mine) {
+        return exchange_histories(channel, timeout_s, mine);
+      },
+      [](const std::string& diagnosis) {
+        spdlog::error("{}", diagnosis);
+        spdlog::default_logger()->flush();
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 3);
+        std::abort();
+      });
 }
 
 void MpiEnvironment::abort(int exit_code) {

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "comm/communicator.h"
+#include "comm/watchdog.h"
 #include "core/status.h"
 
 namespace gpt {
@@ -25,12 +26,17 @@ class MpiEnvironment {
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
   std::unique_ptr<Communicator> make_world();
+  // The collective watchdog over every communicator made here (and their splits): after timeout_s seconds
+  // in one collective, every rank logs its recent collectives, the ranks compare them, and the job ends
+  // (MPI_Abort) with the first collective where they disagree. 0 = off. Collective over MPI_COMM_WORLD.
+  void start_watchdog(double timeout_s);
   // Ends every rank of the job (after a failure on this one has been logged).
   [[noreturn]] void abort(int exit_code);
 
  private:
   MpiEnvironment() = default;
   int world_rank_ = 0, world_size_ = 1, local_rank_ = 0, local_size_ = 1;
+  std::unique_ptr<CommWatchdog> watchdog_ = std::make_unique<CommWatchdog>();
 };
 
 }  // namespace gpt

@@ -51,7 +51,7 @@ struct TrainingSection {
   int64_t eval_interval = 250;  // 0 = no eval except at the end
   int eval_batches = 20;
   std::string activation_checkpointing = "none";  // none | full | every:N | selective
-  std::string nonfinite = "stop";                  // stop | skip_step: on a non-finite loss or gradient
+  std::string nonfinite = "stop";                 // stop | skip_step: on a non-finite loss or gradient
 };
 
 struct ParallelSection {
@@ -74,6 +74,10 @@ struct CheckpointSection {
   bool async = false;  // write in a background thread after copying the slices to host memory
 };
 
+struct CommSection {
+  float timeout_s = 300.0f;  // a collective running longer ends the job with a diagnosis; 0 = no watchdog
+};
+
 struct LoggingSection {
   std::string level = "info";                  // trace | debug | info | warn | error
   int64_t log_interval = 10;                   // steps between plain progress lines when stdout is not a terminal
@@ -87,6 +91,7 @@ struct RunConfig {
   TrainingSection training;
   ParallelSection parallel;
   CheckpointSection checkpoint;
+  CommSection comm;
   LoggingSection logging;
 
   // Where each key's value came from, "file.yaml:12:5", "--set", or absent for a default; used by

@@ -64,15 +64,16 @@ Allowed tied() { return checked(check_tied, "only true for now"); }
 // Key name, section, field name and field accessor from one mention of the field, so they cannot drift.
 #define GPT_KEY(sec, fld) #sec "." #fld, #sec, #fld, [](RunConfig & c) -> FieldRef { return &c.sec.fld; }
 
-constexpr std::array<std::string_view, 7> kSections = {"run",      "model",      "data",   "training",
-                                                       "parallel", "checkpoint", "logging"};
-constexpr std::array<std::string_view, 7> kSectionMeanings = {
+constexpr std::array<std::string_view, 8> kSections = {"run",      "model",      "data", "training",
+                                                       "parallel", "checkpoint", "comm", "logging"};
+constexpr std::array<std::string_view, 8> kSectionMeanings = {
     "the run's name, output directory, seed and threads",
     "the GPT-2 shape",
     "token shards and how they are read",
     "steps, batch sizes, AdamW, learning-rate schedule, eval and memory",
     "how ranks under mpirun/srun share the work",
     "sharded checkpoints: cadence, retention, where, and resuming",
+    "the collective watchdog",
     "log level and metrics"};
 
 size_t edit_distance(std::string_view a, std::string_view b) {
@@ -183,6 +184,10 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(checkpoint, resume), anything(),
        "empty: start fresh; auto: continue from <checkpoint.dir>/latest when there is one; or a step directory "
        "(any world size and strategy). The command line's --resume sets it"},
+
+      {GPT_KEY(comm, timeout_s), at_least(0),
+       "seconds one collective may run before every rank logs its last 20 collectives and the job ends, naming "
+       "the first collective where ranks disagree (a rank that skipped one or died); 0 = no watchdog"},
 
       {GPT_KEY(logging, level), one_of("trace|debug|info|warn|error"), "log level"},
       {GPT_KEY(logging, log_interval), at_least(1), "steps between plain progress lines when stdout is not a terminal"},

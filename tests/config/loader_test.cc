@@ -73,7 +73,7 @@ TEST_CASE("Loader errors name file:line:column, the key and what was expected", 
         "dropout, tied_embeddings");
   CHECK(load_error("run: {}\nmodle:\n  n_head: 4\n") == "x.yaml:2:1: unknown section 'modle'; did you mean 'model'?");
   CHECK(load_error("optimizer: {}\n") ==
-        "x.yaml:1:1: unknown section 'optimizer'; sections are run, model, data, training, parallel, checkpoint, logging");
+        "x.yaml:1:1: unknown section 'optimizer'; sections are run, model, data, training, parallel, checkpoint, comm, logging");
   CHECK(load_error("model:\n  n_head:  four\n") == "x.yaml:2:12: model.n_head: expected an integer, got 'four'");
   CHECK(load_error("model:\n  n_head: [4]\n") ==
         "x.yaml:2:11: model.n_head: expected a single int value, got a sequence");
@@ -86,7 +86,7 @@ TEST_CASE("Loader errors name file:line:column, the key and what was expected", 
   CHECK(load_error("training:\n  beta2: 1\n") == "x.yaml:2:10: training.beta2: must be in [0, 1), got 1");
   CHECK(load_error("model: 5\n") == "x.yaml:1:8: section 'model' must be a map of key: value, got '5'");
   CHECK(load_error("- run\n") ==
-        "x.yaml:1:1: expected a map of sections (run, model, data, training, parallel, checkpoint, logging), got a sequence");
+        "x.yaml:1:1: expected a map of sections (run, model, data, training, parallel, checkpoint, comm, logging), got a sequence");
   CHECK(load_error("model:\n  n_head: 4\n  n_head: 8\n") ==
         "x.yaml:3:3: duplicate key 'model.n_head' (first at x.yaml:2:11)");
   CHECK(load_error("model: {}\nmodel: {}\n") == "x.yaml:2:1: duplicate section 'model' (first at x.yaml:1:1)");

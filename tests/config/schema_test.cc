@@ -56,6 +56,7 @@ const std::vector<std::string> kExpectedKeys = {"run.name",
                                                 "checkpoint.dir",
                                                 "checkpoint.async",
                                                 "checkpoint.resume",
+                                                "comm.timeout_s",
                                                 "logging.level",
                                                 "logging.log_interval",
                                                 "logging.metrics_file"};

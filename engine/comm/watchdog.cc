@@ -1,0 +1,121 @@
+#include "comm/watchdog.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <map>
+#include <set>
+
+namespace gpt {
+
+namespace {
+
+std::string describe(const CollectiveRecord& r) {
+  return fmt::format("{} of {} elements{}", comm_op_name(r.op), r.elements, r.done ? "" : " (not finished)");
+}
+
+}  // namespace
+
+std::string diagnose_hang(const std::vector<std::vector<CollectiveRecord>>& ranks) {
+  // group -> seq -> rank -> record
+  std::map<std::string, std::map<uint64_t, std::map<int, CollectiveRecord>>> by_group;
+  std::map<std::string, std::map<int, uint64_t>> last_seq;  // group -> rank -> highest seq issued
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    for (const CollectiveRecord& rec : ranks[r]) {
+      by_group[rec.group][rec.seq][static_cast<int>(r)] = rec;
+      uint64_t& last = last_seq[rec.group][static_cast<int>(r)];
+      last = std::max(last, rec.seq);
+    }
+  }
+  for (const auto& [group, seqs] : by_group) {
+    for (const auto& [seq, recs] : seqs) {
+      const auto& [r0, first] = *recs.begin();
+      for (const auto& [r, rec] : recs) {
+        if (rec.op != first.op || rec.elements != first.elements) {
+          return fmt::format(
+              "ranks disagree at {} collective #{}: rank {} issued {}, rank {} issued {} (a rank skipped or added "
+              "a collective before it)",
+              group, seq, r0, describe(first), r, describe(rec));
+        }
+      }
+    }
+  }
+  for (const auto& [group, seqs] : by_group) {
+    for (const auto& [seq, recs] : seqs) {
+      for (const auto& [r, last] : last_seq[group]) {
+        if (last < seq) {
+          const auto& [other, rec] = *recs.begin();
+          return fmt::format("rank {} never issued {} collective #{} ({} on rank {}); its last was #{}", r, group, seq,
+                             describe(rec), other, last);
+        }
+      }
+    }
+  }
+  for (const auto& [group, seqs] : by_group) {
+    for (const auto& [seq, recs] : seqs) {
+      for (const auto& [r, rec] : recs) {
+        if (!rec.done) {
+          return fmt::format("{} collective #{} ({}) was issued by every rank that answered but has not finished",
+                             group, seq, describe(rec));
+        }
+      }
+    }
+  }
+  return "the ranks' recent collectives agree";
+}
+
+CommWatchdog::~CommWatchdog() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void CommWatchdog::watch(const CommStream* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  streams_.push_back(stream);
+}
+
+void CommWatchdog::unwatch(const CommStream* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase(streams_, stream);
+}
+
+void CommWatchdog::start(double timeout_s, int rank, HistoryExchange exchange,
+                         std::function<void(const std::string&)> on_hang) {
+  if (thread_.joinable() || timeout_s <= 0) return;
+  timeout_s_ = timeout_s;
+  rank_ = rank;
+  exchange_ = std::move(exchange);
+  on_hang_ = std::move(on_hang);
+  thread_ = std::thread([this] { loop(); });
+}
+
+void CommWatchdog::loop() {
+  while (!stop_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::vector<CollectiveRecord> mine;
+    double stuck = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const CommStream* s : streams_) stuck = std::max(stuck, s->running_for().value_or(0.0));
+      if (stuck < timeout_s_) continue;
+      for (const CommStream* s : streams_) {
+        const auto h = s->history();
+        mine.insert(mine.end(), h.begin(), h.end());
+      }
+    }
+    std::string lines;
+    for (const CollectiveRecord& r : mine) lines += fmt::format("\n  {} #{}: {}", r.group, r.seq, describe(r));
+    spdlog::error("a collective has not finished after {:.0f} s (comm.timeout_s); this rank's last collectives:{}",
+                  stuck, lines);
+    const auto all = exchange_(mine);
+    const std::string diagnosis =
+        all ? diagnose_hang(*all)
+            : "not every rank answered within comm.timeout_s (a rank may be stuck outside a collective or dead); "
+              "this rank alone: " +
+                  diagnose_hang({mine});
+    on_hang_(fmt::format("collective watchdog on rank {}: {}", rank_, diagnosis));
+    return;
+  }
+}
+
+}  // namespace gpt

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The collective watchdog: under mpirun -np 2 (zero3), rank 1 skips the world's collective #12
+# (GPT_TRAIN_FAULT=skip_collective, after which its next collective hangs). Within comm.timeout_s (2 s) plus
+# a little, every rank logs its last collectives, the job ends (non-zero, never a hang) and the message names
+# collective #12 and what each rank issued there.
+set -uo pipefail
+gpt_train="$1"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+fail=0
+check() {  # check DESCRIPTION COMMAND...
+  local what="$1"
+  shift
+  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
+}
+for i in $(seq 300); do echo "the quick brown fox jumps over the lazy dog $((i % 11))"; done > "$work/corpus.txt"
+"$gpt_train" prepare --input "$work/corpus.txt" --out "$work/data" > /dev/null 2>&1 || exit 1
+cat > "$work/run.yaml" <<YAML
+run: {out_dir: $work/run, threads: 1}
+model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16}
+data: {train: $work/data/train.bin, val: $work/data/val.bin}
+training: {steps: 50, micro_batch_size: 2, global_batch_sequences: 4, eval_interval: 0, eval_batches: 1}
+parallel: {strategy: zero3}
+comm: {timeout_s: 2}
+YAML
+start=$(date +%s)
+out=$(GPT_TRAIN_FAULT=skip_collective:1:12 timeout 60 mpirun -np 2 --oversubscribe -x GPT_TRAIN_FAULT \
+  "$gpt_train" train -c "$work/run.yaml" 2>&1)
+code=$?
+elapsed=$(( $(date +%s) - start ))
+echo "$out" | grep -E "watchdog" | head -3
+check "the job ends with an error (exit $code)" test "$code" -ne 0 -a "$code" -ne 124
+check "within seconds (${elapsed}s)" test "$elapsed" -lt 30
+for r in 0 1; do
+  check "rank $r logs its last collectives" grep -q "\[rank $r\] \[error\] a collective has not finished after 2 s" <<< "$out"
+done
+check "the message names the first collective where the ranks disagree" \
+  grep -qE "ranks disagree at world collective #12: rank 0 issued [a-z_]+ of [0-9]+ elements.*rank 1 issued" <<< "$out"
+[ "$fail" -eq 0 ] && echo "PASS: a skipped collective ends the job in ${elapsed}s naming collective #12"
+exit $fail
