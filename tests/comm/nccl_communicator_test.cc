@@ -1,28 +1,28 @@
 // The NCCL Communicator on GPUs, one rank per GPU, bootstrapped over the MPI world: every collective in fp32
 // and bf16 against values computed on the host, in-place all-gather, barrier, split, and the counters. Needs
 // as many visible GPUs on each node as ranks on it; otherwise it prints why it is skipped.
+#include "comm/nccl_communicator.h"
+
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <vector>
 
-#include "comm/nccl_communicator.h"
+#include "comm/device_select.h"
 #include "core/dtype.h"
 #include "testing/mpi.h"
 
 namespace gpt {
 namespace {
 
-bool gpus_for_every_rank() {
-  const int devices = cuda_device_count();
-  if (devices >= testing::g_mpi->local_size()) return true;
-  if (testing::g_mpi->world_rank() == 0) {
-    std::printf("SKIPPED NCCL communicator tests: %d CUDA device(s) visible for %d rank(s) on this node (%s)\n",
-                devices, testing::g_mpi->local_size(),
-                devices == 0 ? "no GPU or no driver" : "NCCL needs one GPU per rank");
+// This rank's GPU (one per rank, by local rank), or -1 after saying why the test is skipped.
+int device_or_skip() {
+  auto device = device_for_local_rank(testing::g_mpi->local_rank(), testing::g_mpi->local_size(), cuda_device_count());
+  if (!device && testing::g_mpi->world_rank() == 0) {
+    std::printf("SKIPPED NCCL communicator tests: %s\n", device.status().message().c_str());
   }
-  return false;
+  return device ? *device : -1;
 }
 
 template <typename T>
@@ -42,9 +42,10 @@ struct DeviceBuffer {
 };
 
 TEST_CASE("NCCL collectives on GPUs match the host's sums and copies", "[mpi][nccl]") {
-  if (!gpus_for_every_rank()) return;
+  const int device = device_or_skip();
+  if (device < 0) return;
   auto world = testing::g_mpi->make_world();
-  auto made = make_nccl_communicator(*world, testing::g_mpi->local_rank());
+  auto made = make_nccl_communicator(*world, device);
   INFO(made.status().message());
   REQUIRE(made.has_value());
   Communicator& nccl = **made;
