@@ -4,10 +4,13 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "checkpoint/crc32c.h"
 #include "core/atomic_file.h"
@@ -61,6 +64,41 @@ Status remove_tree(const fs::path& p) {
   fs::remove_all(p, ec);
   if (ec) return Status::io_error(p.string() + ": cannot remove: " + ec.message());
   return Status::ok();
+}
+
+// Removes a step directory without ever leaving one that looks complete but is not: renamed to a .tmp-
+// name first (what a crash leaves is cleaned up by the next save), then deleted.
+Status retire(const fs::path& dir) {
+  const fs::path doomed = dir.parent_path() / (".tmp-del-" + dir.filename().string());
+  std::error_code ec;
+  fs::rename(dir, doomed, ec);
+  if (ec) return Status::io_error(dir.string() + ": cannot remove: " + ec.message());
+  return remove_tree(doomed);
+}
+
+// The step of "step_00001000", if the name is one.
+std::optional<int64_t> step_of(const std::string& name) {
+  if (name.rfind("step_", 0) != 0 || name.size() == 5) return std::nullopt;
+  int64_t step = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || step > (INT64_MAX - 9) / 10) return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+// The step directories under root (with a manifest when `complete`), by step.
+std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& root, bool complete) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const auto step = step_of(entry.path().filename().string());
+    if (step && entry.is_directory(ec) && (!complete || fs::exists(entry.path() / "manifest.json", ec))) {
+      out.emplace_back(*step, entry.path());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 // Rank 0, phase 1.
@@ -119,15 +157,17 @@ Status finish(const fs::path& root, const fs::path& tmp, const std::string& name
   if (req.update_latest) {
     GPT_RETURN_IF_ERROR(write_file_atomically((root / "latest").string(), {std::span<const char>(name)}));
   }
-  if (req.keep_last > 0) {
-    std::vector<fs::path> steps;
-    for (const auto& entry : fs::directory_iterator(root, ec)) {
-      const std::string n = entry.path().filename().string();
-      if (n.rfind("step_", 0) == 0 && entry.is_directory() && n != name) steps.push_back(entry.path());
-    }
-    std::sort(steps.begin(), steps.end());
+  const auto step = step_of(name);
+  if (!step) return Status::ok();  // a model directory
+  // Steps after this one belong to a run that was abandoned and resumed from an earlier checkpoint: stale.
+  std::vector<std::pair<int64_t, fs::path>> older;
+  for (const auto& [s, dir] : step_dirs(root, /*complete=*/false)) {
+    if (s > *step) GPT_RETURN_IF_ERROR(retire(dir));
+    if (s < *step) older.emplace_back(s, dir);
+  }
+  if (req.keep_last > 0) {  // the newest keep_last, this one included
     const size_t keep_others = static_cast<size_t>(req.keep_last - 1);
-    for (size_t i = 0; i + keep_others < steps.size(); ++i) GPT_RETURN_IF_ERROR(remove_tree(steps[i]));
+    for (size_t i = 0; i + keep_others < older.size(); ++i) GPT_RETURN_IF_ERROR(retire(older[i].second));
   }
   return Status::ok();
 }
@@ -152,13 +192,8 @@ std::string latest_checkpoint(const std::string& root) {
   }
   // No usable `latest` (a crash between the rename and its update, or a hand-edited root): the newest
   // complete step directory.
-  std::string best;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    const std::string n = entry.path().filename().string();
-    if (n.rfind("step_", 0) == 0 && fs::exists(entry.path() / "manifest.json", ec) && n > best) best = n;
-  }
-  return best.empty() ? std::string() : (fs::path(root) / best).string();
+  const auto steps = step_dirs(root, /*complete=*/true);
+  return steps.empty() ? std::string() : steps.back().second.string();
 }
 
 Status save_checkpoint(Communicator& world, const std::string& root_dir, const std::string& name,

@@ -5,7 +5,9 @@
 //   2. every rank with slices writes shard_<rank>.bin there (temporary name, fsync, rename), no gathering;
 //   3. the slices' places and CRC-32Cs are all-gathered; rank 0 writes config, tokenizer and, last, the
 //      manifest, then renames the directory to <root>/<name>, fsyncs <root>, updates <root>/latest
-//      atomically and removes the oldest step directories beyond keep_last.
+//      atomically, removes step directories after this step (left by a run that was abandoned and resumed
+//      from an earlier checkpoint) and the oldest beyond keep_last, by step number; each is renamed to a
+//      .tmp- name before it is deleted.
 // A crash at any moment leaves <root>/<name> either absent or complete, and `latest` naming a complete
 // checkpoint. Any rank's failure fails the save on every rank (the failing rank's error, others name it).
 #pragma once

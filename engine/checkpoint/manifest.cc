@@ -233,11 +233,15 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
   for (size_t u = 0; u < covered.size(); ++u) {
     std::sort(covered[u].begin(), covered[u].end());
     int64_t at = 0;
+    bool exact = true;
     for (const auto& [b, e] : covered[u]) {
-      if (b != at) break;
+      if (b != at) {
+        exact = false;
+        break;
+      }
       at = e;
     }
-    if (at != layout.units[u].numel) {
+    if (!exact || at != layout.units[u].numel) {
       return Status::corruption(path + ": the shards do not cover unit '" + layout.units[u].name +
                                 "' exactly once (elements from " + std::to_string(at) + " missing or overlapping)");
     }

@@ -12,6 +12,9 @@ Expected<int> device_for_local_rank(int local_rank, int local_size, int device_c
     return Status::failed_precondition("no CUDA device is visible to this process" + where +
                                        "; run on a GPU node or use the CPU backend");
   }
+  // Slurm's --gpus-per-task (or a launcher that sets CUDA_VISIBLE_DEVICES per rank) shows each rank only its
+  // own GPU: device 0.
+  if (device_count == 1 && visible != nullptr && local_size > 1) return 0;
   if (local_size > device_count) {
     return Status::failed_precondition(
         std::to_string(local_size) + " ranks run on this node but only " + std::to_string(device_count) +

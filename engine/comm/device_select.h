@@ -7,7 +7,8 @@
 
 namespace gpt {
 
-// The device of local rank `local_rank` of `local_size` ranks on a node with `device_count` visible GPUs.
+// The device of local rank `local_rank` of `local_size` ranks on a node with `device_count` visible GPUs;
+// device 0 when CUDA_VISIBLE_DEVICES shows each rank a single GPU (per-task binding).
 // Errors: no GPU visible; more ranks on the node than GPUs (naming both counts and how to launch).
 Expected<int> device_for_local_rank(int local_rank, int local_size, int device_count);
 

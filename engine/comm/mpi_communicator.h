@@ -29,6 +29,7 @@ class MpiEnvironment {
   // The collective watchdog over every communicator made here (and their splits): after timeout_s seconds
   // in one collective, every rank logs its recent collectives, the ranks compare them, and the job ends
   // (MPI_Abort) with the first collective where they disagree. 0 = off. Collective over MPI_COMM_WORLD.
+  // Communicators named "checkpoint" are not watched: their collectives legitimately wait for file writes.
   void start_watchdog(double timeout_s);
   // Ends every rank of the job (after a failure on this one has been logged).
   [[noreturn]] void abort(int exit_code);

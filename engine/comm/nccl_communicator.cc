@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <vector>
 
 #include "comm/comm_stream.h"
 #include "core/check.h"
@@ -144,23 +145,38 @@ int cuda_device_count() {
 
 Expected<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& bootstrap, int device,
                                                                void* compute_stream, std::string name) {
+  // Every rank takes part in the same two bootstrap collectives whatever fails locally, so that a bad device
+  // or a failed ncclGetUniqueId on one rank is an error on all of them, not a hang in ncclCommInitRank.
+  Status local;
   const int devices = cuda_device_count();
   if (device < 0 || device >= devices) {
-    return Status::failed_precondition("rank " + std::to_string(bootstrap.rank()) + " needs CUDA device " +
-                                       std::to_string(device) + " but this node has " + std::to_string(devices) +
-                                       " visible; run one rank per GPU");
-  }
-  if (cudaSetDevice(device) != cudaSuccess) {
-    return Status::failed_precondition("cudaSetDevice(" + std::to_string(device) + ") failed");
-  }
-  ncclUniqueId id;
-  std::memset(&id, 0, sizeof(id));
-  if (bootstrap.rank() == 0) {
-    const ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) return Status::failed_precondition(std::string("ncclGetUniqueId: ") + ncclGetErrorString(r));
+    local = Status::failed_precondition("rank " + std::to_string(bootstrap.rank()) + " needs CUDA device " +
+                                        std::to_string(device) + " but this node has " + std::to_string(devices) +
+                                        " visible; run one rank per GPU");
+  } else if (cudaSetDevice(device) != cudaSuccess) {
+    local = Status::failed_precondition("cudaSetDevice(" + std::to_string(device) + ") failed");
   }
   static_assert(sizeof(ncclUniqueId) % sizeof(int32_t) == 0);
-  bootstrap.broadcast(&id, sizeof(id) / sizeof(int32_t), DType::kI32, 0).wait();
+  constexpr int64_t kIdWords = sizeof(ncclUniqueId) / sizeof(int32_t);
+  std::vector<int32_t> id_msg(kIdWords, 0);
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  if (bootstrap.rank() == 0 && local.is_ok()) {
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) local = Status::failed_precondition(std::string("ncclGetUniqueId: ") + ncclGetErrorString(r));
+    std::memcpy(id_msg.data(), &id, sizeof(id));
+  }
+  bootstrap.broadcast(id_msg.data(), kIdWords, DType::kI32, 0).wait();
+  std::memcpy(&id, id_msg.data(), sizeof(id));
+  const int32_t ok = local.is_ok() ? 1 : 0;
+  std::vector<int32_t> oks(static_cast<size_t>(bootstrap.size()), 0);
+  bootstrap.all_gather(&ok, oks.data(), 1, DType::kI32).wait();
+  if (!local.is_ok()) return local;
+  for (size_t r = 0; r < oks.size(); ++r) {
+    if (oks[r] == 0) {
+      return Status::failed_precondition("NCCL set-up failed on rank " + std::to_string(r) + " (its log has why)");
+    }
+  }
   ncclComm_t comm = nullptr;
   const ncclResult_t r = ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank());
   if (r != ncclSuccess) {

@@ -24,8 +24,13 @@ Expected<MetricsWriter> MetricsWriter::open(const std::string& path, int64_t kee
       if (std::sscanf(line.c_str(), "{\"step\":%lld", &step) == 1 && step <= keep_through_step) kept += line + "\n";
     }
   }
-  w.out_.open(path, std::ios::out | std::ios::trunc);
-  w.out_ << kept;
+  if (keep_through_step > 0) {
+    // Replaced atomically, so a crash here cannot lose the kept history; then appended to.
+    GPT_RETURN_IF_ERROR(write_file_atomically(path, {std::span<const char>(kept)}));
+    w.out_.open(path, std::ios::out | std::ios::app);
+  } else {
+    w.out_.open(path, std::ios::out | std::ios::trunc);
+  }
   if (!w.out_) return Status::io_error("cannot open metrics file '" + path + "' for writing");
   return w;
 }

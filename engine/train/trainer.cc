@@ -120,7 +120,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   for (const StrategyPlan& p : plans) {
     if (p.strategy == strategy && p.hybrid() == (shard_group_size != world.size())) plan = p;
   }
-  GPT_ASSIGN_OR_RETURN(std::optional<CheckpointReader> resume, open_resume(cfg, shape));
+  GPT_ASSIGN_OR_RETURN(std::optional<CheckpointReader> resume, open_resume(cfg, shape, world));
   if (resume && resume->manifest().sampling == "sequential" && resume->manifest().global_batch != cfg.global_batch()) {
     return Status::invalid_argument(cfg.where("training.global_batch_sequences") + ": the checkpoint " + resume->dir() +
                                     " was saved with a global batch of " +
@@ -147,7 +147,7 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
       tokenizer_(std::move(tokenizer)),
       plan_(std::move(plan)),
       resume_(std::move(resume)) {
-  if (config_.checkpoint.async) save_comm_ = world_.split(0, world_.rank(), "checkpoint");
+  save_comm_ = world_.split(0, world_.rank(), "checkpoint");
   backend_ = make_backend("cpu");
   backend_->set_threads(config_.run.threads);
   model_ = std::make_unique<Gpt>(shape_, *backend_, ckpt);
@@ -335,6 +335,14 @@ float Trainer::evaluate() {
 }
 
 Expected<TrainSummary> Trainer::run() {
+  auto summary = run_steps();
+  // A save still being written in the background finishes (or fails) before the error ends the job, so the
+  // newest checkpoint is not lost to an abort.
+  if (!summary) (void)wait_for_save();
+  return summary;
+}
+
+Expected<TrainSummary> Trainer::run_steps() {
   const auto& t = config_.training;
   const bool writer = world_.rank() == 0;
   const fs::path out_dir(config_.run.out_dir);

@@ -49,7 +49,7 @@ class Trainer {
   ~Trainer();
   static Expected<std::unique_ptr<Trainer>> create(const RunConfig& config, Communicator& world,
                                                    int ranks_per_node = 1);
-  Expected<TrainSummary> run();
+  Expected<TrainSummary> run();  // on an error, waits for a background save before returning it
 
   // Mean validation loss over eval_batches micro-batches (the same batches at every evaluation).
   float evaluate();
@@ -65,7 +65,8 @@ class Trainer {
           data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
           ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan, std::optional<CheckpointReader> resume);
   // trainer_checkpoint.cc: the checkpoint named by checkpoint.resume, checked against the run (or none).
-  static Expected<std::optional<CheckpointReader>> open_resume(const RunConfig& config, const GptShape& shape);
+  static Expected<std::optional<CheckpointReader>> open_resume(const RunConfig& config, const GptShape& shape,
+                                                               Communicator& world);
   // Loads the resume checkpoint's slices this rank holds under its own strategy, the optimizer step, the data
   // position; sets start_step_.
   [[nodiscard]] Status restore();
@@ -86,6 +87,7 @@ class Trainer {
   [[nodiscard]] Status write_summary(const TrainSummary& summary, int64_t steps_done, const std::string& model_dir);
   // One optimizer step; an error when the loss or gradient is non-finite under training.nonfinite: stop.
   Expected<float> train_step(int64_t step);
+  Expected<TrainSummary> run_steps();
   // The first unit (layout order) whose gradient has a non-finite element on any rank, or -1 (collective).
   int first_nonfinite_unit();
 
@@ -108,7 +110,7 @@ class Trainer {
   std::optional<StrategyPlan> plan_;  // the planner's figures for this run's strategy
   std::optional<CheckpointReader> resume_;
   int64_t start_step_ = 0;                   // steps already taken (resumed runs)
-  std::unique_ptr<Communicator> save_comm_;  // checkpoint.async: the background saves' collectives
+  std::unique_ptr<Communicator> save_comm_;  // saves' collectives (unwatched; the async writer's thread)
   std::unique_ptr<float[]> save_copy_;       // checkpoint.async: the slices being written (uninitialised:
   size_t save_copy_size_ = 0;                // zero-filling would double the time the loop is blocked)
   std::thread save_thread_;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 
 #include "checkpoint/checkpoint_writer.h"
@@ -26,12 +27,25 @@ std::string root_of(const RunConfig& cfg) {
 
 std::string Trainer::checkpoint_root() const { return root_of(config_); }
 
-Expected<std::optional<CheckpointReader>> Trainer::open_resume(const RunConfig& cfg, const GptShape& shape) {
+// Rank 0's `text` on every rank (so that all ranks agree even where file-system views differ).
+static std::string broadcast_string(Communicator& world, std::string text) {
+  int32_t n = static_cast<int32_t>(text.size());
+  world.broadcast(&n, 1, DType::kI32, 0).wait();
+  std::vector<int32_t> words(static_cast<size_t>((n + 3) / 4), 0);
+  std::memcpy(words.data(), text.data(), text.size() * (world.rank() == 0 ? 1 : 0));
+  world.broadcast(words.data(), static_cast<int64_t>(words.size()), DType::kI32, 0).wait();
+  text.assign(reinterpret_cast<const char*>(words.data()), static_cast<size_t>(n));
+  return text;
+}
+
+Expected<std::optional<CheckpointReader>> Trainer::open_resume(const RunConfig& cfg, const GptShape& shape,
+                                                               Communicator& world) {
   const std::string& resume = cfg.checkpoint.resume;
   if (resume.empty()) return std::optional<CheckpointReader>();
   std::string dir = resume;
   if (resume == "auto") {
-    dir = latest_checkpoint(root_of(cfg));
+    // Rank 0 decides which checkpoint is the latest, so every rank loads the same one.
+    dir = broadcast_string(world, world.rank() == 0 ? latest_checkpoint(root_of(cfg)) : std::string());
     if (dir.empty()) {
       spdlog::info("checkpoint.resume auto: no checkpoint in {} yet, starting from step 0", root_of(cfg));
       return std::optional<CheckpointReader>();
@@ -165,7 +179,7 @@ Status Trainer::save(int64_t steps_done, bool model_only) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
   if (model_only || !config_.checkpoint.async) {
-    GPT_RETURN_IF_ERROR(save_checkpoint(world_, root, name, req));
+    GPT_RETURN_IF_ERROR(save_checkpoint(*save_comm_, root, name, req));
     if (!model_only)
       spdlog::info("checkpoint step {} saved to {}/{} in {:.2f} s", steps_done, root, name, seconds_since(t0));
     return Status::ok();

@@ -177,6 +177,34 @@ TEST_CASE("keep_last prunes the oldest step directories and a crashed save's lef
   CHECK(latest_checkpoint(tmp.file("nothing_here")).empty());
 }
 
+TEST_CASE("Saving step N removes stale later steps and prunes by step number", "[checkpoint]") {
+  testing::TempDir tmp;
+  Fixture fx;
+  auto one = make_single_communicator();
+  auto save = [&](int64_t step, int keep_last) {
+    SaveRequest req = fx.request(step, 1);
+    req.keep_last = keep_last;
+    REQUIRE(save_checkpoint(*one, tmp.file("ck"), step_dir_name(step), req).is_ok());
+  };
+  auto names = [&] {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(tmp.file("ck"))) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  for (int64_t step : {2, 4, 6, 8}) save(step, 0);
+  // Resumed from step 6: its step 7 makes step 8 (of the abandoned run) stale.
+  save(7, 0);
+  CHECK(names() ==
+        std::vector<std::string>{"latest", "step_00000002", "step_00000004", "step_00000006", "step_00000007"});
+  // Steps past eight digits sort by number, not by name.
+  save(99999999, 0);
+  save(100000000, 2);
+  CHECK(names() == std::vector<std::string>{"latest", "step_100000000", "step_99999999"});
+  fs::remove(tmp.file("ck/latest"));
+  CHECK(latest_checkpoint(tmp.file("ck")) == tmp.file("ck/step_100000000"));
+}
+
 TEST_CASE("Damaged checkpoints give errors naming the file and the problem", "[checkpoint]") {
   testing::TempDir tmp;
   Fixture fx;
@@ -235,6 +263,13 @@ TEST_CASE("Damaged checkpoints give errors naming the file and the problem", "[c
     m.tokenizer = "../../etc/passwd";
     std::ofstream(dir + "/manifest.json") << manifest_to_json(m);
     CHECK(error_of().find("\"tokenizer\" must be a plain file name, got '../../etc/passwd'") != std::string::npos);
+  }
+  SECTION("a manifest listing a slice twice") {
+    fresh();
+    Manifest m = CheckpointReader::open(dir)->manifest();
+    m.shards.push_back(m.shards[0]);
+    std::ofstream(dir + "/manifest.json") << manifest_to_json(m);
+    CHECK(error_of().find("do not cover unit 'embed' exactly once") != std::string::npos);
   }
   SECTION("no manifest: a save that never finished") {
     fresh();
