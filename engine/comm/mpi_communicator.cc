@@ -240,18 +240,34 @@ void MpiEnvironment::start_watchdog(double timeout_s) {
   if (timeout_s <= 0) return;
   MPI_Comm channel = MPI_COMM_NULL;
   GPT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &channel));  // never freed: it lives as long as the watchdog
-  watchdog_->start(
-      timeout_s, world_rank_,
-      [channel, timeout_s](const std::vector<CollectiveRecord>& mine) {
-        return exchange_histories(channel, timeout_s, mine);
-      },
-      [](const std::string& diagnosis) {
-        spdlog::error("{}", diagnosis);
-        spdlog::default_logger()->flush();
-        std::fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 3);
-        std::abort();
-      });
+  constexpr int kAlertTag = 7;
+  WatchdogChannel wire;
+  wire.exchange = [channel, timeout_s](const std::vector<CollectiveRecord>& mine) {
+    return exchange_histories(channel, timeout_s, mine);
+  };
+  wire.alert_all = [channel, rank = world_rank_, size = world_size_] {
+    static int32_t alert = 1;  // the sends are never waited for: the job ends right after
+    for (int r = 0; r < size; ++r) {
+      MPI_Request req;
+      if (r != rank) MPI_Isend(&alert, 1, MPI_INT32_T, r, kAlertTag, channel, &req);
+    }
+  };
+  wire.alerted = [channel] {
+    int flag = 0;
+    MPI_Status status;
+    MPI_Iprobe(MPI_ANY_SOURCE, kAlertTag, channel, &flag, &status);
+    if (flag == 0) return false;
+    int32_t alert = 0;
+    MPI_Recv(&alert, 1, MPI_INT32_T, status.MPI_SOURCE, kAlertTag, channel, MPI_STATUS_IGNORE);
+    return true;
+  };
+  watchdog_->start(timeout_s, world_rank_, std::move(wire), [](const std::string& diagnosis) {
+    spdlog::error("{}", diagnosis);
+    spdlog::default_logger()->flush();
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    std::abort();
+  });
 }
 
 void MpiEnvironment::abort(int exit_code) {

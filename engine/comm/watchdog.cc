@@ -79,12 +79,12 @@ void CommWatchdog::unwatch(const CommStream* stream) {
   std::erase(streams_, stream);
 }
 
-void CommWatchdog::start(double timeout_s, int rank, HistoryExchange exchange,
+void CommWatchdog::start(double timeout_s, int rank, WatchdogChannel channel,
                          std::function<void(const std::string&)> on_hang) {
   if (thread_.joinable() || timeout_s <= 0) return;
   timeout_s_ = timeout_s;
   rank_ = rank;
-  exchange_ = std::move(exchange);
+  channel_ = std::move(channel);
   on_hang_ = std::move(on_hang);
   thread_ = std::thread([this] { loop(); });
 }
@@ -94,20 +94,24 @@ void CommWatchdog::loop() {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     std::vector<CollectiveRecord> mine;
     double stuck = 0;
+    bool alerted = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const CommStream* s : streams_) stuck = std::max(stuck, s->running_for().value_or(0.0));
-      if (stuck < timeout_s_) continue;
+      if (stuck < timeout_s_ && !(alerted = channel_.alerted())) continue;
       for (const CommStream* s : streams_) {
         const auto h = s->history();
         mine.insert(mine.end(), h.begin(), h.end());
       }
     }
+    if (!alerted) channel_.alert_all();
     std::string lines;
     for (const CollectiveRecord& r : mine) lines += fmt::format("\n  {} #{}: {}", r.group, r.seq, describe(r));
-    spdlog::error("a collective has not finished after {:.0f} s (comm.timeout_s); this rank's last collectives:{}",
-                  stuck, lines);
-    const auto all = exchange_(mine);
+    spdlog::error("{}; this rank's last collectives:{}",
+                  alerted ? std::string("another rank's collective watchdog fired")
+                          : fmt::format("a collective has not finished after {:.0f} s (comm.timeout_s)", stuck),
+                  lines);
+    const auto all = channel_.exchange(mine);
     const std::string diagnosis =
         all ? diagnose_hang(*all)
             : "not every rank answered within comm.timeout_s (a rank may be stuck outside a collective or dead); "

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "config/loader.h"
 #include "core/stop_signal.h"
@@ -220,9 +221,20 @@ void maybe_inject_nan(int64_t step, ShardedParams& params) {
   }
 }
 
+// Test hook: GPT_TRAIN_FAULT=hang:<rank>:<step> makes that rank stop at the start of that step (1-based)
+// without entering a collective, as a rank stuck in I/O or a deadlock of its own would.
+void maybe_hang(int64_t step, int rank) {
+  const char* fault = std::getenv("GPT_TRAIN_FAULT");
+  long long s = 0;
+  int r = -1;
+  if (fault == nullptr || std::sscanf(fault, "hang:%d:%lld", &r, &s) != 2 || r != rank || s != step) return;
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 }  // namespace
 
 Expected<float> Trainer::train_step(int64_t step) {
+  maybe_hang(step + 1, world_.rank());
   const int B = config_.training.micro_batch_size;
   const int64_t accum = rows_per_rank_ / B;  // micro-batches on this rank
   const float loss_scale = 1.0f / static_cast<float>(config_.global_batch() * shape_.block_size);
