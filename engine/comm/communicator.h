@@ -59,7 +59,7 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // The group's role in the mesh: "world", "shard", "replicate".
+  // The group's role in the mesh: "world", "shard.<i>", "replicate.<j>" (i, j: which group of that kind).
   virtual std::string_view group_name() const = 0;
 
   // buf(n) <- sum over ranks of buf(n). In place.

@@ -156,8 +156,9 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
   if (shard_group_size != world_.size()) {
     // The process mesh: world rank w is shard w % S of replica w / S.
     const int w = world_.rank(), S = shard_group_size;
-    shard_group_ = world_.split(w / S, w % S, "shard");
-    replicate_group_ = world_.split(w % S, w / S, "replicate");
+    // Named with their color: the watchdog compares collectives of same-named groups across ranks.
+    shard_group_ = world_.split(w / S, w % S, "shard." + std::to_string(w / S));
+    replicate_group_ = world_.split(w % S, w / S, "replicate." + std::to_string(w % S));
     shard_group = shard_group_.get();
   }
   params_ = std::make_unique<ShardedParams>(model_->layout(), *backend_, *shard_group, strategy, replicate_group_.get(),
