@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "checkpoint/crc32c.h"
+#include "checkpoint/json_text.h"
 #include "core/atomic_file.h"
 
 namespace gpt {
@@ -17,12 +18,6 @@ namespace gpt {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string hex32(uint32_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof(buf), "0x%08x", v);
-  return buf;
-}
 
 // Reads exactly n bytes at `offset` of `path`.
 Status pread_exact(const std::string& path, int64_t offset, size_t n, void* dst) {

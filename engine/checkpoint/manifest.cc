@@ -6,32 +6,11 @@
 #include <cstdio>
 #include <sstream>
 
+#include "checkpoint/json_text.h"
+
 namespace gpt {
 
 namespace {
-
-std::string hex32(uint32_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof(buf), "0x%08x", v);
-  return buf;
-}
-
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 uint32_t parse_crc(const YAML::Node& n) { return static_cast<uint32_t>(std::stoul(n.as<std::string>(), nullptr, 16)); }
 
@@ -54,33 +33,33 @@ std::string manifest_to_json(const Manifest& m) {
   const GptShape& s = m.shape;
   std::ostringstream o;
   o.precision(9);
-  o << "{\n  \"format\": \"gpt-train checkpoint\",\n  \"version\": " << m.version << ",\n  \"kind\": " << quoted(m.kind)
+  o << "{\n  \"format\": \"gpt-train checkpoint\",\n  \"version\": " << m.version << ",\n  \"kind\": " << json_string(m.kind)
     << ",\n  \"step\": " << m.step << ",\n  \"tokens_seen\": " << m.tokens_seen
     << ",\n  \"model\": {\"n_layer\": " << s.n_layer << ", \"n_head\": " << s.n_head << ", \"n_embd\": " << s.n_embd
     << ", \"block_size\": " << s.block_size << ", \"vocab_size\": " << s.vocab_size << ", \"dropout\": " << s.dropout
     << ", \"tied_embeddings\": true},\n";
   if (m.kind == "checkpoint") {
     o << "  \"data_loader\": {\"batch_index\": " << m.loader_batch_index << ", \"global_batch\": " << m.global_batch
-      << ", \"sampling\": " << quoted(m.sampling) << "},\n"
+      << ", \"sampling\": " << json_string(m.sampling) << "},\n"
       << "  \"rng\": {\"kind\": \"philox4x32-10, counter-based on (seed, step, row)\", \"seed\": " << m.seed << "},\n"
       << "  \"optimizer\": {\"kind\": \"adamw\", \"steps_taken\": " << m.adam_steps << ", \"beta1\": " << m.beta1
       << ", \"beta2\": " << m.beta2 << ", \"eps\": " << m.eps << ", \"weight_decay\": " << m.weight_decay << "},\n"
-      << "  \"parallel\": {\"strategy\": " << quoted(m.strategy) << ", \"world_size\": " << m.world_size
-      << ", \"shard_group_size\": " << m.shard_group_size << ", \"param_dtype\": " << quoted(m.param_dtype)
-      << ", \"reduce_dtype\": " << quoted(m.reduce_dtype) << "},\n";
+      << "  \"parallel\": {\"strategy\": " << json_string(m.strategy) << ", \"world_size\": " << m.world_size
+      << ", \"shard_group_size\": " << m.shard_group_size << ", \"param_dtype\": " << json_string(m.param_dtype)
+      << ", \"reduce_dtype\": " << json_string(m.reduce_dtype) << "},\n";
   }
   o << "  \"dtype\": \"f32\",\n  \"sections\": [";
-  for (size_t i = 0; i < m.sections.size(); ++i) o << (i ? ", " : "") << quoted(m.sections[i]);
+  for (size_t i = 0; i < m.sections.size(); ++i) o << (i ? ", " : "") << json_string(m.sections[i]);
   o << "],\n  \"units\": [\n";
   const ModelLayout layout = ModelLayout::build(s);
   int64_t base = 0;
   for (size_t u = 0; u < layout.units.size(); ++u) {
     const UnitLayout& unit = layout.units[u];
-    o << "    {\"name\": " << quoted(unit.name) << ", \"offset\": " << base << ", \"numel\": " << unit.numel
+    o << "    {\"name\": " << json_string(unit.name) << ", \"offset\": " << base << ", \"numel\": " << unit.numel
       << ", \"params\": [";
     for (size_t i = 0; i < unit.params.size(); ++i) {
       const ParamSpec& p = unit.params[i];
-      o << (i ? ", " : "") << "{\"name\": " << quoted(p.name) << ", \"shape\": [";
+      o << (i ? ", " : "") << "{\"name\": " << json_string(p.name) << ", \"shape\": [";
       for (size_t d = 0; d < p.shape.size(); ++d) o << (d ? ", " : "") << p.shape[d];
       o << "], \"offset\": " << p.offset << ", \"numel\": " << p.numel << "}";
     }
@@ -90,19 +69,19 @@ std::string manifest_to_json(const Manifest& m) {
   o << "  ],\n  \"shards\": [\n";
   for (size_t f = 0; f < m.shards.size(); ++f) {
     const ShardFile& sh = m.shards[f];
-    o << "    {\"file\": " << quoted(sh.file) << ", \"rank\": " << sh.rank
+    o << "    {\"file\": " << json_string(sh.file) << ", \"rank\": " << sh.rank
       << ", \"bytes\": " << sh.bytes(m.sections.size()) << ", \"slices\": [";
     for (size_t i = 0; i < sh.slices.size(); ++i) {
       const ShardSlice& sl = sh.slices[i];
       o << (i ? ",\n      " : "\n      ") << "{\"unit\": " << sl.unit << ", \"begin\": " << sl.begin
         << ", \"length\": " << sl.length << ", \"crc32c\": [";
-      for (size_t k = 0; k < sl.crc.size(); ++k) o << (k ? ", " : "") << quoted(hex32(sl.crc[k]));
+      for (size_t k = 0; k < sl.crc.size(); ++k) o << (k ? ", " : "") << json_string(hex32(sl.crc[k]));
       o << "]}";
     }
     o << "]}" << (f + 1 < m.shards.size() ? "," : "") << "\n";
   }
-  o << "  ],\n  \"tokenizer\": " << (m.tokenizer.empty() ? "null" : quoted(m.tokenizer))
-    << ",\n  \"config\": " << (m.config.empty() ? "null" : quoted(m.config)) << "\n}\n";
+  o << "  ],\n  \"tokenizer\": " << (m.tokenizer.empty() ? "null" : json_string(m.tokenizer))
+    << ",\n  \"config\": " << (m.config.empty() ? "null" : json_string(m.config)) << "\n}\n";
   return o.str();
 }
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "checkpoint/atomic_file_writer.h"
+#include "checkpoint/json_text.h"
 #include "core/check.h"
 
 namespace gpt {
@@ -42,23 +43,6 @@ const NameMap& block_name(const std::string& ours) {
   }
   GPT_CHECK_MSG(false, (ours + ": block parameter without a Hugging Face GPT-2 name").c_str());
   return kBlockNames[0];
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 // The JSON header, padded with spaces so that the data section starts at a multiple of 8.
