@@ -7,7 +7,6 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -15,6 +14,7 @@
 #include "checkpoint/crc32c.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/test_fault.h"
 
 namespace gpt {
 
@@ -40,23 +40,16 @@ Status agree(Communicator& world, const Status& local, const std::string& what) 
 //   file_size_limit:<bytes>         from the first save on, the kernel refuses to grow any file past <bytes>
 //                                   (RLIMIT_FSIZE: write() fails with EFBIG), as a full disk would; set here
 //                                   rather than by the shell's ulimit, which MPI's start-up files would hit.
-const char* fault_hook() { return std::getenv("GPT_TRAIN_FAULT"); }
-
-void maybe_limit_file_size() {
-  long long bytes = 0;
-  if (fault_hook() == nullptr || std::sscanf(fault_hook(), "file_size_limit:%lld", &bytes) != 1) return;
+void maybe_limit_file_size(const std::optional<TestFault>& fault) {
+  if (!fault || !fault->is("file_size_limit", 1)) return;
   ::signal(SIGXFSZ, SIG_IGN);
-  const rlimit limit{static_cast<rlim_t>(bytes), static_cast<rlim_t>(bytes)};
+  const auto bytes = static_cast<rlim_t>(fault->args[0]);
+  const rlimit limit{bytes, bytes};
   ::setrlimit(RLIMIT_FSIZE, &limit);
 }
 
-void maybe_inject_kill(int rank, int64_t step) {
-  int r = -1;
-  long long s = -1;
-  if (fault_hook() != nullptr && std::sscanf(fault_hook(), "kill_during_save:%d:%lld", &r, &s) == 2 && r == rank &&
-      s == step) {
-    ::raise(SIGKILL);
-  }
+void maybe_inject_kill(const std::optional<TestFault>& fault, int rank, int64_t step) {
+  if (fault && fault->is("kill_during_save", 2) && fault->args[0] == rank && fault->args[1] == step) ::raise(SIGKILL);
 }
 
 Status remove_tree(const fs::path& p) {
@@ -202,7 +195,8 @@ Status save_checkpoint(Communicator& world, const std::string& root_dir, const s
   const fs::path root(root_dir), tmp = root / (".tmp-" + name);
   const int rank = world.rank();
   const std::string what = "saving checkpoint " + (root / name).string();
-  maybe_limit_file_size();
+  const std::optional<TestFault> fault = test_fault();
+  maybe_limit_file_size(fault);
   GPT_RETURN_IF_ERROR(agree(world, rank == 0 ? prepare_tmp(root, tmp) : Status::ok(), what));
 
   char file[32];
@@ -213,7 +207,7 @@ Status save_checkpoint(Communicator& world, const std::string& root_dir, const s
     st = write_shard(tmp / file, req, &mine);
     if (!st.is_ok()) st = st.with_context(what);
   }
-  if (st.is_ok()) maybe_inject_kill(rank, req.manifest.step);
+  if (st.is_ok()) maybe_inject_kill(fault, rank, req.manifest.step);
   GPT_RETURN_IF_ERROR(agree(world, st, what));
 
   // Where every rank's slices went: per unit, (begin, length) as int64 halves and one CRC per section.

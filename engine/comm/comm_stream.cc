@@ -1,29 +1,27 @@
 #include "comm/comm_stream.h"
 
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
+
+#include "core/test_fault.h"
 
 namespace gpt {
 
 namespace {
 
-// GPT_TRAIN_FAULT=skip_collective:<rank>:<seq>: that rank silently drops the world group's collective <seq>,
-// as a rank that took another branch would, and its next collective then never completes, as a mismatched
+// Test hook skip_collective:<rank>:<seq>: that rank silently drops the world group's collective <seq>, as a
+// rank that took another branch would, and its next collective then never completes, as a mismatched
 // collective does under NCCL (MPI may instead match mismatched collectives silently and fail later)
-// (tests/apps/comm_watchdog_test.sh).
-bool fault_skips(const std::string& group, int rank, uint64_t seq) {
-  const char* fault = std::getenv("GPT_TRAIN_FAULT");
-  int r = -1;
-  unsigned long long s = 0;
-  return fault != nullptr && group == "world" && std::sscanf(fault, "skip_collective:%d:%llu", &r, &s) == 2 &&
-         r == rank && s == seq;
+// (tests/apps/comm_watchdog_test.sh). The number to skip, or 0.
+uint64_t seq_to_skip(const std::string& group, int rank) {
+  const std::optional<TestFault> f = test_fault();
+  if (group != "world" || !f || !f->is("skip_collective", 2) || f->args[0] != rank || f->args[1] <= 0) return 0;
+  return static_cast<uint64_t>(f->args[1]);
 }
 
 }  // namespace
 
 CommStream::CommStream(std::string group, int rank)
-    : group_(std::move(group)), rank_(rank), thread_([this] { loop(); }) {}
+    : group_(std::move(group)), rank_(rank), skip_seq_(seq_to_skip(group_, rank_)), thread_([this] { loop(); }) {}
 
 CommStream::~CommStream() {
   {
@@ -39,9 +37,10 @@ Work CommStream::submit(CommOp op, int64_t elements, int64_t bytes, std::functio
   {
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t seq = ++submitted_;
-    if (!fault_fired_ && fault_skips(group_, rank_, seq)) {
+    if (seq == skip_seq_) {
       --submitted_;  // the next collective takes this number
-      fault_fired_ = stall_next_ = true;
+      skip_seq_ = 0;
+      stall_next_ = true;
       return Work();
     }
     if (stall_next_) {

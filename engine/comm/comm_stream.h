@@ -65,7 +65,8 @@ class CommStream {
   std::string group_;
   int rank_;
   uint64_t submitted_ = 0;
-  bool fault_fired_ = false, stall_next_ = false;  // the skip_collective test hook
+  uint64_t skip_seq_;        // the skip_collective test hook: the collective to drop (0: none)
+  bool stall_next_ = false;  // ... after which the next one never completes
   std::deque<CollectiveRecord> history_;
   std::optional<std::chrono::steady_clock::time_point> running_since_;
   std::thread thread_;

@@ -4,14 +4,13 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "config/loader.h"
 #include "core/stop_signal.h"
+#include "core/test_fault.h"
 #include "train/metrics.h"
 
 namespace gpt {
@@ -210,32 +209,28 @@ int Trainer::first_nonfinite_unit() {
 
 namespace {
 
-// Test hook: GPT_TRAIN_FAULT=nan_grad:<step>:<unit> puts a NaN into that unit's gradient at that step (1-based),
-// on every rank that holds part of it, as an overflow in backward would.
-void maybe_inject_nan(int64_t step, ShardedParams& params) {
-  const char* fault = std::getenv("GPT_TRAIN_FAULT");
-  long long s = 0;
-  int unit = -1;
-  if (fault == nullptr || std::sscanf(fault, "nan_grad:%lld:%d", &s, &unit) != 2 || s != step) return;
+// Test hook nan_grad:<step>:<unit> puts a NaN into that unit's gradient at that step (1-based), on every
+// rank that holds part of it, as an overflow in backward would.
+void maybe_inject_nan(const std::optional<TestFault>& fault, int64_t step, ShardedParams& params) {
+  if (!fault || !fault->is("nan_grad", 2) || fault->args[0] != step) return;
   for (const MasterRegion& r : params.regions()) {
-    if (r.unit == unit && r.length > 0) const_cast<float*>(params.local_grads())[r.local_offset] = std::nanf("");
+    if (r.unit == fault->args[1] && r.length > 0) {
+      const_cast<float*>(params.local_grads())[r.local_offset] = std::nanf("");
+    }
   }
 }
 
-// Test hook: GPT_TRAIN_FAULT=hang:<rank>:<step> makes that rank stop at the start of that step (1-based)
-// without entering a collective, as a rank stuck in I/O or a deadlock of its own would.
-void maybe_hang(int64_t step, int rank) {
-  const char* fault = std::getenv("GPT_TRAIN_FAULT");
-  long long s = 0;
-  int r = -1;
-  if (fault == nullptr || std::sscanf(fault, "hang:%d:%lld", &r, &s) != 2 || r != rank || s != step) return;
+// Test hook hang:<rank>:<step> makes that rank stop at the start of that step (1-based) without entering a
+// collective, as a rank stuck in I/O or a deadlock of its own would.
+void maybe_hang(const std::optional<TestFault>& fault, int64_t step, int rank) {
+  if (!fault || !fault->is("hang", 2) || fault->args[0] != rank || fault->args[1] != step) return;
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 }  // namespace
 
 Expected<float> Trainer::train_step(int64_t step) {
-  maybe_hang(step + 1, world_.rank());
+  maybe_hang(fault_, step + 1, world_.rank());
   const int B = config_.training.micro_batch_size;
   const int64_t accum = rows_per_rank_ / B;  // micro-batches on this rank
   const float loss_scale = 1.0f / static_cast<float>(config_.global_batch() * shape_.block_size);
@@ -256,7 +251,7 @@ Expected<float> Trainer::train_step(int64_t step) {
   stop_requested_ = sums[1] > 0.0f;
   const float loss = sums[0] / static_cast<float>(config_.grad_accum_steps());
   params_->finish_grads();
-  maybe_inject_nan(step + 1, *params_);
+  maybe_inject_nan(fault_, step + 1, *params_);
   last_grad_norm_ = std::sqrt(params_->grad_sq_norm());
   step_skipped_ = false;
   if (!std::isfinite(loss) || !std::isfinite(last_grad_norm_)) {

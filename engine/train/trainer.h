@@ -22,6 +22,7 @@
 #include "comm/communicator.h"
 #include "config/run_config.h"
 #include "core/status.h"
+#include "core/test_fault.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
@@ -105,9 +106,10 @@ class Trainer {
   int64_t rows_per_rank_ = 0;              // of the global batch
   std::vector<int32_t> inputs_, targets_;  // one micro-batch
   double last_grad_norm_ = 0.0;
-  bool stop_requested_ = false;       // a rank received a stop signal before this step's end
-  bool step_skipped_ = false;         // training.nonfinite: skip_step skipped this step's update
-  std::optional<StrategyPlan> plan_;  // the planner's figures for this run's strategy
+  bool stop_requested_ = false;                          // a rank received a stop signal before this step's end
+  bool step_skipped_ = false;                            // training.nonfinite: skip_step skipped this step's update
+  const std::optional<TestFault> fault_ = test_fault();  // GPT_TRAIN_FAULT, read once for the step's hooks
+  std::optional<StrategyPlan> plan_;                     // the planner's figures for this run's strategy
   std::optional<CheckpointReader> resume_;
   int64_t start_step_ = 0;                   // steps already taken (resumed runs)
   std::unique_ptr<Communicator> save_comm_;  // saves' collectives (unwatched; the async writer's thread)
