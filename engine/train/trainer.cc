@@ -294,6 +294,11 @@ void Trainer::log_planned_vs_measured() const {
   spdlog::info("memory per rank after step 1 ({}):{}", plan_->name(), table);
 }
 
+std::string Trainer::strategy_label() const {
+  const std::string inner(strategy_name(params_->strategy()));
+  return replicate_group_ ? "hybrid:" + inner : inner;
+}
+
 Status Trainer::write_summary(const TrainSummary& summary, int64_t steps_done, const std::string& model_dir) {
   if (world_.rank() != 0) return Status::ok();
   RunSummary s;
@@ -306,8 +311,7 @@ Status Trainer::write_summary(const TrainSummary& summary, int64_t steps_done, c
   s.seconds = summary.seconds;
   s.tokens_per_s = summary.tokens_per_s;
   s.gflops = flops_per_token() * summary.tokens_per_s / 1e9;
-  const std::string inner(strategy_name(params_->strategy()));
-  s.strategy = replicate_group_ ? "hybrid:" + inner : inner;
+  s.strategy = strategy_label();
   s.world_size = world_.size();
   s.memory = MemTracker::instance().stats();
   s.comm = comm_stats();

@@ -84,6 +84,7 @@ class Trainer {
   // Rank 0, after the first step: the planner's bytes per category beside the tracked allocator's peaks.
   void log_planned_vs_measured() const;
   CommStats comm_stats() const;
+  std::string strategy_label() const;  // "zero3", or "hybrid:zero3" (summary.json, checkpoint manifests)
   // Rank 0: <out_dir>/summary.json.
   [[nodiscard]] Status write_summary(const TrainSummary& summary, int64_t steps_done, const std::string& model_dir);
   // One optimizer step; an error when the loss or gradient is non-finite under training.nonfinite: stop.

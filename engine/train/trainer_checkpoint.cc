@@ -156,8 +156,7 @@ Status Trainer::save(int64_t steps_done, bool model_only) {
     m.beta2 = t.beta2;
     m.eps = t.eps;
     m.weight_decay = t.weight_decay;
-    const std::string inner(strategy_name(params_->strategy()));
-    m.strategy = replicate_group_ ? "hybrid:" + inner : inner;
+    m.strategy = strategy_label();
     m.world_size = world_.size();
     m.shard_group_size = shard_group_ ? shard_group_->size() : world_.size();
     m.param_dtype = config_.parallel.param_dtype;

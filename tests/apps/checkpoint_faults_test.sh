@@ -10,19 +10,10 @@
 #      the file named, and nothing written (metrics and checkpoints unchanged).
 set -uo pipefail
 gpt_train="$1"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-fail=0
-check() {  # check DESCRIPTION COMMAND...
-  local what="$1"
-  shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
-}
+source "$(dirname "$0")/lib.sh"
 final_loss() { grep -o '"step":6,"loss":[0-9.]*' "$1/metrics.jsonl"; }
 
-for i in $(seq 400); do echo "the quick brown fox jumps over the lazy dog $((i % 13))"; done > "$work/corpus.txt"
-"$gpt_train" prepare --input "$work/corpus.txt" --out "$work/data" > /dev/null 2>&1 || exit 1
+prepare_data 400 "the quick brown fox jumps over the lazy dog" 13
 cat > "$work/run.yaml" <<YAML
 run: {out_dir: $work/run, threads: 1, seed: 7}
 model: {n_layer: 1, n_head: 2, n_embd: 32, block_size: 16, dropout: 0.1}

@@ -5,17 +5,8 @@
 # collective #12 and what each rank issued there. Then rank 1 stops outside any collective instead.
 set -uo pipefail
 gpt_train="$1"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-fail=0
-check() {  # check DESCRIPTION COMMAND...
-  local what="$1"
-  shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
-}
-for i in $(seq 300); do echo "the quick brown fox jumps over the lazy dog $((i % 11))"; done > "$work/corpus.txt"
-"$gpt_train" prepare --input "$work/corpus.txt" --out "$work/data" > /dev/null 2>&1 || exit 1
+source "$(dirname "$0")/lib.sh"
+prepare_data 300 "the quick brown fox jumps over the lazy dog" 11
 cat > "$work/run.yaml" <<YAML
 run: {out_dir: $work/run, threads: 1}
 model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16}

@@ -8,11 +8,8 @@ if ! /usr/bin/python3 -c "import matplotlib, numpy" 2>/dev/null; then
   echo "SKIPPED: /usr/bin/python3 lacks matplotlib (apt-get install python3-matplotlib; scripts/setup.sh does)"
   exit 0
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail=0
-for i in $(seq 300); do echo "now is the winter of our discontent $((i % 9))"; done > "$work/corpus.txt"
-"$gpt_train" prepare --input "$work/corpus.txt" --out "$work/data" > /dev/null 2>&1 || exit 1
+source "$(dirname "$0")/lib.sh"
+prepare_data 300 "now is the winter of our discontent" 9
 for run in a b; do
   "$gpt_train" train --set run.out_dir="$work/$run" --set data.train="$work/data/train.bin" \
     --set data.val="$work/data/val.bin" --set training.steps=40 --set training.eval_interval=10 \

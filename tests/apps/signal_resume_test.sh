@@ -5,19 +5,9 @@
 # as an uninterrupted run, and metrics.jsonl has every step exactly once.
 set -uo pipefail
 gpt_train="$1"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-fail=0
-check() {  # check DESCRIPTION COMMAND...
-  local what="$1"
-  shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fail=1; fi
-}
+source "$(dirname "$0")/lib.sh"
 steps=1500
-for i in $(seq 600); do echo "all the world's a stage, and all the men and women merely players $((i % 17))"; done \
-  > "$work/corpus.txt"
-"$gpt_train" prepare --input "$work/corpus.txt" --out "$work/data" > /dev/null 2>&1 || exit 1
+prepare_data 600 "all the world's a stage, and all the men and women merely players" 17
 cat > "$work/run.yaml" <<YAML
 run: {out_dir: $work/run, threads: 1, seed: 11}
 model: {n_layer: 2, n_head: 2, n_embd: 48, block_size: 32, dropout: 0.1}
