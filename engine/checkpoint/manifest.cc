@@ -61,7 +61,7 @@ std::string manifest_to_json(const Manifest& m) {
       const ParamSpec& p = unit.params[i];
       o << (i ? ", " : "") << "{\"name\": " << json_string(p.name) << ", \"shape\": [";
       for (size_t d = 0; d < p.shape.size(); ++d) o << (d ? ", " : "") << p.shape[d];
-      o << "], \"offset\": " << p.offset << ", \"numel\": " << p.numel << "}";
+      o << "], \"dtype\": \"f32\", \"offset\": " << p.offset << ", \"numel\": " << p.numel << "}";
     }
     o << "]}" << (u + 1 < layout.units.size() ? "," : "") << "\n";
     base += unit.numel;

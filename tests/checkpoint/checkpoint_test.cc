@@ -96,6 +96,12 @@ TEST_CASE("A checkpoint reads back any element range of any section", "[checkpoi
   REQUIRE(reader.has_value());
   CHECK(reader->manifest().step == 7);
   CHECK(reader->manifest().strategy == "zero3");
+  {
+    std::ifstream in(tmp.file("ck/step_00000007/manifest.json"));
+    const std::string text(std::istreambuf_iterator<char>(in), {});
+    CHECK(text.find(R"({"name": "attn.qkv.weight", "shape": [24, 8], "dtype": "f32", "offset": 16)") !=
+          std::string::npos);
+  }
   REQUIRE(reader->verify().is_ok());
   int64_t offset = 0;
   std::mt19937 rng(3);
