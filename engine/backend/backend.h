@@ -1,7 +1,9 @@
 // Backend: the op interface the model is written against. `kernels/cpu` implements it with oneDNN's
-// sgemm and vectorised OpenMP loops; `kernels/cuda` (issue 5) with CUDA kernels and cuBLASLt.
-// Pointers are device pointers of this backend (host memory for the CPU backend). Shapes are written on
-// the arguments: N = rows (B*T), C = channels, OC = output channels, NH = heads, V = vocab.
+// sgemm and vectorised OpenMP loops; `kernels/cuda` with CUDA kernels and cuBLASLt.
+// Pointers are device pointers of this backend (host memory for the CPU backend); host code touches them
+// only through to_device/to_host unless host_memory(). Ops are queued in order on the backend's one stream
+// (the CPU runs them at once); results that come back as values (sum_squares) wait for the queue. Shapes
+// are written on the arguments: N = rows (B*T), C = channels, OC = output channels, NH = heads, V = vocab.
 //
 // Accumulation rules, the same on every backend:
 //  - parameter gradients (dweight, dbias, dwte, dwpe) are accumulated into (+=), so micro-batches add up;
@@ -18,6 +20,7 @@
 #include "core/allocator.h"
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "core/status.h"
 
 namespace gpt {
 
@@ -27,7 +30,7 @@ struct DropoutMask {
   float p = 0.0f;
   CounterRng rng{0, 0};
   uint64_t base = 0;
-  bool active() const { return p > 0.0f; }
+  GPT_HOST_DEVICE bool active() const { return p > 0.0f; }
 };
 
 class Backend {
@@ -37,6 +40,14 @@ class Backend {
   // Device memory, zero-filled, tracked under `category`.
   virtual Buffer alloc(size_t bytes, MemCategory category) = 0;
   virtual void set_threads(int threads) = 0;
+  // True when this backend's pointers are host memory that host code may read and write directly.
+  virtual bool host_memory() const { return true; }
+  // Copies between host memory and this backend's memory. to_host waits for the queued ops first; both
+  // return when the copy is complete.
+  virtual void to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
+  // Waits until every queued op is complete.
+  virtual void synchronize() {}
 
   // out(B,T,C) = wte[tokens(B,T)] + wpe[t]
   virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
@@ -57,20 +68,23 @@ class Backend {
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                   const float* weight, const float* mean, const float* rstd, int64_t N, int C) = 0;
 
-  // Causal multi-head attention. qkv(B,T,3C) holds q|k|v; out(B,T,C); att(B,NH,T,T) saves the softmax
-  // probabilities (before dropout) for backward; attention dropout is applied to them in the product.
+  // Causal multi-head attention. qkv(B,T,3C) holds q|k|v; out(B,T,C). `att` is the state forward saves
+  // for backward, attention_state_floats(B,T,NH) floats: the CPU keeps the softmax probabilities
+  // (B,NH,T,T); the CUDA backend's fused kernel keeps only each row's log-sum-exp (B,NH,T). Attention
+  // dropout (mask element ((b*NH + h)*T + t)*T + t2, offset by drop.base) applies to the probabilities in
+  // the product. Backward also reads forward's `out`.
+  virtual int64_t attention_state_floats(int B, int T, int NH) const = 0;
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
                                  const DropoutMask& drop) = 0;
-  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
-                                  int C, int NH, const DropoutMask& drop) = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att,
+                                  int B, int T, int C, int NH, const DropoutMask& drop) = 0;
 
   // GELU, tanh approximation.
   virtual void gelu_forward(float* out, const float* inp, int64_t N) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) = 0;
 
   // out = res + dropout(inp) (out may alias res).
-  virtual void residual_forward(float* out, const float* res, const float* inp, int64_t N,
-                                const DropoutMask& drop) = 0;
+  virtual void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) = 0;
   // dinp = dropout_backward(dout) (the mask and 1/(1-p) scale); plain copy when inactive.
   virtual void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) = 0;
   // In-place dropout on x (used after the embedding).
@@ -78,8 +92,8 @@ class Backend {
 
   // Fused softmax cross-entropy over rows of logits(N, Vp) whose first V columns are real. losses(N) gets
   // each row's loss; if dlogits is non-null it gets (softmax - onehot) * dloss (may alias logits).
-  virtual void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
-                                             const int32_t* targets, int64_t N, int V, int Vp, float dloss) = 0;
+  virtual void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                                             int64_t N, int V, int Vp, float dloss) = 0;
 
   // AdamW on n elements: m, v updated; param -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * param).
   // grad is scaled by grad_scale first (global-norm clipping). step is 1-based.
@@ -94,7 +108,9 @@ class Backend {
   virtual void copy(float* dst, const float* src, int64_t n) = 0;
 };
 
-// The one place backends are registered: "cpu" always; "cuda" when built with CUDA (issue 5).
-std::unique_ptr<Backend> make_backend(std::string_view device);
+// The one place backends are registered: "cpu" always; "cuda" when built with CUDA, on the GPU of local rank
+// `local_rank` of the `local_size` ranks on this node (device_for_local_rank). Returns an error naming the
+// device when it is unknown, not built in, or (cuda) when no GPU is visible or the node has too few.
+Expected<std::unique_ptr<Backend>> make_backend(std::string_view device, int local_rank = 0, int local_size = 1);
 
 }  // namespace gpt

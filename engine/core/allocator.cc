@@ -56,12 +56,25 @@ Buffer::Buffer(size_t bytes, MemCategory category) : bytes_(bytes), category_(ca
   MemTracker::instance().on_alloc(category_, static_cast<int64_t>(bytes_));
 }
 
+Buffer Buffer::adopt(void* data, size_t bytes, MemCategory category, FreeFn free_fn) {
+  GPT_CHECK(free_fn != nullptr);
+  Buffer b;
+  if (data == nullptr) return b;
+  b.data_ = data;
+  b.bytes_ = bytes;
+  b.category_ = category;
+  b.free_fn_ = free_fn;
+  MemTracker::instance().on_alloc(category, static_cast<int64_t>(bytes));
+  return b;
+}
+
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
     release();
     data_ = std::exchange(o.data_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
     category_ = o.category_;
+    free_fn_ = std::exchange(o.free_fn_, nullptr);
   }
   return *this;
 }
@@ -69,8 +82,13 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
 void Buffer::release() {
   if (data_ == nullptr) return;
   MemTracker::instance().on_free(category_, static_cast<int64_t>(bytes_));
-  std::free(data_);
+  if (free_fn_ != nullptr) {
+    free_fn_(data_);
+  } else {
+    std::free(data_);
+  }
   data_ = nullptr;
+  free_fn_ = nullptr;
   bytes_ = 0;
 }
 

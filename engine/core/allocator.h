@@ -1,7 +1,9 @@
 // The tracked allocator: every byte the engine allocates for model state or activations belongs to a
 // category, and the allocator keeps current and peak bytes per category (and in total) so the trainer
 // can report measured memory beside the planner's figures. Buffers are 64-byte aligned host memory on
-// the CPU backend. Thread-safe (atomic counters). A Buffer owns its bytes and returns them when destroyed.
+// the CPU backend; a device backend hands out Buffers that own device memory (Buffer::adopt) and are
+// counted by the same categories. Thread-safe (atomic counters). A Buffer owns its bytes and returns them
+// when destroyed.
 #pragma once
 
 #include <array>
@@ -16,8 +18,8 @@ enum class MemCategory : uint8_t { kParams, kMaster, kGrads, kOptimizer, kActiva
 constexpr size_t kNumMemCategories = static_cast<size_t>(MemCategory::kCount);
 
 constexpr std::string_view mem_category_name(MemCategory c) {
-  constexpr std::array<std::string_view, kNumMemCategories> kNames = {
-      "params", "master", "grads", "optimizer", "activations", "comm", "workspace"};
+  constexpr std::array<std::string_view, kNumMemCategories> kNames = {"params",      "master", "grads",    "optimizer",
+                                                                      "activations", "comm",   "workspace"};
   return kNames[static_cast<size_t>(c)];
 }
 
@@ -49,6 +51,10 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(size_t bytes, MemCategory category);
+  // Takes ownership of `bytes` at `data` allocated elsewhere (device memory); `free_fn(data)` returns it.
+  // Counted under `category` like host buffers.
+  using FreeFn = void (*)(void*);
+  static Buffer adopt(void* data, size_t bytes, MemCategory category, FreeFn free_fn);
   ~Buffer() { release(); }
   Buffer(Buffer&& o) noexcept { *this = std::move(o); }
   Buffer& operator=(Buffer&& o) noexcept;
@@ -59,9 +65,13 @@ class Buffer {
   void* data() { return data_; }
   const void* data() const { return data_; }
   template <typename T>
-  T* as() { return static_cast<T*>(data_); }
+  T* as() {
+    return static_cast<T*>(data_);
+  }
   template <typename T>
-  const T* as() const { return static_cast<const T*>(data_); }
+  const T* as() const {
+    return static_cast<const T*>(data_);
+  }
   size_t bytes() const { return bytes_; }
   MemCategory category() const { return category_; }
   bool empty() const { return data_ == nullptr; }
@@ -70,6 +80,7 @@ class Buffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemCategory category_ = MemCategory::kWorkspace;
+  FreeFn free_fn_ = nullptr;  // null: host memory from aligned_alloc
 };
 
 }  // namespace gpt

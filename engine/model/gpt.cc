@@ -15,7 +15,7 @@ struct BlockActs {
   float* ln1_rstd;  // (B,T)
   float* qkv;       // (B,T,3C)
   float* atty;      // (B,T,C)
-  float* att;       // (B,NH,T,T)
+  float* att;       // attention state, Backend::attention_state_floats (CPU: (B,NH,T,T))
   float* res_mid;   // (B,T,C)  x + attention branch
   float* ln2;       // (B,T,C)
   float* ln2_mean;  // (B,T)
@@ -25,20 +25,23 @@ struct BlockActs {
 };
 
 struct Gpt::Acts {
-  Buffer stored;    // the kept activations (category: activations)
-  Buffer scratch;   // one block's recompute set + temporaries (activations)
-  Buffer grads;     // activation gradients for backward (workspace)
-  Buffer tokens;    // a copy of the inputs for embedding backward (activations)
-  float* x = nullptr;  // residual stream (L+1, B,T,C): x[0] embedding output, x[l+1] block l output
+  Buffer stored;                   // the kept activations (category: activations)
+  Buffer scratch;                  // one block's recompute set + temporaries (activations)
+  Buffer grads;                    // activation gradients for backward (workspace)
+  Buffer tokens;                   // (B,T) the inputs, on the backend, for embedding forward and backward (activations)
+  Buffer targets;                  // (B,T) on the backend (activations)
+  std::vector<float> losses_host;  // (B,T) per-token losses, copied back for the mean
+  std::vector<float> logits_host;  // (B,T,V) forward_logits' copy when the backend is not host memory
+  float* x = nullptr;              // residual stream (L+1, B,T,C): x[0] embedding output, x[l+1] block l output
   std::vector<BlockActs> blocks;
   BlockActs recompute{};
-  float* proj_out = nullptr;  // (B,T,C) temporary
-  float* lnf = nullptr;       // (B,T,C)
-  float* lnf_mean = nullptr;  // (B,T)
-  float* lnf_rstd = nullptr;  // (B,T)
-  float* logits = nullptr;    // (B,T,V); dlogits in place
-  float* losses = nullptr;    // (B,T)
-  const float* wte = nullptr;   // embed unit's wte and head unit's params, acquired by forward()
+  float* proj_out = nullptr;   // (B,T,C) temporary
+  float* lnf = nullptr;        // (B,T,C)
+  float* lnf_mean = nullptr;   // (B,T)
+  float* lnf_rstd = nullptr;   // (B,T)
+  float* logits = nullptr;     // (B,T,V); dlogits in place
+  float* losses = nullptr;     // (B,T)
+  const float* wte = nullptr;  // embed unit's wte and head unit's params, acquired by forward()
   const float* head = nullptr;
   // gradient workspace
   float *dres = nullptr, *dtmp = nullptr, *dln = nullptr, *d4 = nullptr, *dqkv = nullptr, *datty = nullptr;
@@ -93,7 +96,7 @@ void Gpt::prepare(int B, int T) {
   B_ = B;
   T_ = T;
   const int64_t N = static_cast<int64_t>(B) * T, C = shape_.n_embd, L = shape_.n_layer;
-  const int64_t att = static_cast<int64_t>(B) * shape_.n_head * T * T;
+  const int64_t att = be_.attention_state_floats(B, T, shape_.n_head);
 
   // Lays out one block's set; tensors that are not `own`ed alias the scratch set.
   auto carve_block = [&](Carver& c, const BlockActs* scratch, bool keep_all) {
@@ -127,8 +130,7 @@ void Gpt::prepare(int B, int T) {
     acts_->x = st.take((L + 1) * N * C);
     acts_->blocks.clear();
     for (int l = 0; l < L; ++l) {
-      acts_->blocks.push_back(
-          carve_block(st, any_scratch ? &acts_->recompute : nullptr, !ckpt_.recompute_block(l)));
+      acts_->blocks.push_back(carve_block(st, any_scratch ? &acts_->recompute : nullptr, !ckpt_.recompute_block(l)));
     }
     acts_->lnf = st.take(N * C);
     acts_->lnf_mean = st.take(N);
@@ -147,6 +149,8 @@ void Gpt::prepare(int B, int T) {
       acts_->stored = be_.alloc(st.used() * sizeof(float), MemCategory::kActivations);
       acts_->grads = be_.alloc(gr.used() * sizeof(float), MemCategory::kWorkspace);
       acts_->tokens = be_.alloc(N * sizeof(int32_t), MemCategory::kActivations);
+      acts_->targets = be_.alloc(N * sizeof(int32_t), MemCategory::kActivations);
+      acts_->losses_host.assign(N, 0.0f);
     }
   }
 }
@@ -185,12 +189,12 @@ void Gpt::block_forward(int l, const BlockParams& p, const float* x_in, float* x
 void Gpt::forward(ParamSource& params, const int32_t* inputs, const StepContext& ctx) {
   const int64_t N = static_cast<int64_t>(B_) * T_;
   const int C = shape_.n_embd;
-  std::copy(inputs, inputs + N, acts_->tokens.as<int32_t>());
+  be_.to_device(acts_->tokens.data(), inputs, N * sizeof(int32_t));
   const float* embed = params.acquire(ModelLayout::kEmbedUnit);
   const UnitLayout& eu = layout_.units[ModelLayout::kEmbedUnit];
   const float* wte = embed + eu.params[0].offset;
   const float* wpe = embed + eu.params[1].offset;
-  be_.embedding_forward(acts_->x, inputs, wte, wpe, B_, T_, C);
+  be_.embedding_forward(acts_->x, acts_->tokens.as<int32_t>(), wte, wpe, B_, T_, C);
   be_.dropout_forward(acts_->x, N * C, dropout(kSiteEmbed, 0, ctx, static_cast<uint64_t>(T_) * C));
   for (int l = 0; l < shape_.n_layer; ++l) {
     const int unit = layout_.block_unit(l);
@@ -201,26 +205,34 @@ void Gpt::forward(ParamSource& params, const int32_t* inputs, const StepContext&
   const float* head = params.acquire(layout_.head_unit());
   acts_->wte = wte;
   acts_->head = head;
-  be_.layernorm_forward(acts_->lnf, acts_->lnf_mean, acts_->lnf_rstd, acts_->x + shape_.n_layer * N * C, head,
-                        head + C, N, C);
+  be_.layernorm_forward(acts_->lnf, acts_->lnf_mean, acts_->lnf_rstd, acts_->x + shape_.n_layer * N * C, head, head + C,
+                        N, C);
   be_.matmul_forward(acts_->logits, acts_->lnf, wte, nullptr, N, C, shape_.vocab_size);
 }
 
-static float mean_of(const float* x, int64_t n) {
+// The mean of the per-token losses, summed on the host in a fixed order.
+float Gpt::mean_loss() {
+  std::vector<float>& h = acts_->losses_host;
+  be_.to_host(h.data(), acts_->losses, h.size() * sizeof(float));
   double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) s += x[i];
-  return static_cast<float>(s / static_cast<double>(n));
+  for (float x : h) s += x;
+  return static_cast<float>(s / static_cast<double>(h.size()));
+}
+
+const int32_t* Gpt::upload_targets(const int32_t* targets) {
+  be_.to_device(acts_->targets.data(), targets, static_cast<size_t>(B_) * T_ * sizeof(int32_t));
+  return acts_->targets.as<int32_t>();
 }
 
 float Gpt::forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets, const StepContext& ctx) {
   GPT_CHECK(acts_ != nullptr);
   forward(params, inputs, ctx);
   const int64_t N = static_cast<int64_t>(B_) * T_;
-  be_.crossentropy_forward_backward(acts_->losses, nullptr, acts_->logits, targets, N, shape_.vocab_size,
-                                    shape_.vocab_size, 0.0f);
+  be_.crossentropy_forward_backward(acts_->losses, nullptr, acts_->logits, upload_targets(targets), N,
+                                    shape_.vocab_size, shape_.vocab_size, 0.0f);
   params.release(layout_.head_unit());
   params.release(ModelLayout::kEmbedUnit);
-  return mean_of(acts_->losses, N);
+  return mean_loss();
 }
 
 const float* Gpt::forward_logits(ParamSource& params, const int32_t* inputs, const StepContext& ctx) {
@@ -228,11 +240,14 @@ const float* Gpt::forward_logits(ParamSource& params, const int32_t* inputs, con
   forward(params, inputs, ctx);
   params.release(layout_.head_unit());
   params.release(ModelLayout::kEmbedUnit);
-  return acts_->logits;
+  if (be_.host_memory()) return acts_->logits;
+  std::vector<float>& h = acts_->logits_host;
+  h.resize(static_cast<size_t>(B_) * T_ * shape_.vocab_size);
+  be_.to_host(h.data(), acts_->logits, h.size() * sizeof(float));
+  return h.data();
 }
 
-void Gpt::block_backward(int l, const BlockParams& p, const BlockParams& g, const float* x_in,
-                         const StepContext& ctx) {
+void Gpt::block_backward(int l, const BlockParams& p, const BlockParams& g, const float* x_in, const StepContext& ctx) {
   const BlockActs& a = acts_->blocks[l];
   const int64_t N = static_cast<int64_t>(B_) * T_;
   const int C = shape_.n_embd, NH = shape_.n_head;
@@ -253,7 +268,7 @@ void Gpt::block_backward(int l, const BlockParams& p, const BlockParams& g, cons
   be_.layernorm_backward(dres, gw(g.ln2w), gw(g.ln2b), acts_->dln, a.res_mid, p.ln2w, a.ln2_mean, a.ln2_rstd, N, C);
   be_.dropout_backward(acts_->dtmp, dres, N * C, dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C));
   be_.matmul_backward(acts_->datty, gw(g.projw), gw(g.projb), acts_->dtmp, a.atty, p.projw, N, C, C);
-  be_.attention_backward(acts_->dqkv, acts_->datty, a.qkv, a.att, B_, T_, C, NH,
+  be_.attention_backward(acts_->dqkv, acts_->datty, a.qkv, a.atty, a.att, B_, T_, C, NH,
                          dropout(kSiteAttention, l, ctx, static_cast<uint64_t>(NH) * T_ * T_));
   be_.matmul_backward(acts_->dln, gw(g.qkvw), gw(g.qkvb), acts_->dqkv, a.ln1, p.qkvw, N, C, 3 * C);
   be_.layernorm_backward(dres, gw(g.ln1w), gw(g.ln1b), acts_->dln, x_in, p.ln1w, a.ln1_mean, a.ln1_rstd, N, C);
@@ -265,8 +280,9 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
   forward(params, inputs, ctx);
   const int64_t N = static_cast<int64_t>(B_) * T_;
   const int C = shape_.n_embd, V = shape_.vocab_size;
-  be_.crossentropy_forward_backward(acts_->losses, acts_->logits, acts_->logits, targets, N, V, V, loss_scale);
-  const float loss = mean_of(acts_->losses, N);
+  be_.crossentropy_forward_backward(acts_->losses, acts_->logits, acts_->logits, upload_targets(targets), N, V, V,
+                                    loss_scale);
+  const float loss = mean_loss();
 
   // Head: logits = ln_f(x_L) @ wte^T. wte's gradient goes to the embed unit, which stays acquired.
   const UnitLayout& eu = layout_.units[ModelLayout::kEmbedUnit];
@@ -277,8 +293,8 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
   be_.matmul_backward(acts_->dln, dembed + eu.params[0].offset, nullptr, acts_->logits, acts_->lnf, acts_->wte, N, C,
                       V);
   be_.fill_zero(acts_->dres, N * C);
-  be_.layernorm_backward(acts_->dres, hg, hg + C, acts_->dln, acts_->x + shape_.n_layer * N * C, hp,
-                         acts_->lnf_mean, acts_->lnf_rstd, N, C);
+  be_.layernorm_backward(acts_->dres, hg, hg + C, acts_->dln, acts_->x + shape_.n_layer * N * C, hp, acts_->lnf_mean,
+                         acts_->lnf_rstd, N, C);
   params.grads_done(head);
   params.release(head);
 

@@ -38,14 +38,14 @@ class Gpt {
   // Allocates activations for micro-batches of B rows of T tokens (T <= block_size). Call again to resize.
   void prepare(int B, int T);
 
-  // Forward and backward of one micro-batch. inputs/targets are (B,T) token ids. Each token's loss enters
-  // the gradient with weight `loss_scale` (1 / tokens in the global batch); gradients accumulate into the
+  // Forward and backward of one micro-batch. inputs/targets are (B,T) token ids in host memory. Each token's loss
+  // enters the gradient with weight `loss_scale` (1 / tokens in the global batch); gradients accumulate into the
   // ParamSource's buffers. Returns the micro-batch's mean loss.
   float forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float loss_scale,
                          const StepContext& ctx);
   // Forward only: mean loss over the micro-batch.
   float forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets, const StepContext& ctx);
-  // Forward only: logits (B,T,V), valid until the next call.
+  // Forward only: logits (B,T,V) in host memory, valid until the next call.
   const float* forward_logits(ParamSource& params, const int32_t* inputs, const StepContext& ctx);
 
  private:
@@ -54,9 +54,10 @@ class Gpt {
   BlockParams block_params(const float* base) const;
   void forward(ParamSource& params, const int32_t* inputs, const StepContext& ctx);
   void block_forward(int layer, const BlockParams& p, const float* x_in, float* x_out, const StepContext& ctx);
-  void block_backward(int layer, const BlockParams& p, const BlockParams& g, const float* x_in,
-                      const StepContext& ctx);
+  void block_backward(int layer, const BlockParams& p, const BlockParams& g, const float* x_in, const StepContext& ctx);
   DropoutMask dropout(int site, int layer, const StepContext& ctx, uint64_t per_row) const;
+  float mean_loss();
+  const int32_t* upload_targets(const int32_t* targets);
 
   GptShape shape_;
   ModelLayout layout_;

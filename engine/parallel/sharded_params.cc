@@ -104,10 +104,17 @@ Buffer ShardedParams::take(std::vector<Buffer>& pool, int64_t n, MemCategory cat
 }
 
 void ShardedParams::init(const GptShape& shape, uint64_t seed) {
+  std::vector<float> host;  // staging when the master weights live on a device
   for (const MasterRegion& r : regions_) {
+    const int64_t n = units_[r.unit].shard;
     float* dst = master() + r.local_offset;
-    std::fill(dst, dst + units_[r.unit].shard, 0.0f);
+    if (!be_.host_memory()) {
+      host.assign(n, 0.0f);
+      dst = host.data();
+    }
+    std::fill(dst, dst + n, 0.0f);
     if (r.length > 0) init_unit_slice(layout_.units[r.unit], shape, seed, r.begin, r.begin + r.length, dst);
+    if (!be_.host_memory()) be_.to_device(master() + r.local_offset, dst, n * sizeof(float));
   }
   publish();
 }
@@ -362,9 +369,12 @@ std::vector<float> ShardedParams::gather_full_weights() {
   out.reserve(layout_.total_numel);
   for (const UnitInfo& u : units_) {
     if (!shards_optimizer()) {
-      out.insert(out.end(), master() + u.local_offset, master() + u.local_offset + u.numel);
+      const size_t at = out.size();
+      out.resize(at + u.numel);
+      be_.to_host(out.data() + at, master() + u.local_offset, u.numel * sizeof(float));
       continue;
     }
+    GPT_CHECK_MSG(be_.host_memory(), "gather_full_weights of sharded device weights: not supported yet");
     std::vector<float> full(u.padded);
     group_.all_gather(master() + u.local_offset, full.data(), u.shard, DType::kF32).wait();
     out.insert(out.end(), full.begin(), full.begin() + u.numel);

@@ -34,7 +34,7 @@ ActivationElements activation_elements(const GptShape& shape, int B, int T, cons
   a.stored += carved((L + 1) * N * C);
   for (int l = 0; l < L; ++l) a.stored += block(!any_scratch, !ckpt.recompute_block(l));
   a.stored += carved(N * C) + 2 * carved(N) + carved(N * V) + carved(N);  // ln_f out, mean, rstd; logits; losses
-  a.tokens = N;
+  a.tokens = 2 * N;  // the inputs and the targets, copied to the backend
   a.workspace = 4 * carved(N * C) + carved(4 * N * C) + carved(3 * N * C);
   return a;
 }

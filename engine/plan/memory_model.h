@@ -26,7 +26,7 @@ namespace gpt {
 struct ActivationElements {
   int64_t stored = 0;     // kept for backward: residual stream, per-block sets, ln_f, logits, losses
   int64_t scratch = 0;    // one block's recompute set (any checkpointing) and a projection temporary
-  int64_t tokens = 0;     // int32 token ids copied for embedding backward
+  int64_t tokens = 0;     // int32 token ids copied to the backend: inputs and targets
   int64_t workspace = 0;  // activation gradients (category workspace)
 };
 // Elements Gpt::prepare(B, T) allocates.

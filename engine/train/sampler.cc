@@ -29,7 +29,7 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
     if (id >= saved.shape.vocab_size) return Status::invalid_argument("--prompt has a token outside the model's vocab");
   }
 
-  auto backend = make_backend("cpu");
+  auto backend = std::move(*make_backend("cpu"));
   backend->set_threads(o.threads);
   saved.shape.dropout = 0.0f;
   Gpt model(saved.shape, *backend);

@@ -1,9 +1,9 @@
 #include "kernels/cpu/cpu_backend.h"
 
+#include <omp.h>
+
 #include <cstring>
 #include <thread>
-
-#include <omp.h>
 
 #include "kernels/cpu/kernels.h"
 
@@ -13,16 +13,23 @@ void CpuBackend::set_threads(int threads) {
   omp_set_num_threads(threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency()));
 }
 
-void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
-                                   int T, int C) {
+void CpuBackend::to_device(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+void CpuBackend::to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                                   int C) {
   cpu::embedding_forward(out, tokens, wte, wpe, B, T, C);
 }
 void CpuBackend::embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                                     int C) {
   cpu::embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
 }
-void CpuBackend::matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,
-                                int C, int OC) {
+void CpuBackend::matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                int OC) {
   cpu::matmul_forward(out, inp, weight, bias, N, C, OC);
 }
 void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -41,16 +48,15 @@ void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int
                                    const DropoutMask& drop) {
   cpu::attention_forward(out, att, qkv, B, T, C, NH, drop);
 }
-void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
-                                    int C, int NH, const DropoutMask& drop) {
+void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* /*out*/,
+                                    const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
   cpu::attention_backward(dqkv, dout, qkv, att, B, T, C, NH, drop);
 }
 void CpuBackend::gelu_forward(float* out, const float* inp, int64_t N) { cpu::gelu_forward(out, inp, N); }
 void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {
   cpu::gelu_backward(dinp, inp, dout, N);
 }
-void CpuBackend::residual_forward(float* out, const float* res, const float* inp, int64_t N,
-                                  const DropoutMask& drop) {
+void CpuBackend::residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) {
   cpu::residual_forward(out, res, inp, N, drop);
 }
 void CpuBackend::dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) {

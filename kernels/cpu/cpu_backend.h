@@ -10,6 +10,8 @@ class CpuBackend final : public Backend {
   std::string_view name() const override { return "cpu"; }
   Buffer alloc(size_t bytes, MemCategory category) override { return Buffer(bytes, category); }
   void set_threads(int threads) override;
+  void to_device(void* dst, const void* src, size_t bytes) override;
+  void to_host(void* dst, const void* src, size_t bytes) override;
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                          int C) override;
@@ -19,14 +21,17 @@ class CpuBackend final : public Backend {
                       int OC) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, int64_t N, int C, int OC) override;
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                         const float* bias, int64_t N, int C) override;
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                         int64_t N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, const float* mean, const float* rstd, int64_t N, int C) override;
+  int64_t attention_state_floats(int B, int T, int NH) const override {
+    return static_cast<int64_t>(B) * NH * T * T;  // the probabilities
+  }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
                          const DropoutMask& drop) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH, const DropoutMask& drop) override;
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att, int B,
+                          int T, int C, int NH, const DropoutMask& drop) override;
   void gelu_forward(float* out, const float* inp, int64_t N) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override;
   void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override;
@@ -34,8 +39,8 @@ class CpuBackend final : public Backend {
   void dropout_forward(float* x, int64_t N, const DropoutMask& drop) override;
   void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                                      int64_t N, int V, int Vp, float dloss) override;
-  void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1,
-                    float beta2, float eps, float weight_decay, float grad_scale, int64_t step) override;
+  void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1, float beta2,
+                    float eps, float weight_decay, float grad_scale, int64_t step) override;
   double sum_squares(const float* x, int64_t n) override;
   void fill_zero(float* x, int64_t n) override;
   void cast_to_bf16(bf16* dst, const float* src, int64_t n) override;

@@ -50,7 +50,7 @@ std::pair<float, std::vector<float>> loss_and_grads(Gpt& model, ShardedParams& p
 TEST_CASE("GPT gradients match central finite differences", "[model]") {
   for (float dropout : {0.0f, 0.2f}) {
     CAPTURE(dropout);
-    auto backend = make_backend("cpu");
+    auto backend = std::move(*make_backend("cpu"));
     const GptShape shape = tiny_shape(dropout);
     Gpt model(shape, *backend);
     auto single = make_single_communicator();
@@ -101,7 +101,7 @@ TEST_CASE("GPT gradients match central finite differences", "[model]") {
 }
 
 TEST_CASE("Activation checkpointing gives bitwise-equal gradients with less activation memory", "[model]") {
-  auto backend = make_backend("cpu");
+  auto backend = std::move(*make_backend("cpu"));
   GptShape shape = tiny_shape(0.1f);
   shape.n_layer = 4;
   shape.n_embd = 16;
@@ -138,7 +138,7 @@ TEST_CASE("Activation checkpointing gives bitwise-equal gradients with less acti
 }
 
 TEST_CASE("Dropout masks depend on the global row, not on the micro-batch split", "[model]") {
-  auto backend = make_backend("cpu");
+  auto backend = std::move(*make_backend("cpu"));
   const GptShape shape = tiny_shape(0.3f);
   const int T = 6;
   const Batch batch = make_batch(4, T, shape.vocab_size, 4);

@@ -42,7 +42,7 @@ TEST_CASE("Loss and gradients match the PyTorch float64 reference", "[model][ref
   const auto batch = read_binary<int32_t>(kFixture + "/batch.bin", 2 * B * T);
   const auto ref_grads = read_binary<float>(kFixture + "/reference_grads.bin", saved->weights.size());
 
-  auto backend = make_backend("cpu");
+  auto backend = std::move(*make_backend("cpu"));
   Gpt model(saved->shape, *backend);
   auto single = make_single_communicator();
   ShardedParams params(model.layout(), *backend, *single, Strategy::kSingle);

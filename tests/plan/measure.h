@@ -51,7 +51,7 @@ inline Measured run_and_measure(const PlanInput& in, Strategy strategy, Communic
   const MemStats before = MemTracker::instance().stats();
   MemTracker::instance().reset_peaks();
   Measured m;
-  auto backend = make_backend("cpu");
+  auto backend = std::move(*make_backend("cpu"));
   backend->set_threads(1);
   Gpt model(in.shape, *backend, *ActivationCheckpointing::parse(in.activation_checkpointing));
   model.prepare(B, T);
