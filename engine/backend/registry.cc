@@ -1,11 +1,25 @@
+// The one place backends are registered (and the one place the CUDA backend is named under #ifdef).
 #include "backend/backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#ifdef GPT_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace gpt {
 
-std::unique_ptr<Backend> make_backend(std::string_view device) {
-  if (device == "cpu") return std::make_unique<CpuBackend>();
-  return nullptr;
+Expected<std::unique_ptr<Backend>> make_backend(std::string_view device, int local_rank, int local_size) {
+  if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
+  if (device == "cuda") {
+#ifdef GPT_WITH_CUDA
+    return make_cuda_backend(local_rank, local_size);
+#else
+    (void)local_rank;
+    (void)local_size;
+    return Status::failed_precondition(
+        "device 'cuda': this gpt-train was built without CUDA (configure with -DGPT_CUDA=ON where nvcc is found)");
+#endif
+  }
+  return Status::invalid_argument("device '" + std::string(device) + "': expected cpu or cuda");
 }
 
 }  // namespace gpt

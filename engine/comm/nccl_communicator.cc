@@ -8,12 +8,8 @@
 
 #include "comm/comm_stream.h"
 #include "core/check.h"
+#include "kernels/cuda/cuda_check.h"
 
-#define GPT_CUDA_CHECK(call)                                                                                    \
-  do {                                                                                                          \
-    const cudaError_t gpt_err_ = (call);                                                                        \
-    GPT_CHECK_MSG(gpt_err_ == cudaSuccess, (std::string(#call) + ": " + cudaGetErrorString(gpt_err_)).c_str()); \
-  } while (0)
 #define GPT_NCCL_CHECK(call)                                                                                    \
   do {                                                                                                          \
     const ncclResult_t gpt_res_ = (call);                                                                       \

@@ -1,0 +1,57 @@
+// Device helpers shared by the kernel files: index arithmetic and block reductions whose summation order
+// depends only on blockDim (so every reduction is deterministic run to run).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace gpt::cuda {
+
+constexpr int kWarp = 32;
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks for a grid-stride loop over n elements (capped: the loop covers the rest).
+inline unsigned grid_for(int64_t n, int threads) {
+  const int64_t blocks = ceil_div(n, threads);
+  return static_cast<unsigned>(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
+}
+
+template <typename T>
+__device__ inline T warp_sum(T v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ inline float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block; every thread gets the result. REQUIRES: blockDim.x a multiple of 32, <= 1024;
+// called by all threads of the block. `shared` holds 32 T.
+template <typename T>
+__device__ inline T block_sum(T v, T* shared) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  v = warp_sum(v);
+  __syncthreads();  // shared may still be read by a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  T r = lane < warps ? shared[lane] : T(0);
+  return warp_sum(r);
+}
+
+__device__ inline float block_max(float v, float* shared) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float r = lane < warps ? shared[lane] : -INFINITY;
+  return warp_max(r);
+}
+
+}  // namespace gpt::cuda

@@ -1,0 +1,116 @@
+// Fused softmax + cross-entropy (+ its gradient) on the GPU, the twin of kernels/cpu/crossentropy.cc. One
+// block per row: one read pass over the V real logits keeps an online max and sum per thread, block
+// reductions combine them, then one pass writes dlogits; no probability matrix is stored. Deterministic:
+// each thread owns fixed groups of 4 consecutive columns (counted from the row start, whatever the row's
+// alignment, so a float4 load and 4 scalar loads feed the same sums in the same order) and the block
+// reductions' order depends only on blockDim.
+#include <cfloat>
+#include <cstdint>
+
+#include "core/check.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace gpt::cuda {
+namespace {
+
+constexpr int kThreads = 512;  // per block (one row); a multiple of 32, as block_max/block_sum require
+
+__device__ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Reads elements [j, j + 4) of p into v: one float4 when p is 16-byte aligned and the group lies below n,
+// else scalars with elements at or past n read as `fill`. j is a multiple of 4, so p + j keeps p's alignment.
+__device__ inline void load4(float (&v)[4], const float* p, int j, int n, bool vec, float fill) {
+  if (vec && j + 4 <= n) {
+    const float4 t = *reinterpret_cast<const float4*>(p + j);
+    v[0] = t.x;
+    v[1] = t.y;
+    v[2] = t.z;
+    v[3] = t.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = j + k < n ? p[j + k] : fill;
+  }
+}
+
+// Writes v to elements [j, j + 4) of p, those at or past n skipped (same alignment rule as load4).
+__device__ inline void store4(float* p, int j, int n, bool vec, const float (&v)[4]) {
+  if (vec && j + 4 <= n) {
+    *reinterpret_cast<float4*>(p + j) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (j + k < n) p[j + k] = v[k];
+    }
+  }
+}
+
+// logits and dlogits may be the same memory (no __restrict__): every logit a thread reads in the dlogits
+// pass is one it alone writes, after reading it; z[target] and the row statistics are read before the
+// block reductions' __syncthreads, so before any thread writes.
+__global__ void __launch_bounds__(kThreads)
+    crossentropy_kernel(float* __restrict__ losses, float* dlogits, const float* logits,
+                        const int32_t* __restrict__ targets, int V, int Vp, float dloss) {
+  __shared__ float shared[kWarp];
+  const int64_t i = blockIdx.x;
+  const float* z = logits + i * Vp;
+  const int y = targets[i];
+  const float zy = threadIdx.x == 0 ? z[y] : 0.0f;  // only thread 0 writes the loss
+  const bool z_vec = aligned16(z);
+
+  // Online max/sum. m starts at -FLT_MAX rather than -inf so that a -inf logit adds exp(-inf) = 0 instead of
+  // exp(-inf - -inf) = NaN; missing elements of the last group are -inf for the same reason.
+  float m = -FLT_MAX, s = 0.0f;
+  for (int j = 4 * threadIdx.x; j < V; j += 4 * kThreads) {
+    float v[4];
+    load4(v, z, j, V, z_vec, -INFINITY);
+    const float gm = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
+    if (gm > m) {  // rescale the running sum to the new max
+      s *= expf(m - gm);
+      m = gm;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) s += expf(v[k] - m);
+  }
+  const float maxv = block_max(m, shared);
+  const float sum = block_sum(s * expf(m - maxv), shared);  // a thread with no elements has s = 0
+  if (threadIdx.x == 0) losses[i] = (maxv + logf(sum)) - zy;
+  if (dlogits == nullptr) return;  // uniform over the block
+
+  // dlogits = softmax * dloss, minus dloss at the target, zero over the padding [V, Vp).
+  const float inv = 1.0f / sum;
+  float* dz = dlogits + i * Vp;
+  const bool dz_vec = aligned16(dz);
+  for (int j = 4 * threadIdx.x; j < Vp; j += 4 * kThreads) {
+    float v[4], g[4];
+    load4(v, z, j, V, z_vec, 0.0f);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      g[k] = j + k < V ? expf(v[k] - maxv) * inv * dloss : 0.0f;
+      if (j + k == y) g[k] -= dloss;
+    }
+    store4(dz, j, Vp, dz_vec, g);
+  }
+}
+
+}  // namespace
+
+void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                                   int64_t N, int V, int Vp, float dloss, cudaStream_t stream) {
+  GPT_CHECK(N >= 0 && V > 0 && Vp >= V);
+  GPT_CHECK(Vp <= INT32_MAX - 4 * kThreads);  // the column loops' int index cannot overflow
+  GPT_CHECK(N <= INT32_MAX);                  // one block per row
+  GPT_CHECK(losses != nullptr && logits != nullptr && targets != nullptr);
+  // In place is allowed, a partial overlap is not (rows would overwrite other rows before they are read).
+  if (dlogits != nullptr && dlogits != logits) {
+    const auto d = reinterpret_cast<uintptr_t>(dlogits), l = reinterpret_cast<uintptr_t>(logits);
+    const auto bytes = static_cast<uintptr_t>(N) * Vp * sizeof(float);
+    GPT_CHECK(d + bytes <= l || l + bytes <= d);
+  }
+  if (N == 0) return;
+  crossentropy_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(losses, dlogits, logits, targets, V, Vp,
+                                                                         dloss);
+  GPT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace gpt::cuda

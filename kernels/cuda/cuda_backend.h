@@ -1,0 +1,88 @@
+// CudaBackend: the Backend on one GPU. Every op is queued on the backend's own stream (in call order) and
+// returns at once; to_host, to_device, sum_squares and synchronize wait. Memory comes from cudaMalloc
+// through Buffer::adopt, so it is counted by the same categories as on the CPU; kernels that need
+// temporaries share one scratch area that grows to the largest request (the first training step sizes it;
+// no allocation after that). Not thread-safe: one training thread drives it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "core/status.h"
+
+namespace gpt {
+
+namespace cuda {
+class Matmul;
+}  // namespace cuda
+
+class CudaBackend final : public Backend {
+ public:
+  // REQUIRES: `device` is a valid CUDA device index.
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string_view name() const override { return "cuda"; }
+  Buffer alloc(size_t bytes, MemCategory category) override;
+  void set_threads(int /*threads*/) override {}
+  bool host_memory() const override { return false; }
+  void to_device(void* dst, const void* src, size_t bytes) override;
+  void to_host(void* dst, const void* src, size_t bytes) override;
+  void synchronize() override;
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                         int C) override;
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                          int C) override;
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                      int OC) override;
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, int64_t N, int C, int OC) override;
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                         int64_t N, int C) override;
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const float* weight, const float* mean, const float* rstd, int64_t N, int C) override;
+  int64_t attention_state_floats(int B, int T, int NH) const override {
+    return static_cast<int64_t>(B) * NH * T;  // each query row's log-sum-exp
+  }
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                         const DropoutMask& drop) override;
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att, int B,
+                          int T, int C, int NH, const DropoutMask& drop) override;
+  void gelu_forward(float* out, const float* inp, int64_t N) override;
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override;
+  void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override;
+  void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) override;
+  void dropout_forward(float* x, int64_t N, const DropoutMask& drop) override;
+  void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                                     int64_t N, int V, int Vp, float dloss) override;
+  void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1, float beta2,
+                    float eps, float weight_decay, float grad_scale, int64_t step) override;
+  double sum_squares(const float* x, int64_t n) override;
+  void fill_zero(float* x, int64_t n) override;
+  void cast_to_bf16(bf16* dst, const float* src, int64_t n) override;
+  void cast_from_bf16(float* dst, const bf16* src, int64_t n) override;
+  void copy(float* dst, const float* src, int64_t n) override;
+
+ private:
+  void* scratch(size_t bytes);
+
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::Matmul> matmul_;
+  Buffer scratch_;                 // shared temporaries (workspace), grown to the largest request
+  Buffer result_;                  // one double on the device for sum_squares
+  double* result_host_ = nullptr;  // pinned
+};
+
+// The CUDA backend on the GPU of local rank `local_rank` of `local_size` (device_for_local_rank), or an error
+// when no GPU is visible or there are fewer GPUs than ranks on the node.
+Expected<std::unique_ptr<Backend>> make_cuda_backend(int local_rank, int local_size);
+
+}  // namespace gpt

@@ -1,0 +1,87 @@
+// The CUDA kernels' launchers, one family per file, each the twin of the CPU kernel of the same name in
+// kernels/cpu (same arguments, same accumulation rules; see engine/backend/backend.h). All pointers are
+// device memory; every launcher queues its work on `stream` and returns without waiting. A launcher that
+// needs temporary memory takes `scratch` of at least <op>_scratch_bytes(...) bytes (the backend owns one
+// scratch area, sized once); scratch may be reused by the next launch on the same stream.
+// Determinism: no float atomics; every reduction has a fixed order for a given shape.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+
+namespace gpt::cuda {
+
+// embedding.cu. Backward sorts the token positions by token id (stable) and sums each token's rows in
+// position order: deterministic without atomics.
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                       cudaStream_t stream);
+size_t embedding_backward_scratch_bytes(int B, int T);
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                        void* scratch, cudaStream_t stream);
+
+// layernorm.cu. mean/rstd may be null (recomputation that only needs out).
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int64_t N, int C, cudaStream_t stream);
+size_t layernorm_backward_scratch_bytes(int64_t N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int C, void* scratch,
+                        cudaStream_t stream);
+
+// attention.cu: fused causal attention (flash-style: online softmax, no T x T matrix in memory).
+// lse(B,NH,T) is each query row's log-sum-exp of the scaled scores. Head size C/NH <= 128.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
+                       cudaStream_t stream);
+size_t attention_backward_scratch_bytes(int B, int T, int C, int NH);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
+                        int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
+
+// crossentropy.cu: one pass per row over the vocabulary in chunks (online max and sum), then dlogits.
+void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                                   int64_t N, int V, int Vp, float dloss, cudaStream_t stream);
+
+// gelu.cu
+void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream);
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N, cudaStream_t stream);
+
+// elementwise.cu
+void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop,
+                      cudaStream_t stream);
+void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop, cudaStream_t stream);
+void dropout_forward(float* x, int64_t N, const DropoutMask& drop, cudaStream_t stream);
+void cast_to_bf16(bf16* dst, const float* src, int64_t n, cudaStream_t stream);
+void cast_from_bf16(float* dst, const bf16* src, int64_t n, cudaStream_t stream);
+
+// adamw.cu
+void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, float grad_scale, int64_t step, cudaStream_t stream);
+size_t sum_squares_scratch_bytes();
+// Writes sum(x^2) as one double to *result (device memory) in a fixed order.
+void sum_squares(double* result, const float* x, int64_t n, void* scratch, cudaStream_t stream);
+
+// matmul.cu: cuBLASLt GEMMs (fp32 compute, no TF32, so they match the CPU to fp32 rounding) and a
+// deterministic column sum for dbias. Matmul holds the cuBLASLt handle and its workspace.
+class Matmul {
+ public:
+  explicit Matmul(cudaStream_t stream);
+  ~Matmul();
+  Matmul(const Matmul&) = delete;
+  Matmul& operator=(const Matmul&) = delete;
+  void forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC);
+  static size_t backward_scratch_bytes(int64_t N, int OC);
+  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
+                int64_t N, int C, int OC, void* scratch);
+
+ private:
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+            int64_t ldb, float* c, int64_t ldc, float beta, const float* bias);
+  cudaStream_t stream_;
+  void* handle_ = nullptr;     // cublasLtHandle_t
+  void* workspace_ = nullptr;  // kWorkspaceBytes of device memory, allocated once
+};
+
+}  // namespace gpt::cuda

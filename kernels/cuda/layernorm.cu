@@ -1,0 +1,260 @@
+// LayerNorm over the last dimension on the GPU, the twin of kernels/cpu/layernorm.cc (fp32 statistics,
+// eps = 1e-5). Deterministic without atomics: every row reduction is a warp reduction over a fixed
+// element-to-lane map (groups of 4 consecutive channels dealt round-robin to the lanes, whether the group is
+// loaded as one float4 or as 4 scalars), and dweight/dbias are summed per column over fixed row chunks
+// (a chunk count that depends only on N), the chunks' partials then added in chunk order.
+#include <cstdint>
+
+#include "core/check.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace gpt::cuda {
+namespace {
+
+constexpr float kEps = 1e-5f;
+constexpr int kRowWarps = 8;                    // rows (one warp each) per block in the row kernels
+constexpr int kRowThreads = kWarp * kRowWarps;  // their block size
+constexpr int kChunks = 512;                    // most row chunks in the backward; fixed, so the sum order is too
+constexpr int kColThreads = 64;                 // threads per block in the backward's column kernel (4 columns each)
+constexpr int kParamThreads = 256;              // threads per block in the partial-sum kernel
+constexpr size_t kScratchAlign = 256;           // each scratch piece starts on a 256-byte boundary
+
+// Reads elements [j, j + 4) of p into v. kVec: one float4 (the caller guarantees p is 16-byte aligned and
+// n % 4 == 0). Otherwise scalars, elements at or past n read as `fill`. Either way v holds the same values,
+// so the order of the sums that use them does not depend on which path ran.
+template <bool kVec>
+__device__ inline void load4(float (&v)[4], const float* p, int j, int n, float fill) {
+  if constexpr (kVec) {
+    const float4 t = *reinterpret_cast<const float4*>(p + j);
+    v[0] = t.x;
+    v[1] = t.y;
+    v[2] = t.z;
+    v[3] = t.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = j + k < n ? p[j + k] : fill;
+  }
+}
+
+// Writes v to elements [j, j + 4) of p, those at or past n skipped (same alignment contract as load4).
+template <bool kVec>
+__device__ inline void store4(float* p, int j, int n, const float (&v)[4]) {
+  if constexpr (kVec) {
+    *reinterpret_cast<float4*>(p + j) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (j + k < n) p[j + k] = v[k];
+    }
+  }
+}
+
+// One warp per row: mean, then the variance around it (two passes, as the CPU), then the output.
+// out is not __restrict__ against inp: each lane reads an element before writing the same element, so an
+// in-place call would still be correct.
+template <bool kVec>
+__global__ void __launch_bounds__(kRowThreads)
+    layernorm_forward_kernel(float* out, float* __restrict__ mean, float* __restrict__ rstd, const float* inp,
+                             const float* __restrict__ weight, const float* __restrict__ bias, int64_t N, int C) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
+  if (row >= N) return;  // the whole warp leaves: only warp shuffles follow, no __syncthreads
+  const float* x = inp + row * C;
+  float v[4];
+
+  float sum = 0.0f;
+  for (int j = 4 * lane; j < C; j += 4 * kWarp) {
+    load4<kVec>(v, x, j, C, 0.0f);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) sum += v[k];
+  }
+  const float m = warp_sum(sum) / static_cast<float>(C);
+
+  float sq = 0.0f;
+  for (int j = 4 * lane; j < C; j += 4 * kWarp) {
+    load4<kVec>(v, x, j, C, m);  // fill m: missing elements add (m - m)^2 = 0
+#pragma unroll
+    for (int k = 0; k < 4; ++k) sq += (v[k] - m) * (v[k] - m);
+  }
+  const float var = warp_sum(sq) / static_cast<float>(C);
+  const float s = 1.0f / sqrtf(var + kEps);  // not rsqrtf: IEEE sqrt and division, as the CPU
+
+  float* y = out + row * C;
+  for (int j = 4 * lane; j < C; j += 4 * kWarp) {
+    float w[4], b[4], o[4];
+    load4<kVec>(v, x, j, C, 0.0f);
+    load4<kVec>(w, weight, j, C, 0.0f);
+    load4<kVec>(b, bias, j, C, 0.0f);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o[k] = (v[k] - m) * s * w[k] + b[k];
+    store4<kVec>(y, j, C, o);
+  }
+  if (lane == 0) {
+    if (mean != nullptr) mean[row] = m;
+    if (rstd != nullptr) rstd[row] = s;
+  }
+}
+
+// Backward step 1, one warp per row: the row means of dnorm and dnorm * norm that every column's dinp needs.
+template <bool kVec>
+__global__ void __launch_bounds__(kRowThreads)
+    layernorm_backward_row_kernel(float2* __restrict__ row_stats, const float* __restrict__ dout,
+                                  const float* __restrict__ inp, const float* __restrict__ weight,
+                                  const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N, int C) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
+  if (row >= N) return;  // warp-uniform, as in the forward
+  const float* x = inp + row * C;
+  const float* dy = dout + row * C;
+  const float m = mean[row], s = rstd[row];
+  float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+  for (int j = 4 * lane; j < C; j += 4 * kWarp) {
+    float xv[4], dyv[4], w[4];
+    load4<kVec>(xv, x, j, C, 0.0f);
+    load4<kVec>(dyv, dy, j, C, 0.0f);  // fill 0: missing elements have dnorm = 0 and add nothing
+    load4<kVec>(w, weight, j, C, 0.0f);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float norm = (xv[k] - m) * s;
+      const float dnorm = w[k] * dyv[k];
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += dnorm * norm;
+    }
+  }
+  dnorm_mean = warp_sum(dnorm_mean) / static_cast<float>(C);
+  dnorm_norm_mean = warp_sum(dnorm_norm_mean) / static_cast<float>(C);
+  if (lane == 0) row_stats[row] = make_float2(dnorm_mean, dnorm_norm_mean);
+}
+
+// Backward step 2: block (chunk, column tile); each thread owns 4 columns and walks the chunk's rows in
+// order, adding into dinp and keeping its columns' dweight/dbias partials in registers, written once to
+// partial[chunk] = [dweight (C) | dbias (C)]. No thread shares a column with another in its chunk: no races.
+template <bool kVec>
+__global__ void __launch_bounds__(kColThreads)
+    layernorm_backward_col_kernel(float* __restrict__ dinp, float* __restrict__ partial, const float* __restrict__ dout,
+                                  const float* __restrict__ inp, const float* __restrict__ weight,
+                                  const float* __restrict__ mean, const float* __restrict__ rstd,
+                                  const float2* __restrict__ row_stats, int64_t N, int C, int64_t rpc) {
+  const int j = 4 * (blockIdx.y * kColThreads + threadIdx.x);
+  if (j >= C) return;  // no __syncthreads in this kernel
+  const int64_t r0 = blockIdx.x * rpc;
+  const int64_t r1 = r0 + rpc < N ? r0 + rpc : N;
+  float w[4];
+  load4<kVec>(w, weight, j, C, 0.0f);
+  float pw[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4  // several rows' loads in flight: this loop is latency-bound otherwise
+  for (int64_t r = r0; r < r1; ++r) {
+    float xv[4], dyv[4], dx[4];
+    load4<kVec>(xv, inp + r * C, j, C, 0.0f);
+    load4<kVec>(dyv, dout + r * C, j, C, 0.0f);
+    load4<kVec>(dx, dinp + r * C, j, C, 0.0f);
+    const float m = mean[r], s = rstd[r];
+    const float2 st = row_stats[r];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float norm = (xv[k] - m) * s;
+      const float dnorm = w[k] * dyv[k];
+      pb[k] += dyv[k];
+      pw[k] += norm * dyv[k];
+      dx[k] += (dnorm - st.x - norm * st.y) * s;
+    }
+    store4<kVec>(dinp + r * C, j, C, dx);
+  }
+  float* p = partial + static_cast<int64_t>(blockIdx.x) * 2 * C;
+  store4<kVec>(p, j, C, pw);
+  store4<kVec>(p + C, j, C, pb);
+}
+
+// Backward step 3: one thread per entry of [dweight | dbias], summing the chunks' partials in chunk order.
+__global__ void __launch_bounds__(kParamThreads)
+    layernorm_param_grad_kernel(float* __restrict__ dweight, float* __restrict__ dbias,
+                                const float* __restrict__ partial, int chunks, int C) {
+  const int e = blockIdx.x * kParamThreads + threadIdx.x;
+  if (e >= 2 * C) return;
+  float acc = 0.0f;
+  for (int g = 0; g < chunks; ++g) acc += partial[static_cast<int64_t>(g) * 2 * C + e];
+  if (e < C) {
+    dweight[e] += acc;
+  } else {
+    dbias[e - C] += acc;
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+size_t align_up(size_t n) { return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+
+// The backward's row chunking: depends only on N, so the dweight/dbias sum order is fixed for a shape.
+int64_t rows_per_chunk(int64_t N) { return ceil_div(N, kChunks); }
+
+// Scratch layout: row_stats (N float2), then the chunk partials (chunks x 2C floats).
+size_t row_stats_bytes(int64_t N) { return align_up(static_cast<size_t>(N) * sizeof(float2)); }
+
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int64_t N, int C, cudaStream_t stream) {
+  GPT_CHECK(N >= 0 && C > 0);
+  GPT_CHECK(out != nullptr && inp != nullptr && weight != nullptr && bias != nullptr);
+  if (N == 0) return;
+  GPT_CHECK(ceil_div(N, kRowWarps) <= INT32_MAX);
+  const dim3 grid(static_cast<unsigned>(ceil_div(N, kRowWarps)));
+  const bool vec = C % 4 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight) && aligned16(bias);
+  if (vec) {
+    layernorm_forward_kernel<true><<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+  } else {
+    layernorm_forward_kernel<false><<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+  }
+  GPT_CUDA_CHECK_LAUNCH();
+}
+
+size_t layernorm_backward_scratch_bytes(int64_t N, int C) {
+  GPT_CHECK(N >= 0 && C > 0);
+  // Partials for kChunks, the most any N uses, so the size grows with N and C: scratch sized for the largest
+  // shape also fits every smaller one (the exact chunk count is not monotonic in N).
+  return row_stats_bytes(N) + align_up(static_cast<size_t>(kChunks) * 2 * C * sizeof(float));
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int C, void* scratch,
+                        cudaStream_t stream) {
+  GPT_CHECK(N >= 0 && C > 0);
+  GPT_CHECK(dinp != nullptr && dweight != nullptr && dbias != nullptr && dout != nullptr && inp != nullptr);
+  GPT_CHECK(weight != nullptr && mean != nullptr && rstd != nullptr);
+  GPT_CHECK(dinp != dout && dinp != inp);  // the kernels read dout/inp through __restrict__ pointers
+  if (N == 0) return;
+  GPT_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % alignof(float2) == 0);
+  GPT_CHECK(ceil_div(N, kRowWarps) <= INT32_MAX);
+  GPT_CHECK(ceil_div(C, 4 * kColThreads) <= 65535);  // gridDim.y limit
+
+  const int64_t rpc = rows_per_chunk(N);
+  const int chunks = static_cast<int>(ceil_div(N, rpc));  // <= kChunks, each chunk non-empty
+  auto* row_stats = static_cast<float2*>(scratch);
+  float* partial = reinterpret_cast<float*>(static_cast<char*>(scratch) + row_stats_bytes(N));
+
+  const bool vec =
+      C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight) && aligned16(partial);
+  const dim3 row_grid(static_cast<unsigned>(ceil_div(N, kRowWarps)));
+  const dim3 col_grid(static_cast<unsigned>(chunks), static_cast<unsigned>(ceil_div(C, 4 * kColThreads)));
+  if (vec) {
+    layernorm_backward_row_kernel<true>
+        <<<row_grid, kRowThreads, 0, stream>>>(row_stats, dout, inp, weight, mean, rstd, N, C);
+    GPT_CUDA_CHECK_LAUNCH();
+    layernorm_backward_col_kernel<true>
+        <<<col_grid, kColThreads, 0, stream>>>(dinp, partial, dout, inp, weight, mean, rstd, row_stats, N, C, rpc);
+    GPT_CUDA_CHECK_LAUNCH();
+  } else {
+    layernorm_backward_row_kernel<false>
+        <<<row_grid, kRowThreads, 0, stream>>>(row_stats, dout, inp, weight, mean, rstd, N, C);
+    GPT_CUDA_CHECK_LAUNCH();
+    layernorm_backward_col_kernel<false>
+        <<<col_grid, kColThreads, 0, stream>>>(dinp, partial, dout, inp, weight, mean, rstd, row_stats, N, C, rpc);
+    GPT_CUDA_CHECK_LAUNCH();
+  }
+  const dim3 param_grid(static_cast<unsigned>(ceil_div(2 * static_cast<int64_t>(C), kParamThreads)));
+  layernorm_param_grad_kernel<<<param_grid, kParamThreads, 0, stream>>>(dweight, dbias, partial, chunks, C);
+  GPT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace gpt::cuda

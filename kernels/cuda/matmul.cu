@@ -1,0 +1,137 @@
+// GEMMs through cuBLASLt, the twin of kernels/cpu/matmul.cc. Our tensors are row-major; cuBLASLt is
+// column-major, so each row-major product is issued as its transpose (a row-major (R,K) matrix is a
+// column-major (K,R) one):
+//   forward   out(N,OC)  = inp(N,C) W(OC,C)^T + b   <=>  out^T(OC,N) = W^T' inp^T, bias epilogue over OC
+//   dinp(N,C)            = dout(N,OC) W(OC,C)       <=>  dinp^T(C,N) = W^T(C,OC) dout^T(OC,N)
+//   dweight(OC,C)       += dout^T inp               <=>  dweight^T(C,OC) += inp^T(C,N) dout(N,OC)
+// fp32 compute without TF32 (CUBLAS_COMPUTE_32F), so results match the CPU to fp32 rounding. dbias gets a
+// deterministic column sum (partials over fixed row chunks, then added in chunk order): cuBLASLt's BGRAD
+// epilogue overwrites instead of accumulating across micro-batches.
+#include <cublasLt.h>
+
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels.h"
+
+#define GPT_CUBLAS_CHECK(call)                                                             \
+  do {                                                                                     \
+    const cublasStatus_t gpt_st_ = (call);                                                 \
+    GPT_CHECK_MSG(gpt_st_ == CUBLAS_STATUS_SUCCESS,                                        \
+                  (std::string(#call) + ": " + cublasLtGetStatusString(gpt_st_)).c_str()); \
+  } while (0)
+
+namespace gpt::cuda {
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
+constexpr int kColsPerBlock = 32;
+constexpr int kRowsPerChunk = 256;
+
+int64_t dbias_chunks(int64_t N) { return ceil_div(N, kRowsPerChunk); }
+
+// partial[chunk, oc] = sum of dout[n, oc] over the chunk's rows, in row order. Block: 32 columns x 8 rows
+// of threads; each thread sums a strided subset of the chunk's rows, then the 8 are added in order.
+__global__ void dbias_partial_kernel(float* partial, const float* dout, int64_t N, int OC) {
+  __shared__ float sums[8][kColsPerBlock];
+  const int oc = blockIdx.x * kColsPerBlock + threadIdx.x;
+  const int64_t lo = static_cast<int64_t>(blockIdx.y) * kRowsPerChunk;
+  const int64_t hi = min(N, lo + kRowsPerChunk);
+  float s = 0.0f;
+  if (oc < OC) {
+    for (int64_t n = lo + threadIdx.y; n < hi; n += blockDim.y) s += dout[n * OC + oc];
+  }
+  sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && oc < OC) {
+    float t = 0.0f;
+    for (int r = 0; r < 8; ++r) t += sums[r][threadIdx.x];
+    partial[static_cast<int64_t>(blockIdx.y) * OC + oc] = t;
+  }
+}
+
+__global__ void dbias_sum_kernel(float* dbias, const float* partial, int64_t chunks, int OC) {
+  const int oc = blockIdx.x * blockDim.x + threadIdx.x;
+  if (oc >= OC) return;
+  float s = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) s += partial[c * OC + oc];
+  dbias[oc] += s;
+}
+
+cublasLtHandle_t lt(void* h) { return static_cast<cublasLtHandle_t>(h); }
+
+}  // namespace
+
+Matmul::Matmul(cudaStream_t stream) : stream_(stream) {
+  cublasLtHandle_t h = nullptr;
+  GPT_CUBLAS_CHECK(cublasLtCreate(&h));
+  handle_ = h;
+  GPT_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+}
+
+Matmul::~Matmul() {
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  if (handle_ != nullptr) cublasLtDestroy(lt(handle_));
+}
+
+// Column-major C(m,n) = op(A) op(B) + beta C [+ bias(m) broadcast over columns].
+void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                  const float* b, int64_t ldb, float* c, int64_t ldc, float beta, const float* bias) {
+  cublasLtMatmulDesc_t op = nullptr;
+  GPT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (bias != nullptr) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, trans_a ? k : m, trans_a ? m : k, lda));
+  GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, trans_b ? n : k, trans_b ? k : n, ldb));
+  GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc));
+  cublasLtMatmulPreference_t pref = nullptr;
+  GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = kWorkspaceBytes;
+  GPT_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  GPT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt(handle_), op, la, lb, lc, lc, pref, 1, &heuristic, &found));
+  GPT_CHECK_MSG(found > 0, "cuBLASLt found no algorithm for a matmul shape");
+  const float alpha = 1.0f;
+  GPT_CUBLAS_CHECK(cublasLtMatmul(lt(handle_), op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &heuristic.algo,
+                                  workspace_, kWorkspaceBytes, stream_));
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatmulDescDestroy(op);
+}
+
+void Matmul::forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC) {
+  GPT_CHECK(N > 0 && C > 0 && OC > 0);
+  gemm(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, bias);
+}
+
+size_t Matmul::backward_scratch_bytes(int64_t N, int OC) { return dbias_chunks(N) * OC * sizeof(float); }
+
+void Matmul::backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                      const float* weight, int64_t N, int C, int OC, void* scratch) {
+  GPT_CHECK(N > 0 && C > 0 && OC > 0);
+  if (dinp != nullptr) gemm(false, false, C, N, OC, weight, C, dout, OC, dinp, C, 0.0f, nullptr);
+  gemm(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f, nullptr);
+  if (dbias != nullptr) {
+    auto* partial = static_cast<float*>(scratch);
+    const int64_t chunks = dbias_chunks(N);
+    dbias_partial_kernel<<<dim3(static_cast<unsigned>(ceil_div(OC, kColsPerBlock)), static_cast<unsigned>(chunks)),
+                           dim3(kColsPerBlock, 8), 0, stream_>>>(partial, dout, N, OC);
+    GPT_CUDA_CHECK_LAUNCH();
+    dbias_sum_kernel<<<static_cast<unsigned>(ceil_div(OC, 256)), 256, 0, stream_>>>(dbias, partial, chunks, OC);
+    GPT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace gpt::cuda

@@ -1,0 +1,384 @@
+// Backend parity (in the spirit of ggml's test-backend-ops): every Backend op runs on the CPU backend and on
+// the CUDA backend with the same random inputs, and the results are compared; then a whole GPT forward and
+// backward. Without a CUDA build or a visible GPU every case prints why it is skipped and passes.
+//
+// Tolerances (fp32 everywhere): errors are measured as max|cuda - cpu| / max|cpu| over the tensor (an
+// element-wise relative error is meaningless for values that cancel to ~0). Element-wise ops and casts
+// agree to 1e-6 (the CPU's fast_exp/fast_tanh are within 3e-7 of libm) or bit for bit; reductions (GEMMs,
+// LayerNorm, softmax, attention) sum in a different order, so they agree to 1e-5 (the fp32 bound),
+// which is ~100 ulps of the largest value for sums of up to a few thousand terms. The whole model step is
+// held to 1e-4 on the loss and every gradient.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kernels/kernel_test_util.h"
+#include "model/gpt.h"
+#include "model/param_source.h"
+
+namespace gpt {
+namespace {
+
+using testing::rand_tokens;
+using testing::randn;
+
+// The CUDA backend, or null after printing why the tests skip.
+Backend* cuda_or_skip(const char* what) {
+  // Never destroyed: the CUDA runtime may unload before static destructors run.
+  static auto* made = new Expected<std::unique_ptr<Backend>>(make_backend("cuda"));
+  if (!*made) {
+    std::printf("SKIPPED backend parity (%s): %s\n", what, made->status().message().c_str());
+    return nullptr;
+  }
+  return (*made)->get();
+}
+
+Backend& cpu() {
+  static std::unique_ptr<Backend> be = [] {
+    auto b = std::move(*make_backend("cpu"));
+    b->set_threads(2);
+    return b;
+  }();
+  return *be;
+}
+
+// A device copy of a host vector; read() brings it back.
+template <typename T>
+struct Dev {
+  Dev(Backend& be, const std::vector<T>& host) : be(be), n(host.size()) {
+    buf = be.alloc(n * sizeof(T), MemCategory::kWorkspace);
+    be.to_device(buf.data(), host.data(), n * sizeof(T));
+  }
+  Dev(Backend& be, size_t n) : be(be), n(n) { buf = be.alloc(n * sizeof(T), MemCategory::kWorkspace); }
+  T* p() { return buf.as<T>(); }
+  std::vector<T> read() {
+    std::vector<T> h(n);
+    be.to_host(h.data(), buf.data(), n * sizeof(T));
+    return h;
+  }
+  Backend& be;
+  size_t n;
+  Buffer buf;
+};
+
+double max_abs(const std::vector<float>& x) {
+  double m = 0.0;
+  for (float v : x) m = std::max(m, static_cast<double>(std::abs(v)));
+  return m;
+}
+
+void expect_close(const std::string& what, const std::vector<float>& cpu_out, const std::vector<float>& cuda_out,
+                  double tol) {
+  REQUIRE(cpu_out.size() == cuda_out.size());
+  double worst = 0.0;
+  size_t at = 0;
+  for (size_t i = 0; i < cpu_out.size(); ++i) {
+    const double d = std::abs(static_cast<double>(cpu_out[i]) - cuda_out[i]);
+    if (!(d <= worst)) {  // also catches NaN
+      worst = d;
+      at = i;
+    }
+  }
+  const double scale = std::max(max_abs(cpu_out), 1e-30);
+  const double rel = worst / scale;
+  INFO(what << ": max error " << worst << " at " << at << " (cpu " << cpu_out[at] << ", cuda " << cuda_out[at]
+            << "), relative to max |cpu| " << scale << ": " << rel << " > " << tol);
+  CHECK(rel <= tol);
+}
+
+constexpr double kElementwise = 1e-6, kReduction = 1e-5;
+
+DropoutMask mask(float p, uint64_t base = 0) {
+  DropoutMask m;
+  m.p = p;
+  m.rng = CounterRng(99, 7);
+  m.base = base;
+  return m;
+}
+
+TEST_CASE("parity: embedding forward and backward (repeated tokens)", "[cuda]") {
+  Backend* gpu = cuda_or_skip("embedding");
+  if (!gpu) return;
+  const int B = 3, T = 17, C = 40, V = 11;  // few tokens: many repeats in the deterministic backward
+  auto tokens = rand_tokens(B * T, V, 1);
+  auto wte = randn(V * C, 2), wpe = randn(T * C, 3), dout = randn(B * T * C, 4);
+  auto dwte = randn(V * C, 5), dwpe = randn(T * C, 6);  // non-zero: backward accumulates
+
+  std::vector<float> out(B * T * C), c_dwte = dwte, c_dwpe = dwpe;
+  cpu().embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  cpu().embedding_backward(c_dwte.data(), c_dwpe.data(), dout.data(), tokens.data(), B, T, C);
+
+  Dev<int32_t> g_tok(*gpu, tokens);
+  Dev<float> g_wte(*gpu, wte), g_wpe(*gpu, wpe), g_dout(*gpu, dout), g_out(*gpu, out.size());
+  gpu->embedding_forward(g_out.p(), g_tok.p(), g_wte.p(), g_wpe.p(), B, T, C);
+  expect_close("embedding out", out, g_out.read(), kElementwise);
+  Dev<float> g_dwte(*gpu, dwte), g_dwpe(*gpu, dwpe);
+  gpu->embedding_backward(g_dwte.p(), g_dwpe.p(), g_dout.p(), g_tok.p(), B, T, C);
+  const auto first = g_dwte.read();
+  expect_close("embedding dwte", c_dwte, first, kReduction);
+  expect_close("embedding dwpe", c_dwpe, g_dwpe.read(), kReduction);
+  // Deterministic: the same inputs give the same bits.
+  Dev<float> again(*gpu, dwte), again_pe(*gpu, dwpe);
+  gpu->embedding_backward(again.p(), again_pe.p(), g_dout.p(), g_tok.p(), B, T, C);
+  REQUIRE(again.read() == first);
+}
+
+TEST_CASE("parity: matmul forward and backward", "[cuda]") {
+  Backend* gpu = cuda_or_skip("matmul");
+  if (!gpu) return;
+  struct Shape {
+    int64_t N;
+    int C, OC;
+    bool bias, dinp;
+  };
+  for (const Shape s : {Shape{7, 5, 3, true, true}, Shape{64, 48, 144, true, true}, Shape{300, 96, 33, false, false},
+                        Shape{1030, 128, 512, true, true}}) {
+    CAPTURE(s.N, s.C, s.OC, s.bias, s.dinp);
+    auto inp = randn(s.N * s.C, 10), w = randn(int64_t{s.OC} * s.C, 11), b = randn(s.OC, 12);
+    auto dout = randn(s.N * s.OC, 13), dw = randn(int64_t{s.OC} * s.C, 14), db = randn(s.OC, 15);
+    std::vector<float> out(s.N * s.OC), dinp(s.N * s.C), c_dw = dw, c_db = db;
+    const float* bias = s.bias ? b.data() : nullptr;
+    cpu().matmul_forward(out.data(), inp.data(), w.data(), bias, s.N, s.C, s.OC);
+    cpu().matmul_backward(s.dinp ? dinp.data() : nullptr, c_dw.data(), s.bias ? c_db.data() : nullptr, dout.data(),
+                          inp.data(), w.data(), s.N, s.C, s.OC);
+    Dev<float> g_inp(*gpu, inp), g_w(*gpu, w), g_b(*gpu, b), g_dout(*gpu, dout), g_dw(*gpu, dw), g_db(*gpu, db);
+    Dev<float> g_out(*gpu, out.size()), g_dinp(*gpu, dinp.size());
+    gpu->matmul_forward(g_out.p(), g_inp.p(), g_w.p(), s.bias ? g_b.p() : nullptr, s.N, s.C, s.OC);
+    gpu->matmul_backward(s.dinp ? g_dinp.p() : nullptr, g_dw.p(), s.bias ? g_db.p() : nullptr, g_dout.p(), g_inp.p(),
+                         g_w.p(), s.N, s.C, s.OC);
+    expect_close("matmul out", out, g_out.read(), kReduction);
+    if (s.dinp) expect_close("matmul dinp", dinp, g_dinp.read(), kReduction);
+    expect_close("matmul dweight", c_dw, g_dw.read(), kReduction);
+    expect_close("matmul dbias", c_db, g_db.read(), kReduction);
+  }
+}
+
+TEST_CASE("parity: layernorm forward and backward", "[cuda]") {
+  Backend* gpu = cuda_or_skip("layernorm");
+  if (!gpu) return;
+  for (const auto& [N, C] : {std::pair<int64_t, int>{1, 7}, {37, 48}, {600, 768}, {65, 1600}}) {
+    CAPTURE(N, C);
+    auto inp = randn(N * C, 20, 3.0f), w = randn(C, 21), b = randn(C, 22), dout = randn(N * C, 23);
+    auto dinp = randn(N * C, 24), dw = randn(C, 25), db = randn(C, 26);  // accumulated into
+    std::vector<float> out(N * C), mean(N), rstd(N), c_dinp = dinp, c_dw = dw, c_db = db;
+    cpu().layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
+    cpu().layernorm_backward(c_dinp.data(), c_dw.data(), c_db.data(), dout.data(), inp.data(), w.data(), mean.data(),
+                             rstd.data(), N, C);
+    Dev<float> g_inp(*gpu, inp), g_w(*gpu, w), g_b(*gpu, b), g_dout(*gpu, dout);
+    Dev<float> g_out(*gpu, out.size()), g_mean(*gpu, N), g_rstd(*gpu, N);
+    Dev<float> g_dinp(*gpu, dinp), g_dw(*gpu, dw), g_db(*gpu, db);
+    gpu->layernorm_forward(g_out.p(), g_mean.p(), g_rstd.p(), g_inp.p(), g_w.p(), g_b.p(), N, C);
+    gpu->layernorm_backward(g_dinp.p(), g_dw.p(), g_db.p(), g_dout.p(), g_inp.p(), g_w.p(), g_mean.p(), g_rstd.p(), N,
+                            C);
+    expect_close("layernorm out", out, g_out.read(), kReduction);
+    expect_close("layernorm mean", mean, g_mean.read(), kReduction);
+    expect_close("layernorm rstd", rstd, g_rstd.read(), kReduction);
+    expect_close("layernorm dinp", c_dinp, g_dinp.read(), kReduction);
+    expect_close("layernorm dweight", c_dw, g_dw.read(), kReduction);
+    expect_close("layernorm dbias", c_db, g_db.read(), kReduction);
+    // Recomputation passes null statistics.
+    Dev<float> g_out2(*gpu, out.size());
+    gpu->layernorm_forward(g_out2.p(), nullptr, nullptr, g_inp.p(), g_w.p(), g_b.p(), N, C);
+    REQUIRE(g_out2.read() == g_out.read());
+  }
+}
+
+TEST_CASE("parity: fused attention forward and backward, with and without dropout", "[cuda]") {
+  Backend* gpu = cuda_or_skip("attention");
+  if (!gpu) return;
+  struct Shape {
+    int B, T, C, NH;
+  };
+  for (const Shape s : {Shape{1, 1, 8, 1}, Shape{2, 13, 32, 4}, Shape{2, 70, 128, 2}, Shape{1, 129, 256, 4},
+                        Shape{1, 200, 256, 2}}) {  // head sizes 8, 8, 64, 64, 128; T off the tile sizes
+    for (float p : {0.0f, 0.25f}) {
+      CAPTURE(s.B, s.T, s.C, s.NH, p);
+      const DropoutMask drop = mask(p, 1000);
+      const int64_t N = int64_t{s.B} * s.T;
+      auto qkv = randn(N * 3 * s.C, 30), dout = randn(N * s.C, 31);
+      std::vector<float> out(N * s.C), dqkv(N * 3 * s.C);
+      std::vector<float> att(cpu().attention_state_floats(s.B, s.T, s.NH));
+      cpu().attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH, drop);
+      cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH, drop);
+      Dev<float> g_qkv(*gpu, qkv), g_dout(*gpu, dout), g_out(*gpu, out.size());
+      Dev<float> g_att(*gpu, gpu->attention_state_floats(s.B, s.T, s.NH)), g_dqkv(*gpu, dqkv.size());
+      REQUIRE(gpu->attention_state_floats(s.B, s.T, s.NH) == int64_t{s.B} * s.NH * s.T);  // no T x T state
+      gpu->attention_forward(g_out.p(), g_att.p(), g_qkv.p(), s.B, s.T, s.C, s.NH, drop);
+      gpu->attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop);
+      expect_close("attention out", out, g_out.read(), kReduction);
+      const auto first = g_dqkv.read();
+      expect_close("attention dqkv", dqkv, first, kReduction);
+      gpu->attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop);
+      REQUIRE(g_dqkv.read() == first);  // deterministic
+    }
+  }
+}
+
+TEST_CASE("parity: gelu, residual, dropout", "[cuda]") {
+  Backend* gpu = cuda_or_skip("elementwise");
+  if (!gpu) return;
+  const int64_t n = 10007;
+  auto x = randn(n, 40, 3.0f), r = randn(n, 41), d = randn(n, 42);
+  Dev<float> gx(*gpu, x), gr(*gpu, r), gd(*gpu, d), gy(*gpu, n);
+  std::vector<float> y(n);
+  cpu().gelu_forward(y.data(), x.data(), n);
+  gpu->gelu_forward(gy.p(), gx.p(), n);
+  expect_close("gelu forward", y, gy.read(), kElementwise);
+  cpu().gelu_backward(y.data(), x.data(), d.data(), n);
+  gpu->gelu_backward(gy.p(), gx.p(), gd.p(), n);
+  expect_close("gelu backward", y, gy.read(), kElementwise);
+  for (float p : {0.0f, 0.3f}) {
+    CAPTURE(p);
+    const DropoutMask drop = mask(p, 77);
+    cpu().residual_forward(y.data(), r.data(), x.data(), n, drop);
+    gpu->residual_forward(gy.p(), gr.p(), gx.p(), n, drop);
+    expect_close("residual", y, gy.read(), kElementwise);
+    cpu().dropout_backward(y.data(), d.data(), n, drop);
+    gpu->dropout_backward(gy.p(), gd.p(), n, drop);
+    REQUIRE(gy.read() == y);  // the same mask, the same multiply
+    std::vector<float> xi = x;
+    Dev<float> gxi(*gpu, x);
+    cpu().dropout_forward(xi.data(), n, drop);
+    gpu->dropout_forward(gxi.p(), n, drop);
+    REQUIRE(gxi.read() == xi);
+  }
+}
+
+TEST_CASE("parity: cross-entropy with padded vocab, in place", "[cuda]") {
+  Backend* gpu = cuda_or_skip("crossentropy");
+  if (!gpu) return;
+  for (const auto& [V, Vp] : {std::pair<int, int>{5, 5}, {65, 67}, {50257, 50304}}) {
+    CAPTURE(V, Vp);
+    const int64_t N = V > 1000 ? 9 : 33;
+    auto logits = randn(N * Vp, 50, 4.0f);
+    auto targets = rand_tokens(N, V, 51);
+    std::vector<float> losses(N), dl = logits, losses_only(N);
+    cpu().crossentropy_forward_backward(losses_only.data(), nullptr, logits.data(), targets.data(), N, V, Vp, 0.0f);
+    cpu().crossentropy_forward_backward(losses.data(), dl.data(), dl.data(), targets.data(), N, V, Vp, 0.125f);
+    Dev<float> g_logits(*gpu, logits), g_losses(*gpu, N);
+    Dev<int32_t> g_targets(*gpu, targets);
+    gpu->crossentropy_forward_backward(g_losses.p(), nullptr, g_logits.p(), g_targets.p(), N, V, Vp, 0.0f);
+    expect_close("cross-entropy losses (forward only)", losses_only, g_losses.read(), kReduction);
+    REQUIRE(g_logits.read() == logits);  // untouched without dlogits
+    gpu->crossentropy_forward_backward(g_losses.p(), g_logits.p(), g_logits.p(), g_targets.p(), N, V, Vp, 0.125f);
+    expect_close("cross-entropy losses", losses, g_losses.read(), kReduction);
+    expect_close("cross-entropy dlogits (in place)", dl, g_logits.read(), kReduction);
+  }
+}
+
+TEST_CASE("parity: adamw, sum of squares, fill, copy, bf16 casts", "[cuda]") {
+  Backend* gpu = cuda_or_skip("optimizer and memory ops");
+  if (!gpu) return;
+  const int64_t n = 100003;
+  auto p = randn(n, 60), m = randn(n, 61, 0.1f), g = randn(n, 63);
+  std::vector<float> v = randn(n, 62);
+  for (float& x : v) x = x * x;  // second moments are non-negative
+  Dev<float> gp(*gpu, p), gm(*gpu, m), gv(*gpu, v), gg(*gpu, g);
+  for (int64_t step : {1, 2, 10}) {
+    cpu().adamw_update(p.data(), m.data(), v.data(), g.data(), n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, step);
+    gpu->adamw_update(gp.p(), gm.p(), gv.p(), gg.p(), n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, step);
+  }
+  expect_close("adamw param", p, gp.read(), kElementwise);
+  expect_close("adamw m", m, gm.read(), kElementwise);
+  expect_close("adamw v", v, gv.read(), kElementwise);
+  const double s_cpu = cpu().sum_squares(g.data(), n), s_gpu = gpu->sum_squares(gg.p(), n);
+  CHECK(std::abs(s_cpu - s_gpu) <= 1e-12 * s_cpu);  // double accumulation: order barely matters
+  CHECK(gpu->sum_squares(gg.p(), n) == s_gpu);
+  CHECK(gpu->sum_squares(gg.p(), 0) == 0.0);
+
+  std::vector<float> special = {0.0f, -0.0f, 1.0f, 1.00390625f, 1.005859375f, 3.0e38f, -1e-40f, INFINITY, NAN};
+  auto x = randn(n, 64, 100.0f);
+  x.insert(x.end(), special.begin(), special.end());
+  std::vector<bf16> lo(x.size());
+  cpu().cast_to_bf16(lo.data(), x.data(), static_cast<int64_t>(x.size()));
+  Dev<float> gx(*gpu, x);
+  Dev<bf16> glo(*gpu, x.size());
+  gpu->cast_to_bf16(glo.p(), gx.p(), static_cast<int64_t>(x.size()));
+  const auto glo_h = glo.read();
+  REQUIRE(std::memcmp(glo_h.data(), lo.data(), lo.size() * sizeof(bf16)) == 0);  // round to nearest even, bit for bit
+  std::vector<float> back(x.size());
+  cpu().cast_from_bf16(back.data(), lo.data(), static_cast<int64_t>(x.size()));
+  Dev<float> gback(*gpu, x.size());
+  gpu->cast_from_bf16(gback.p(), glo.p(), static_cast<int64_t>(x.size()));
+  const auto gback_h = gback.read();
+  REQUIRE(std::memcmp(gback_h.data(), back.data(), back.size() * sizeof(float)) == 0);
+
+  Dev<float> gc(*gpu, x.size());
+  gpu->copy(gc.p(), gx.p(), static_cast<int64_t>(x.size()));
+  const auto copied = gc.read();
+  REQUIRE(std::memcmp(copied.data(), x.data(), x.size() * sizeof(float)) == 0);
+  gpu->fill_zero(gc.p(), static_cast<int64_t>(x.size()));
+  for (float f : gc.read()) REQUIRE(f == 0.0f);
+}
+
+// All parameters and gradients in one buffer of the backend: the simplest ParamSource.
+class FlatParams final : public ParamSource {
+ public:
+  FlatParams(Backend& be, const ModelLayout& layout, const std::vector<float>& weights) {
+    params_ = be.alloc(weights.size() * sizeof(float), MemCategory::kParams);
+    grads_ = be.alloc(weights.size() * sizeof(float), MemCategory::kGrads);
+    be.to_device(params_.data(), weights.data(), weights.size() * sizeof(float));
+    int64_t at = 0;
+    for (const UnitLayout& u : layout.units) {
+      offsets_.push_back(at);
+      at += u.numel;
+    }
+  }
+  const float* acquire(int unit) override { return params_.as<float>() + offsets_[unit]; }
+  void release(int) override {}
+  float* grads(int unit) override { return grads_.as<float>() + offsets_[unit]; }
+  void grads_done(int) override {}
+  Buffer& grad_buffer() { return grads_; }
+
+ private:
+  std::vector<int64_t> offsets_;
+  Buffer params_, grads_;
+};
+
+TEST_CASE("parity: a whole GPT forward and backward (fp32) on CUDA matches the CPU within 1e-4", "[cuda]") {
+  Backend* gpu = cuda_or_skip("GPT step");
+  if (!gpu) return;
+  for (float dropout : {0.0f, 0.1f}) {
+    CAPTURE(dropout);
+    GptShape shape{3, 4, 64, 32, 97, dropout};
+    const ModelLayout layout = ModelLayout::build(shape);
+    std::vector<float> weights;
+    for (const UnitLayout& u : layout.units) {
+      std::vector<float> w(u.numel);
+      init_unit_slice(u, shape, 5, 0, u.numel, w.data());
+      weights.insert(weights.end(), w.begin(), w.end());
+    }
+    const int B = 3, T = 29;
+    const auto inputs = rand_tokens(B * T, shape.vocab_size, 70), targets = rand_tokens(B * T, shape.vocab_size, 71);
+    const StepContext ctx{11, 2, 0, true};
+    float loss[2];
+    std::vector<float> grads[2];
+    Backend* backends[2] = {&cpu(), gpu};
+    for (int i = 0; i < 2; ++i) {
+      Gpt model(shape, *backends[i]);
+      model.prepare(B, T);
+      FlatParams params(*backends[i], model.layout(), weights);
+      loss[i] = model.forward_backward(params, inputs.data(), targets.data(), 1.0f / (B * T), ctx);
+      grads[i].resize(weights.size());
+      backends[i]->to_host(grads[i].data(), params.grad_buffer().data(), weights.size() * sizeof(float));
+    }
+    CHECK(std::abs(loss[0] - loss[1]) <= 1e-4 * std::abs(loss[0]));
+    int64_t at = 0;
+    for (const UnitLayout& u : layout.units) {
+      for (const ParamSpec& p : u.params) {
+        const std::vector<float> a(grads[0].begin() + at + p.offset, grads[0].begin() + at + p.offset + p.numel);
+        const std::vector<float> b(grads[1].begin() + at + p.offset, grads[1].begin() + at + p.offset + p.numel);
+        expect_close(u.name + "." + p.name + " gradient", a, b, 1e-4);
+      }
+      at += u.numel;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gpt
