@@ -58,7 +58,7 @@ Command add_train_command(CLI::App& app) {
     init_logging(world().rank(), cfg->logging.level);
     spdlog::info("resolved config ({}):\n{}", args->config.empty() ? kEmbeddedConfigName : args->config, to_yaml(*cfg));
     start_comm_watchdog(cfg->comm.timeout_s);
-    auto trainer = Trainer::create(*cfg, world(), ranks_per_node());
+    auto trainer = Trainer::create(*cfg, world(), ranks_per_node(), local_rank());
     if (!trainer && args->config.empty()) {
       return report_error(trainer.status().with_context(
           "the built-in quickstart config trains on data/fortunes, which scripts/setup.sh prepares"));

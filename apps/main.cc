@@ -17,6 +17,7 @@ std::unique_ptr<Communicator> g_world;
 
 Communicator& world() { return *g_world; }
 int ranks_per_node() { return g_mpi->local_size(); }
+int local_rank() { return g_mpi->local_rank(); }
 void start_comm_watchdog(double timeout_s) { g_mpi->start_watchdog(timeout_s); }
 
 int report_error(const Status& status) {

@@ -14,6 +14,7 @@ struct RunSection {
   std::string out_dir = "runs/gpt";  // where the resolved config, metrics and final weights go
   uint64_t seed = 1337;              // seeds init, dropout and data order
   int threads = 0;                   // CPU threads for kernels; 0 = all cores
+  std::string device = "cpu";        // cpu, or cuda (one GPU per rank, chosen by the rank's index on its node)
 };
 
 struct ModelSection {

@@ -113,6 +113,8 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(run, out_dir), non_empty(), "directory for the resolved config, metrics, checkpoints and weights"},
       {GPT_KEY(run, seed), anything(), "seeds parameter init, dropout and data order"},
       {GPT_KEY(run, threads), at_least(0), "CPU threads for kernels; 0 = all cores"},
+      {GPT_KEY(run, device), one_of("cpu|cuda"),
+       "where the model computes: cpu, or cuda (one GPU per rank, chosen by the rank's index on its node)"},
 
       {GPT_KEY(model, n_layer), at_least(1), "transformer blocks"},
       {GPT_KEY(model, n_head), at_least(1), "attention heads per block; must divide n_embd"},

@@ -51,7 +51,8 @@ Expected<data::DataLoader> open_split(const RunConfig& cfg, const std::string& k
 
 }  // namespace
 
-Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communicator& world, int ranks_per_node) {
+Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communicator& world, int ranks_per_node,
+                                                   int local_rank) {
   const bool hybrid = cfg.parallel.strategy == "hybrid";
   const bool automatic = cfg.parallel.strategy == "auto";
   Strategy strategy = Strategy::kDdp;  // auto: decided once the model shape is known
@@ -129,8 +130,17 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
                                     "global batch; this run has " +
                                     std::to_string(cfg.global_batch()));
   }
+  if (cfg.run.device != "cpu" && world.size() > 1) {
+    return Status::failed_precondition(cfg.where("run.device") + ": run.device: " + cfg.run.device + " with " +
+                                       std::to_string(world.size()) +
+                                       " ranks is not supported yet (the trainer does not wire NCCL in); run one "
+                                       "rank, or use run.device: cpu");
+  }
+  auto backend = make_backend(cfg.run.device, local_rank, ranks_per_node);
+  if (!backend) return backend.status().with_context(cfg.where("run.device"));
   std::unique_ptr<Trainer> trainer(new Trainer(cfg, world, strategy, shard_group_size, shape, std::move(train),
-                                               std::move(val), std::move(tokenizer), ckpt, plan, std::move(resume)));
+                                               std::move(val), std::move(tokenizer), ckpt, plan, std::move(resume),
+                                               std::move(*backend)));
   // Loaded (and every slice read verified) before run() writes anything.
   if (trainer->resume_) GPT_RETURN_IF_ERROR(trainer->restore());
   return trainer;
@@ -138,7 +148,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
 
 Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
                  data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
-                 ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan, std::optional<CheckpointReader> resume)
+                 ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan, std::optional<CheckpointReader> resume,
+                 std::unique_ptr<Backend> backend)
     : config_(config),
       world_(world),
       shape_(shape),
@@ -148,7 +159,7 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
       plan_(std::move(plan)),
       resume_(std::move(resume)) {
   save_comm_ = world_.split(0, world_.rank(), "checkpoint");
-  backend_ = make_backend("cpu");
+  backend_ = std::move(backend);
   backend_->set_threads(config_.run.threads);
   model_ = std::make_unique<Gpt>(shape_, *backend_, ckpt);
   Communicator* shard_group = &world_;
@@ -175,7 +186,7 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
   schedule_.warmup_steps = t.warmup_steps;
   schedule_.decay_steps = t.decay_steps > 0 ? t.decay_steps : t.steps;
   model_->prepare(t.micro_batch_size, shape_.block_size);
-  if (config_.checkpoint.async) allocate_save_copy();
+  if (config_.checkpoint.async || !backend_->host_memory()) allocate_save_copy();  // device: saves stage here
   const size_t n = static_cast<size_t>(t.micro_batch_size) * shape_.block_size;
   inputs_.resize(n);
   targets_.resize(n);
@@ -211,11 +222,12 @@ namespace {
 
 // Test hook nan_grad:<step>:<unit> puts a NaN into that unit's gradient at that step (1-based), on every
 // rank that holds part of it, as an overflow in backward would.
-void maybe_inject_nan(const std::optional<TestFault>& fault, int64_t step, ShardedParams& params) {
+void maybe_inject_nan(const std::optional<TestFault>& fault, int64_t step, ShardedParams& params, Backend& be) {
   if (!fault || !fault->is("nan_grad", 2) || fault->args[0] != step) return;
+  const float nan = std::nanf("");
   for (const MasterRegion& r : params.regions()) {
     if (r.unit == fault->args[1] && r.length > 0) {
-      const_cast<float*>(params.local_grads())[r.local_offset] = std::nanf("");
+      be.to_device(const_cast<float*>(params.local_grads()) + r.local_offset, &nan, sizeof(float));
     }
   }
 }
@@ -251,7 +263,7 @@ Expected<float> Trainer::train_step(int64_t step) {
   stop_requested_ = sums[1] > 0.0f;
   const float loss = sums[0] / static_cast<float>(config_.grad_accum_steps());
   params_->finish_grads();
-  maybe_inject_nan(fault_, step + 1, *params_);
+  maybe_inject_nan(fault_, step + 1, *params_, *backend_);
   last_grad_norm_ = std::sqrt(params_->grad_sq_norm());
   step_skipped_ = false;
   if (!std::isfinite(loss) || !std::isfinite(last_grad_norm_)) {

@@ -46,10 +46,11 @@ struct TrainSummary {
 class Trainer {
  public:
   // `world` must outlive the Trainer; every rank calls create() and run(). `ranks_per_node` is the default
-  // shard group size of the hybrid strategy.
+  // shard group size of the hybrid strategy; with `local_rank` (this rank's index on its node) it also picks
+  // the GPU under run.device: cuda.
   ~Trainer();
-  static Expected<std::unique_ptr<Trainer>> create(const RunConfig& config, Communicator& world,
-                                                   int ranks_per_node = 1);
+  static Expected<std::unique_ptr<Trainer>> create(const RunConfig& config, Communicator& world, int ranks_per_node = 1,
+                                                   int local_rank = 0);
   Expected<TrainSummary> run();  // on an error, waits for a background save before returning it
 
   // Mean validation loss over eval_batches micro-batches (the same batches at every evaluation).
@@ -64,7 +65,8 @@ class Trainer {
  private:
   Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
           data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
-          ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan, std::optional<CheckpointReader> resume);
+          ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan, std::optional<CheckpointReader> resume,
+          std::unique_ptr<Backend> backend);
   // trainer_checkpoint.cc: the checkpoint named by checkpoint.resume, checked against the run (or none).
   static Expected<std::optional<CheckpointReader>> open_resume(const RunConfig& config, const GptShape& shape,
                                                                Communicator& world);

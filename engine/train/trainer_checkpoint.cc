@@ -87,10 +87,19 @@ Status Trainer::restore() {
   const Manifest& m = r.manifest();
   float* const dst[] = {params_->master(), optimizer_->m(), optimizer_->v()};
   const char* const sections[] = {"master", "adam_m", "adam_v"};
+  std::vector<float> staging;  // device backends: read into host memory, then copy over
   for (const MasterRegion& region : params_->regions()) {
     if (region.length == 0) continue;
     for (int s = 0; s < 3; ++s) {
-      GPT_RETURN_IF_ERROR(r.read(sections[s], region.unit, region.begin, region.length, dst[s] + region.local_offset));
+      float* to = dst[s] + region.local_offset;
+      if (!backend_->host_memory()) {
+        staging.resize(region.length);
+        to = staging.data();
+      }
+      GPT_RETURN_IF_ERROR(r.read(sections[s], region.unit, region.begin, region.length, to));
+      if (!backend_->host_memory()) {
+        backend_->to_device(dst[s] + region.local_offset, to, region.length * sizeof(float));
+      }
     }
   }
   optimizer_->set_steps_taken(m.adam_steps);
@@ -177,7 +186,8 @@ Status Trainer::save(int64_t steps_done, bool model_only) {
   auto seconds_since = [](auto t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
-  if (model_only || !config_.checkpoint.async) {
+  const bool async = !model_only && config_.checkpoint.async;
+  if (!async && backend_->host_memory()) {
     GPT_RETURN_IF_ERROR(save_checkpoint(*save_comm_, root, name, req));
     if (!model_only)
       spdlog::info("checkpoint step {} saved to {}/{} in {:.2f} s", steps_done, root, name, seconds_since(t0));
@@ -185,14 +195,15 @@ Status Trainer::save(int64_t steps_done, bool model_only) {
   }
   GPT_RETURN_IF_ERROR(wait_for_save());
   const double waited = seconds_since(t0);
-  // The copy: sections back to back, each holding the slices in order.
+  // The copy into host memory (async saves; every save from a device): sections back to back, each holding
+  // the slices in order.
   int64_t total = 0;
   for (const SaveSlice& s : req.slices) total += s.length;
-  GPT_CHECK(save_copy_size_ >= static_cast<size_t>(total * 3));
+  GPT_CHECK(save_copy_size_ >= static_cast<size_t>(total) * req.sections.size());
   for (size_t k = 0; k < req.sections.size(); ++k) {
     float* dst = save_copy_.get() + k * static_cast<size_t>(total);
     for (const SaveSlice& s : req.slices) {
-      std::copy_n(req.sections[k] + s.local_offset, s.length, dst);
+      backend_->to_host(dst, req.sections[k] + s.local_offset, s.length * sizeof(float));
       dst += s.length;
     }
   }
@@ -202,6 +213,12 @@ Status Trainer::save(int64_t steps_done, bool model_only) {
     offset += s.length;
   }
   for (size_t k = 0; k < req.sections.size(); ++k) req.sections[k] = save_copy_.get() + k * static_cast<size_t>(total);
+  if (!async) {
+    GPT_RETURN_IF_ERROR(save_checkpoint(*save_comm_, root, name, req));
+    if (!model_only)
+      spdlog::info("checkpoint step {} saved to {}/{} in {:.2f} s", steps_done, root, name, seconds_since(t0));
+    return Status::ok();
+  }
   const double blocked = seconds_since(t0);
   save_thread_ = std::thread([this, req = std::move(req), root, name, steps_done, blocked, waited] {
     const auto start = std::chrono::steady_clock::now();

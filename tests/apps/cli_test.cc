@@ -94,6 +94,7 @@ TEST_CASE("bad input: a clear message naming the place, exit code 2, nothing wri
       {"block size longer than the data", "", "model.block_size=4096", "model.block_size", "4096"},
       {"vocab smaller than the data", "", "model.vocab_size=5", "model.vocab_size", "at least"},
       {"missing data", "", "data.train=" + dir.file("nope/train.bin"), "data.train", "nope/train.bin"},
+      {"unknown device", "", "run.device=tpu", "run.device", "tpu"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.name);
