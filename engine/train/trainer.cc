@@ -360,6 +360,9 @@ float Trainer::evaluate() {
 
 Expected<TrainSummary> Trainer::run() {
   auto summary = run_steps();
+  if (const std::string report = backend_->profile_report(); !report.empty() && world_.rank() == 0) {
+    spdlog::info("{}", report);
+  }
   // A save still being written in the background finishes (or fails) before the error ends the job, so the
   // newest checkpoint is not lost to an abort.
   if (!summary) (void)wait_for_save();

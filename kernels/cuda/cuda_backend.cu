@@ -1,3 +1,7 @@
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "comm/device_select.h"
@@ -32,6 +36,12 @@ Expected<std::unique_ptr<Backend>> make_cuda_backend(int local_rank, int local_s
 CudaBackend::CudaBackend(int device) : device_(device) {
   GPT_CUDA_CHECK(cudaSetDevice(device_));
   GPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  const char* profile = std::getenv("GPT_TRAIN_CUDA_PROFILE");
+  profile_ = profile != nullptr && std::string(profile) == "1";
+  if (profile_) {
+    GPT_CUDA_CHECK(cudaEventCreate(&op_start_));
+    GPT_CUDA_CHECK(cudaEventCreate(&op_stop_));
+  }
   matmul_ = std::make_unique<cuda::Matmul>(stream_);
   result_ = alloc(sizeof(double), MemCategory::kWorkspace);
   GPT_CUDA_CHECK(cudaMallocHost(&result_host_, sizeof(double)));
@@ -39,11 +49,54 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
+  if (op_start_ != nullptr) cudaEventDestroy(op_start_);
+  if (op_stop_ != nullptr) cudaEventDestroy(op_stop_);
   scratch_.release();
   result_.release();
   matmul_.reset();
   cudaFreeHost(result_host_);
   cudaStreamDestroy(stream_);
+}
+
+CudaBackend::OpTimer::OpTimer(CudaBackend* be, const char* op) : be_(be), op_(op) {
+  if (be_ != nullptr) GPT_CUDA_CHECK(cudaEventRecord(be_->op_start_, be_->stream_));
+}
+
+CudaBackend::OpTimer::~OpTimer() {
+  if (be_ == nullptr) return;
+  GPT_CUDA_CHECK(cudaEventRecord(be_->op_stop_, be_->stream_));
+  GPT_CUDA_CHECK(cudaEventSynchronize(be_->op_stop_));
+  float ms = 0.0f;
+  GPT_CUDA_CHECK(cudaEventElapsedTime(&ms, be_->op_start_, be_->op_stop_));
+  for (OpTime& t : be_->op_times_) {
+    if (std::strcmp(t.op, op_) == 0) {
+      t.ms += ms;
+      ++t.calls;
+      return;
+    }
+  }
+  be_->op_times_.push_back({op_, ms, 1});
+}
+
+std::string CudaBackend::profile_report() const {
+  if (!profile_) return {};
+  std::vector<OpTime> sorted = op_times_;
+  std::sort(sorted.begin(), sorted.end(), [](const OpTime& a, const OpTime& b) { return a.ms > b.ms; });
+  double total = 0.0;
+  for (const OpTime& t : sorted) total += t.ms;
+  std::string out = "CUDA op time (GPT_TRAIN_CUDA_PROFILE=1; each op timed alone with events):\n";
+  char line[160];
+  std::snprintf(line, sizeof(line), "  %-32s %10s %8s %10s %6s\n", "op", "total ms", "calls", "ms/call", "%");
+  out += line;
+  for (const OpTime& t : sorted) {
+    std::snprintf(line, sizeof(line), "  %-32s %10.2f %8lld %10.4f %5.1f%%\n", t.op, t.ms,
+                  static_cast<long long>(t.calls), t.ms / static_cast<double>(t.calls),
+                  total > 0 ? 100.0 * t.ms / total : 0.0);
+    out += line;
+  }
+  std::snprintf(line, sizeof(line), "  %-32s %10.2f\n", "total", total);
+  out += line;
+  return out;
 }
 
 Buffer CudaBackend::alloc(size_t bytes, MemCategory category) {
@@ -80,73 +133,99 @@ void CudaBackend::synchronize() { GPT_CUDA_CHECK(cudaStreamSynchronize(stream_))
 
 void CudaBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                                     int C) {
+  const OpTimer timed = time_op("embedding_forward");
   cuda::embedding_forward(out, tokens, wte, wpe, B, T, C, stream_);
 }
 void CudaBackend::embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                                      int C) {
+  const OpTimer timed = time_op("embedding_backward");
   cuda::embedding_backward(dwte, dwpe, dout, tokens, B, T, C, scratch(cuda::embedding_backward_scratch_bytes(B, T)),
                            stream_);
 }
 void CudaBackend::matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
                                  int OC) {
+  const OpTimer timed = time_op("matmul_forward");
   matmul_->forward(out, inp, weight, bias, N, C, OC);
 }
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                   const float* weight, int64_t N, int C, int OC) {
+  const OpTimer timed = time_op("matmul_backward");
   void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
   matmul_->backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, s);
 }
 void CudaBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                                     const float* bias, int64_t N, int C) {
+  const OpTimer timed = time_op("layernorm_forward");
   cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream_);
 }
 void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                      const float* weight, const float* mean, const float* rstd, int64_t N, int C) {
+  const OpTimer timed = time_op("layernorm_backward");
   cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
                            scratch(cuda::layernorm_backward_scratch_bytes(N, C)), stream_);
 }
 void CudaBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
                                     const DropoutMask& drop) {
+  const OpTimer timed = time_op("attention_forward");
   cuda::attention_forward(out, att, qkv, B, T, C, NH, drop, stream_);
 }
 void CudaBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                      const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
+  const OpTimer timed = time_op("attention_backward");
   cuda::attention_backward(dqkv, dout, qkv, out, att, B, T, C, NH, drop,
                            scratch(cuda::attention_backward_scratch_bytes(B, T, C, NH)), stream_);
 }
-void CudaBackend::gelu_forward(float* out, const float* inp, int64_t N) { cuda::gelu_forward(out, inp, N, stream_); }
+void CudaBackend::gelu_forward(float* out, const float* inp, int64_t N) {
+  const OpTimer timed = time_op("gelu_forward");
+  cuda::gelu_forward(out, inp, N, stream_);
+}
 void CudaBackend::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {
+  const OpTimer timed = time_op("gelu_backward");
   cuda::gelu_backward(dinp, inp, dout, N, stream_);
 }
 void CudaBackend::residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) {
+  const OpTimer timed = time_op("residual_forward");
   cuda::residual_forward(out, res, inp, N, drop, stream_);
 }
 void CudaBackend::dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) {
+  const OpTimer timed = time_op("dropout_backward");
   cuda::dropout_backward(dinp, dout, N, drop, stream_);
 }
 void CudaBackend::dropout_forward(float* x, int64_t N, const DropoutMask& drop) {
+  const OpTimer timed = time_op("dropout_forward");
   cuda::dropout_forward(x, N, drop, stream_);
 }
 void CudaBackend::crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
                                                 const int32_t* targets, int64_t N, int V, int Vp, float dloss) {
+  const OpTimer timed = time_op("crossentropy_forward_backward");
   cuda::crossentropy_forward_backward(losses, dlogits, logits, targets, N, V, Vp, dloss, stream_);
 }
 void CudaBackend::adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1,
                                float beta2, float eps, float weight_decay, float grad_scale, int64_t step) {
+  const OpTimer timed = time_op("adamw_update");
   cuda::adamw_update(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step, stream_);
 }
 double CudaBackend::sum_squares(const float* x, int64_t n) {
+  const OpTimer timed = time_op("sum_squares");
   cuda::sum_squares(result_.as<double>(), x, n, scratch(cuda::sum_squares_scratch_bytes()), stream_);
   GPT_CUDA_CHECK(cudaMemcpyAsync(result_host_, result_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
   GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return *result_host_;
 }
 void CudaBackend::fill_zero(float* x, int64_t n) {
+  const OpTimer timed = time_op("fill_zero");
   if (n > 0) GPT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), stream_));
 }
-void CudaBackend::cast_to_bf16(bf16* dst, const float* src, int64_t n) { cuda::cast_to_bf16(dst, src, n, stream_); }
-void CudaBackend::cast_from_bf16(float* dst, const bf16* src, int64_t n) { cuda::cast_from_bf16(dst, src, n, stream_); }
+void CudaBackend::cast_to_bf16(bf16* dst, const float* src, int64_t n) {
+  const OpTimer timed = time_op("cast_to_bf16");
+  cuda::cast_to_bf16(dst, src, n, stream_);
+}
+void CudaBackend::cast_from_bf16(float* dst, const bf16* src, int64_t n) {
+  const OpTimer timed = time_op("cast_from_bf16");
+  cuda::cast_from_bf16(dst, src, n, stream_);
+}
 void CudaBackend::copy(float* dst, const float* src, int64_t n) {
+  const OpTimer timed = time_op("copy");
   if (n > 0) GPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
 }
 

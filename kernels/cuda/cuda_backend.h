@@ -8,6 +8,8 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/status.h"
@@ -69,8 +71,23 @@ class CudaBackend final : public Backend {
   void cast_to_bf16(bf16* dst, const float* src, int64_t n) override;
   void cast_from_bf16(float* dst, const bf16* src, int64_t n) override;
   void copy(float* dst, const float* src, int64_t n) override;
+  std::string profile_report() const override;
 
  private:
+  // Under GPT_TRAIN_CUDA_PROFILE=1 every op is timed with CUDA events around it (and waits for itself, so
+  // the times are the ops' own, at the cost of the overlap between host and device); otherwise a no-op.
+  class OpTimer {
+   public:
+    OpTimer(CudaBackend* be, const char* op);
+    ~OpTimer();
+    OpTimer(const OpTimer&) = delete;
+    OpTimer& operator=(const OpTimer&) = delete;
+
+   private:
+    CudaBackend* be_;
+    const char* op_;
+  };
+  OpTimer time_op(const char* op) { return OpTimer(profile_ ? this : nullptr, op); }
   void* scratch(size_t bytes);
 
   int device_;
@@ -79,6 +96,14 @@ class CudaBackend final : public Backend {
   Buffer scratch_;                 // shared temporaries (workspace), grown to the largest request
   Buffer result_;                  // one double on the device for sum_squares
   double* result_host_ = nullptr;  // pinned
+  bool profile_ = false;
+  cudaEvent_t op_start_ = nullptr, op_stop_ = nullptr;
+  struct OpTime {
+    const char* op;
+    double ms = 0.0;
+    int64_t calls = 0;
+  };
+  std::vector<OpTime> op_times_;
 };
 
 // The CUDA backend on the GPU of local rank `local_rank` of `local_size` (device_for_local_rank), or an error
