@@ -1,0 +1,330 @@
+#!/usr/bin/env bash
+# GPU training throughput of gpt-train against PyTorch (issue 5, section Speed): GPT-2 124M shape (12 layers,
+# 12 heads, 768 wide, T = 1024, vocab 50257 padded to 50304), one GPU, same micro-batch, same data, same steps.
+#
+#   scripts/bench/gpu_vs_pytorch.sh                                   # on the GPU machine, from the repo root
+#   GPT_TRAIN=build-gpu/gpt-train MICRO_BATCH=32 STEPS=30 scripts/bench/gpu_vs_pytorch.sh
+#   GPT_TRAIN_CUDA_PROFILE=1 scripts/bench/gpu_vs_pytorch.sh         # + gpt-train's per-op CUDA time table
+#   DEVICE=cpu PYTHON=/usr/bin/python3 N_LAYER=2 N_HEAD=2 N_EMBD=64 SEQ=64 VOCAB=512 MICRO_BATCH=4 \
+#     STEPS=6 TOKENS=200000 scripts/bench/gpu_vs_pytorch.sh                        # pipeline smoke test, no GPU
+#
+# What runs, one after the other (never both at once):
+#   1. a synthetic token shard in llm.c's layout (256 int32 header: magic 20240520, version 1, count; then
+#      uint16 ids), uniform random ids < min(50257, VOCAB) from a seeded numpy generator: train.bin (TOKENS)
+#      and val.bin (enough for one eval batch);
+#   2. gpt-train: a YAML written here (run.device DEVICE, parallel.strategy single, parallel.param_dtype
+#      PARAM_DTYPE (below), dropout 0, micro-batch = global batch = MICRO_BATCH, AdamW lr 6e-4 constant,
+#      betas (0.9, 0.95), wd 0.1, clip 1.0, no checkpoints, evaluation only the one at the end that gpt-train
+#      always does, 1 eval batch), under `timeout`;
+#      tokens/s = median of metrics.jsonl's tokens_per_s over the steps after WARMUP; peak memory = the
+#      tracked allocator's total (summary.json mem_peak_bytes.total: every Buffer by category, device buffers
+#      included through Buffer::adopt; not the CUDA context or library workspaces it does not allocate);
+#   3. scripts/bench/pytorch_gpt2.py: the same model nanoGPT-style (SDPA is_causal, bf16 autocast,
+#      torch.compile, fused AdamW with the same hyper-parameters), the same shard, batch and steps, under
+#      `timeout`; median tokens/s after WARMUP and torch.cuda.max_memory_allocated().
+# With nvidia-smi present, the device's memory.used is also sampled every 200 ms during each side (peak minus
+# the idle reading before it), the same yardstick for both (it counts PyTorch's cached blocks and both CUDA
+# contexts). A side that fails or times out prints its log's last lines and shows as "failed" in the table.
+# The table is the last thing printed.
+#
+# FLOPs/token = 6N + 12*L*H*Q*T (N = parameters without the position embedding, L layers, H heads, Q head
+# size, T sequence length); MFU = tokens/s * FLOPs/token / peak, peak = PEAK_TFLOPS (default 989: H100/H200
+# SXM dense bf16 tensor-core peak).
+# Targets (issue 5): gpt-train/PyTorch tokens/s >= 1.0 and gpt-train MFU >= 50%.
+#
+# Environment (defaults): GPT_TRAIN (build/gpt-train), PYTHON (python3: the one with torch), DEVICE (cuda),
+# MICRO_BATCH (16), STEPS (20), WARMUP (3), N_LAYER (12), N_HEAD (12), N_EMBD (768), SEQ (1024),
+# VOCAB (50304), TOKENS (4000000), PEAK_TFLOPS (989), COMPILE (1; 0 = PyTorch eager), TORCH_DTYPE (bf16),
+# GPT_TIMEOUT (80 s), TORCH_TIMEOUT (130 s), THREADS (0 = all cores; gpt-train's run.threads and PyTorch's),
+# PARAM_DTYPE (auto: bf16 on cuda when this binary's parallel.param_dtype also makes the GEMMs bf16, else fp32),
+# GPT_TRAIN_SET (extra "key=value" overrides for gpt-train, space-separated), GPT_TRAIN_CUDA_PROFILE (passed
+# through; when 1 the whole gpt-train log, with its per-op table, is printed), KEEP=1 keeps the temp dir.
+# Budget: under 4 minutes on one H200 with the defaults (the two timeouts sum to 210 s).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+GPT_TRAIN=${GPT_TRAIN:-build/gpt-train}
+PYTHON=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}
+MICRO_BATCH=${MICRO_BATCH:-16}
+STEPS=${STEPS:-20}
+WARMUP=${WARMUP:-3}
+N_LAYER=${N_LAYER:-12}
+N_HEAD=${N_HEAD:-12}
+N_EMBD=${N_EMBD:-768}
+SEQ=${SEQ:-1024}
+VOCAB=${VOCAB:-50304}
+TOKENS=${TOKENS:-4000000}
+PEAK_TFLOPS=${PEAK_TFLOPS:-989}
+COMPILE=${COMPILE:-1}
+TORCH_DTYPE=${TORCH_DTYPE:-bf16}
+GPT_TIMEOUT=${GPT_TIMEOUT:-80}
+TORCH_TIMEOUT=${TORCH_TIMEOUT:-130}
+THREADS=${THREADS:-0}
+GPT_TRAIN_SET=${GPT_TRAIN_SET:-}
+PARAM_DTYPE=${PARAM_DTYPE:-auto}
+(( WARMUP < STEPS )) || { echo "need WARMUP < STEPS" >&2; exit 2; }
+[[ $GPT_TRAIN == /* ]] || GPT_TRAIN=$PWD/$GPT_TRAIN
+[[ -x $GPT_TRAIN ]] || { echo "no gpt-train binary at $GPT_TRAIN (set GPT_TRAIN)" >&2; exit 2; }
+
+why() {  # RC TIMEOUT: a failed side's exit status in words
+  case $1 in 124 | 137) echo "timed out (limit $2 s, exit status $1)" ;; *) echo "exit status $1" ;; esac
+}
+log() { echo "[gpu-bench $(date +%H:%M:%S)] $*"; }  # stdout, so the table stays last in a merged log
+START=$(date +%s)
+TMP=$(mktemp -d /tmp/gpu-bench.XXXXXX)
+SMI_PID=""
+cleanup() {
+  [[ -n $SMI_PID ]] && kill "$SMI_PID" 2>/dev/null || true
+  [[ ${KEEP:-0} == 1 ]] || rm -rf "$TMP"
+}
+trap cleanup EXIT
+[[ ${KEEP:-0} == 1 ]] && log "KEEP=1: $TMP stays after the run"
+
+# --- nvidia-smi memory sampling (optional) --------------------------------------------------------------------
+HAVE_SMI=0
+[[ $DEVICE == cuda ]] && command -v nvidia-smi >/dev/null 2>&1 &&
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 >/dev/null 2>&1 && HAVE_SMI=1
+smi_start() {  # NAME: idle reading, then sampling in the background
+  ((HAVE_SMI)) || return 0
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 >"$TMP/$1.smi_idle" 2>/dev/null || true
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 200 >"$TMP/$1.smi" 2>/dev/null &
+  SMI_PID=$!
+}
+smi_stop() {
+  [[ -n $SMI_PID ]] || return 0
+  kill "$SMI_PID" 2>/dev/null || true
+  wait "$SMI_PID" 2>/dev/null || true
+  SMI_PID=""
+}
+
+# --- data -----------------------------------------------------------------------------------------------------
+log "data: $TOKENS random GPT-2-vocab tokens in llm.c shards under $TMP/data"
+mkdir -p "$TMP/data"
+"$PYTHON" - "$TMP/data" "$TOKENS" "$VOCAB" "$((4 * MICRO_BATCH * SEQ + 1))" <<'EOF'
+import sys
+import numpy as np
+out, n_train, vocab, n_val = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rng = np.random.default_rng(20240520)
+hi = min(50257, vocab)
+for name, n in (("train", n_train), ("val", n_val)):
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (20240520, 1, n)
+    with open(f"{out}/{name}.bin", "wb") as f:
+        f.write(header.tobytes())
+        f.write(rng.integers(0, hi, size=n, dtype=np.uint16).tobytes())
+EOF
+
+# --- gpt-train ------------------------------------------------------------------------------------------------
+# Its precision, read off this binary's config reference: a compute-precision key of its own if one exists,
+# and whether parallel.param_dtype bf16 also feeds the GEMMs bf16 on cuda (its meaning then mentions GEMMs).
+HELP_CONFIG=$("$GPT_TRAIN" train --help-config 2>/dev/null || true)
+PRECISION_KEYS=$(grep -oE '^  (compute_dtype|precision|mixed_precision|amp|autocast|dtype) ' <<<"$HELP_CONFIG" |
+  tr -d ' ' | tr '\n' ' ' || true)
+PARAM_DTYPE_TEXT=$(grep -A1 '^  param_dtype ' <<<"$HELP_CONFIG" | tail -n 1 | sed 's/^ *//' || true)
+if [[ $PARAM_DTYPE == auto ]]; then
+  PARAM_DTYPE=fp32
+  [[ $DEVICE == cuda ]] && grep -qi gemm <<<"$PARAM_DTYPE_TEXT" && PARAM_DTYPE=bf16
+fi
+GPT_DIR=$TMP/gpt-run
+cat >"$TMP/gpt.yaml" <<EOF
+run:
+  name: gpu-bench
+  out_dir: $GPT_DIR
+  seed: 1337
+  threads: $THREADS
+  device: $DEVICE
+model:
+  n_layer: $N_LAYER
+  n_head: $N_HEAD
+  n_embd: $N_EMBD
+  block_size: $SEQ
+  vocab_size: $VOCAB
+  dropout: 0.0
+data:
+  train: $TMP/data/train.bin
+  val: $TMP/data/val.bin
+  sampling: random
+training:
+  steps: $STEPS
+  micro_batch_size: $MICRO_BATCH
+  global_batch_sequences: $MICRO_BATCH
+  lr: 6.0e-4
+  min_lr: 6.0e-4
+  warmup_steps: 0
+  lr_schedule: constant
+  beta1: 0.9
+  beta2: 0.95
+  eps: 1.0e-8
+  weight_decay: 0.1
+  grad_clip: 1.0
+  eval_interval: 0
+  eval_batches: 1
+  activation_checkpointing: none
+parallel:
+  strategy: single
+  param_dtype: $PARAM_DTYPE
+checkpoint:
+  every: 0
+logging:
+  log_interval: 1
+EOF
+GPT_ARGS=()
+for kv in $GPT_TRAIN_SET; do GPT_ARGS+=(--set "$kv"); done
+
+
+log "gpt-train: $GPT_TRAIN on $DEVICE, $STEPS steps of $MICRO_BATCH x $SEQ (timeout ${GPT_TIMEOUT}s)"
+GPT_RC=0
+smi_start gpt
+T0=$(date +%s)
+timeout -k 5 "$GPT_TIMEOUT" "$GPT_TRAIN" train --config "$TMP/gpt.yaml" "${GPT_ARGS[@]}" >"$TMP/gpt.log" 2>&1 ||
+  GPT_RC=$?
+GPT_OK=$((GPT_RC == 0))
+GPT_WALL=$(($(date +%s) - T0))
+smi_stop
+if ((GPT_OK)) && [[ ${GPT_TRAIN_CUDA_PROFILE:-0} == 1 ]]; then
+  echo "--- gpt-train log ($GPT_WALL s) ---"
+  cat "$TMP/gpt.log"
+elif ((GPT_OK)); then
+  echo "--- gpt-train log, last 8 lines ($GPT_WALL s) ---"
+  tail -n 8 "$TMP/gpt.log"
+else
+  echo "--- gpt-train FAILED: $(why "$GPT_RC" "$GPT_TIMEOUT") after $GPT_WALL s; last 30 lines of its log ---"
+  tail -n 30 "$TMP/gpt.log"
+fi
+
+# --- PyTorch --------------------------------------------------------------------------------------------------
+TORCH_ARGS=(--steps "$STEPS" --warmup "$WARMUP" --batch "$MICRO_BATCH" --seq "$SEQ" --data "$TMP/data/train.bin"
+  --device "$DEVICE" --dtype "$TORCH_DTYPE" --n-layer "$N_LAYER" --n-head "$N_HEAD" --n-embd "$N_EMBD"
+  --vocab "$VOCAB" --threads "$THREADS")
+[[ $COMPILE == 1 ]] && TORCH_ARGS+=(--compile) || TORCH_ARGS+=(--no-compile)
+log "PyTorch: $PYTHON scripts/bench/pytorch_gpt2.py ${TORCH_ARGS[*]} (timeout ${TORCH_TIMEOUT}s)"
+TORCH_RC=0
+smi_start torch
+T0=$(date +%s)
+timeout -k 5 "$TORCH_TIMEOUT" "$PYTHON" "$ROOT/scripts/bench/pytorch_gpt2.py" "${TORCH_ARGS[@]}" >"$TMP/torch.log" 2>&1 ||
+  TORCH_RC=$?
+TORCH_OK=$((TORCH_RC == 0))
+TORCH_WALL=$(($(date +%s) - T0))
+smi_stop
+if ((TORCH_OK)); then
+  echo "--- PyTorch log, last 4 lines ($TORCH_WALL s) ---"
+  grep -v '^RESULT ' "$TMP/torch.log" | tail -n 4
+else
+  echo "--- PyTorch FAILED: $(why "$TORCH_RC" "$TORCH_TIMEOUT") after $TORCH_WALL s; last 30 lines of its log ---"
+  tail -n 30 "$TMP/torch.log"
+fi
+
+# --- table ----------------------------------------------------------------------------------------------------
+"$PYTHON" - "$TMP" "$GPT_OK" "$TORCH_OK" "$WARMUP" "$STEPS" "$N_LAYER" "$N_HEAD" "$N_EMBD" "$SEQ" "$VOCAB" \
+  "$MICRO_BATCH" "$PEAK_TFLOPS" "$DEVICE" "$HAVE_SMI" "$GPT_WALL" "$TORCH_WALL" "$(($(date +%s) - START))" \
+  "$PRECISION_KEYS" "$GPT_TRAIN_SET" "$PARAM_DTYPE" "$PARAM_DTYPE_TEXT" <<'EOF'
+import json, os, statistics, sys
+
+(tmp, gpt_ok, torch_ok, warmup, steps, L, H, C, T, V, B, peak_tflops, device, have_smi, gpt_wall, torch_wall,
+ elapsed, precision_keys, gpt_set, param_dtype, param_dtype_text) = sys.argv[1:]
+gpt_ok, torch_ok, have_smi = gpt_ok == "1", torch_ok == "1", have_smi == "1"
+warmup, steps, L, H, C, T, V, B = map(int, (warmup, steps, L, H, C, T, V, B))
+peak = float(peak_tflops) * 1e12
+Q = C // H
+N = V * C + L * (12 * C * C + 13 * C) + 2 * C  # wte (tied head) + blocks + ln_f; no wpe
+fpt = 6 * N + 12 * L * H * Q * T
+notes = []
+
+def smi_peak(name):
+    if not have_smi:
+        return None
+    try:
+        idle = float(open(f"{tmp}/{name}.smi_idle").read().split()[0])
+        vals = [float(v) for v in open(f"{tmp}/{name}.smi").read().split() if v.replace(".", "").isdigit()]
+        return (max(vals) - idle) * 2**20 if vals else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+gpt = {"tok": None, "mem": None, "run_tok": None}
+if gpt_ok:
+    try:
+        rows = [json.loads(l) for l in open(f"{tmp}/gpt-run/metrics.jsonl") if l.strip()]
+        timed = [r for r in rows if r["step"] > warmup]
+        gpt["tok"] = statistics.median(r["tokens_per_s"] for r in timed)
+        gpt["step_ms"] = statistics.median(r["step_ms"] for r in timed)
+        mem = max(r["mem_peak_bytes"]["total"] for r in rows)
+        try:
+            s = json.load(open(f"{tmp}/gpt-run/summary.json"))
+            mem = max(mem, s["mem_peak_bytes"]["total"])
+            gpt["run_tok"] = s["tokens_per_s"]
+        except (OSError, KeyError, ValueError):
+            notes.append("gpt-train wrote no readable summary.json; its peak memory is metrics.jsonl's")
+        gpt["mem"] = mem
+    except (OSError, KeyError, ValueError, statistics.StatisticsError) as e:
+        gpt_ok = False
+        notes.append(f"gpt-train's metrics.jsonl could not be read: {e!r}")
+gpt["smi"] = smi_peak("gpt")
+
+torch = {"tok": None, "mem": None}
+if torch_ok:
+    try:
+        res = [json.loads(l[7:]) for l in open(f"{tmp}/torch.log") if l.startswith("RESULT ")][-1]
+        torch.update(tok=res["tokens_per_s"], step_ms=res["step_ms"], mem=res["max_memory_allocated"],
+                     reserved=res["max_memory_reserved"], res=res)
+        if res["params_no_wpe"] != N:
+            notes.append(f"PyTorch counts N = {res['params_no_wpe']}, the formula {N}")
+    except (OSError, IndexError, KeyError, ValueError) as e:
+        torch_ok = False
+        notes.append(f"PyTorch printed no readable RESULT line: {e!r}")
+torch["smi"] = smi_peak("torch")
+
+gib = lambda b: "n/a" if b is None else f"{b / 2**30:.2f} GiB"
+fmt_tok = lambda ok, v: f"{v:,.0f}" if ok and v is not None else "failed"
+fmt_mfu = lambda ok, v: f"{100 * v * fpt / peak:.1f}%" if ok and v is not None else "failed"
+
+print()
+print(f"GPU training throughput, gpt-train vs PyTorch: GPT-2 shape {L} layers, {H} heads, {C} wide (head size {Q}),"
+      f" T {T}, vocab {V}, micro-batch = batch {B} ({B * T} tokens/step), {steps} steps, median over steps"
+      f" {warmup + 1}..{steps}; device {device}; {elapsed} s in all (gpt-train {gpt_wall} s, PyTorch {torch_wall} s)")
+print(f"N = {N / 1e6:.2f}M parameters without the position embedding; FLOPs/token = 6N + 12*L*H*Q*T ="
+      f" {fpt / 1e6:.1f}M; MFU against a peak of {peak / 1e12:.0f} TFLOP/s"
+      f" ({'H100/H200 SXM dense bf16' if float(peak_tflops) == 989 else 'PEAK_TFLOPS'})")
+torch_desc = "PyTorch: " + (torch["res"]["dtype"] + " autocast" if torch_ok else "bf16 autocast") + \
+    (", torch.compile" if torch_ok and torch["res"]["compile"] else "") + \
+    (", fused AdamW" if torch_ok and torch["res"]["fused_adamw"] else "")
+gemm_bf16 = "gemm" in param_dtype_text.lower()
+if precision_keys.strip():
+    gpt_desc = (f"gpt-train has precision keys ({precision_keys.strip()}); this run left them at their defaults"
+                f" (parallel.param_dtype {param_dtype})")
+elif param_dtype == "bf16" and gemm_bf16:
+    gpt_desc = f"gpt-train: parallel.param_dtype bf16, which this binary documents as \"{param_dtype_text}\""
+else:
+    gpt_desc = (f"gpt-train computes in fp32 on the GPU (parallel.param_dtype {param_dtype}; this binary has no"
+                " compute-precision key" + ("" if gemm_bf16 else " and no bf16 GEMM path") +
+                "; fp32 cuBLASLt GEMMs without TF32)")
+if gpt_set:
+    gpt_desc += f"; GPT_TRAIN_SET={gpt_set}"
+print(gpt_desc)
+print(torch_desc)
+print()
+print(f"  {'':<12} {'tokens/s':>12} {'ms/step':>9} {'TFLOP/s':>8} {'MFU':>7} {'peak memory':>14} {'nvidia-smi':>12}")
+for name, ok, d, memlabel in (("gpt-train", gpt_ok, gpt, "tracked"), ("PyTorch", torch_ok, torch, "allocated")):
+    tok = d["tok"] if ok else None
+    print(f"  {name:<12} {fmt_tok(ok, tok):>12} {(f'%.1f' % d['step_ms']) if ok and tok else 'failed':>9}"
+          f" {(f'%.1f' % (tok * fpt / 1e12)) if ok and tok else 'failed':>8} {fmt_mfu(ok, tok):>7}"
+          f" {gib(d['mem']) if ok else 'failed':>14} {gib(d['smi']):>12}")
+if gpt_ok and torch_ok and gpt["tok"] and torch["tok"]:
+    ratio = gpt["tok"] / torch["tok"]
+    print(f"  ratio gpt-train / PyTorch: {ratio:.3f}x   target >= 1.0x   {'PASS' if ratio >= 1.0 else 'FAIL'}")
+else:
+    print("  ratio gpt-train / PyTorch: failed (a side did not finish)")
+if gpt_ok and gpt["tok"]:
+    mfu = gpt["tok"] * fpt / peak
+    print(f"  gpt-train MFU: {100 * mfu:.1f}%   target >= 50%   {'PASS' if mfu >= 0.5 else 'FAIL'}")
+print("  peak memory: gpt-train = its tracked allocator's total peak (summary.json mem_peak_bytes.total; excludes"
+      " the CUDA context and library workspaces); PyTorch = torch.cuda.max_memory_allocated()"
+      + (f" (reserved {gib(torch['reserved'])})" if torch_ok and torch.get("reserved") is not None else "")
+      + ("; nvidia-smi = device memory.used peak minus the idle reading before the run" if have_smi
+         else "; nvidia-smi: not available"))
+if gpt_ok and gpt["run_tok"]:
+    notes.append(f"gpt-train's whole-run average (summary.json, warm-up and final eval included):"
+                 f" {gpt['run_tok']:,.0f} tokens/s")
+for n in notes:
+    print("  note: " + n)
+EOF
