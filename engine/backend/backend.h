@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "core/allocator.h"
+#include "core/check.h"
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "core/status.h"
@@ -54,6 +55,10 @@ class Backend {
                                  int C) = 0;
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                                   int C) = 0;
+
+  // The element type GEMM inputs are rounded to: f32 (default), or bf16 (mixed precision: the tensor cores
+  // multiply bf16 and accumulate fp32; outputs stay fp32). Backends that only compute in fp32 reject bf16.
+  virtual void set_matmul_dtype(DType type) { GPT_CHECK_MSG(type == DType::kF32, "bf16 GEMMs need the cuda backend"); }
 
   // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias may be null.
   virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,

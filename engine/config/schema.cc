@@ -167,7 +167,8 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(parallel, prefetch), between(0, 2, /*hi_exclusive=*/false),
        "zero3: units all-gathered ahead of use, overlapping communication with compute"},
       {GPT_KEY(parallel, param_dtype), one_of("fp32|bf16"),
-       "parameters as stored and communicated (master weights and optimizer state stay fp32)"},
+       "parameters as stored and communicated (master weights and optimizer state stay fp32); on cuda also the "
+       "GEMMs' inputs (tensor cores, fp32 accumulation and outputs)"},
       {GPT_KEY(parallel, reduce_dtype), one_of("fp32|bf16"), "gradients as communicated (accumulated in fp32)"},
       {GPT_KEY(parallel, reshard_after_forward), anything(),
        "zero3: free each unit after its forward and gather it again for backward (false: keep it, more memory)"},

@@ -161,6 +161,9 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
   save_comm_ = world_.split(0, world_.rank(), "checkpoint");
   backend_ = std::move(backend);
   backend_->set_threads(config_.run.threads);
+  // On a GPU, bf16 parameters also mean bf16 GEMMs (tensor cores, fp32 accumulation), as FSDP's param_dtype
+  // does; the CPU computes through fp32.
+  if (config_.parallel.param_dtype == "bf16" && !backend_->host_memory()) backend_->set_matmul_dtype(DType::kBF16);
   model_ = std::make_unique<Gpt>(shape_, *backend_, ckpt);
   Communicator* shard_group = &world_;
   if (shard_group_size != world_.size()) {

@@ -52,6 +52,7 @@ CudaBackend::~CudaBackend() {
   if (op_start_ != nullptr) cudaEventDestroy(op_start_);
   if (op_stop_ != nullptr) cudaEventDestroy(op_stop_);
   scratch_.release();
+  for (Buffer& b : cast_) b.release();
   result_.release();
   matmul_.reset();
   cudaFreeHost(result_host_);
@@ -108,6 +109,22 @@ Buffer CudaBackend::alloc(size_t bytes, MemCategory category) {
   return Buffer::adopt(p, bytes, category, cuda_free);
 }
 
+bf16* CudaBackend::cast_area(int slot, int64_t n) {
+  Buffer& b = cast_[slot];
+  const size_t bytes = static_cast<size_t>(n) * sizeof(bf16);
+  if (b.bytes() < bytes) {
+    GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued kernels may still read the old area
+    b.release();
+    b = alloc(bytes, MemCategory::kWorkspace);
+  }
+  return b.as<bf16>();
+}
+
+void CudaBackend::set_matmul_dtype(DType type) {
+  GPT_CHECK(type == DType::kF32 || type == DType::kBF16);
+  matmul_dtype_ = type;
+}
+
 void* CudaBackend::scratch(size_t bytes) {
   if (scratch_.bytes() < bytes) {
     GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old area may still be in use by queued kernels
@@ -145,13 +162,31 @@ void CudaBackend::embedding_backward(float* dwte, float* dwpe, const float* dout
 void CudaBackend::matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
                                  int OC) {
   const OpTimer timed = time_op("matmul_forward");
-  matmul_->forward(out, inp, weight, bias, N, C, OC);
+  if (matmul_dtype_ == DType::kF32) {
+    matmul_->forward(out, inp, weight, DType::kF32, bias, N, C, OC);
+    return;
+  }
+  bf16* a = cast_area(0, N * C);
+  bf16* w = cast_area(1, static_cast<int64_t>(OC) * C);
+  cuda::cast_to_bf16(a, inp, N * C, stream_);
+  cuda::cast_to_bf16(w, weight, static_cast<int64_t>(OC) * C, stream_);
+  matmul_->forward(out, a, w, DType::kBF16, bias, N, C, OC);
 }
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                   const float* weight, int64_t N, int C, int OC) {
   const OpTimer timed = time_op("matmul_backward");
   void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
-  matmul_->backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, s);
+  if (matmul_dtype_ == DType::kF32) {
+    matmul_->backward(dinp, dweight, dbias, dout, dout, inp, weight, DType::kF32, N, C, OC, s);
+    return;
+  }
+  bf16* a = cast_area(0, N * C);
+  bf16* w = cast_area(1, static_cast<int64_t>(OC) * C);
+  bf16* d = cast_area(2, N * OC);
+  cuda::cast_to_bf16(a, inp, N * C, stream_);
+  cuda::cast_to_bf16(w, weight, static_cast<int64_t>(OC) * C, stream_);
+  cuda::cast_to_bf16(d, dout, N * OC, stream_);
+  matmul_->backward(dinp, dweight, dbias, dout, d, a, w, DType::kBF16, N, C, OC, s);
 }
 void CudaBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                                     const float* bias, int64_t N, int C) {

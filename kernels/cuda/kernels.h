@@ -63,22 +63,26 @@ size_t sum_squares_scratch_bytes();
 // Writes sum(x^2) as one double to *result (device memory) in a fixed order.
 void sum_squares(double* result, const float* x, int64_t n, void* scratch, cudaStream_t stream);
 
-// matmul.cu: cuBLASLt GEMMs (fp32 compute, no TF32, so they match the CPU to fp32 rounding) and a
-// deterministic column sum for dbias. Matmul holds the cuBLASLt handle and its workspace.
+// matmul.cu: cuBLASLt GEMMs with fp32 accumulation and fp32 outputs; inputs fp32 (no TF32, so results match
+// the CPU to fp32 rounding) or bf16 (tensor cores; the caller casts). dbias is a deterministic column sum of
+// the fp32 dout. Matmul holds the cuBLASLt handle and its workspace.
 class Matmul {
  public:
   explicit Matmul(cudaStream_t stream);
   ~Matmul();
   Matmul(const Matmul&) = delete;
   Matmul& operator=(const Matmul&) = delete;
-  void forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC);
+  // out(N,OC) = inp(N,C) weight(OC,C)^T + bias; inp and weight of `type` (f32 or bf16).
+  void forward(float* out, const void* inp, const void* weight, DType type, const float* bias, int64_t N, int C,
+               int OC);
   static size_t backward_scratch_bytes(int64_t N, int OC);
-  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
-                int64_t N, int C, int OC, void* scratch);
+  // dout is fp32 (for dbias); dout_in, inp and weight are the GEMM inputs of `type` (dout_in == dout for f32).
+  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const void* dout_in, const void* inp,
+                const void* weight, DType type, int64_t N, int C, int OC, void* scratch);
 
  private:
-  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-            int64_t ldb, float* c, int64_t ldc, float beta, const float* bias);
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
+            int64_t ldb, DType ab_type, float* c, int64_t ldc, float beta, const float* bias);
   cudaStream_t stream_;
   void* handle_ = nullptr;     // cublasLtHandle_t
   void* workspace_ = nullptr;  // kWorkspaceBytes of device memory, allocated once

@@ -4,7 +4,9 @@
 //   forward   out(N,OC)  = inp(N,C) W(OC,C)^T + b   <=>  out^T(OC,N) = W^T' inp^T, bias epilogue over OC
 //   dinp(N,C)            = dout(N,OC) W(OC,C)       <=>  dinp^T(C,N) = W^T(C,OC) dout^T(OC,N)
 //   dweight(OC,C)       += dout^T inp               <=>  dweight^T(C,OC) += inp^T(C,N) dout(N,OC)
-// fp32 compute without TF32 (CUBLAS_COMPUTE_32F), so results match the CPU to fp32 rounding. dbias gets a
+// fp32 compute without TF32 (CUBLAS_COMPUTE_32F), so results match the CPU to fp32 rounding. With bf16
+// inputs (the mixed-precision policy) A and B are bf16 and the tensor cores multiply them, still
+// accumulating and writing fp32; the only difference from fp32 is the rounding of the inputs. dbias gets a
 // deterministic column sum (partials over fixed row chunks, then added in chunk order): cuBLASLt's BGRAD
 // epilogue overwrites instead of accumulating across micro-batches.
 #include <cublasLt.h>
@@ -76,8 +78,9 @@ Matmul::~Matmul() {
 }
 
 // Column-major C(m,n) = op(A) op(B) + beta C [+ bias(m) broadcast over columns].
-void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                  const float* b, int64_t ldb, float* c, int64_t ldc, float beta, const float* bias) {
+void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+                  const void* b, int64_t ldb, DType ab_type, float* c, int64_t ldc, float beta, const float* bias) {
+  const cudaDataType_t ab = ab_type == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   cublasLtMatmulDesc_t op = nullptr;
   GPT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -89,8 +92,8 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
     GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, trans_a ? k : m, trans_a ? m : k, lda));
-  GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, trans_b ? n : k, trans_b ? k : n, ldb));
+  GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, ab, trans_a ? k : m, trans_a ? m : k, lda));
+  GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, trans_b ? n : k, trans_b ? k : n, ldb));
   GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc));
   cublasLtMatmulPreference_t pref = nullptr;
   GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -111,21 +114,23 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
   cublasLtMatmulDescDestroy(op);
 }
 
-void Matmul::forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC) {
+void Matmul::forward(float* out, const void* inp, const void* weight, DType type, const float* bias, int64_t N, int C,
+                     int OC) {
   GPT_CHECK(N > 0 && C > 0 && OC > 0);
-  gemm(true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, bias);
+  gemm(true, false, OC, N, C, weight, C, inp, C, type, out, OC, 0.0f, bias);
 }
 
 size_t Matmul::backward_scratch_bytes(int64_t N, int OC) { return dbias_chunks(N) * OC * sizeof(float); }
 
-void Matmul::backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                      const float* weight, int64_t N, int C, int OC, void* scratch) {
+void Matmul::backward(float* dinp, float* dweight, float* dbias, const float* dout, const void* dout_in,
+                      const void* inp, const void* weight, DType type, int64_t N, int C, int OC, void* scratch) {
   GPT_CHECK(N > 0 && C > 0 && OC > 0);
-  if (dinp != nullptr) gemm(false, false, C, N, OC, weight, C, dout, OC, dinp, C, 0.0f, nullptr);
-  gemm(false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f, nullptr);
+  if (dinp != nullptr) gemm(false, false, C, N, OC, weight, C, dout_in, OC, type, dinp, C, 0.0f, nullptr);
+  if (dweight != nullptr) gemm(false, true, C, OC, N, inp, C, dout_in, OC, type, dweight, C, 1.0f, nullptr);
   if (dbias != nullptr) {
     auto* partial = static_cast<float*>(scratch);
     const int64_t chunks = dbias_chunks(N);
+    GPT_CHECK_MSG(chunks <= 65535, "matmul_backward: too many rows for the dbias grid");
     dbias_partial_kernel<<<dim3(static_cast<unsigned>(ceil_div(OC, kColsPerBlock)), static_cast<unsigned>(chunks)),
                            dim3(kColsPerBlock, 8), 0, stream_>>>(partial, dout, N, OC);
     GPT_CUDA_CHECK_LAUNCH();
