@@ -11,9 +11,10 @@ int64_t carved(int64_t n) { return (n + 15) / 16 * 16; }  // Gpt::prepare's Carv
 
 }  // namespace
 
-ActivationElements activation_elements(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt) {
+ActivationElements activation_elements(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt,
+                                       bool fused_attention) {
   const int64_t N = static_cast<int64_t>(B) * T, C = shape.n_embd, L = shape.n_layer, V = shape.vocab_size;
-  const int64_t att = static_cast<int64_t>(B) * shape.n_head * T * T;
+  const int64_t att = static_cast<int64_t>(B) * shape.n_head * T * (fused_attention ? 1 : T);
   // One block's tensors in carve order: (elements, cheap: recomputed under `selective`).
   const struct {
     int64_t n;

@@ -5,9 +5,9 @@
 //   unit_sizes               <-> ShardedParams' UnitInfo: per-unit numel, padded size and shard.
 //   simulate_sharded_params  <-> ShardedParams (parallel/sharded_params.cc) with sizes instead of buffers: its
 //                                fixed buffers, best-fit pools (param, grad, shard, bf16), zero3 gathers with
-//                                prefetch and reshard_after_forward, drain_pending(2), ddp buckets, bf16 staging, hybrid
-//                                replica all-reduces, and the collectives' element counts; driven as the
-//                                Trainer drives it (init, steps of micro-batches, eval forwards).
+//                                prefetch and reshard_after_forward, drain_pending(2), ddp buckets, bf16 staging,
+//                                hybrid replica all-reduces, and the collectives' element counts; driven as the Trainer
+//                                drives it (init, steps of micro-batches, eval forwards).
 // tests/plan compare all of it with MemTracker and the communicators' counters.
 #pragma once
 
@@ -30,7 +30,10 @@ struct ActivationElements {
   int64_t workspace = 0;  // activation gradients (category workspace)
 };
 // Elements Gpt::prepare(B, T) allocates.
-ActivationElements activation_elements(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt);
+// `fused_attention`: the attention state is Backend::attention_state_floats of the CUDA backend (B,NH,T)
+// instead of the CPU's (B,NH,T,T).
+ActivationElements activation_elements(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt,
+                                       bool fused_attention = false);
 
 struct UnitSizes {
   std::vector<int64_t> numel, padded, shard;  // per unit, in layout order

@@ -122,8 +122,8 @@ std::vector<StrategyPlan> plan_all(const PlanInput& in) {
   GPT_CHECK_MSG(st.is_ok(), st.message().c_str());
   const ModelLayout layout = ModelLayout::build(in.shape);
   const ActivationCheckpointing ckpt = *ActivationCheckpointing::parse(in.activation_checkpointing);
-  const ActivationElements act =
-      activation_elements(in.shape, in.micro_batch, in.seq_len > 0 ? in.seq_len : in.shape.block_size, ckpt);
+  const ActivationElements act = activation_elements(
+      in.shape, in.micro_batch, in.seq_len > 0 ? in.seq_len : in.shape.block_size, ckpt, in.fused_attention);
   const int N = in.world_size;
   std::vector<StrategyPlan> plans;
   if (N == 1) plans.push_back(make_plan(in, layout, Strategy::kSingle, 1, act));
@@ -251,6 +251,7 @@ Expected<PlanInput> plan_input(const RunConfig& cfg, const GptShape& shape, int 
   in.ranks_per_node = ranks_per_node;
   in.shard_group_size = cfg.parallel.strategy == "hybrid" ? cfg.parallel.shard_group_size : 0;
   in.activation_checkpointing = cfg.training.activation_checkpointing;
+  in.fused_attention = cfg.run.device == "cuda";
   in.sharding = sharding_options(cfg.parallel);
   return in;
 }

@@ -40,6 +40,8 @@ struct PlanInput {
   int ranks_per_node = 1;              // ranks sharing one node's memory; the hybrid default shard group size
   int shard_group_size = 0;            // hybrid: ranks per shard group (parallel.shard_group_size); 0 = ranks_per_node
   std::string activation_checkpointing = "none";  // none | full | every:N | selective
+  // run.device cuda: the fused attention keeps one log-sum-exp per query row, not the (T,T) probabilities.
+  bool fused_attention = false;
   // parallel.prefetch, reshard_after_forward, param_dtype and reduce_dtype. Master weights, optimizer state,
   // gradient accumulation and activations are fp32 whatever these say.
   ShardingOptions sharding;

@@ -19,6 +19,7 @@
 
 #include "backend/backend.h"
 #include "kernels/kernel_test_util.h"
+#include "model/activation_checkpointing.h"
 #include "model/gpt.h"
 #include "model/param_source.h"
 
@@ -419,6 +420,42 @@ TEST_CASE("parity: a whole GPT forward and backward on CUDA matches the CPU (fp3
     }
   }
   gpu->set_matmul_dtype(DType::kF32);
+}
+
+TEST_CASE("activation checkpointing on CUDA: the same loss and gradients, bit for bit", "[cuda]") {
+  Backend* gpu = cuda_or_skip("activation checkpointing");
+  if (!gpu) return;
+  const GptShape shape{4, 4, 64, 32, 97, 0.1f};
+  const ModelLayout layout = ModelLayout::build(shape);
+  std::vector<float> weights;
+  for (const UnitLayout& u : layout.units) {
+    std::vector<float> w(u.numel);
+    init_unit_slice(u, shape, 9, 0, u.numel, w.data());
+    weights.insert(weights.end(), w.begin(), w.end());
+  }
+  const int B = 2, T = 32;
+  const auto inputs = rand_tokens(B * T, shape.vocab_size, 90), targets = rand_tokens(B * T, shape.vocab_size, 91);
+  const StepContext ctx{3, 1, 0, true};
+  std::vector<float> reference;
+  float reference_loss = 0.0f;
+  for (const char* mode : {"none", "full", "every:2", "selective"}) {
+    CAPTURE(mode);
+    auto ckpt = ActivationCheckpointing::parse(mode);
+    REQUIRE(ckpt.has_value());
+    Gpt model(shape, *gpu, *ckpt);
+    model.prepare(B, T);
+    FlatParams params(*gpu, model.layout(), weights);
+    const float loss = model.forward_backward(params, inputs.data(), targets.data(), 1.0f / (B * T), ctx);
+    std::vector<float> grads(weights.size());
+    gpu->to_host(grads.data(), params.grad_buffer().data(), grads.size() * sizeof(float));
+    if (reference.empty()) {
+      reference = grads;
+      reference_loss = loss;
+      continue;
+    }
+    REQUIRE(loss == reference_loss);
+    REQUIRE(grads == reference);
+  }
 }
 
 }  // namespace

@@ -155,6 +155,19 @@ TEST_CASE("activation checkpointing: full < every:2 < selective < none", "[plan]
   CHECK(act("every:1") == act("full"));
 }
 
+TEST_CASE("fused attention (run.device cuda) keeps a log-sum-exp per row instead of each layer's T x T", "[plan]") {
+  PlanInput cpu = small_input(1), cuda = small_input(1);
+  cuda.fused_attention = true;
+  const GptShape& s = cpu.shape;
+  const int64_t B = cpu.micro_batch, T = s.block_size, NH = s.n_head;
+  auto carved = [](int64_t n) { return (n + 15) / 16 * 16; };
+  const int64_t saved = s.n_layer * (carved(B * NH * T * T) - carved(B * NH * T)) * 4;
+  CHECK(plan_all(cpu).front().activations - plan_all(cuda).front().activations == saved);
+  cuda.activation_checkpointing = cpu.activation_checkpointing = "full";  // only the recompute set holds it
+  CHECK(plan_all(cpu).front().activations - plan_all(cuda).front().activations ==
+        (carved(B * NH * T * T) - carved(B * NH * T)) * 4);
+}
+
 TEST_CASE("choose_auto: least communication that fits, ties to less sharding", "[plan]") {
   // Enough layers that zero2's in-flight unit buffers are smaller than zero1's full gradients.
   const std::vector<StrategyPlan> plans = plan_all(small_input(4, 1, "none", 12));
