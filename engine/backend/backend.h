@@ -25,6 +25,8 @@
 
 namespace gpt {
 
+class Communicator;
+
 // Identifies one dropout mask: element i of the mask is dropped iff rng.uniform(base + i) < p. `base` is
 // the first element's global index (from the global row), so masks do not depend on how rows are split.
 struct DropoutMask {
@@ -49,6 +51,10 @@ class Backend {
   virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
   // Waits until every queued op is complete.
   virtual void synchronize() {}
+  // The GPU this backend computes on and its stream (a cudaStream_t), for the device communicator to order
+  // collectives after the kernels that produce their buffers; -1 and null on the CPU.
+  virtual int device_index() const { return -1; }
+  virtual void* native_stream() const { return nullptr; }
 
   // out(B,T,C) = wte[tokens(B,T)] + wpe[t]
   virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
@@ -121,5 +127,11 @@ class Backend {
 // `local_rank` of the `local_size` ranks on this node (device_for_local_rank). Returns an error naming the
 // device when it is unknown, not built in, or (cuda) when no GPU is visible or the node has too few.
 Expected<std::unique_ptr<Backend>> make_backend(std::string_view device, int local_rank = 0, int local_size = 1);
+
+// The communicator for buffers in `backend`'s memory over the ranks of `bootstrap` (which must outlive it):
+// NCCL on the backend's GPU and stream for the cuda backend; an error for a backend without one (the CPU's
+// buffers go through `bootstrap` itself). Collective over `bootstrap`.
+Expected<std::unique_ptr<Communicator>> make_device_communicator(Communicator& bootstrap, const Backend& backend,
+                                                                 std::string name);
 
 }  // namespace gpt

@@ -2,6 +2,7 @@
 #include "backend/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #ifdef GPT_WITH_CUDA
+#include "comm/nccl_communicator.h"
 #include "kernels/cuda/cuda_backend.h"
 #endif
 
@@ -20,6 +21,20 @@ Expected<std::unique_ptr<Backend>> make_backend(std::string_view device, int loc
 #endif
   }
   return Status::invalid_argument("device '" + std::string(device) + "': expected cpu or cuda");
+}
+
+Expected<std::unique_ptr<Communicator>> make_device_communicator(Communicator& bootstrap, const Backend& backend,
+                                                                 std::string name) {
+#ifdef GPT_WITH_CUDA
+  if (backend.device_index() >= 0) {
+    return make_nccl_communicator(bootstrap, backend.device_index(), backend.native_stream(), std::move(name));
+  }
+#else
+  (void)bootstrap;
+  (void)name;
+#endif
+  return Status::failed_precondition("backend '" + std::string(backend.name()) +
+                                     "' has no device communicator: its buffers are host memory");
 }
 
 }  // namespace gpt

@@ -33,16 +33,18 @@ std::string_view strategy_name(Strategy s) {
 }
 
 ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Communicator& group, Strategy strategy,
-                             Communicator* replicas, ShardingOptions options)
+                             Communicator* replicas, ShardingOptions options, Communicator* host_group)
     : layout_(layout),
       be_(backend),
       group_(group),
       replicas_(replicas != nullptr && replicas->size() > 1 ? replicas : nullptr),
+      host_group_(host_group != nullptr ? *host_group : group),
       strategy_(strategy),
       options_(options),
       rank_(group.rank()),
       size_(group.size()) {
   GPT_CHECK(strategy != Strategy::kSingle || size_ == 1);
+  GPT_CHECK(host_group_.size() == size_ && host_group_.rank() == rank_);
   GPT_CHECK_MSG(replicas_ == nullptr || strategy >= Strategy::kZero2, "replicate groups need zero2 or zero3");
   const int n = static_cast<int>(layout.units.size());
   for (int u = 0; u < n; ++u) {
@@ -329,7 +331,7 @@ double ShardedParams::grad_sq_norm() {
   }
   if (!shards_optimizer() || size_ == 1) return local;
   float v = static_cast<float>(local);
-  group_.all_reduce(&v, 1, DType::kF32).wait();
+  host_group_.all_reduce(&v, 1, DType::kF32).wait();
   return v;
 }
 
@@ -374,9 +376,9 @@ std::vector<float> ShardedParams::gather_full_weights() {
       be_.to_host(out.data() + at, master() + u.local_offset, u.numel * sizeof(float));
       continue;
     }
-    GPT_CHECK_MSG(be_.host_memory(), "gather_full_weights of sharded device weights: not supported yet");
-    std::vector<float> full(u.padded);
-    group_.all_gather(master() + u.local_offset, full.data(), u.shard, DType::kF32).wait();
+    std::vector<float> shard(u.shard), full(u.padded);
+    be_.to_host(shard.data(), master() + u.local_offset, u.shard * sizeof(float));
+    host_group_.all_gather(shard.data(), full.data(), u.shard, DType::kF32).wait();
     out.insert(out.end(), full.begin(), full.begin() + u.numel);
   }
   return out;

@@ -57,9 +57,11 @@ std::string_view strategy_name(Strategy s);
 class ShardedParams final : public ParamSource {
  public:
   // `group`: the ranks that shard among themselves. `replicas`: for hybrid, the ranks holding the same shard
-  // in the other shard groups (zero2/zero3 only); null or size 1 otherwise. Both must outlive this.
+  // in the other shard groups (zero2/zero3 only); null or size 1 otherwise. Both carry buffers of `backend`'s
+  // memory (NCCL for a GPU). `host_group`: the same ranks as `group` for host-side values (the gradient norm,
+  // gather_full_weights); null = `group`. All must outlive this.
   ShardedParams(const ModelLayout& layout, Backend& backend, Communicator& group, Strategy strategy,
-                Communicator* replicas = nullptr, ShardingOptions options = {});
+                Communicator* replicas = nullptr, ShardingOptions options = {}, Communicator* host_group = nullptr);
   ~ShardedParams() override;
 
   const float* acquire(int unit) override;
@@ -121,6 +123,7 @@ class ShardedParams final : public ParamSource {
   Backend& be_;
   Communicator& group_;
   Communicator* replicas_;
+  Communicator& host_group_;
   Strategy strategy_;
   ShardingOptions options_;
   int rank_ = 0, size_ = 1;

@@ -130,17 +130,12 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
                                     "global batch; this run has " +
                                     std::to_string(cfg.global_batch()));
   }
-  if (cfg.run.device != "cpu" && world.size() > 1) {
-    return Status::failed_precondition(cfg.where("run.device") + ": run.device: " + cfg.run.device + " with " +
-                                       std::to_string(world.size()) +
-                                       " ranks is not supported yet (the trainer does not wire NCCL in); run one "
-                                       "rank, or use run.device: cpu");
-  }
   auto backend = make_backend(cfg.run.device, local_rank, ranks_per_node);
   if (!backend) return backend.status().with_context(cfg.where("run.device"));
   std::unique_ptr<Trainer> trainer(new Trainer(cfg, world, strategy, shard_group_size, shape, std::move(train),
                                                std::move(val), std::move(tokenizer), ckpt, plan, std::move(resume),
                                                std::move(*backend)));
+  GPT_RETURN_IF_ERROR(trainer->init_state());
   // Loaded (and every slice read verified) before run() writes anything.
   if (trainer->resume_) GPT_RETURN_IF_ERROR(trainer->restore());
   return trainer;
@@ -165,17 +160,36 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
   // does; the CPU computes through fp32.
   if (config_.parallel.param_dtype == "bf16" && !backend_->host_memory()) backend_->set_matmul_dtype(DType::kBF16);
   model_ = std::make_unique<Gpt>(shape_, *backend_, ckpt);
-  Communicator* shard_group = &world_;
   if (shard_group_size != world_.size()) {
     // The process mesh: world rank w is shard w % S of replica w / S.
     const int w = world_.rank(), S = shard_group_size;
     // Named with their color: the watchdog compares collectives of same-named groups across ranks.
     shard_group_ = world_.split(w / S, w % S, "shard." + std::to_string(w / S));
     replicate_group_ = world_.split(w % S, w / S, "replicate." + std::to_string(w % S));
-    shard_group = shard_group_.get();
   }
-  params_ = std::make_unique<ShardedParams>(model_->layout(), *backend_, *shard_group, strategy, replicate_group_.get(),
-                                            sharding_options(config_.parallel));
+  strategy_ = strategy;
+}
+
+Status Trainer::init_state() {
+  Communicator* shard_group = shard_group_ ? shard_group_.get() : &world_;
+  Communicator* grad_group = shard_group;
+  Communicator* replicas = replicate_group_.get();
+  if (!backend_->host_memory() && strategy_ != Strategy::kSingle) {
+    // Parameters and gradients live on the device: their collectives go through the device's communicator
+    // (NCCL), bootstrapped over the same MPI groups, which keep carrying the host-side scalars.
+    auto dev = make_device_communicator(*shard_group, *backend_, std::string(shard_group->group_name()));
+    if (!dev) return dev.status().with_context(config_.where("run.device"));
+    device_shard_group_ = std::move(*dev);
+    grad_group = device_shard_group_.get();
+    if (replicas != nullptr) {
+      auto rep = make_device_communicator(*replicas, *backend_, std::string(replicas->group_name()));
+      if (!rep) return rep.status().with_context(config_.where("run.device"));
+      device_replicate_group_ = std::move(*rep);
+      replicas = device_replicate_group_.get();
+    }
+  }
+  params_ = std::make_unique<ShardedParams>(model_->layout(), *backend_, *grad_group, strategy_, replicas,
+                                            sharding_options(config_.parallel), shard_group);
   params_->init(shape_, config_.run.seed);
   const auto& t = config_.training;
   optimizer_ = std::make_unique<AdamW>(*backend_, model_->layout(), params_->regions(), params_->local_numel(),
@@ -193,6 +207,7 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
   const size_t n = static_cast<size_t>(t.micro_batch_size) * shape_.block_size;
   inputs_.resize(n);
   targets_.resize(n);
+  return Status::ok();
 }
 
 Trainer::~Trainer() {

@@ -67,6 +67,9 @@ class Trainer {
           data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
           ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan, std::optional<CheckpointReader> resume,
           std::unique_ptr<Backend> backend);
+  // After the constructor: the device communicators, the parameters (initialised), the optimizer, the model's
+  // activations.
+  Status init_state();
   // trainer_checkpoint.cc: the checkpoint named by checkpoint.resume, checked against the run (or none).
   static Expected<std::optional<CheckpointReader>> open_resume(const RunConfig& config, const GptShape& shape,
                                                                Communicator& world);
@@ -98,6 +101,9 @@ class Trainer {
   RunConfig config_;
   Communicator& world_;
   std::unique_ptr<Communicator> shard_group_, replicate_group_;  // hybrid only
+  // run.device cuda: the same groups on the device's communicator (NCCL) for parameters and gradients.
+  std::unique_ptr<Communicator> device_shard_group_, device_replicate_group_;
+  Strategy strategy_ = Strategy::kSingle;
   GptShape shape_;
   data::DataLoader train_, val_;
   std::optional<data::Tokenizer> tokenizer_;

@@ -36,6 +36,8 @@ class CudaBackend final : public Backend {
   void to_host(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
   int device() const { return device_; }
+  int device_index() const override { return device_; }
+  void* native_stream() const override { return stream_; }
   void set_matmul_dtype(DType type) override;
   cudaStream_t stream() const { return stream_; }
 
@@ -95,8 +97,8 @@ class CudaBackend final : public Backend {
   int device_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Matmul> matmul_;
-  Buffer scratch_;                 // shared temporaries (workspace), grown to the largest request
-  Buffer cast_[3];                 // bf16 GEMM inputs (workspace), grown to the largest request
+  Buffer scratch_;  // shared temporaries (workspace), grown to the largest request
+  Buffer cast_[3];  // bf16 GEMM inputs (workspace), grown to the largest request
   DType matmul_dtype_ = DType::kF32;
   Buffer result_;                  // one double on the device for sum_squares
   double* result_host_ = nullptr;  // pinned
