@@ -1,39 +1,223 @@
 #!/usr/bin/env bash
-# The GPU check: one prepared script for a machine with NVIDIA GPUs (a lent H200 session has about 15 minutes;
-# this must finish well inside 8). Builds Release with CUDA, runs every GPU test, prints a summary.
-#
-#   scripts/gpu/check.sh                 # BUILD_DIR=build-gpu, JOBS=$(nproc)
-#
-# GPU code so far: the NCCL communicator (engine/comm/nccl_communicator.cc), tested by gpt_mpi_tests [nccl]
-# with one rank per visible GPU (NCCL allows one rank per GPU, so a 1-GPU machine runs it at -np 1). The CUDA
-# backend (issue 5) adds its parity tests and benchmark here.
+# The GPU check, run ON the lent GPU machine from the repo root. How a session with a GPU uses it:
+#   scripts/gpu/bundle.sh          # here first: builds build-gpu and packs gpu-bundle/gpt-bundle.tar.xz (ignored)
+#   device tool `run`: carry ["gpu-bundle"], command "scripts/gpu/check.sh", timeout_s 540
+# With gpu-bundle/*.tar.* present it extracts the bundle to /tmp/gpt-bundle and sources its env.sh (the GPU
+# machine lacks OpenMPI, oneDNN, yaml-cpp, spdlog...); without one it builds with cmake (needs those there).
+# Steps, each PASS/FAIL/SKIP with seconds, and a summary printed LAST: GPU, libraries, CUDA backend parity
+# (gpt_tests [cuda]), NCCL singleton (gpt_mpi_tests [nccl]), Shakespeare 20 steps cpu vs cuda (losses within
+# 1e-4 relative), compute-sanitizer memcheck and racecheck, scripts/bench/gpu_vs_pytorch.sh if present.
+# Every step has a timeout and the whole check a budget (CHECK_BUDGET_S, 460 s), so it ends inside 8 minutes.
+# Full output: $OUT/check.log (the device tool brings $OUT back), or /tmp/gpt-check/check.log.
+#   CHECK_STEPS="parity nccl train"  # run only these (of: parity nccl train memcheck racecheck bench)
+# Without a GPU (e.g. here) the GPU steps SKIP, saying why; with one visible, a test that skips is a FAIL.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-BUILD=${BUILD_DIR:-build-gpu}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+ROOT=$PWD
+LOGDIR=${OUT:-/tmp/gpt-check}
+mkdir -p "$LOGDIR"
+LOG=$LOGDIR/check.log
+: > "$LOG"
+WORK=/tmp/gpt-check-work
+rm -rf "$WORK" && mkdir -p "$WORK"
+DEADLINE=$((SECONDS + ${CHECK_BUDGET_S:-460}))
+STEPS=" ${CHECK_STEPS:-parity nccl train memcheck racecheck bench} "
 summary=()
 fail=0
-step() {  # step NAME COMMAND...: runs it, records PASS/FAIL and the time
-  local name=$1 t0=$SECONDS
-  shift
-  echo "=== $name: $*"
-  if "$@"; then summary+=("PASS  $name ($((SECONDS - t0))s)"); else summary+=("FAIL  $name ($((SECONDS - t0))s)"); fail=1; fi
+
+wanted() { [[ $STEPS == *" $1 "* ]]; }
+# record STATUS NAME SECONDS NOTE
+record() {
+  local line
+  line=$(printf '%-4s  %-28s %4ss  %s' "$1" "$2" "$3" "$4")
+  summary+=("$line")
+  [ "$1" = FAIL ] && fail=1
+  echo "$line" | tee -a "$LOG"
+}
+# run_step NAME LIMIT CMD...: runs CMD (stdin closed) under a timeout capped by the budget, its output into the
+# log and into $WORK/NAME.out; sets RC (124 = timed out, 200 = no time left) and T (seconds).
+run_step() {
+  local name=$1 limit=$2 left=$((DEADLINE - SECONDS)) t0=$SECONDS
+  shift 2
+  OUTF=$WORK/${name// /_}.out
+  : > "$OUTF"
+  if [ "$left" -lt 15 ]; then RC=200; T=0; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "=== $name (limit ${limit}s): $*" >> "$LOG"
+  timeout -k 10 "$limit" "$@" < /dev/null > "$OUTF" 2>&1
+  RC=$?
+  T=$((SECONDS - t0))
+  cat "$OUTF" >> "$LOG"
+  echo "=== $name: exit $RC after ${T}s" >> "$LOG"
+}
+tail_of() { tail -n "${2:-6}" "$OUTF" | cut -c1-200 | sed 's/^/      | /'; }
+# judge NAME: the usual verdict for a test binary: a SKIPPED line is a SKIP without a GPU and a FAIL with one.
+judge() {
+  local name=$1 note
+  note=$(grep -oE 'All tests passed.*|test cases:.*' "$OUTF" | tail -1)
+  if [ "$RC" = 200 ]; then record SKIP "$name" 0 "no time left in the budget"
+  elif [ "$RC" = 124 ] || [ "$RC" = 137 ]; then record FAIL "$name" "$T" "timed out"; tail_of
+  elif grep -q SKIPPED "$OUTF"; then
+    if [ "$gpus" -gt 0 ]; then record FAIL "$name" "$T" "skipped with a GPU visible: $(grep -o 'SKIPPED.*' "$OUTF" | head -1 | cut -c1-150)"
+    else record SKIP "$name" "$T" "$(grep -o 'SKIPPED.*' "$OUTF" | head -1 | cut -c1-150)"; fi
+  elif [ "$RC" = 0 ]; then record PASS "$name" "$T" "$note"
+  else record FAIL "$name" "$T" "exit $RC ${note}"; tail_of 8; fi
 }
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi: not available"
-gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-step "configure (CUDA on)" cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGPT_CUDA=ON
-step "build" cmake --build "$BUILD" -j "${JOBS:-$(nproc)}" --target gpt-train gpt_mpi_tests
-for np in 1 $([ "$gpus" -gt 1 ] && echo "$gpus"); do
-  out=$(timeout 300 mpirun -np "$np" --oversubscribe "$BUILD/tests/comm/gpt_mpi_tests" "[nccl]" 2>&1)
-  code=$?
-  echo "$out" | tail -5
-  if grep -q SKIPPED <<< "$out"; then summary+=("SKIP  NCCL collectives at -np $np: $(grep -o 'SKIPPED.*' <<< "$out" | head -1)")
-  elif [ "$code" -eq 0 ]; then summary+=("PASS  NCCL collectives at -np $np")
-  else summary+=("FAIL  NCCL collectives at -np $np (exit $code)"); fail=1; fi
-done
+# --- a. the GPU
+gpu_line=$(timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)
+gpus=$(timeout 20 nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+echo "nvidia-smi: $gpu_line" >> "$LOG"
+if [ "${gpus:-0}" -gt 0 ]; then record PASS "nvidia-smi" 0 "$gpus GPU(s): $gpu_line"
+else gpus=0; record SKIP "nvidia-smi" 0 "no GPU visible ($(echo "$gpu_line" | cut -c1-80))"; fi
+
+# --- the binaries: the bundle, else a build
+export OMPI_MCA_ess_singleton_isolated=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+tarball=$(ls gpu-bundle/*.tar.* 2>/dev/null | head -1)
+if [ -n "$tarball" ]; then
+  t0=$SECONDS
+  rm -rf /tmp/gpt-bundle
+  case $tarball in *.zst) unpack=(--zstd) tool=zstd ;; *.xz) unpack=(-J) tool=xz ;; *) unpack=() tool=tar ;; esac
+  if command -v "$tool" > /dev/null; then tar -x "${unpack[@]}" -f "$tarball" -C /tmp >> "$LOG" 2>&1
+  else  # no xz binary on the image: python's tarfile reads xz itself
+    python3 -c 'import sys, tarfile
+t = tarfile.open(sys.argv[1])
+try: t.extractall("/tmp", filter="fully_trusted")
+except TypeError: t.extractall("/tmp")' "$tarball" >> "$LOG" 2>&1
+  fi
+  if [ -f /tmp/gpt-bundle/env.sh ]; then
+    # shellcheck disable=SC1091
+    source /tmp/gpt-bundle/env.sh
+    record PASS "bundle" $((SECONDS - t0)) "$tarball -> /tmp/gpt-bundle"
+  else
+    record FAIL "bundle" $((SECONDS - t0)) "could not extract $tarball"
+  fi
+  GPT_TRAIN=/tmp/gpt-bundle/bin/gpt-train GPT_TESTS=/tmp/gpt-bundle/bin/gpt_tests
+  GPT_MPI_TESTS=/tmp/gpt-bundle/bin/gpt_mpi_tests HOME_DIR=/tmp/gpt-bundle
+else
+  BUILD=${BUILD_DIR:-build-gpu}
+  run_step "configure" 120 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGPT_CUDA=ON
+  if [ "$RC" = 0 ]; then record PASS "configure (no bundle)" "$T" "$BUILD"; else record FAIL "configure (no bundle)" "$T" "exit $RC"; tail_of; fi
+  run_step "build" 300 cmake --build "$BUILD" -j "${JOBS:-$(nproc)}" --target gpt-train gpt_tests gpt_mpi_tests
+  if [ "$RC" = 0 ]; then record PASS "build" "$T" ""; else record FAIL "build" "$T" "exit $RC"; tail_of; fi
+  GPT_TRAIN=$BUILD/gpt-train GPT_TESTS=$BUILD/tests/gpt_tests GPT_MPI_TESTS=$BUILD/tests/comm/gpt_mpi_tests
+  HOME_DIR=$ROOT
+fi
+export GPT_TRAIN  # for the benchmark script
+echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" >> "$LOG"
+env | grep -E '^(OMPI|OPAL)_' >> "$LOG"
+
+# --- the libraries: everything resolves (and where the CUDA ones come from)
+t0=$SECONDS
+ldd "$GPT_TRAIN" "$GPT_TESTS" "$GPT_MPI_TESTS" > "$WORK/ldd.out" 2>&1
+cat "$WORK/ldd.out" >> "$LOG"
+missing=$(grep -E 'not found' "$WORK/ldd.out" | sed 's/^\s*//' | sort -u | tr '\n' ' ')
+cuda_from=$(grep -E 'lib(cudart|cublasLt|nccl)\.so' "$WORK/ldd.out" | awk '{print $3}' | sort -u | tr '\n' ' ')
+if [ ! -x "$GPT_TRAIN" ]; then record FAIL "libraries" 0 "no binaries"
+elif [ -n "$missing" ]; then record FAIL "libraries" $((SECONDS - t0)) "missing: ${missing:0:300}"
+else record PASS "libraries" $((SECONDS - t0)) "CUDA libs: ${cuda_from:0:300}"; fi
+
+# --- b. CUDA backend parity (tests/kernels/backend_parity_test.cc)
+if wanted parity; then run_step "parity" 120 "$GPT_TESTS" "[cuda]"; judge "parity [cuda]"; fi
+
+# --- c. NCCL at one rank: a singleton (no mpirun in the bundle); more ranks where there are GPUs and mpirun
+if wanted nccl; then
+  run_step "nccl" 90 "$GPT_MPI_TESTS" "[nccl]"; judge "nccl [nccl] np 1"
+  if [ "$gpus" -gt 1 ] && command -v mpirun > /dev/null; then
+    run_step "nccl_np" 120 mpirun -np "$gpus" --oversubscribe "$GPT_MPI_TESTS" "[nccl]"; judge "nccl [nccl] np $gpus"
+  fi
+fi
+
+# --- e. Shakespeare, 20 steps on cpu and on cuda: the same losses within 1e-4 relative, and falling
+compare_losses() {
+  python3 - "$1" "$2" <<'EOF'
+import json, sys
+def losses(p):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if "loss" in r}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+steps = sorted(a)
+if not steps or steps != sorted(b):
+    print(f"step mismatch: cpu {len(a)} steps, cuda {len(b)}"); sys.exit(1)
+rel = [(abs(a[s] - b[s]) / max(abs(a[s]), 1e-12), s) for s in steps]
+worst, at = max(rel)
+first, last = steps[0], steps[-1]
+ok = worst <= 1e-4 and a[last] < a[first] and b[last] < b[first]
+print(f"cpu {a[first]:.6f}->{a[last]:.6f} cuda {b[first]:.6f}->{b[last]:.6f} max rel diff {worst:.2e} (step {at})")
+sys.exit(0 if ok else 1)
+EOF
+}
+last_loss() { tail -n 1 "$1/metrics.jsonl" 2>/dev/null | grep -oE '"(step|loss|val_loss|tokens_per_s)":[0-9.e+-]*' | tr '\n' ' '; }
+if wanted train; then
+  train=("$GPT_TRAIN" train -c "$HOME_DIR/configs/shakespeare-char-cpu.yaml" --set training.steps=20
+         --set training.eval_interval=0 --set training.eval_batches=1 --set logging.log_interval=5
+         --set data.train="$HOME_DIR/data/shakespeare_char/train.bin"
+         --set data.val="$HOME_DIR/data/shakespeare_char/val.bin")
+  cpu_dir=$WORK/train-cpu gpu_dir=$WORK/train-cuda
+  if [ ! -f "$HOME_DIR/data/shakespeare_char/train.bin" ]; then
+    record SKIP "train cpu vs cuda" 0 "no data at $HOME_DIR/data/shakespeare_char (make the bundle)"
+  else
+    run_step "train_cpu" 90 "${train[@]}" --set run.device=cpu --set run.threads=16 --set run.out_dir="$cpu_dir"
+    cpu_rc=$RC; cpu_t=$T
+    if [ "$cpu_rc" = 0 ]; then record PASS "train 20 steps cpu" "$cpu_t" "$(last_loss "$cpu_dir")"
+    else record FAIL "train 20 steps cpu" "$cpu_t" "exit $cpu_rc"; tail_of; fi
+    run_step "train_cuda" 90 "${train[@]}" --set run.device=cuda --set run.out_dir="$gpu_dir"
+    if [ "$RC" = 0 ]; then record PASS "train 20 steps cuda" "$T" "$(last_loss "$gpu_dir")"
+    elif [ "$gpus" = 0 ]; then record SKIP "train 20 steps cuda" "$T" "no GPU: $(grep -iE 'error|cuda' "$OUTF" | tail -1 | cut -c1-150)"
+    else record FAIL "train 20 steps cuda" "$T" "exit $RC"; tail_of; fi
+    if [ "$cpu_rc" = 0 ] && [ "$RC" = 0 ]; then
+      t0=$SECONDS
+      note=$(compare_losses "$cpu_dir/metrics.jsonl" "$gpu_dir/metrics.jsonl" 2>&1)
+      rc=$?
+      echo "compare: $note" >> "$LOG"
+      if [ "$rc" = 0 ]; then record PASS "losses cpu == cuda (1e-4)" $((SECONDS - t0)) "$note"
+      else record FAIL "losses cpu == cuda (1e-4)" $((SECONDS - t0)) "$note"; fi
+    else
+      record SKIP "losses cpu == cuda (1e-4)" 0 "needs both runs"
+    fi
+  fi
+fi
+
+# --- d. compute-sanitizer: memcheck on every CUDA test, racecheck on the fused attention
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer \
+  /usr/local/cuda*/compute-sanitizer/compute-sanitizer /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -1)
+sanitize() {  # sanitize TOOL LIMIT FILTER LABEL
+  local name="$1 $4"
+  if ! wanted "$1"; then return; fi
+  if [ -z "$sanitizer" ]; then record SKIP "$name" 0 "compute-sanitizer not found"; return; fi
+  if [ "$gpus" = 0 ]; then record SKIP "$name" 0 "no GPU"; return; fi
+  run_step "$1" "$2" "$sanitizer" --tool "$1" --error-exitcode 1 --print-limit 20 "$GPT_TESTS" "$3"
+  local summary_line
+  summary_line=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTF" | tail -1 | sed 's/^=* *//')
+  if [ "$RC" = 200 ]; then record SKIP "$name" 0 "no time left in the budget"
+  elif grep -qiE 'Device not supported|Target application terminated before first instrumented API call' "$OUTF"; then
+    record SKIP "$name" "$T" "the sanitizer cannot use this device: $(grep -iE 'not supported|error' "$OUTF" | head -1 | cut -c1-120)"
+  elif [ "$RC" = 124 ] || [ "$RC" = 137 ]; then record FAIL "$name" "$T" "timed out"; tail_of
+  elif grep -q SKIPPED "$OUTF"; then record FAIL "$name" "$T" "tests skipped under the sanitizer"; tail_of
+  elif [ "$RC" = 0 ]; then record PASS "$name" "$T" "$summary_line"
+  else record FAIL "$name" "$T" "exit $RC $summary_line"; tail_of 10; fi
+}
+sanitize memcheck 150 "[cuda]" "[cuda]"
+sanitize racecheck 100 "parity: fused attention*" "fused attention"
+
+# --- f. the benchmark against PyTorch (scripts/bench/gpu_vs_pytorch.sh prints its own table)
+bench_tail=""
+if wanted bench; then
+  if [ ! -f scripts/bench/gpu_vs_pytorch.sh ]; then record SKIP "bench gpu vs pytorch" 0 "scripts/bench/gpu_vs_pytorch.sh not there"
+  elif [ "$gpus" = 0 ]; then record SKIP "bench gpu vs pytorch" 0 "no GPU"
+  else
+    run_step "bench" 240 bash scripts/bench/gpu_vs_pytorch.sh
+    bench_tail=$(tail -n 25 "$OUTF" | cut -c1-160)
+    if [ "$RC" = 200 ]; then record SKIP "bench gpu vs pytorch" 0 "no time left in the budget"
+    elif [ "$RC" = 0 ]; then record PASS "bench gpu vs pytorch" "$T" ""
+    else record FAIL "bench gpu vs pytorch" "$T" "exit $RC$([ "$RC" = 124 ] && echo ' (timed out)')"; fi
+  fi
+fi
 
 echo
-echo "GPU check summary ($gpus GPU(s) visible, ${SECONDS}s):"
-printf '  %s\n' "${summary[@]}"
+if [ -n "$bench_tail" ]; then echo "--- bench (last lines):"; echo "$bench_tail"; echo; fi
+{
+  echo "GPU check summary: $gpus GPU(s) visible, ${SECONDS}s, $([ -n "$tarball" ] && echo "bundle $tarball" || echo "built in ${BUILD:-?}"); full log $LOG"
+  printf '  %s\n' "${summary[@]}"
+  echo "RESULT: $([ "$fail" = 0 ] && echo OK || echo FAILED)"
+} | tee -a "$LOG"
 exit $fail
