@@ -54,6 +54,8 @@ class Work {
   std::shared_ptr<State> state_;
 };
 
+class CommWatchdog;
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -61,6 +63,9 @@ class Communicator {
   virtual int size() const = 0;
   // The group's role in the mesh: "world", "shard.<i>", "replicate.<j>" (i, j: which group of that kind).
   virtual std::string_view group_name() const = 0;
+  // The collective watchdog watching this communicator's collectives, if any: a communicator built on top of
+  // this one (NCCL over MPI) registers its own stream with it.
+  virtual CommWatchdog* watchdog() const { return nullptr; }
 
   // buf(n) <- sum over ranks of buf(n). In place.
   virtual Work all_reduce(void* buf, int64_t n, DType dtype) = 0;

@@ -145,6 +145,9 @@ class MpiCommunicator final : public Communicator {
   bool owned_;
   std::string name_;
   CommWatchdog* watchdog_;
+
+ public:
+  CommWatchdog* watchdog() const override { return watchdog_; }
   int rank_ = 0, size_ = 1;
   std::unique_ptr<CommStream> stream_;
 };

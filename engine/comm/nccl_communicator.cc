@@ -3,10 +3,13 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "comm/comm_stream.h"
+#include "comm/watchdog.h"
 #include "core/check.h"
 #include "kernels/cuda/cuda_check.h"
 
@@ -50,11 +53,16 @@ class NcclCommunicator final : public Communicator {
     GPT_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
     GPT_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
     GPT_NCCL_CHECK(ncclCommCount(comm_, &size_));
+    // Its collectives' history goes to the same watchdog as the bootstrap's, under a name of its own.
+    tasks_ = std::make_unique<CommStream>("nccl:" + name_, rank_);
+    watchdog_ = bootstrap_.watchdog();
+    if (watchdog_ != nullptr) watchdog_->watch(tasks_.get());
   }
   ~NcclCommunicator() override {
+    if (watchdog_ != nullptr) watchdog_->unwatch(tasks_.get());
     tasks_.reset();  // finish queued collectives first
     cudaStreamSynchronize(stream_);
-    ncclCommDestroy(comm_);
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
     cudaFree(barrier_buf_);
     cudaStreamDestroy(stream_);
   }
@@ -111,9 +119,30 @@ class NcclCommunicator final : public Communicator {
       GPT_CUDA_CHECK(cudaSetDevice(device_));
       GPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
       enqueue();
-      GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      wait_for_stream();
       GPT_CUDA_CHECK(cudaEventDestroy(ready));
     });
+  }
+
+  // Waits for the comm stream while polling NCCL's asynchronous error: a peer that died or a network
+  // failure surfaces here as an abort naming the communicator instead of a silent hang (a collective that
+  // merely never completes is the watchdog's to report, which watches this stream too).
+  void wait_for_stream() {
+    for (int polls = 0;; ++polls) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) GPT_CUDA_CHECK(q);
+      ncclResult_t async = ncclSuccess;
+      GPT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+      if (async != ncclSuccess && async != ncclInProgress) {
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        GPT_CHECK_MSG(false, ("NCCL communicator '" + name_ + "' (rank " + std::to_string(rank_) + " of " +
+                              std::to_string(size_) + "): " + ncclGetErrorString(async))
+                                 .c_str());
+      }
+      if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));  // spin briefly, then nap
+    }
   }
 
   Communicator& bootstrap_;
@@ -125,7 +154,8 @@ class NcclCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   cudaStream_t stream_ = nullptr;
   float* barrier_buf_ = nullptr;
-  std::unique_ptr<CommStream> tasks_ = std::make_unique<CommStream>();
+  std::unique_ptr<CommStream> tasks_;
+  CommWatchdog* watchdog_ = nullptr;
 };
 
 }  // namespace
