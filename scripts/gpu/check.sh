@@ -174,6 +174,22 @@ if wanted train; then
     else
       record SKIP "losses cpu == cuda (1e-4)" 0 "needs both runs"
     fi
+    # The same run under ddp and zero3 on one GPU: parameters and gradients go through NCCL (a world of
+    # one), so the per-step losses must equal single's; and the bf16 policy (bf16 GEMMs) must also learn.
+    if [ "$RC" = 0 ] && [ "$gpus" != 0 ]; then
+      for strat in ddp zero3; do
+        run_step "train_cuda_$strat" 90 "${train[@]}" --set run.device=cuda --set parallel.strategy=$strat \
+          --set run.out_dir="$WORK/train-cuda-$strat"
+        if [ "$RC" != 0 ]; then record FAIL "cuda $strat via NCCL" "$T" "exit $RC"; tail_of; continue; fi
+        note=$(compare_losses "$gpu_dir/metrics.jsonl" "$WORK/train-cuda-$strat/metrics.jsonl" 2>&1)
+        if [ $? = 0 ]; then record PASS "cuda $strat via NCCL == single" "$T" "$note"
+        else record FAIL "cuda $strat via NCCL == single" "$T" "$note"; fi
+      done
+      run_step "train_cuda_bf16" 90 "${train[@]}" --set run.device=cuda --set parallel.param_dtype=bf16 \
+        --set run.out_dir="$WORK/train-cuda-bf16"
+      if [ "$RC" = 0 ]; then record PASS "cuda bf16 GEMMs, 20 steps" "$T" "$(last_loss "$WORK/train-cuda-bf16")"
+      else record FAIL "cuda bf16 GEMMs, 20 steps" "$T" "exit $RC"; tail_of; fi
+    fi
   fi
 fi
 
