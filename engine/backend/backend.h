@@ -54,6 +54,8 @@ class Backend {
   // The GPU this backend computes on and its stream (a cudaStream_t), for the device communicator to order
   // collectives after the kernels that produce their buffers; -1 and null on the CPU.
   virtual int device_index() const { return -1; }
+  // The device's dense bf16 peak in FLOP/s, the denominator of MFU; 0 when not known (the CPU).
+  virtual double peak_flops() const { return 0.0; }
   virtual void* native_stream() const { return nullptr; }
 
   // out(B,T,C) = wte[tokens(B,T)] + wpe[t]
@@ -62,9 +64,12 @@ class Backend {
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                                   int C) = 0;
 
-  // The element type GEMM inputs are rounded to: f32 (default), or bf16 (mixed precision: the tensor cores
-  // multiply bf16 and accumulate fp32; outputs stay fp32). Backends that only compute in fp32 reject bf16.
-  virtual void set_matmul_dtype(DType type) { GPT_CHECK_MSG(type == DType::kF32, "bf16 GEMMs need the cuda backend"); }
+  // The element type the products' inputs are rounded to (the GEMMs' and attention's): f32 (default), or bf16
+  // (mixed precision: the tensor cores multiply bf16 and accumulate fp32; every tensor in memory stays fp32).
+  // Backends that only compute in fp32 reject bf16.
+  virtual void set_compute_dtype(DType type) {
+    GPT_CHECK_MSG(type == DType::kF32, "bf16 compute needs the cuda backend");
+  }
 
   // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias may be null.
   virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,

@@ -168,7 +168,7 @@ std::span<const KeySpec> config_schema() {
        "zero3: units all-gathered ahead of use, overlapping communication with compute"},
       {GPT_KEY(parallel, param_dtype), one_of("fp32|bf16"),
        "parameters as stored and communicated (master weights and optimizer state stay fp32); on cuda also the "
-       "GEMMs' inputs (tensor cores, fp32 accumulation and outputs)"},
+       "inputs of the GEMMs and attention's products (tensor cores, fp32 accumulation and outputs)"},
       {GPT_KEY(parallel, reduce_dtype), one_of("fp32|bf16"), "gradients as communicated (accumulated in fp32)"},
       {GPT_KEY(parallel, reshard_after_forward), anything(),
        "zero3: free each unit after its forward and gather it again for backward (false: keep it, more memory)"},
@@ -195,6 +195,9 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(logging, level), one_of("trace|debug|info|warn|error"), "log level"},
       {GPT_KEY(logging, log_interval), at_least(1), "steps between plain progress lines when stdout is not a terminal"},
       {GPT_KEY(logging, metrics_file), non_empty(), "metrics JSONL file name, inside run.out_dir"},
+      {GPT_KEY(logging, peak_tflops), at_least(0),
+       "dense bf16 peak TFLOP/s of one GPU, the denominator of MFU in progress lines and summary.json; 0 = known "
+       "from the GPU's name (H100/H200 989, A100 312), else no MFU"},
   };
   return kSchema;
 }

@@ -156,9 +156,9 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
   save_comm_ = world_.split(0, world_.rank(), "checkpoint");
   backend_ = std::move(backend);
   backend_->set_threads(config_.run.threads);
-  // On a GPU, bf16 parameters also mean bf16 GEMMs (tensor cores, fp32 accumulation), as FSDP's param_dtype
-  // does; the CPU computes through fp32.
-  if (config_.parallel.param_dtype == "bf16" && !backend_->host_memory()) backend_->set_matmul_dtype(DType::kBF16);
+  // On a GPU, bf16 parameters also mean bf16 products (GEMMs and attention on the tensor cores, fp32
+  // accumulation), as FSDP's param_dtype does; the CPU computes through fp32.
+  if (config_.parallel.param_dtype == "bf16" && !backend_->host_memory()) backend_->set_compute_dtype(DType::kBF16);
   model_ = std::make_unique<Gpt>(shape_, *backend_, ckpt);
   if (shard_group_size != world_.size()) {
     // The process mesh: world rank w is shard w % S of replica w / S.
@@ -212,6 +212,10 @@ Status Trainer::init_state() {
 
 Trainer::~Trainer() {
   if (save_thread_.joinable()) save_thread_.join();
+}
+
+double Trainer::peak_flops() const {
+  return config_.logging.peak_tflops > 0 ? config_.logging.peak_tflops * 1e12 : backend_->peak_flops();
 }
 
 double Trainer::flops_per_token() const {
@@ -341,6 +345,7 @@ Status Trainer::write_summary(const TrainSummary& summary, int64_t steps_done, c
   s.seconds = summary.seconds;
   s.tokens_per_s = summary.tokens_per_s;
   s.gflops = flops_per_token() * summary.tokens_per_s / 1e9;
+  if (peak_flops() > 0) s.mfu = s.gflops * 1e9 / (peak_flops() * world_.size());
   s.strategy = strategy_label();
   s.world_size = world_.size();
   s.memory = MemTracker::instance().stats();
@@ -421,7 +426,8 @@ Expected<TrainSummary> Trainer::run_steps() {
   TrainSummary summary;
   const double tokens_per_step = static_cast<double>(config_.global_batch()) * shape_.block_size;
   const auto start = std::chrono::steady_clock::now();
-  Progress progress(start_step_, t.steps, config_.logging.log_interval, tokens_per_step, flops_per_token(), writer);
+  Progress progress(start_step_, t.steps, config_.logging.log_interval, tokens_per_step, flops_per_token(), writer,
+                    peak_flops() * world_.size());
   for (int64_t step = start_step_; step < t.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     GPT_ASSIGN_OR_RETURN(const float loss, train_step(step));

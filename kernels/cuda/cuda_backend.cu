@@ -5,6 +5,7 @@
 #include <string>
 
 #include "comm/device_select.h"
+#include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/kernels.h"
@@ -100,6 +101,16 @@ std::string CudaBackend::profile_report() const {
   return out;
 }
 
+double CudaBackend::peak_flops() const {
+  cudaDeviceProp prop{};
+  GPT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  const std::string name = prop.name;
+  // Dense bf16 tensor-core peaks from the datasheets (SXM parts); others are unknown: set logging.peak_tflops.
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989e12;
+  if (name.find("A100") != std::string::npos) return 312e12;
+  return 0.0;
+}
+
 Buffer CudaBackend::alloc(size_t bytes, MemCategory category) {
   if (bytes == 0) return Buffer();
   void* p = nullptr;
@@ -120,9 +131,9 @@ bf16* CudaBackend::cast_area(int slot, int64_t n) {
   return b.as<bf16>();
 }
 
-void CudaBackend::set_matmul_dtype(DType type) {
+void CudaBackend::set_compute_dtype(DType type) {
   GPT_CHECK(type == DType::kF32 || type == DType::kBF16);
-  matmul_dtype_ = type;
+  compute_dtype_ = type;
 }
 
 void* CudaBackend::scratch(size_t bytes) {
@@ -162,7 +173,7 @@ void CudaBackend::embedding_backward(float* dwte, float* dwpe, const float* dout
 void CudaBackend::matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
                                  int OC) {
   const OpTimer timed = time_op("matmul_forward");
-  if (matmul_dtype_ == DType::kF32) {
+  if (compute_dtype_ == DType::kF32) {
     matmul_->forward(out, inp, weight, DType::kF32, bias, N, C, OC);
     return;
   }
@@ -176,7 +187,7 @@ void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, con
                                   const float* weight, int64_t N, int C, int OC) {
   const OpTimer timed = time_op("matmul_backward");
   void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
-  if (matmul_dtype_ == DType::kF32) {
+  if (compute_dtype_ == DType::kF32) {
     matmul_->backward(dinp, dweight, dbias, dout, dout, inp, weight, DType::kF32, N, C, OC, s);
     return;
   }
@@ -199,16 +210,29 @@ void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, 
   cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
                            scratch(cuda::layernorm_backward_scratch_bytes(N, C)), stream_);
 }
+// Under bf16 compute, the tensor-core kernels (attention_tc.cu) for the head sizes they cover; else fp32.
+bool CudaBackend::tensor_core_attention(int C, int NH) const {
+  return compute_dtype_ == DType::kBF16 && cuda::attention_tc_supported(C, NH);
+}
 void CudaBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
                                     const DropoutMask& drop) {
   const OpTimer timed = time_op("attention_forward");
-  cuda::attention_forward(out, att, qkv, B, T, C, NH, drop, stream_);
+  if (tensor_core_attention(C, NH)) {
+    cuda::attention_forward_tc(out, att, qkv, B, T, C, NH, drop, stream_);
+  } else {
+    cuda::attention_forward(out, att, qkv, B, T, C, NH, drop, stream_);
+  }
 }
 void CudaBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                      const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
   const OpTimer timed = time_op("attention_backward");
-  cuda::attention_backward(dqkv, dout, qkv, out, att, B, T, C, NH, drop,
-                           scratch(cuda::attention_backward_scratch_bytes(B, T, C, NH)), stream_);
+  if (tensor_core_attention(C, NH)) {
+    cuda::attention_backward_tc(dqkv, dout, qkv, out, att, B, T, C, NH, drop,
+                                scratch(cuda::attention_backward_tc_scratch_bytes(B, T, C, NH)), stream_);
+  } else {
+    cuda::attention_backward(dqkv, dout, qkv, out, att, B, T, C, NH, drop,
+                             scratch(cuda::attention_backward_scratch_bytes(B, T, C, NH)), stream_);
+  }
 }
 void CudaBackend::gelu_forward(float* out, const float* inp, int64_t N) {
   const OpTimer timed = time_op("gelu_forward");

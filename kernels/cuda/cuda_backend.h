@@ -37,8 +37,9 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   int device() const { return device_; }
   int device_index() const override { return device_; }
+  double peak_flops() const override;
   void* native_stream() const override { return stream_; }
-  void set_matmul_dtype(DType type) override;
+  void set_compute_dtype(DType type) override;
   cudaStream_t stream() const { return stream_; }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
@@ -92,14 +93,15 @@ class CudaBackend final : public Backend {
   };
   OpTimer time_op(const char* op) { return OpTimer(profile_ ? this : nullptr, op); }
   void* scratch(size_t bytes);
-  bf16* cast_area(int slot, int64_t n);  // bf16 copies of a GEMM's inputs (slot 0 inp, 1 weight, 2 dout)
+  bf16* cast_area(int slot, int64_t n);
+  bool tensor_core_attention(int C, int NH) const;  // bf16 copies of a GEMM's inputs (slot 0 inp, 1 weight, 2 dout)
 
   int device_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Matmul> matmul_;
   Buffer scratch_;  // shared temporaries (workspace), grown to the largest request
   Buffer cast_[3];  // bf16 GEMM inputs (workspace), grown to the largest request
-  DType matmul_dtype_ = DType::kF32;
+  DType compute_dtype_ = DType::kF32;
   Buffer result_;                  // one double on the device for sum_squares
   double* result_host_ = nullptr;  // pinned
   bool profile_ = false;

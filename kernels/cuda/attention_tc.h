@@ -1,0 +1,31 @@
+// Tensor-core (bf16 WMMA, fp32 accumulate) fused causal attention: the fast path of attention.cu, with the same
+// arguments, layout, lse state, dropout mask and deterministic three-kernel backward. Inputs and outputs stay fp32
+// in global memory; q, k, v and dO are rounded to bf16 in shared memory, as are the probabilities P (times the
+// dropout factor) and dS before their products (as FlashAttention does). Softmax statistics, lse and
+// D = rowsum(dO * O) stay fp32. Results match attention.cu to bf16 precision (~1e-2 relative), not bitwise.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "backend/backend.h"
+
+namespace gpt::cuda {
+
+// True when the tensor-core kernels handle this shape: head size C / NH of 32, 64 or 128.
+bool attention_tc_supported(int C, int NH);
+
+// out(B,T,C), lse(B,NH,T) from qkv(B,T,3C). REQUIRES attention_tc_supported(C, NH) and 16-byte aligned
+// out and qkv.
+void attention_forward_tc(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                          const DropoutMask& drop, cudaStream_t stream);
+
+size_t attention_backward_tc_scratch_bytes(int B, int T, int C, int NH);
+
+// dqkv(B,T,3C) (overwritten) from dout(B,T,C), forward's out and lse. REQUIRES attention_tc_supported(C, NH),
+// 16-byte aligned dqkv, dout, qkv, and scratch of attention_backward_tc_scratch_bytes.
+void attention_backward_tc(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
+                           int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
+
+}  // namespace gpt::cuda
