@@ -83,6 +83,7 @@ struct LoggingSection {
   std::string level = "info";                  // trace | debug | info | warn | error
   int64_t log_interval = 10;                   // steps between plain progress lines when stdout is not a terminal
   std::string metrics_file = "metrics.jsonl";  // inside out_dir
+  float peak_tflops = 0.0f;                    // per GPU, for MFU; 0 = from the GPU's name (none on the CPU)
 };
 
 struct RunConfig {

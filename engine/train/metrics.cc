@@ -64,12 +64,13 @@ Status MetricsWriter::write(const StepMetrics& m) {
 }
 
 Progress::Progress(int64_t first_step, int64_t total_steps, int64_t interval, double tokens_per_step,
-                   double flops_per_token, bool enabled)
+                   double flops_per_token, bool enabled, double peak_flops)
     : first_step_(first_step),
       total_(total_steps),
       interval_(interval),
       tokens_per_step_(tokens_per_step),
       flops_per_token_(flops_per_token),
+      peak_flops_(peak_flops),
       enabled_(enabled),
       live_(enabled && ::isatty(STDERR_FILENO) != 0) {}
 
@@ -92,11 +93,12 @@ void Progress::update(const StepMetrics& m) {
     clear_live();
     const double tok_s = tokens_per_step_ * static_cast<double>(window_steps_) / window_s_;
     spdlog::info(
-        "step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {:.0f} tok/s | {:.1f} GFLOP/s | "
+        "step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | {:.0f} tok/s | {:.1f} GFLOP/s{} | "
         "mem {} | ETA {}",
         m.step, std::to_string(total_).size(), total_, m.loss,
         m.val_loss ? fmt::format(" | val {:.4f}", *m.val_loss) : "", m.lr, m.grad_norm,
-        window_s_ / static_cast<double>(window_steps_) * 1e3, tok_s, flops_per_token_ * tok_s / 1e9, peak,
+        window_s_ / static_cast<double>(window_steps_) * 1e3, tok_s, flops_per_token_ * tok_s / 1e9,
+        peak_flops_ > 0 ? fmt::format(" | MFU {:.1f}%", 100.0 * flops_per_token_ * tok_s / peak_flops_) : "", peak,
         format_duration(eta));
     window_s_ = 0.0;
     window_steps_ = 0;
@@ -117,11 +119,12 @@ Status write_run_summary(const std::string& path, const RunSummary& s) {
   std::string j = fmt::format(
       "{{\n  \"steps_done\": {},\n  \"total_steps\": {},\n  \"steps_this_run\": {},\n  \"interrupted\": {},\n"
       "  \"final_loss\": {},\n  \"final_val_loss\": {},\n  \"seconds\": {:.3f},\n  \"tokens_per_s\": {:.1f},\n"
-      "  \"gflops\": {:.3f},\n  \"strategy\": \"{}\",\n  \"world_size\": {},\n  \"model_dir\": {},\n"
+      "  \"gflops\": {:.3f},\n  \"mfu\": {},\n  \"strategy\": \"{}\",\n  \"world_size\": {},\n  \"model_dir\": {},\n"
       "  \"latest_checkpoint\": {},\n  \"mem_peak_bytes\": {{",
       s.steps_done, s.total_steps, s.steps_this_run, s.interrupted, num(s.final_loss, "{:.6f}"),
-      s.final_val_loss ? num(*s.final_val_loss, "{:.6f}") : "null", s.seconds, s.tokens_per_s, s.gflops, s.strategy,
-      s.world_size, s.model_dir.empty() ? "null" : "\"" + s.model_dir + "\"",
+      s.final_val_loss ? num(*s.final_val_loss, "{:.6f}") : "null", s.seconds, s.tokens_per_s, s.gflops,
+      s.mfu ? num(*s.mfu, "{:.4f}") : "null", s.strategy, s.world_size,
+      s.model_dir.empty() ? "null" : "\"" + s.model_dir + "\"",
       s.latest_checkpoint.empty() ? "null" : "\"" + s.latest_checkpoint + "\"");
   for (size_t i = 0; i < kNumMemCategories; ++i) {
     j += fmt::format("\"{}\": {}, ", mem_category_name(static_cast<MemCategory>(i)), s.memory.peak[i]);

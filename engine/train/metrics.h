@@ -47,12 +47,14 @@ class MetricsWriter {
 std::string format_duration(double seconds);
 
 // Rank 0's progress: a plain log line every `interval` steps (and at evals and the last step) with step/total,
-// loss, val loss, lr, grad norm, step time, tokens/s, achieved GFLOP/s, peak memory and ETA, averaged over
+// loss, val loss, lr, grad norm, step time, tokens/s, achieved GFLOP/s (and MFU on GPUs), peak memory and ETA,
+// averaged over
 // the steps since the previous line; when stderr is a terminal, also a status line rewritten every step.
 class Progress {
  public:
+  // `peak_flops`: all ranks' devices together (MFU = achieved / peak); 0 leaves MFU out.
   Progress(int64_t first_step, int64_t total_steps, int64_t interval, double tokens_per_step, double flops_per_token,
-           bool enabled);
+           bool enabled, double peak_flops = 0.0);
   ~Progress() { clear_live(); }
   // After step m.step (1-based) took m.step_ms.
   void update(const StepMetrics& m);
@@ -60,7 +62,7 @@ class Progress {
 
  private:
   int64_t first_step_, total_, interval_;
-  double tokens_per_step_, flops_per_token_;
+  double tokens_per_step_, flops_per_token_, peak_flops_;
   bool enabled_, live_;
   bool live_shown_ = false;
   std::chrono::steady_clock::time_point last_live_{};
@@ -77,6 +79,7 @@ struct RunSummary {
   float final_loss = 0.0f;
   std::optional<float> final_val_loss;
   double seconds = 0.0, tokens_per_s = 0.0, gflops = 0.0;
+  std::optional<double> mfu;  // achieved / the devices' peak, when the peak is known (GPUs)
   std::string strategy;
   int world_size = 1;
   MemStats memory;

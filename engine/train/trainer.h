@@ -61,6 +61,8 @@ class Trainer {
   std::vector<float> full_weights() { return params_->gather_full_weights(); }
   // FLOPs per token of one training step by 6N + 12 L H Q T (N without position embeddings).
   double flops_per_token() const;
+  // One device's dense bf16 peak FLOP/s for MFU: logging.peak_tflops, else the backend's; 0 = unknown.
+  double peak_flops() const;
 
  private:
   Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,

@@ -29,9 +29,12 @@ std::string prepare_corpus(const TempDir& dir) {
 std::string tiny_config(const std::string& data_dir, const std::string& out_dir, const std::string& extra = "") {
   return "run:\n  out_dir: " + out_dir +
          "\nmodel:\n  n_layer: 2\n  n_head: 2\n  n_embd: 32\n  block_size: 32\n"
-         "data:\n  train: " + data_dir + "/train.bin\n  val: " + data_dir + "/val.bin\n"
+         "data:\n  train: " +
+         data_dir + "/train.bin\n  val: " + data_dir +
+         "/val.bin\n"
          "training:\n  steps: 60\n  micro_batch_size: 8\n  global_batch_sequences: 16\n  warmup_steps: 5\n"
-         "  lr: 3.0e-3\n  eval_interval: 30\n  eval_batches: 4\n" + extra;
+         "  lr: 3.0e-3\n  eval_interval: 30\n  eval_batches: 4\n" +
+         extra;
 }
 
 TEST_CASE("prepare, train and sample end to end; resolved config and metrics are saved", "[apps]") {
@@ -44,6 +47,23 @@ TEST_CASE("prepare, train and sample end to end; resolved config and metrics are
   REQUIRE(r.exit_code == 0);
   REQUIRE(r.output.find("[rank 0]") != std::string::npos);
   REQUIRE(r.output.find("ETA") != std::string::npos);
+  REQUIRE(r.output.find("MFU") == std::string::npos);  // no known peak on the CPU
+  {
+    std::ifstream summary(out + "/summary.json");
+    const std::string s((std::istreambuf_iterator<char>(summary)), {});
+    REQUIRE(s.find("\"mfu\": null") != std::string::npos);
+  }
+  // With a stated peak, MFU = achieved FLOP/s / peak appears in the progress lines and the summary.
+  const auto with_peak = run_command(gpt_train() + " train --config " + cfg + " --set run.threads=2" +
+                                     " --set logging.peak_tflops=1000 --set run.out_dir=" + dir.file("run-mfu"));
+  REQUIRE(with_peak.exit_code == 0);
+  REQUIRE(with_peak.output.find("% | mem") != std::string::npos);
+  REQUIRE(with_peak.output.find("MFU ") != std::string::npos);
+  {
+    std::ifstream summary(dir.file("run-mfu") + "/summary.json");
+    const std::string s((std::istreambuf_iterator<char>(summary)), {});
+    REQUIRE(s.find("\"mfu\": 0.0000") != std::string::npos);  // a few GFLOP/s of a 1000 TFLOP/s peak
+  }
   REQUIRE(fs::exists(out + "/config.yaml"));
   REQUIRE(fs::exists(out + "/model/manifest.json"));
   REQUIRE(fs::exists(out + "/model/tokenizer.json"));

@@ -60,7 +60,8 @@ const std::vector<std::string> kExpectedKeys = {"run.name",
                                                 "comm.timeout_s",
                                                 "logging.level",
                                                 "logging.log_interval",
-                                                "logging.metrics_file"};
+                                                "logging.metrics_file",
+                                                "logging.peak_tflops"};
 
 std::string error_of(Status st) {
   REQUIRE_FALSE(st.is_ok());
