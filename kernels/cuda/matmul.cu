@@ -63,6 +63,23 @@ __global__ void dbias_sum_kernel(float* dbias, const float* partial, int64_t chu
 
 cublasLtHandle_t lt(void* h) { return static_cast<cublasLtHandle_t>(h); }
 
+// The largest power of two up to 256 that divides the address.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
+
+// Column-major c(m, n), leading dimension ldc: c[i + j*ldc] += bias[i].
+__global__ void add_bias_kernel(float* c, const float* bias, int64_t m, int64_t n, int64_t ldc) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < m * n;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = k % m, j = k / m;
+    c[i + j * ldc] += bias[i];
+  }
+}
+
 }  // namespace
 
 Matmul::Matmul(cudaStream_t stream) : stream_(stream) {
@@ -86,7 +103,10 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
   const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  if (bias != nullptr) {
+  // The bias epilogue wants a 16-byte aligned vector; parameters sit at any float offset in their unit's flat
+  // buffer, so an unaligned bias is added by a kernel after the GEMM instead.
+  const bool bias_epilogue = bias != nullptr && alignment(bias) >= 16;
+  if (bias_epilogue) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
@@ -100,6 +120,16 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
   const size_t ws = kWorkspaceBytes;
   GPT_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // cuBLASLt assumes 256-byte aligned matrices unless told otherwise; ours are offsets into flat buffers.
+  const uint32_t align_a = alignment(a), align_b = alignment(b), align_c = alignment(c);
+  GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                        sizeof(align_a)));
+  GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                        sizeof(align_b)));
+  GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                        sizeof(align_c)));
+  GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                                        sizeof(align_c)));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   GPT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt(handle_), op, la, lb, lc, lc, pref, 1, &heuristic, &found));
@@ -107,6 +137,10 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
   const float alpha = 1.0f;
   GPT_CUBLAS_CHECK(cublasLtMatmul(lt(handle_), op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &heuristic.algo,
                                   workspace_, kWorkspaceBytes, stream_));
+  if (bias != nullptr && !bias_epilogue) {
+    add_bias_kernel<<<grid_for(m * n, 256), 256, 0, stream_>>>(c, bias, m, n, ldc);
+    GPT_CUDA_CHECK_LAUNCH();
+  }
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatrixLayoutDestroy(lc);
   cublasLtMatrixLayoutDestroy(lb);

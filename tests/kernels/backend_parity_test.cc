@@ -192,6 +192,20 @@ TEST_CASE("parity: bf16 matmul equals the fp32 matmul of bf16-rounded inputs", "
   gpu->set_compute_dtype(DType::kF32);
 }
 
+// Parameters sit at any float offset of their unit's buffer: matrices and a bias only 4-byte aligned.
+TEST_CASE("parity: matmul on 4-byte aligned operands and bias", "[cuda]") {
+  Backend* gpu = cuda_or_skip("unaligned matmul");
+  if (!gpu) return;
+  const int64_t N = 37;
+  const int C = 29, OC = 51;
+  auto inp = randn(N * C + 1, 86), w = randn(int64_t{OC} * C + 1, 87), b = randn(OC + 1, 88);
+  std::vector<float> out(N * OC + 1);
+  cpu().matmul_forward(out.data() + 1, inp.data() + 1, w.data() + 1, b.data() + 1, N, C, OC);
+  Dev<float> g_inp(*gpu, inp), g_w(*gpu, w), g_b(*gpu, b), g_out(*gpu, out.size());
+  gpu->matmul_forward(g_out.p() + 1, g_inp.p() + 1, g_w.p() + 1, g_b.p() + 1, N, C, OC);
+  expect_close("unaligned matmul out", out, g_out.read(), kReduction);
+}
+
 TEST_CASE("parity: layernorm forward and backward", "[cuda]") {
   Backend* gpu = cuda_or_skip("layernorm");
   if (!gpu) return;
