@@ -210,14 +210,19 @@ void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, 
   cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
                            scratch(cuda::layernorm_backward_scratch_bytes(N, C)), stream_);
 }
-// Under bf16 compute, the tensor-core kernels (attention_tc.cu) for the head sizes they cover; else fp32.
-bool CudaBackend::tensor_core_attention(int C, int NH) const {
-  return compute_dtype_ == DType::kBF16 && cuda::attention_tc_supported(C, NH);
+// Under bf16 compute, the tensor-core kernels (attention_tc.cu) for the head sizes they cover and 16-byte
+// aligned tensors (they move float4s); else the fp32 kernels.
+bool CudaBackend::tensor_core_attention(int C, int NH, std::initializer_list<const void*> tensors) const {
+  if (compute_dtype_ != DType::kBF16 || !cuda::attention_tc_supported(C, NH)) return false;
+  for (const void* p : tensors) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
 }
 void CudaBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
                                     const DropoutMask& drop) {
   const OpTimer timed = time_op("attention_forward");
-  if (tensor_core_attention(C, NH)) {
+  if (tensor_core_attention(C, NH, {out, qkv})) {
     cuda::attention_forward_tc(out, att, qkv, B, T, C, NH, drop, stream_);
   } else {
     cuda::attention_forward(out, att, qkv, B, T, C, NH, drop, stream_);
@@ -226,7 +231,7 @@ void CudaBackend::attention_forward(float* out, float* att, const float* qkv, in
 void CudaBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                      const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
   const OpTimer timed = time_op("attention_backward");
-  if (tensor_core_attention(C, NH)) {
+  if (tensor_core_attention(C, NH, {dqkv, dout, qkv, out})) {
     cuda::attention_backward_tc(dqkv, dout, qkv, out, att, B, T, C, NH, drop,
                                 scratch(cuda::attention_backward_tc_scratch_bytes(B, T, C, NH)), stream_);
   } else {
