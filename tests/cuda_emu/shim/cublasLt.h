@@ -1,0 +1,133 @@
+// Emulated cuBLASLt: just what matmul.cu calls. cublasLtMatmul computes D = alpha op(A) op(B) + beta C
+// (+ bias over D's rows with the BIAS epilogue) on the host, column-major as cuBLASLt, accumulating in double,
+// with fp32 or bf16 A/B and fp32 C/D. It checks what cuBLASLt would reject (leading dimensions, C == D) and
+// the alignment promises matmul.cu makes through the MIN_ALIGNMENT preferences, so the emulated test checks
+// matmul.cu's row-major <-> column-major mapping, its transposes, leading dimensions and bias handling.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include "cuda_bf16.h"
+#include "cuda_runtime.h"
+typedef int cublasStatus_t;
+constexpr int CUBLAS_STATUS_SUCCESS = 0;
+enum cublasOperation_t { CUBLAS_OP_N, CUBLAS_OP_T };
+enum cublasComputeType_t { CUBLAS_COMPUTE_32F };
+enum cudaDataType_t { CUDA_R_32F, CUDA_R_16BF };
+enum cublasLtEpilogue_t { CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS };
+enum cublasLtMatmulDescAttributes_t {
+  CUBLASLT_MATMUL_DESC_TRANSA,
+  CUBLASLT_MATMUL_DESC_TRANSB,
+  CUBLASLT_MATMUL_DESC_EPILOGUE,
+  CUBLASLT_MATMUL_DESC_BIAS_POINTER
+};
+enum cublasLtMatmulPreferenceAttributes_t {
+  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES
+};
+struct EmuLtHandle {};
+struct EmuLtDesc {
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+  const float* bias = nullptr;
+};
+struct EmuLtLayout {
+  cudaDataType_t type;
+  int64_t rows, cols, ld;
+};
+struct EmuLtPref {
+  size_t workspace = 0;
+  uint32_t align[4] = {256, 256, 256, 256};  // A, B, C, D: cuBLASLt's default assumption
+};
+typedef EmuLtHandle* cublasLtHandle_t;
+typedef EmuLtDesc* cublasLtMatmulDesc_t;
+typedef EmuLtLayout* cublasLtMatrixLayout_t;
+typedef EmuLtPref* cublasLtMatmulPreference_t;
+struct cublasLtMatmulAlgo_t { int x; };
+struct cublasLtMatmulHeuristicResult_t { cublasLtMatmulAlgo_t algo; };
+inline const char* cublasLtGetStatusString(int) { return "emu"; }
+inline int cublasLtCreate(cublasLtHandle_t* h) { *h = new EmuLtHandle; return 0; }
+inline int cublasLtDestroy(cublasLtHandle_t h) { delete h; return 0; }
+inline int cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t, cudaDataType_t scale) {
+  if (scale != CUDA_R_32F) emu_fail("cublasLt: scale type must be fp32");
+  *d = new EmuLtDesc;
+  return 0;
+}
+inline int cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete d; return 0; }
+inline int cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void* v, size_t n) {
+  switch (a) {
+    case CUBLASLT_MATMUL_DESC_TRANSA: if (n != sizeof(d->ta)) emu_fail("cublasLt: attribute size"); std::memcpy(&d->ta, v, n); break;
+    case CUBLASLT_MATMUL_DESC_TRANSB: if (n != sizeof(d->tb)) emu_fail("cublasLt: attribute size"); std::memcpy(&d->tb, v, n); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: if (n != sizeof(d->epi)) emu_fail("cublasLt: attribute size"); std::memcpy(&d->epi, v, n); break;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: if (n != sizeof(d->bias)) emu_fail("cublasLt: attribute size"); std::memcpy(&d->bias, v, n); break;
+  }
+  return 0;
+}
+inline int cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld) {
+  if (ld < static_cast<int64_t>(rows) || ld < 1) emu_fail("cublasLt: leading dimension smaller than the rows");
+  *l = new EmuLtLayout{t, static_cast<int64_t>(rows), static_cast<int64_t>(cols), ld};
+  return 0;
+}
+inline int cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete l; return 0; }
+inline int cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) { *p = new EmuLtPref; return 0; }
+inline int cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { delete p; return 0; }
+inline int cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a,
+                                                const void* v, size_t n) {
+  if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) {
+    if (n != sizeof(size_t)) emu_fail("cublasLt: attribute size");
+    std::memcpy(&p->workspace, v, n);
+  } else {
+    if (n != sizeof(uint32_t)) emu_fail("cublasLt: attribute size");
+    std::memcpy(&p->align[a - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], v, n);
+  }
+  return 0;
+}
+// The heuristic remembers the promised alignments in the algo (as the real algo is only valid for them).
+inline uint32_t emu_lt_align[4] = {256, 256, 256, 256};
+inline int cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
+                                          cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                          cublasLtMatmulPreference_t p, int, cublasLtMatmulHeuristicResult_t*, int* found) {
+  std::memcpy(emu_lt_align, p->align, sizeof emu_lt_align);
+  *found = 1;
+  return 0;
+}
+inline float emu_lt_load(const void* p, cudaDataType_t t, int64_t i) {
+  return t == CUDA_R_32F ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+}
+inline int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* alpha, const void* a,
+                          cublasLtMatrixLayout_t la, const void* b, cublasLtMatrixLayout_t lb, const void* beta,
+                          const void* c, cublasLtMatrixLayout_t lc, void* dd, cublasLtMatrixLayout_t ld,
+                          const cublasLtMatmulAlgo_t*, void* workspace, size_t workspace_bytes, cudaStream_t) {
+  if (c != dd || lc->ld != ld->ld || lc->rows != ld->rows || lc->cols != ld->cols) emu_fail("cublasLt: emulated only for C == D");
+  if (lc->type != CUDA_R_32F || la->type != lb->type) emu_fail("cublasLt: unsupported types");
+  if (workspace_bytes > 0 && workspace == nullptr) emu_fail("cublasLt: null workspace");
+  const void* ptrs[4] = {a, b, c, dd};
+  for (int i = 0; i < 4; ++i)
+    if (reinterpret_cast<uintptr_t>(ptrs[i]) % emu_lt_align[i] != 0) emu_fail("cublasLt: matrix less aligned than promised");
+  const int64_t m = ld->rows, n = ld->cols;
+  const int64_t k = d->ta == CUBLAS_OP_N ? la->cols : la->rows;
+  if ((d->ta == CUBLAS_OP_N ? la->rows : la->cols) != m || (d->tb == CUBLAS_OP_N ? lb->rows : lb->cols) != k ||
+      (d->tb == CUBLAS_OP_N ? lb->cols : lb->rows) != n)
+    emu_fail("cublasLt: inconsistent shapes");
+  if (d->epi == CUBLASLT_EPILOGUE_BIAS && (d->bias == nullptr || reinterpret_cast<uintptr_t>(d->bias) % 16 != 0))
+    emu_fail("cublasLt: bias epilogue needs a 16-byte aligned bias");
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  float* out = static_cast<float*>(dd);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < m; ++i) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        const float x = emu_lt_load(a, la->type, d->ta == CUBLAS_OP_N ? i + p * la->ld : p + i * la->ld);
+        const float y = emu_lt_load(b, lb->type, d->tb == CUBLAS_OP_N ? p + j * lb->ld : j + p * lb->ld);
+        s += static_cast<double>(x) * y;
+      }
+      double r = al * s;
+      if (be != 0.0f) r += static_cast<double>(be) * out[i + j * ld->ld];
+      if (d->epi == CUBLASLT_EPILOGUE_BIAS) r += d->bias[i];
+      out[i + j * ld->ld] = static_cast<float>(r);
+    }
+  return 0;
+}

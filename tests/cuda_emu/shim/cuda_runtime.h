@@ -1,0 +1,198 @@
+// CPU emulation of the CUDA execution model, enough for kernels/cuda/*.cu (see tests/cuda_emu/README.md):
+// one std::thread per CUDA thread, std::barrier for __syncthreads, a per-warp exchange for shuffles and
+// __syncwarp (all 32 lanes must arrive: divergent or out-of-step lanes abort), static and dynamic shared
+// memory as exact-size heap buffers pre-filled with NaN (reading unwritten shared memory poisons results;
+// ASan sees out-of-bounds), 3D grids and blocks. Blocks run one after another by default; EMU_CONC=n in the
+// environment runs n blocks at once, so TSan can see races between blocks (manual sanitizer runs only).
+// Everything here is host code; kernels run synchronously inside emulate_launch.
+#pragma once
+#include <algorithm>
+#include <array>
+#include <barrier>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct emu_uint3 { unsigned x = 0, y = 0, z = 0; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(8) uint2 { unsigned x, y; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline float2 make_float2(float a, float b) { return {a, b}; }
+inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
+inline float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }
+inline thread_local emu_uint3 threadIdx, blockIdx;
+inline thread_local dim3 blockDim, gridDim;
+inline thread_local float* emu_smem;
+struct EmuWarp {
+  explicit EmuWarp(std::ptrdiff_t lanes) : bar(lanes) {}  // the last warp of a block may be partial
+  std::barrier<> bar;
+  double slot[32];
+  uint64_t gen[32] = {};
+  float wa[256], wb[256], wc[256];
+};
+struct EmuBlock {
+  std::mutex mu;
+  std::vector<std::unique_ptr<unsigned char[]>> bufs;
+  std::vector<size_t> sizes;
+};
+inline thread_local std::barrier<>* emu_block_bar;
+inline thread_local EmuWarp* emu_warp;
+inline thread_local EmuBlock* emu_block;
+inline thread_local unsigned emu_static_idx;
+inline thread_local uint64_t emu_shfl_gen;
+inline thread_local unsigned emu_lane;
+inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }
+// Static __shared__ arrays: the k-th declaration a thread executes is the block's k-th buffer.
+inline void* emu_shared_alloc(size_t bytes) {
+  const unsigned k = emu_static_idx++;
+  std::lock_guard<std::mutex> g(emu_block->mu);
+  if (emu_block->bufs.size() <= k) {
+    auto* p = new unsigned char[bytes];
+    for (size_t i = 0; i + 4 <= bytes; i += 4) { const float nan = NAN; std::memcpy(p + i, &nan, 4); }
+    emu_block->bufs.emplace_back(p);
+    emu_block->sizes.push_back(bytes);
+  }
+  if (emu_block->sizes[k] != bytes) { std::fprintf(stderr, "EMU: shared decl mismatch\n"); std::abort(); }
+  return emu_block->bufs[k].get();
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int o) {
+  if (mask != 0xffffffffu) { std::fprintf(stderr, "EMU: partial mask\n"); std::abort(); }
+  const unsigned lane = emu_lane;
+  const uint64_t g = ++emu_shfl_gen;
+  emu_warp->slot[lane] = static_cast<double>(v);
+  emu_warp->gen[lane] = g;
+  emu_warp->bar.arrive_and_wait();
+  if (emu_warp->gen[lane ^ o] != g) { std::fprintf(stderr, "EMU: shuffle from an inactive/out-of-step lane\n"); std::abort(); }
+  const T r = static_cast<T>(emu_warp->slot[lane ^ o]);
+  emu_warp->bar.arrive_and_wait();
+  return r;
+}
+// All 32 lanes must reach the same warp-collective call (same per-lane call count).
+inline void emu_warp_converge(const char* what) {
+  const unsigned lane = emu_lane;
+  const uint64_t g = ++emu_shfl_gen;
+  emu_warp->gen[lane] = g;
+  emu_warp->bar.arrive_and_wait();
+  for (int i = 0; i < 32; ++i)
+    if (emu_warp->gen[i] != g) { std::fprintf(stderr, "EMU: %s with diverged/inactive lanes\n", what); std::abort(); }
+  emu_warp->bar.arrive_and_wait();
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  if (mask != 0xffffffffu) { std::fprintf(stderr, "EMU: partial mask\n"); std::abort(); }
+  emu_warp_converge("__syncwarp");
+}
+// grid_for's cap on the number of blocks (the real one by default); tests lower it to exercise grid-stride loops.
+inline int64_t emu_grid_cap = 65535 * 8;
+[[noreturn]] inline void emu_fail(const char* what) {
+  std::fprintf(stderr, "EMU: %s\n", what);
+  std::abort();
+}
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+typedef int cudaError_t;
+constexpr int cudaSuccess = 0;
+typedef struct CUstream_st* cudaStream_t;
+inline const char* cudaGetErrorString(int) { return "emu"; }
+inline int cudaGetLastError() { return 0; }
+enum cudaMemcpyKind { cudaMemcpyDeviceToDevice, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost };
+inline int cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t) { std::memmove(d, s, n); return 0; }
+inline int cudaMalloc(void** p, size_t n) { *p = std::aligned_alloc(256, (n + 255) / 256 * 256); return 0; }
+inline int cudaFree(void* p) { std::free(p); return 0; }
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+// Per kernel: the dynamic shared memory it was opted into (a launch past 48 KB without it fails on a GPU).
+inline std::map<const void*, size_t>& emu_smem_optin() {
+  static std::map<const void*, size_t> m;
+  return m;
+}
+template <class... P>
+int cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute, int bytes) {
+  if (bytes < 0 || bytes > 227 * 1024) emu_fail("cudaFuncSetAttribute: more dynamic shared memory than an H100 has");
+  emu_smem_optin()[reinterpret_cast<const void*>(kernel)] = static_cast<size_t>(bytes);
+  return 0;
+}
+inline long emu_launches = 0, emu_threads_total = 0;
+
+template <class... P, class... A>
+void emulate_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t, A... args) {
+  if (smem > 48 * 1024) {
+    const auto it = emu_smem_optin().find(reinterpret_cast<const void*>(kernel));
+    if (it == emu_smem_optin().end() || it->second < smem) emu_fail("launch with more than 48 KB of dynamic shared memory without cudaFuncSetAttribute");
+  }
+  const unsigned nthr = block.x * block.y * block.z;
+  if (nthr > 1024 || nthr == 0 || grid.y > 65535 || grid.z > 65535 || grid.x == 0 || grid.y == 0 || grid.z == 0 || block.z > 64) {
+    std::fprintf(stderr, "EMU: bad launch config grid(%u,%u,%u) block(%u,%u,%u)\n", grid.x, grid.y, grid.z, block.x, block.y, block.z);
+    std::abort();
+  }
+  ++emu_launches;
+  const char* ce = std::getenv("EMU_CONC");
+  unsigned conc = ce ? std::atoi(ce) : 1;  // blocks run concurrently
+  if (conc < 1) conc = 1;
+  struct BlockState {
+    struct FreeDel { void operator()(float* p) const { std::free(p); } };
+    std::unique_ptr<float[], FreeDel> sm;
+    std::unique_ptr<std::barrier<>> bar;
+    std::vector<std::unique_ptr<EmuWarp>> warps;
+    EmuBlock blk;
+  };
+  const uint64_t nblocks = (uint64_t)grid.x * grid.y * grid.z;
+  for (uint64_t b0 = 0; b0 < nblocks; b0 += conc) {
+    const uint64_t b1 = std::min<uint64_t>(nblocks, b0 + conc);
+    std::vector<std::unique_ptr<BlockState>> states;
+    std::vector<std::thread> ts;
+    for (uint64_t b = b0; b < b1; ++b) {
+      auto st = std::make_unique<BlockState>();
+      const size_t smem_alloc = smem == 0 ? 128 : (smem + 127) / 128 * 128;  // exact when smem is a multiple of 128
+      st->sm.reset(static_cast<float*>(std::aligned_alloc(128, smem_alloc)));
+      for (size_t i = 0; i < smem_alloc / sizeof(float); ++i) { const uint32_t pat = 0x7fc07fc0u; std::memcpy(&st->sm[i], &pat, 4); }
+      st->bar = std::make_unique<std::barrier<>>(nthr);
+      for (unsigned w = 0; w < (nthr + 31) / 32; ++w) st->warps.push_back(std::make_unique<EmuWarp>(std::min(32u, nthr - w * 32)));
+      states.push_back(std::move(st));
+    }
+    for (uint64_t b = b0; b < b1; ++b) {
+      BlockState* st = states[b - b0].get();
+      const unsigned bx = b % grid.x, by = (b / grid.x) % grid.y, bz = b / ((uint64_t)grid.x * grid.y);
+      for (unsigned t = 0; t < nthr; ++t) {
+        ts.emplace_back([=, &args...] {
+          threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+          blockIdx = {bx, by, bz};
+          blockDim = block;
+          gridDim = grid;
+          emu_smem = st->sm.get();
+          emu_block_bar = st->bar.get();
+          emu_warp = st->warps[t / 32].get();
+          emu_block = &st->blk;
+          emu_static_idx = 0;
+          emu_shfl_gen = 0;
+          emu_lane = t % 32;
+          kernel(static_cast<P>(args)...);
+          emu_warp->bar.arrive_and_drop();
+          emu_block_bar->arrive_and_drop();
+        });
+      }
+    }
+    for (auto& th : ts) th.join();
+    emu_threads_total += ts.size();
+  }
+}

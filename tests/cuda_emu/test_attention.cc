@@ -1,0 +1,226 @@
+// attention.cu (fp32) and attention_tc.cu (bf16 WMMA) run in the CPU emulator of the CUDA model, against the
+// CPU twin (kernels/cpu/attention.cc) and, for the tensor-core kernel, a double reference of the same bf16
+// math. Shapes are small (the emulator runs one OS thread per CUDA thread) but cover partial tiles (T not a
+// multiple of the tile), several heads and batches, and dropout.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cuda_bf16.h"
+#include "emu_util.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cuda/attention_tc.h"
+#include "kernels/cuda/kernels.h"
+
+namespace {
+
+using namespace gpt::emu_test;
+using gpt::CounterRng;
+using gpt::DropoutMask;
+namespace emu = gpt::cuda_emu;
+
+DropoutMask make_drop(float p, uint64_t seed) {
+  DropoutMask d;
+  d.p = p;
+  d.rng = CounterRng(1234 + seed, 77);
+  d.base = p > 0 ? 1000003 : 0;
+  return d;
+}
+
+// lse(B,NH,T) in double.
+std::vector<double> reference_lse(const float* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const int64_t C3 = 3 * static_cast<int64_t>(C);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  std::vector<double> lse(static_cast<size_t>(B) * NH * T);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        std::vector<double> s(t + 1);
+        double m = -INFINITY;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          double d = 0;
+          for (int c = 0; c < hs; ++c)
+            d += static_cast<double>(qkv[(b * T + t) * C3 + h * hs + c]) * qkv[(b * T + t2) * C3 + C + h * hs + c];
+          s[t2] = d * scale;
+          m = std::max(m, s[t2]);
+        }
+        double l = 0;
+        for (double x : s) l += std::exp(x - m);
+        lse[(static_cast<size_t>(b) * NH + h) * T + t] = m + std::log(l);
+      }
+  return lse;
+}
+
+void run_fp32(int B, int T, int C, int NH, float p) {
+  INFO("attention fp32 B=" << B << " T=" << T << " C=" << C << " NH=" << NH << " hs=" << C / NH << " p=" << p);
+  const size_t nqkv = static_cast<size_t>(B) * T * 3 * C, nout = static_cast<size_t>(B) * T * C,
+               nlse = static_cast<size_t>(B) * NH * T;
+  Buf<float> qkv(nqkv), dout(nout);
+  randn(qkv, 1.5f);
+  randn(dout);
+  const DropoutMask drop = make_drop(p, C);
+
+  // Twice each (determinism); outputs and scratch NaN-poisoned before every run.
+  Buf<float> out[2] = {Buf<float>(nout), Buf<float>(nout)}, lse[2] = {Buf<float>(nlse), Buf<float>(nlse)},
+             dqkv[2] = {Buf<float>(nqkv), Buf<float>(nqkv)};
+  for (int r = 0; r < 2; ++r) {
+    Buf<float> scratch(emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float));
+    emu::attention_forward(out[r].p, lse[r].p, qkv.p, B, T, C, NH, drop, nullptr);
+    emu::attention_backward(dqkv[r].p, dout.p, qkv.p, out[r].p, lse[r].p, B, T, C, NH, drop, scratch.p, nullptr);
+  }
+  CHECK(out[0].same(out[1]));
+  CHECK(lse[0].same(lse[1]));
+  CHECK(dqkv[0].same(dqkv[1]));
+
+  std::vector<float> cout(nout, NAN), att(static_cast<size_t>(B) * NH * T * T, NAN), cdqkv(nqkv, 0.0f);
+  gpt::cpu::attention_forward(cout.data(), att.data(), qkv.p, B, T, C, NH, drop);
+  gpt::cpu::attention_backward(cdqkv.data(), dout.p, qkv.p, att.data(), B, T, C, NH, drop);
+  const std::vector<double> rlse = reference_lse(qkv.p, B, T, C, NH);
+
+  const Cmp eo = compare(out[0].p, cout.data(), nout), el = compare(lse[0].p, rlse.data(), nlse),
+            ed = compare(dqkv[0].p, cdqkv.data(), nqkv);
+  CHECK(eo.nonfinite == 0);
+  CHECK(el.nonfinite == 0);
+  CHECK(ed.nonfinite == 0);
+  CHECK(eo.rel() < 1e-4);
+  CHECK(el.rel() < 1e-4);
+  CHECK(ed.rel() < 1e-4);
+}
+
+float bf(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+// attention_tc against (1) a double reference of the same bf16 math (roundings of q, k, v, dO, P and dS;
+// the 64-key tile schedule of the online softmax): max error 1e-3 of max, l2 1e-4; (2) the fp32 CPU twin:
+// l2 1.5e-2 (bf16 precision). These are the tolerances the kernel was verified with.
+void run_tc(int B, int NH, int hs, int T, float p) {
+  INFO("attention_tc B=" << B << " NH=" << NH << " hs=" << hs << " T=" << T << " p=" << p);
+  const int C = NH * hs;
+  const int64_t C3 = 3 * static_cast<int64_t>(C);
+  const size_t nqkv = static_cast<size_t>(B) * T * C3, nout = static_cast<size_t>(B) * T * C,
+               nlse = static_cast<size_t>(B) * NH * T;
+  Buf<float> qkv(nqkv), dout(nout);
+  randn(qkv);
+  randn(dout);
+  const DropoutMask drop = make_drop(p, hs);
+  const float keep = p > 0 ? 1.0f / (1.0f - p) : 1.0f;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  REQUIRE(emu::attention_tc_supported(C, NH));
+
+  Buf<float> out[2] = {Buf<float>(nout), Buf<float>(nout)}, lse[2] = {Buf<float>(nlse), Buf<float>(nlse)},
+             dqkv[2] = {Buf<float>(nqkv), Buf<float>(nqkv)};
+  for (int r = 0; r < 2; ++r) {
+    Buf<float> scratch(emu::attention_backward_tc_scratch_bytes(B, T, C, NH) / sizeof(float));
+    emu::attention_forward_tc(out[r].p, lse[r].p, qkv.p, B, T, C, NH, drop, nullptr);
+    emu::attention_backward_tc(dqkv[r].p, dout.p, qkv.p, out[r].p, lse[r].p, B, T, C, NH, drop, scratch.p, nullptr);
+  }
+  CHECK(out[0].same(out[1]));
+  CHECK(lse[0].same(lse[1]));
+  CHECK(dqkv[0].same(dqkv[1]));
+  const Buf<float>& o = out[0];
+  const Buf<float>& L = lse[0];
+
+  std::vector<double> rout(nout), rlse(nlse), rdqkv(nqkv, 0.0);
+  std::vector<float> qb(nqkv), dob(nout);
+  for (size_t i = 0; i < nqkv; ++i) qb[i] = bf(qkv[i]);
+  for (size_t i = 0; i < nout; ++i) dob[i] = bf(dout[i]);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const int64_t base = static_cast<int64_t>(b) * T * C3 + h * hs;
+      const int64_t obase = static_cast<int64_t>(b) * T * C + h * hs;
+      const uint64_t first = (static_cast<uint64_t>(b) * NH + h) * T * T;
+      auto Q = [&](int t, int c) { return static_cast<double>(qb[base + t * C3 + c]); };
+      auto K = [&](int t, int c) { return static_cast<double>(qb[base + t * C3 + C + c]); };
+      auto V = [&](int t, int c) { return static_cast<double>(qb[base + t * C3 + 2 * C + c]); };
+      auto Z = [&](int t, int t2) {
+        return p > 0 && drop.rng.uniform(drop.base + first + static_cast<uint64_t>(t) * T + t2) < p ? 0.0f : keep;
+      };
+      std::vector<double> s(T);
+      for (int t = 0; t < T; ++t) {
+        for (int t2 = 0; t2 <= t; ++t2) {
+          double d = 0;
+          for (int c = 0; c < hs; ++c) d += Q(t, c) * K(t2, c);
+          s[t2] = d * scale;
+        }
+        double m = -INFINITY, l = 0;
+        std::vector<double> acc(hs, 0.0);
+        for (int k0 = 0; k0 <= t; k0 += 64) {
+          const int k1 = std::min(t + 1, k0 + 64);
+          double mx = -INFINITY;
+          for (int t2 = k0; t2 < k1; ++t2) mx = std::max(mx, s[t2]);
+          const double mn = std::max(m, mx), alpha = std::exp(m - mn);
+          l *= alpha;
+          for (auto& x : acc) x *= alpha;
+          for (int t2 = k0; t2 < k1; ++t2) {
+            const double pe = std::exp(s[t2] - mn);
+            l += pe;
+            const double pz = bf(static_cast<float>(pe) * Z(t, t2));
+            for (int c = 0; c < hs; ++c) acc[c] += pz * V(t2, c);
+          }
+          m = mn;
+        }
+        for (int c = 0; c < hs; ++c) rout[obase + t * C + c] = acc[c] / l;
+        rlse[(static_cast<int64_t>(b) * NH + h) * T + t] = m + std::log(l);
+      }
+      // Backward from the kernel's out and lse (as the kernel reads them).
+      for (int t = 0; t < T; ++t) {
+        double dv = 0;
+        for (int c = 0; c < hs; ++c) dv += static_cast<double>(dout[obase + t * C + c]) * o[obase + t * C + c];
+        const double lt = L[(static_cast<int64_t>(b) * NH + h) * T + t];
+        for (int t2 = 0; t2 <= t; ++t2) {
+          double d = 0, e = 0;
+          for (int c = 0; c < hs; ++c) {
+            d += Q(t, c) * K(t2, c);
+            e += static_cast<double>(dob[obase + t * C + c]) * V(t2, c);
+          }
+          const double pe = std::exp(d * scale - lt);
+          const float z = Z(t, t2);
+          const double pz = bf(static_cast<float>(pe) * z);
+          const double ds = bf(static_cast<float>(pe * (z * e - dv)));
+          for (int c = 0; c < hs; ++c) {
+            rdqkv[base + t2 * C3 + 2 * C + c] += pz * dob[obase + t * C + c];
+            rdqkv[base + t2 * C3 + C + c] += scale * ds * Q(t, c);
+            rdqkv[base + t * C3 + c] += scale * ds * K(t2, c);
+          }
+        }
+      }
+    }
+  }
+  std::vector<float> cout(nout, NAN), att(static_cast<size_t>(B) * NH * T * T, NAN), cdqkv(nqkv, 0.0f);
+  gpt::cpu::attention_forward(cout.data(), att.data(), qkv.p, B, T, C, NH, drop);
+  gpt::cpu::attention_backward(cdqkv.data(), dout.p, qkv.p, att.data(), B, T, C, NH, drop);
+
+  const Cmp eo = compare(o.p, rout.data(), nout), el = compare(L.p, rlse.data(), nlse),
+            ed = compare(dqkv[0].p, rdqkv.data(), nqkv);
+  const Cmp co = compare(o.p, cout.data(), nout), cd = compare(dqkv[0].p, cdqkv.data(), nqkv);
+  CHECK(eo.nonfinite + el.nonfinite + ed.nonfinite == 0);
+  CHECK(eo.rel() < 1e-3);
+  CHECK(el.rel() < 1e-3);
+  CHECK(ed.rel() < 1e-3);
+  CHECK(std::max({eo.rel_l2(), el.rel_l2(), ed.rel_l2()}) < 1e-4);
+  CHECK(co.rel_l2() < 1.5e-2);
+  CHECK(cd.rel_l2() < 1.5e-2);
+}
+
+}  // namespace
+
+TEST_CASE("cuda_emu: attention.cu fp32 forward and backward match the CPU twin", "[cuda_emu][attention]") {
+  run_fp32(2, 1, 16, 2, 0.0f);    // hs 8, one row
+  run_fp32(2, 37, 16, 2, 0.0f);   // hs 8, partial tile
+  run_fp32(1, 37, 16, 2, 0.2f);   // hs 8, dropout
+  run_fp32(1, 70, 64, 1, 0.0f);   // hs 64, two tiles, the second partial
+  run_fp32(2, 33, 128, 2, 0.3f);  // hs 64, dropout, two batches
+  run_fp32(1, 65, 48, 1, 0.1f);   // hs 48 (padded to 64), dropout
+  run_fp32(1, 17, 128, 1, 0.2f);  // hs 128
+}
+
+TEST_CASE("cuda_emu: attention_tc.cu forward and backward match the bf16 reference and the CPU twin",
+          "[cuda_emu][attention_tc]") {
+  run_tc(1, 2, 32, 17, 0.0f);
+  run_tc(2, 1, 32, 65, 0.2f);  // two key tiles, the second one row
+  run_tc(1, 2, 64, 17, 0.2f);
+  run_tc(1, 1, 64, 70, 0.0f);
+}

@@ -1,0 +1,382 @@
+// layernorm, crossentropy, embedding, elementwise (residual, dropout, bf16 casts), gelu, adamw + sum_squares
+// and matmul (dbias kernels; the GEMMs go through the emulated cuBLASLt) run in the CPU emulator of the CUDA
+// model, against their CPU twins in kernels/cpu. Outputs start NaN-poisoned (every element must be written)
+// and every kernel runs twice: the results must be bitwise equal.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/dtype.h"
+#include "emu_util.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cuda/kernels.h"
+
+namespace {
+
+using namespace gpt::emu_test;
+using gpt::CounterRng;
+using gpt::DropoutMask;
+namespace emu = gpt::cuda_emu;
+namespace cpu = gpt::cpu;
+
+// Lowers grid_for's block cap for the scope, so grid-stride loops take more than one trip.
+struct GridCap {
+  int64_t saved = emu_grid_cap;
+  explicit GridCap(int64_t cap) { emu_grid_cap = cap; }
+  ~GridCap() { emu_grid_cap = saved; }
+};
+
+DropoutMask make_drop(float p) {
+  DropoutMask d;
+  d.p = p;
+  d.rng = CounterRng(99, 7);
+  d.base = 123457;
+  return d;
+}
+
+void run_layernorm(int64_t N, int C, size_t off) {
+  INFO("layernorm N=" << N << " C=" << C << " offset=" << off);
+  Buf<float> inp(N * C, off), w(C, off), bias(C, off);
+  randn(inp, 2.0f);
+  for (size_t i = 0; i < inp.n; ++i) inp[i] += 0.5f;
+  randn(w);
+  randn(bias);
+  Buf<float> cout(N * C), cmean(N), crstd(N);
+  cpu::layernorm_forward(cout.p, cmean.p, crstd.p, inp.p, w.p, bias.p, N, C);
+  Buf<float> out(N * C, off), mean(N), rstd(N), out2(N * C, off);
+  emu::layernorm_forward(out.p, mean.p, rstd.p, inp.p, w.p, bias.p, N, C, nullptr);
+  emu::layernorm_forward(out2.p, nullptr, nullptr, inp.p, w.p, bias.p, N, C, nullptr);  // mean/rstd may be null
+  CHECK(out.same(out2));
+  // Backward from the CPU's mean/rstd; the accumulated outputs start from the same random values.
+  Buf<float> dout(N * C, off), dinp0(N * C, off), dw0(C), db0(C);
+  randn(dout);
+  randn(dinp0);
+  randn(dw0);
+  randn(db0);
+  Buf<float> cdinp(N * C), cdw(C), cdb(C);
+  cdinp.copy_from(dinp0), cdw.copy_from(dw0), cdb.copy_from(db0);
+  cpu::layernorm_backward(cdinp.p, cdw.p, cdb.p, dout.p, inp.p, w.p, cmean.p, crstd.p, N, C);
+  const size_t sb = emu::layernorm_backward_scratch_bytes(N, C);
+  Buf<float> dinp[2] = {Buf<float>(N * C, off), Buf<float>(N * C, off)}, dw[2] = {Buf<float>(C), Buf<float>(C)},
+             db[2] = {Buf<float>(C), Buf<float>(C)};
+  for (int r = 0; r < 2; ++r) {
+    Buf<float> scratch((sb + 3) / 4);
+    dinp[r].copy_from(dinp0), dw[r].copy_from(dw0), db[r].copy_from(db0);
+    emu::layernorm_backward(dinp[r].p, dw[r].p, db[r].p, dout.p, inp.p, w.p, cmean.p, crstd.p, N, C, scratch.p,
+                            nullptr);
+  }
+  CHECK(dinp[0].same(dinp[1]));
+  CHECK(dw[0].same(dw[1]));
+  CHECK(db[0].same(db[1]));
+  const Cmp cs[] = {compare(out.p, cout.p, out.n),       compare(mean.p, cmean.p, N),
+                    compare(rstd.p, crstd.p, N),         compare(dinp[0].p, cdinp.p, cdinp.n),
+                    compare(dw[0].p, cdw.p, C),          compare(db[0].p, cdb.p, C)};
+  const char* names[] = {"out", "mean", "rstd", "dinp", "dweight", "dbias"};
+  for (int i = 0; i < 6; ++i) {
+    INFO(names[i] << " rel err " << cs[i].rel());
+    CHECK(cs[i].nonfinite == 0);
+    CHECK(cs[i].rel() < 1e-4);
+  }
+  // The vectorised (aligned) and scalar (misaligned) paths give the same bits.
+  if (off == 0 && C % 4 == 0) {
+    Buf<float> i2(N * C, 1), w2(C, 1), b2(C, 1), o2(N * C, 1), d2(N * C, 1), di2(N * C, 1), dw2(C, 1), db2(C, 1);
+    i2.copy_from(inp), w2.copy_from(w), b2.copy_from(bias), d2.copy_from(dout), di2.copy_from(dinp0),
+        dw2.copy_from(dw0), db2.copy_from(db0);
+    emu::layernorm_forward(o2.p, nullptr, nullptr, i2.p, w2.p, b2.p, N, C, nullptr);
+    Buf<float> scratch((sb + 3) / 4 + 64);
+    emu::layernorm_backward(di2.p, dw2.p, db2.p, d2.p, i2.p, w2.p, cmean.p, crstd.p, N, C, scratch.p, nullptr);
+    CHECK(o2.same(out));
+    CHECK(di2.same(dinp[0]));
+    CHECK(dw2.same(dw[0]));
+    CHECK(db2.same(db[0]));
+  }
+}
+
+void run_crossentropy(int64_t N, int V, int Vp, bool inplace, bool with_grad, bool neg_inf) {
+  INFO("crossentropy N=" << N << " V=" << V << " Vp=" << Vp << " inplace=" << inplace << " grad=" << with_grad
+                         << " -inf=" << neg_inf);
+  Buf<float> logits(N * Vp);
+  randn(logits, 3.0f);
+  for (int64_t i = 0; i < N; ++i)
+    for (int j = V; j < Vp; ++j) logits[i * Vp + j] = 1e30f;  // padding must be ignored
+  if (neg_inf) logits[0] = -INFINITY;
+  Buf<int32_t> targets(N);
+  std::uniform_int_distribution<int> ud(0, V - 1);
+  for (int64_t i = 0; i < N; ++i) targets[i] = i == 0 ? V - 1 : (i == 1 ? 0 : ud(rng()));
+  const float dloss = 0.73f / static_cast<float>(N);
+  Buf<float> cl(N), cd(N * Vp), clog(N * Vp);
+  clog.copy_from(logits);
+  cpu::crossentropy_forward_backward(cl.p, with_grad ? (inplace ? clog.p : cd.p) : nullptr, clog.p, targets.p, N, V,
+                                     Vp, dloss);
+  if (inplace) cd.copy_from(clog);
+  Buf<float> l[2] = {Buf<float>(N), Buf<float>(N)}, d[2] = {Buf<float>(N * Vp), Buf<float>(N * Vp)};
+  for (int r = 0; r < 2; ++r) {
+    Buf<float> lg(N * Vp);
+    lg.copy_from(logits);
+    float* dl = with_grad ? (inplace ? lg.p : d[r].p) : nullptr;
+    emu::crossentropy_forward_backward(l[r].p, dl, lg.p, targets.p, N, V, Vp, dloss, nullptr);
+    if (inplace) d[r].copy_from(lg);
+  }
+  CHECK(l[0].same(l[1]));
+  if (with_grad) CHECK(d[0].same(d[1]));
+  const Cmp el = compare(l[0].p, cl.p, N);
+  CHECK(el.nonfinite == 0);
+  CHECK(el.rel() < 1e-4);
+  // Double reference (tighter than the CPU twin, whose exp sums round in SIMD lanes).
+  std::vector<double> rl(N), rd(N * Vp, 0.0);
+  for (int64_t i = 0; i < N; ++i) {
+    const float* z = logits.p + i * Vp;
+    double mx = -INFINITY, s = 0;
+    for (int j = 0; j < V; ++j) mx = std::max(mx, static_cast<double>(z[j]));
+    for (int j = 0; j < V; ++j) s += std::exp(z[j] - mx);
+    rl[i] = mx + std::log(s) - z[targets[i]];
+    for (int j = 0; j < V; ++j) rd[i * Vp + j] = std::exp(z[j] - mx) / s * dloss;
+    rd[i * Vp + targets[i]] -= dloss;
+  }
+  CHECK(compare(l[0].p, rl.data(), N).rel() < 1e-5);
+  if (with_grad) {
+    const Cmp ed = compare(d[0].p, cd.p, N * Vp);
+    CHECK(ed.nonfinite == 0);
+    CHECK(ed.rel() < 1e-4);
+    CHECK(compare(d[0].p, rd.data(), N * Vp).rel() < 1e-5);
+    bool pad0 = true;  // the padding's gradient is exactly 0
+    for (int64_t i = 0; i < N; ++i)
+      for (int j = V; j < Vp; ++j) pad0 &= d[0][i * Vp + j] == 0.0f;
+    CHECK(pad0);
+  }
+}
+
+void run_embedding(int B, int T, int C, int vocab, int distinct) {
+  INFO("embedding B=" << B << " T=" << T << " C=" << C << " vocab=" << vocab << " distinct<=" << distinct);
+  const int n = B * T;
+  Buf<int32_t> tok(n);
+  std::uniform_int_distribution<int> ud(0, distinct - 1);
+  for (int i = 0; i < n; ++i) tok[i] = (ud(rng()) * 7919) % vocab;  // few ids, so tokens repeat
+  Buf<float> wte(static_cast<size_t>(vocab) * C), wpe(static_cast<size_t>(T) * C), out(n * static_cast<size_t>(C)),
+      cout(n * static_cast<size_t>(C));
+  randn(wte), randn(wpe);
+  cpu::embedding_forward(cout.p, tok.p, wte.p, wpe.p, B, T, C);
+  emu::embedding_forward(out.p, tok.p, wte.p, wpe.p, B, T, C, nullptr);
+  CHECK(out.same(cout));
+  Buf<float> dout(n * static_cast<size_t>(C)), dwte0(wte.n), dwpe0(wpe.n), cdwte(wte.n), cdwpe(wpe.n);
+  randn(dout), randn(dwte0), randn(dwpe0);
+  cdwte.copy_from(dwte0), cdwpe.copy_from(dwpe0);
+  cpu::embedding_backward(cdwte.p, cdwpe.p, dout.p, tok.p, B, T, C);
+  Buf<float> dwte[2] = {Buf<float>(wte.n), Buf<float>(wte.n)}, dwpe[2] = {Buf<float>(wpe.n), Buf<float>(wpe.n)};
+  for (int r = 0; r < 2; ++r) {
+    Buf<unsigned char> scratch(emu::embedding_backward_scratch_bytes(B, T));
+    dwte[r].copy_from(dwte0), dwpe[r].copy_from(dwpe0);
+    emu::embedding_backward(dwte[r].p, dwpe[r].p, dout.p, tok.p, B, T, C, scratch.p, nullptr);
+  }
+  CHECK(dwte[0].same(dwte[1]));
+  CHECK(dwpe[0].same(dwpe[1]));
+  // Both sum each token's rows in position order: the same bits as the CPU.
+  CHECK(dwte[0].same(cdwte));
+  CHECK(dwpe[0].same(cdwpe));
+}
+
+void run_elementwise(int64_t n, float p) {
+  INFO("elementwise n=" << n << " p=" << p << " grid cap=" << emu_grid_cap);
+  const DropoutMask dm = make_drop(p);
+  Buf<float> res(n), inp(n);
+  randn(res), randn(inp);
+  {  // residual: out separate (twice) and out aliasing res
+    Buf<float> o(n), co(n), o2(n), ra(n);
+    cpu::residual_forward(co.p, res.p, inp.p, n, dm);
+    emu::residual_forward(o.p, res.p, inp.p, n, dm, nullptr);
+    emu::residual_forward(o2.p, res.p, inp.p, n, dm, nullptr);
+    // Not bitwise: gpt_engine is built for x86-64-v3, where the CPU twin's res + inp * keep may become an FMA.
+    CHECK(compare(o.p, co.p, n).rel() < 1e-6);
+    CHECK(o2.same(o));
+    ra.copy_from(res);
+    emu::residual_forward(ra.p, ra.p, inp.p, n, dm, nullptr);
+    CHECK(ra.same(o));
+  }
+  {  // dropout forward (in place)
+    Buf<float> x(n), cx(n);
+    x.copy_from(inp), cx.copy_from(inp);
+    cpu::dropout_forward(cx.p, n, dm);
+    emu::dropout_forward(x.p, n, dm, nullptr);
+    CHECK(x.same(cx));
+  }
+  {  // dropout backward, separate and aliased
+    Buf<float> d(n), cd(n), da(n);
+    cpu::dropout_backward(cd.p, inp.p, n, dm);
+    emu::dropout_backward(d.p, inp.p, n, dm, nullptr);
+    CHECK(d.same(cd));
+    da.copy_from(inp);
+    emu::dropout_backward(da.p, da.p, n, dm, nullptr);
+    CHECK(da.same(cd));
+  }
+  {  // bf16 casts (round to nearest even, NaN stays NaN), with special values
+    Buf<float> src(n);
+    src.copy_from(inp);
+    const uint32_t specials[] = {0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f800001u, 0x00000001u, 0x80000000u,
+                                 0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0x00800000u};
+    for (size_t i = 0; i < std::min<size_t>(n, 11); ++i) std::memcpy(&src[i], &specials[i], 4);
+    Buf<gpt::bf16> dst(n), cdst(n);
+    for (int64_t i = 0; i < n; ++i) cdst[i] = gpt::f32_to_bf16(src[i]);
+    emu::cast_to_bf16(dst.p, src.p, n, nullptr);
+    CHECK(dst.same(cdst));
+    Buf<float> back(n), cback(n);
+    for (int64_t i = 0; i < n; ++i) cback[i] = gpt::bf16_to_f32(cdst[i]);
+    emu::cast_from_bf16(back.p, dst.p, n, nullptr);
+    CHECK(back.same(cback));
+  }
+}
+
+void run_gelu(int64_t n) {
+  INFO("gelu n=" << n << " grid cap=" << emu_grid_cap);
+  Buf<float> x(n), dout(n);
+  randn(x, 3.0f), randn(dout);
+  if (n > 3) x[0] = 0.0f, x[1] = 1e-3f, x[2] = -20.0f, x[3] = 12.0f;
+  Buf<float> o(n), co(n), d(n), cd(n), d2(n);
+  cpu::gelu_forward(co.p, x.p, n);
+  emu::gelu_forward(o.p, x.p, n, nullptr);
+  cpu::gelu_backward(cd.p, x.p, dout.p, n);
+  emu::gelu_backward(d.p, x.p, dout.p, n, nullptr);
+  d2.copy_from(dout);
+  emu::gelu_backward(d2.p, x.p, d2.p, n, nullptr);  // dinp aliasing dout, as the model does
+  const Cmp fo = compare(o.p, co.p, n), bo = compare(d.p, cd.p, n);
+  CHECK(fo.nonfinite + bo.nonfinite == 0);
+  CHECK(fo.rel() < 2e-6);
+  CHECK(bo.rel() < 2e-6);
+  CHECK(d.same(d2));
+}
+
+void run_adamw(int64_t n, bool sum_squares) {
+  INFO("adamw n=" << n << " grid cap=" << emu_grid_cap);
+  Buf<float> p(n), m(n), v(n), g(n), cp(n), cm(n), cv(n);
+  randn(p), randn(g, 0.1f);
+  m.fill(0), v.fill(0);
+  cp.copy_from(p), cm.copy_from(m), cv.copy_from(v);
+  for (int step = 1; step <= 3; ++step) {
+    cpu::adamw_update(cp.p, cm.p, cv.p, g.p, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.8f, step);
+    emu::adamw_update(p.p, m.p, v.p, g.p, n, 6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.8f, step, nullptr);
+    for (int64_t i = 0; i < n; ++i) g[i] = g[i] * 0.7f + 0.01f;
+  }
+  const Cmp ep = compare(p.p, cp.p, n), em = compare(m.p, cm.p, n), ev = compare(v.p, cv.p, n);
+  CHECK(ep.nonfinite + em.nonfinite + ev.nonfinite == 0);
+  CHECK(ep.rel() < 1e-6);
+  CHECK(em.rel() < 1e-6);
+  CHECK(ev.rel() < 1e-6);
+  if (!sum_squares) return;
+  Buf<double> res[2] = {Buf<double>(1), Buf<double>(1)};
+  for (int r = 0; r < 2; ++r) {
+    Buf<unsigned char> scratch(emu::sum_squares_scratch_bytes());
+    scratch.fill(0xFF);
+    emu::sum_squares(res[r].p, g.p, n, scratch.p, nullptr);
+  }
+  CHECK(res[0].same(res[1]));
+  const double cs = cpu::sum_squares(g.p, n);
+  CHECK(std::abs(res[0][0] - cs) <= 1e-6 * std::abs(cs));
+}
+
+// Matmul: the GEMMs through the emulated cuBLASLt (transposes, leading dimensions, bias epilogue or kernel)
+// and the dbias kernels, against kernels/cpu/matmul.cc. bias_off/other offsets misalign the operands.
+void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs) {
+  INFO("matmul N=" << N << " C=" << C << " OC=" << OC << " offset=" << off << " bf16=" << bf16_inputs);
+  Buf<float> inp(N * C, off), w(static_cast<size_t>(OC) * C, off), bias(OC, off), dout(N * OC, off);
+  randn(inp), randn(w), randn(bias), randn(dout);
+  // With bf16 inputs the CPU twin gets the bf16-rounded values (the products are the same; only the order of
+  // the fp32 sums differs).
+  Buf<gpt::bf16> inp_h(inp.n, off), w_h(w.n, off), dout_h(dout.n, off);
+  if (bf16_inputs) {
+    for (size_t i = 0; i < inp.n; ++i) inp_h[i] = gpt::f32_to_bf16(inp[i]), inp[i] = gpt::bf16_to_f32(inp_h[i]);
+    for (size_t i = 0; i < w.n; ++i) w_h[i] = gpt::f32_to_bf16(w[i]), w[i] = gpt::bf16_to_f32(w_h[i]);
+    for (size_t i = 0; i < dout.n; ++i) dout_h[i] = gpt::f32_to_bf16(dout[i]);
+  }
+  Buf<float> dout_r(dout.n);  // what the GEMMs see of dout
+  for (size_t i = 0; i < dout.n; ++i) dout_r[i] = bf16_inputs ? gpt::bf16_to_f32(dout_h[i]) : dout[i];
+  const gpt::DType type = bf16_inputs ? gpt::DType::kBF16 : gpt::DType::kF32;
+  const void* inp_in = bf16_inputs ? static_cast<const void*>(inp_h.p) : inp.p;
+  const void* w_in = bf16_inputs ? static_cast<const void*>(w_h.p) : w.p;
+  const void* dout_in = bf16_inputs ? static_cast<const void*>(dout_h.p) : dout.p;
+
+  emu::Matmul mm(nullptr);
+  Buf<float> out(N * OC, off), cout(N * OC);
+  mm.forward(out.p, inp_in, w_in, type, bias.p, N, C, OC);
+  cpu::matmul_forward(cout.p, inp.p, w.p, bias.p, N, C, OC);
+  const Cmp eo = compare(out.p, cout.p, out.n);
+  CHECK(eo.nonfinite == 0);
+  CHECK(eo.rel() < 1e-5);
+
+  Buf<float> dw0(w.n), db0(OC);
+  randn(dw0), randn(db0);
+  Buf<float> cdinp(inp.n), cdw(w.n), cdb(OC), cdb_only(OC);
+  cdw.copy_from(dw0), cdb.copy_from(db0), cdb_only.copy_from(db0);
+  cpu::matmul_backward(cdinp.p, cdw.p, nullptr, dout_r.p, inp.p, w.p, N, C, OC);
+  Buf<float> dummy(inp.n), dummy_w(w.n);
+  dummy_w.fill(0.0f);
+  cpu::matmul_backward(dummy.p, dummy_w.p, cdb_only.p, dout.p, inp.p, w.p, N, C, OC);  // dbias from fp32 dout
+  Buf<float> dinp[2] = {Buf<float>(inp.n, off), Buf<float>(inp.n, off)}, dw[2] = {Buf<float>(w.n, off), Buf<float>(w.n, off)},
+             db[2] = {Buf<float>(OC, off), Buf<float>(OC, off)};
+  for (int r = 0; r < 2; ++r) {
+    Buf<float> scratch(emu::Matmul::backward_scratch_bytes(N, OC) / sizeof(float));
+    dw[r].copy_from(dw0), db[r].copy_from(db0);
+    mm.backward(dinp[r].p, dw[r].p, db[r].p, dout.p, dout_in, inp_in, w_in, type, N, C, OC, scratch.p);
+  }
+  CHECK(dinp[0].same(dinp[1]));
+  CHECK(dw[0].same(dw[1]));
+  CHECK(db[0].same(db[1]));
+  const Cmp ei = compare(dinp[0].p, cdinp.p, cdinp.n), ew = compare(dw[0].p, cdw.p, cdw.n),
+            eb = compare(db[0].p, cdb_only.p, OC);
+  CHECK(ei.nonfinite + ew.nonfinite + eb.nonfinite == 0);
+  CHECK(ei.rel() < 1e-5);
+  CHECK(ew.rel() < 1e-5);
+  CHECK(eb.rel() < 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("cuda_emu: layernorm.cu matches the CPU twin", "[cuda_emu][layernorm]") {
+  run_layernorm(1, 3, 0);
+  run_layernorm(9, 36, 0);
+  run_layernorm(3, 37, 1);
+  run_layernorm(20, 130, 0);
+  run_layernorm(5, 520, 0);
+}
+
+TEST_CASE("cuda_emu: crossentropy.cu matches the CPU twin", "[cuda_emu][crossentropy]") {
+  run_crossentropy(2, 65, 68, false, true, false);
+  run_crossentropy(3, 65, 67, true, true, false);  // in place, Vp > V, odd Vp (rows at every alignment)
+  run_crossentropy(2, 7, 9, true, true, false);
+  run_crossentropy(2, 65, 65, false, false, false);  // no gradient
+  run_crossentropy(1, 2100, 2100, true, true, true);  // several chunks per row, a -inf logit
+}
+
+TEST_CASE("cuda_emu: embedding.cu matches the CPU twin (repeated tokens)", "[cuda_emu][embedding]") {
+  run_embedding(2, 5, 7, 11, 3);
+  run_embedding(2, 4, 8, 5, 2);
+  run_embedding(3, 6, 36, 1000, 1);  // one token everywhere
+}
+
+TEST_CASE("cuda_emu: elementwise.cu (residual, dropout, bf16 casts) matches the CPU twin", "[cuda_emu][elementwise]") {
+  for (int64_t n : {1, 300})
+    for (float p : {0.0f, 0.1f, 0.5f}) run_elementwise(n, p);
+  GridCap cap(2);
+  run_elementwise(1000, 0.1f);
+}
+
+TEST_CASE("cuda_emu: gelu.cu matches the CPU twin", "[cuda_emu][gelu]") {
+  run_gelu(1);
+  run_gelu(300);
+  GridCap cap(2);
+  run_gelu(1001);
+}
+
+TEST_CASE("cuda_emu: adamw.cu and sum_squares match the CPU twin", "[cuda_emu][adamw]") {
+  run_adamw(1, false);
+  run_adamw(300, true);
+  GridCap cap(2);
+  run_adamw(1001, false);
+}
+
+TEST_CASE("cuda_emu: matmul.cu (cuBLASLt calls, dbias kernels) matches the CPU twin", "[cuda_emu][matmul]") {
+  run_matmul(1, 3, 33, 0, false);
+  run_matmul(300, 5, 40, 0, false);   // two dbias row chunks
+  run_matmul(7, 6, 10, 1, false);     // 4-byte aligned operands: bias added by the kernel
+  run_matmul(9, 16, 24, 0, true);     // bf16 GEMM inputs
+}
