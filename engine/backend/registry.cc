@@ -1,5 +1,6 @@
 // The one place backends are registered (and the one place the CUDA backend is named under #ifdef).
 #include "backend/backend.h"
+#include "comm/communicator.h"
 #include "kernels/cpu/cpu_backend.h"
 #ifdef GPT_WITH_CUDA
 #include "comm/nccl_communicator.h"
