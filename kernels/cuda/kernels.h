@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "backend/backend.h"
 #include "core/dtype.h"
@@ -86,6 +87,8 @@ class Matmul {
   cudaStream_t stream_;
   void* handle_ = nullptr;     // cublasLtHandle_t
   void* workspace_ = nullptr;  // kWorkspaceBytes of device memory, allocated once
+  struct AlgoCache;            // the heuristic's choice per GEMM shape, asked once per shape
+  std::unique_ptr<AlgoCache> algos_;
 };
 
 }  // namespace gpt::cuda

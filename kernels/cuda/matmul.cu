@@ -11,6 +11,8 @@
 // epilogue overwrites instead of accumulating across micro-batches.
 #include <cublasLt.h>
 
+#include <array>
+#include <map>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
@@ -82,7 +84,12 @@ __global__ void add_bias_kernel(float* c, const float* bias, int64_t m, int64_t 
 
 }  // namespace
 
-Matmul::Matmul(cudaStream_t stream) : stream_(stream) {
+// Every input of the heuristic: transposes, sizes, leading dimensions, input type, epilogue and alignments.
+struct Matmul::AlgoCache {
+  std::map<std::array<int64_t, 13>, cublasLtMatmulAlgo_t> algos;
+};
+
+Matmul::Matmul(cudaStream_t stream) : stream_(stream), algos_(std::make_unique<AlgoCache>()) {
   cublasLtHandle_t h = nullptr;
   GPT_CUBLAS_CHECK(cublasLtCreate(&h));
   handle_ = h;
@@ -130,13 +137,22 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
                                                         sizeof(align_c)));
   GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
                                                         sizeof(align_c)));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  GPT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt(handle_), op, la, lb, lc, lc, pref, 1, &heuristic, &found));
-  GPT_CHECK_MSG(found > 0, "cuBLASLt found no algorithm for a matmul shape");
+  // The heuristic costs tens of microseconds of host time: asked once per shape (a step repeats a few shapes),
+  // which also keeps every call of a shape on the same algorithm.
+  const std::array<int64_t, 13> key = {
+      trans_a,       trans_b, m,       n,      k, lda, ldb, ldc, static_cast<int64_t>(ab_type),
+      bias_epilogue, align_a, align_b, align_c};
+  auto it = algos_->algos.find(key);
+  if (it == algos_->algos.end()) {
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    GPT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt(handle_), op, la, lb, lc, lc, pref, 1, &heuristic, &found));
+    GPT_CHECK_MSG(found > 0, "cuBLASLt found no algorithm for a matmul shape");
+    it = algos_->algos.emplace(key, heuristic.algo).first;
+  }
   const float alpha = 1.0f;
-  GPT_CUBLAS_CHECK(cublasLtMatmul(lt(handle_), op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &heuristic.algo,
-                                  workspace_, kWorkspaceBytes, stream_));
+  GPT_CUBLAS_CHECK(cublasLtMatmul(lt(handle_), op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &it->second, workspace_,
+                                  kWorkspaceBytes, stream_));
   if (bias != nullptr && !bias_epilogue) {
     add_bias_kernel<<<grid_for(m * n, 256), 256, 0, stream_>>>(c, bias, m, n, ldc);
     GPT_CUDA_CHECK_LAUNCH();
