@@ -24,6 +24,7 @@ void MemTracker::on_alloc(MemCategory c, int64_t bytes) {
   const size_t i = static_cast<size_t>(c);
   raise_peak(peak_[i], current_[i].fetch_add(bytes, std::memory_order_relaxed) + bytes);
   raise_peak(total_peak_, total_current_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  allocations_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void MemTracker::on_free(MemCategory c, int64_t bytes) {
@@ -39,6 +40,7 @@ MemStats MemTracker::stats() const {
   }
   s.total_current = total_current_.load();
   s.total_peak = total_peak_.load();
+  s.allocations = allocations_.load();
   return s;
 }
 

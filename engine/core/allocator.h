@@ -28,6 +28,7 @@ struct MemStats {
   std::array<int64_t, kNumMemCategories> peak{};
   int64_t total_current = 0;
   int64_t total_peak = 0;
+  int64_t allocations = 0;  // every allocation so far (ARCHITECTURE invariant 4: none in the step loop after step 1)
 };
 
 class MemTracker {
@@ -44,6 +45,7 @@ class MemTracker {
   std::array<std::atomic<int64_t>, kNumMemCategories> peak_{};
   std::atomic<int64_t> total_current_{0};
   std::atomic<int64_t> total_peak_{0};
+  std::atomic<int64_t> allocations_{0};
 };
 
 // An owning, aligned, tracked allocation. Move-only. Zero-filled on allocation.

@@ -428,9 +428,18 @@ Expected<TrainSummary> Trainer::run_steps() {
   const auto start = std::chrono::steady_clock::now();
   Progress progress(start_step_, t.steps, config_.logging.log_interval, tokens_per_step, flops_per_token(), writer,
                     peak_flops() * world_.size());
+  int64_t allocations_at_first_step = MemTracker::instance().stats().allocations;  // reset after step 1
+  auto count_late_allocations = [&] {
+    summary.allocations_after_first_step = MemTracker::instance().stats().allocations - allocations_at_first_step;
+    if (summary.allocations_after_first_step > 0) {
+      spdlog::warn("{} tracked allocations after the first step (the pools should have been sized up front)",
+                   summary.allocations_after_first_step);
+    }
+  };
   for (int64_t step = start_step_; step < t.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     GPT_ASSIGN_OR_RETURN(const float loss, train_step(step));
+    if (step == start_step_) allocations_at_first_step = MemTracker::instance().stats().allocations;
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     summary.final_loss = loss;
     summary.losses.push_back(loss);
@@ -470,6 +479,7 @@ Expected<TrainSummary> Trainer::run_steps() {
                    sig != 0 ? std::string(stop_signal_name(sig)) + " received" : "another rank was signalled", step + 1,
                    t.steps, checkpoint_root());
       summary.interrupted = true;
+      count_late_allocations();
       summary.steps = step + 1 - start_step_;
       summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       summary.tokens_per_s = tokens_per_step * static_cast<double>(summary.steps) / summary.seconds;
@@ -478,6 +488,7 @@ Expected<TrainSummary> Trainer::run_steps() {
     }
   }
   summary.steps = t.steps - start_step_;
+  count_late_allocations();
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   summary.tokens_per_s = tokens_per_step * static_cast<double>(summary.steps) / summary.seconds;
   const std::string model_dir = (out_dir / "model").string();

@@ -41,6 +41,9 @@ struct TrainSummary {
   double tokens_per_s = 0.0;
   std::vector<float> losses;  // per step, mean over the global batch
   bool interrupted = false;   // stopped early by a signal, after saving a checkpoint
+  // Tracked allocations (host or device) after this run's first step, evaluations and saves included: 0 when
+  // the memory pools were sized up front, as they must be.
+  int64_t allocations_after_first_step = 0;
 };
 
 class Trainer {

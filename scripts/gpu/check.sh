@@ -161,7 +161,9 @@ if wanted train; then
     if [ "$cpu_rc" = 0 ]; then record PASS "train 20 steps cpu" "$cpu_t" "$(last_loss "$cpu_dir")"
     else record FAIL "train 20 steps cpu" "$cpu_t" "exit $cpu_rc"; tail_of; fi
     run_step "train_cuda" 90 "${train[@]}" --set run.device=cuda --set run.out_dir="$gpu_dir"
-    if [ "$RC" = 0 ]; then record PASS "train 20 steps cuda" "$T" "$(last_loss "$gpu_dir")"
+    if [ "$RC" = 0 ] && grep -q "allocations after the first step" "$OUTF"; then
+      record FAIL "train 20 steps cuda" "$T" "device memory allocated after step 1: $(grep -o '[0-9]* tracked allocations' "$OUTF" | head -1)"
+    elif [ "$RC" = 0 ]; then record PASS "train 20 steps cuda" "$T" "$(last_loss "$gpu_dir")"
     elif [ "$gpus" = 0 ]; then record SKIP "train 20 steps cuda" "$T" "no GPU: $(grep -iE 'error|cuda' "$OUTF" | tail -1 | cut -c1-150)"
     else record FAIL "train 20 steps cuda" "$T" "exit $RC"; tail_of; fi
     if [ "$cpu_rc" = 0 ] && [ "$RC" = 0 ]; then

@@ -72,6 +72,7 @@ inline Result train(const RunConfig& cfg, Communicator& comm) {
   REQUIRE(trainer.has_value());
   auto summary = (*trainer)->run();
   REQUIRE(summary.has_value());
+  REQUIRE(summary->allocations_after_first_step == 0);  // ARCHITECTURE invariant 4, under every strategy
   return {summary->losses, (*trainer)->full_weights()};
 }
 
