@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "comm/communicator.h"
 #include "kernels/kernel_test_util.h"
 #include "model/activation_checkpointing.h"
 #include "model/gpt.h"
@@ -158,6 +159,20 @@ TEST_CASE("parity: matmul forward and backward", "[cuda]") {
     expect_close("matmul dweight", c_dw, g_dw.read(), kReduction);
     expect_close("matmul dbias", c_db, g_db.read(), kReduction);
   }
+}
+
+TEST_CASE("backend registry: errors name the device; the CPU has no device communicator", "[backend]") {
+  auto bad = make_backend("tpu");
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.status().message().find("'tpu'") != std::string::npos);
+  CHECK(bad.status().message().find("cpu or cuda") != std::string::npos);
+  auto single = make_single_communicator();
+  auto dev = make_device_communicator(*single, cpu(), "world");
+  REQUIRE_FALSE(dev.has_value());
+  CHECK(dev.status().message().find("host memory") != std::string::npos);
+  // Built without CUDA, or no GPU: the reason is in the message (checked by the skip lines of the cases below).
+  auto cuda = make_backend("cuda");
+  if (!cuda) CHECK(cuda.status().message().find("device 'cuda'") != std::string::npos);
 }
 
 // bf16 GEMM inputs round to bf16 and multiply exactly on the tensor cores, accumulating in fp32; the CPU
