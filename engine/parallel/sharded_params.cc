@@ -290,9 +290,9 @@ void ShardedParams::drain_pending(size_t keep) {
       lo_pool_.push_back(std::move(p.full_lo));
       lo_pool_.push_back(std::move(p.shard_lo));
     }
+    // acc += shard, as a backend op (the buffers may be device memory): a residual add without dropout.
     float* acc = grads_shard_.as<float>() + units_[p.unit].local_offset;
-    const float* add = p.shard.as<float>();
-    for (int64_t i = 0; i < units_[p.unit].shard; ++i) acc[i] += add[i];
+    be_.residual_forward(acc, acc, p.shard.as<float>(), units_[p.unit].shard, DropoutMask{});
     grad_pool_.push_back(std::move(p.full));
     shard_pool_.push_back(std::move(p.shard));
     pending_.erase(pending_.begin());
