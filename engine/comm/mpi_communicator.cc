@@ -138,6 +138,7 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiCommunicator>(sub, true, std::move(name), watchdog_);
   }
   CommStats stats() const override { return stream_->stats(); }
+  CommWatchdog* watchdog() const override { return watchdog_; }
 
  private:
   static int64_t bytes(int64_t n, DType t) { return n * static_cast<int64_t>(dtype_size(t)); }
@@ -145,9 +146,6 @@ class MpiCommunicator final : public Communicator {
   bool owned_;
   std::string name_;
   CommWatchdog* watchdog_;
-
- public:
-  CommWatchdog* watchdog() const override { return watchdog_; }
   int rank_ = 0, size_ = 1;
   std::unique_ptr<CommStream> stream_;
 };
