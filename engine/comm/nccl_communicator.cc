@@ -107,29 +107,38 @@ class NcclCommunicator final : public Communicator {
   CommStats stats() const override { return tasks_->stats(); }
 
  private:
-  // Orders the collective after the compute stream's work so far, then runs it on the comm stream from
-  // the CommStream thread, which waits for the GPU so that the Work completes when the data is there.
-  Work submit(CommOp op, int64_t elements, int64_t n, DType dtype, std::function<void()> enqueue) {
-    cudaEvent_t ready = nullptr;
+  // Orders the collective after the compute stream's work so far and launches it on the comm stream; the
+  // CommStream thread waits for the GPU, so that the Work completes when the data is there.
+  //
+  // The NCCL kernel is launched here, on the calling thread, so kernels of all of a process's NCCL
+  // communicators (hybrid: shard and replicate groups) are launched in issue order, the same order on every
+  // rank, as PyTorch does; launching them from each communicator's own thread could order them differently on
+  // different ranks, which NCCL documents as a possible deadlock. The CommStream thread only waits.
+  Work submit(CommOp op, int64_t elements, int64_t n, DType dtype, const std::function<void()>& enqueue) {
+    cudaEvent_t ready = nullptr, done = nullptr;
     GPT_CUDA_CHECK(cudaSetDevice(device_));
     GPT_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    GPT_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     GPT_CUDA_CHECK(cudaEventRecord(ready, compute_));
+    GPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+    enqueue();
+    GPT_CUDA_CHECK(cudaEventRecord(done, stream_));
     const int64_t bytes = n * static_cast<int64_t>(dtype_size(dtype));
-    return tasks_->submit(op, elements, bytes, [this, ready, enqueue = std::move(enqueue)] {
+    return tasks_->submit(op, elements, bytes, [this, ready, done] {
       GPT_CUDA_CHECK(cudaSetDevice(device_));
-      GPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
-      enqueue();
-      wait_for_stream();
+      wait_for(done);
       GPT_CUDA_CHECK(cudaEventDestroy(ready));
+      GPT_CUDA_CHECK(cudaEventDestroy(done));
     });
   }
 
-  // Waits for the comm stream while polling NCCL's asynchronous error: a peer that died or a network
-  // failure surfaces here as an abort naming the communicator instead of a silent hang (a collective that
-  // merely never completes is the watchdog's to report, which watches this stream too).
-  void wait_for_stream() {
+  // Waits for `done` (the end of one collective on the comm stream) while polling NCCL's asynchronous error:
+  // a peer that died or a network failure surfaces here as an abort naming the communicator instead of a
+  // silent hang (a collective that merely never completes is the watchdog's to report, which watches this
+  // communicator's CommStream too).
+  void wait_for(cudaEvent_t done) {
     for (int polls = 0;; ++polls) {
-      const cudaError_t q = cudaStreamQuery(stream_);
+      const cudaError_t q = cudaEventQuery(done);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) GPT_CUDA_CHECK(q);
       ncclResult_t async = ncclSuccess;

@@ -2,9 +2,10 @@
 // a bootstrap Communicator over the same ranks (MPI): rank 0's ncclUniqueId is broadcast over it, then every
 // rank joins with ncclCommInitRank on its own device. Collectives run on the communicator's own CUDA stream,
 // in issue order: at issue, an event recorded on the compute stream orders the collective after the kernels
-// that produced its buffers; the Work completes when the GPU has finished it (a CommStream thread enqueues
-// the NCCL call and synchronises the comm stream, so Work::wait() works from the host as for MPI, and the
-// compute stream keeps going meanwhile). Buffers are device pointers. Reductions are sums; bf16 is summed by
+// that produced its buffers. The NCCL call is launched on the issuing thread, so every communicator's
+// kernels are launched in the same order on every rank; the Work completes when the GPU has finished it (a
+// CommStream thread waits for an event after it, polling NCCL's async error, so Work::wait() works from the
+// host as for MPI, and the compute stream keeps going meanwhile). Buffers are device pointers. Reductions are sums; bf16 is summed by
 // NCCL in bf16 (ncclBfloat16). split() splits the bootstrap and creates a new NCCL communicator on it.
 #pragma once
 
