@@ -357,8 +357,8 @@ Status Trainer::write_summary(const TrainSummary& summary, int64_t steps_done, c
 
 CommStats Trainer::comm_stats() const {
   CommStats total = world_.stats();
-  for (const auto* group : {shard_group_.get(), replicate_group_.get(), device_shard_group_.get(),
-                            device_replicate_group_.get()}) {
+  for (const auto* group :
+       {shard_group_.get(), replicate_group_.get(), device_shard_group_.get(), device_replicate_group_.get()}) {
     if (group == nullptr) continue;
     const CommStats s = group->stats();
     for (size_t i = 0; i < kNumCommOps; ++i) {

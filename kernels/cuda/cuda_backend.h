@@ -95,7 +95,8 @@ class CudaBackend final : public Backend {
   OpTimer time_op(const char* op) { return OpTimer(profile_ ? this : nullptr, op); }
   void* scratch(size_t bytes);
   bf16* cast_area(int slot, int64_t n);
-  bool tensor_core_attention(int C, int NH, std::initializer_list<const void*> tensors) const;  // bf16 copies of a GEMM's inputs (slot 0 inp, 1 weight, 2 dout)
+  bool tensor_core_attention(int C, int NH, std::initializer_list<const void*> tensors)
+      const;  // bf16 copies of a GEMM's inputs (slot 0 inp, 1 weight, 2 dout)
 
   int device_;
   cudaStream_t stream_ = nullptr;
