@@ -30,7 +30,8 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
 fi
 BINS=("$BUILD/gpt-train" "$BUILD/tests/gpt_tests" "$BUILD/tests/comm/gpt_mpi_tests")
 for b in "${BINS[@]}"; do [ -x "$b" ] || { echo "bundle.sh: $b is missing" >&2; exit 1; }; done
-grep -q "GPT_CUDA:STRING=ON" "$BUILD/CMakeCache.txt" || { echo "bundle.sh: $BUILD is not a CUDA build" >&2; exit 1; }
+# GPT_CUDA=ON or AUTO with nvcc found: either way the binary links the CUDA runtime.
+ldd "$BUILD/gpt-train" | grep -q libcudart || { echo "bundle.sh: $BUILD is not a CUDA build" >&2; exit 1; }
 
 # The char-level Shakespeare data (data/ is ignored, so it travels only inside the bundle).
 if [ ! -f data/shakespeare_char/train.bin ]; then
