@@ -45,8 +45,8 @@ class Backend {
   virtual void set_threads(int threads) = 0;
   // True when this backend's pointers are host memory that host code may read and write directly.
   virtual bool host_memory() const { return true; }
-  // Copies between host memory and this backend's memory. to_host waits for the queued ops first; both
-  // return when the copy is complete.
+  // Copies between host memory and this backend's memory, in order with the queued ops. to_device returns
+  // when `src` may be reused (the copy itself may still be queued); to_host returns when `dst` holds the data.
   virtual void to_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
   // Waits until every queued op is complete.

@@ -282,7 +282,6 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
   const int C = shape_.n_embd, V = shape_.vocab_size;
   be_.crossentropy_forward_backward(acts_->losses, acts_->logits, acts_->logits, upload_targets(targets), N, V, V,
                                     loss_scale);
-  const float loss = mean_loss();
 
   // Head: logits = ln_f(x_L) @ wte^T. wte's gradient goes to the embed unit, which stays acquired.
   const UnitLayout& eu = layout_.units[ModelLayout::kEmbedUnit];
@@ -312,7 +311,8 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
                          acts_->tokens.as<int32_t>(), B_, T_, C);
   params.grads_done(ModelLayout::kEmbedUnit);
   params.release(ModelLayout::kEmbedUnit);
-  return loss;
+  // Read back only now, with the whole backward queued: a device keeps computing while the host waits.
+  return mean_loss();
 }
 
 }  // namespace gpt

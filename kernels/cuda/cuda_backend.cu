@@ -145,10 +145,12 @@ void* CudaBackend::scratch(size_t bytes) {
   return scratch_.data();
 }
 
+// From pageable memory, cudaMemcpyAsync returns once the source has been staged (CUDA's API synchronization
+// rules), so the caller may reuse it at once, and the copy is ordered before every later op on the stream:
+// no wait, so the host can queue the next forward while the device finishes the previous step.
 void CudaBackend::to_device(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   GPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
-  GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::to_host(void* dst, const void* src, size_t bytes) {
