@@ -36,12 +36,10 @@ class CudaBackend final : public Backend {
   void to_device(void* dst, const void* src, size_t bytes) override;
   void to_host(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
-  int device() const { return device_; }
   int device_index() const override { return device_; }
   double peak_flops() const override;
   void* native_stream() const override { return stream_; }
   void set_compute_dtype(DType type) override;
-  cudaStream_t stream() const { return stream_; }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                          int C) override;
