@@ -83,6 +83,16 @@ class Backend {
                                  const float* bias, int64_t N, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                   const float* weight, const float* mean, const float* rstd, int64_t N, int C) = 0;
+  // The residual add fused with the LayerNorm that reads its result (llm.c's fused residual + LayerNorm):
+  // res_out(N,C) = res + dropout(inp), then layernorm_forward(out, mean, rstd, res_out, ...). res_out may alias
+  // res. Bit for bit the two separate ops (recomputation uses plain layernorm_forward on the stored res_out);
+  // a backend fuses them to read the residual stream once. The default runs the two ops.
+  virtual void residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+                                          const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                          const DropoutMask& drop) {
+    residual_forward(res_out, res, inp, N * C, drop);
+    layernorm_forward(out, mean, rstd, res_out, weight, bias, N, C);
+  }
 
   // Causal multi-head attention. qkv(B,T,3C) holds q|k|v; out(B,T,C). `att` is the state forward saves
   // for backward, attention_state_floats(B,T,NH) floats: the CPU keeps the softmax probabilities

@@ -166,29 +166,34 @@ DropoutMask Gpt::dropout(int site, int layer, const StepContext& ctx, uint64_t p
   return m;
 }
 
-void Gpt::block_forward(int l, const BlockParams& p, const float* x_in, float* x_out, const StepContext& ctx) {
+void Gpt::block_forward(int l, const BlockParams& p, const float* x_in, bool recompute, const StepContext& ctx) {
   const BlockActs& a = acts_->blocks[l];
   const int64_t N = static_cast<int64_t>(B_) * T_;
   const int C = shape_.n_embd, NH = shape_.n_head;
-  be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1w, p.ln1b, N, C);
+  if (recompute) be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1w, p.ln1b, N, C);
   be_.matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, 3 * C);
   be_.attention_forward(a.atty, a.att, a.qkv, B_, T_, C, NH,
                         dropout(kSiteAttention, l, ctx, static_cast<uint64_t>(NH) * T_ * T_));
   be_.matmul_forward(acts_->proj_out, a.atty, p.projw, p.projb, N, C, C);
-  be_.residual_forward(a.res_mid, x_in, acts_->proj_out, N * C,
-                       dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C));
-  be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res_mid, p.ln2w, p.ln2b, N, C);
+  be_.residual_layernorm_forward(a.res_mid, a.ln2, a.ln2_mean, a.ln2_rstd, x_in, acts_->proj_out, p.ln2w, p.ln2b, N, C,
+                                 dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C));
   be_.matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, 4 * C);
   be_.gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
-  if (x_out == nullptr) return;  // recomputation for backward stops here: the block's output is kept
+  if (recompute) return;  // the block's output is kept
   be_.matmul_forward(acts_->proj_out, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
-  be_.residual_forward(x_out, a.res_mid, acts_->proj_out, N * C,
-                       dropout(kSiteMlpResid, l, ctx, static_cast<uint64_t>(T_) * C));
+}
+
+void Gpt::block_output_layernorm(int l, float* x_out, float* out, float* mean, float* rstd, const float* weight,
+                                 const float* bias, const StepContext& ctx) {
+  const int64_t N = static_cast<int64_t>(B_) * T_;
+  const int C = shape_.n_embd;
+  be_.residual_layernorm_forward(x_out, out, mean, rstd, acts_->blocks[l].res_mid, acts_->proj_out, weight, bias, N, C,
+                                 dropout(kSiteMlpResid, l, ctx, static_cast<uint64_t>(T_) * C));
 }
 
 void Gpt::forward(ParamSource& params, const int32_t* inputs, const StepContext& ctx) {
   const int64_t N = static_cast<int64_t>(B_) * T_;
-  const int C = shape_.n_embd;
+  const int C = shape_.n_embd, L = shape_.n_layer;
   be_.to_device(acts_->tokens.data(), inputs, N * sizeof(int32_t));
   const float* embed = params.acquire(ModelLayout::kEmbedUnit);
   const UnitLayout& eu = layout_.units[ModelLayout::kEmbedUnit];
@@ -196,17 +201,30 @@ void Gpt::forward(ParamSource& params, const int32_t* inputs, const StepContext&
   const float* wpe = embed + eu.params[1].offset;
   be_.embedding_forward(acts_->x, acts_->tokens.as<int32_t>(), wte, wpe, B_, T_, C);
   be_.dropout_forward(acts_->x, N * C, dropout(kSiteEmbed, 0, ctx, static_cast<uint64_t>(T_) * C));
-  for (int l = 0; l < shape_.n_layer; ++l) {
+  // Each block's first op also finishes the block before it: x[l] = res_mid + dropout(proj_out) of block l - 1,
+  // fused with block l's ln_1 (only block l's parameters are needed, so units are acquired one at a time).
+  for (int l = 0; l < L; ++l) {
     const int unit = layout_.block_unit(l);
     const BlockParams p = block_params(params.acquire(unit));
-    block_forward(l, p, acts_->x + l * N * C, acts_->x + (l + 1) * N * C, ctx);
+    const BlockActs& a = acts_->blocks[l];
+    float* x_in = acts_->x + l * N * C;
+    if (l == 0) {
+      be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1w, p.ln1b, N, C);
+    } else {
+      block_output_layernorm(l - 1, x_in, a.ln1, a.ln1_mean, a.ln1_rstd, p.ln1w, p.ln1b, ctx);
+    }
+    block_forward(l, p, x_in, /*recompute=*/false, ctx);
     params.release(unit);
   }
   const float* head = params.acquire(layout_.head_unit());
   acts_->wte = wte;
   acts_->head = head;
-  be_.layernorm_forward(acts_->lnf, acts_->lnf_mean, acts_->lnf_rstd, acts_->x + shape_.n_layer * N * C, head, head + C,
-                        N, C);
+  float* x_last = acts_->x + L * N * C;
+  if (L == 0) {
+    be_.layernorm_forward(acts_->lnf, acts_->lnf_mean, acts_->lnf_rstd, x_last, head, head + C, N, C);
+  } else {
+    block_output_layernorm(L - 1, x_last, acts_->lnf, acts_->lnf_mean, acts_->lnf_rstd, head, head + C, ctx);
+  }
   be_.matmul_forward(acts_->logits, acts_->lnf, wte, nullptr, N, C, shape_.vocab_size);
 }
 
@@ -252,7 +270,7 @@ void Gpt::block_backward(int l, const BlockParams& p, const BlockParams& g, cons
   const int64_t N = static_cast<int64_t>(B_) * T_;
   const int C = shape_.n_embd, NH = shape_.n_head;
   if (ckpt_.recompute_block(l)) {
-    block_forward(l, p, x_in, nullptr, ctx);
+    block_forward(l, p, x_in, /*recompute=*/true, ctx);
   } else if (ckpt_.selective()) {
     be_.layernorm_forward(a.ln1, nullptr, nullptr, x_in, p.ln1w, p.ln1b, N, C);
     be_.layernorm_forward(a.ln2, nullptr, nullptr, a.res_mid, p.ln2w, p.ln2b, N, C);

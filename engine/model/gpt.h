@@ -53,7 +53,14 @@ class Gpt {
   struct BlockParams;
   BlockParams block_params(const float* base) const;
   void forward(ParamSource& params, const int32_t* inputs, const StepContext& ctx);
-  void block_forward(int layer, const BlockParams& p, const float* x_in, float* x_out, const StepContext& ctx);
+  // Block `layer` from its ln_1 output on (which the caller computed) up to the MLP's projection, left in
+  // proj_out: the block's output x_out = res_mid + dropout(proj_out) is formed by the next op, fused with the
+  // LayerNorm that reads it (the next block's ln_1 or ln_f). `recompute`: backward's rerun, which stops
+  // after the GELU (the block's output is kept).
+  void block_forward(int layer, const BlockParams& p, const float* x_in, bool recompute, const StepContext& ctx);
+  // x_out = blocks[layer].res_mid + dropout(proj_out), and its LayerNorm into (out, mean, rstd).
+  void block_output_layernorm(int layer, float* x_out, float* out, float* mean, float* rstd, const float* weight,
+                              const float* bias, const StepContext& ctx);
   void block_backward(int layer, const BlockParams& p, const BlockParams& g, const float* x_in, const StepContext& ctx);
   DropoutMask dropout(int site, int layer, const StepContext& ctx, uint64_t per_row) const;
   float mean_loss();

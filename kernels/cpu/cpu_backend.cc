@@ -44,6 +44,11 @@ void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, c
                                     const float* weight, const float* mean, const float* rstd, int64_t N, int C) {
   cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
+void CpuBackend::residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+                                            const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                            const DropoutMask& drop) {
+  cpu::residual_layernorm_forward(res_out, out, mean, rstd, res, inp, weight, bias, N, C, drop);
+}
 void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
                                    const DropoutMask& drop) {
   cpu::attention_forward(out, att, qkv, B, T, C, NH, drop);

@@ -21,15 +21,20 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
                        int64_t N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int64_t N, int C);
+void residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+                                const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                const DropoutMask& drop);
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, const DropoutMask& drop);
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                        int NH, const DropoutMask& drop);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH,
+                        const DropoutMask& drop);
 
 void gelu_forward(float* out, const float* inp, int64_t N);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N);
 
 void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop);
+// Elements [first, first + n) of residual_forward (pointers at element `first`): one row of the fused op.
+void residual_span(float* out, const float* res, const float* inp, int64_t first, int64_t n, const DropoutMask& drop);
 void dropout_forward(float* x, int64_t N, const DropoutMask& drop);
 void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop);
 

@@ -1,33 +1,56 @@
 // LayerNorm over the last dimension, fp32 statistics (eps = 1e-5 as GPT-2).
+#include <omp.h>
+
 #include <cmath>
 #include <vector>
-
-#include <omp.h>
 
 #include "kernels/cpu/kernels.h"
 
 namespace gpt::cpu {
 
+namespace {
+
+constexpr float kEps = 1e-5f;
+
+// One row. Not inlined, so both forward entry points run the same machine code and their results agree bit
+// for bit (the simd reductions' order is the vectorisation the compiler picks for this one body).
+[[gnu::noinline]] void layernorm_row(float* y, float* mean, float* rstd, const float* x, const float* weight,
+                                     const float* bias, int C) {
+  float m = 0.0f;
+#pragma omp simd reduction(+ : m)
+  for (int c = 0; c < C; ++c) m += x[c];
+  m /= C;
+  float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+  for (int c = 0; c < C; ++c) var += (x[c] - m) * (x[c] - m);
+  var /= C;
+  const float s = 1.0f / std::sqrt(var + kEps);
+#pragma omp simd
+  for (int c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+  if (mean) *mean = m;
+  if (rstd) *rstd = s;
+}
+
+}  // namespace
+
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                        int64_t N, int C) {
-  constexpr float kEps = 1e-5f;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
-    const float* x = inp + i * C;
-    float m = 0.0f;
-#pragma omp simd reduction(+ : m)
-    for (int c = 0; c < C; ++c) m += x[c];
-    m /= C;
-    float var = 0.0f;
-#pragma omp simd reduction(+ : var)
-    for (int c = 0; c < C; ++c) var += (x[c] - m) * (x[c] - m);
-    var /= C;
-    const float s = 1.0f / std::sqrt(var + kEps);
-    float* y = out + i * C;
-#pragma omp simd
-    for (int c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + bias[c];
-    if (mean) mean[i] = m;
-    if (rstd) rstd[i] = s;
+    layernorm_row(out + i * C, mean ? mean + i : nullptr, rstd ? rstd + i : nullptr, inp + i * C, weight, bias, C);
+  }
+}
+
+// Row by row, so the row just written is normalised while it is in cache. residual_span and layernorm_row are
+// the bodies residual_forward and layernorm_forward run, so the result equals the two ops bit for bit.
+void residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+                                const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                const DropoutMask& drop) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    float* r = res_out + i * C;
+    residual_span(r, res + i * C, inp + i * C, i * C, C, drop);
+    layernorm_row(out + i * C, mean ? mean + i : nullptr, rstd ? rstd + i : nullptr, r, weight, bias, C);
   }
 }
 

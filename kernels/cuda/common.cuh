@@ -31,6 +31,14 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 
+// Dropout of element i under `drop` (a DropoutMask): 0 if dropped, else x scaled by keep = 1/(1-p). The one
+// expression every kernel with dropout uses, so fused and separate kernels drop and scale alike. __fmul_rn: the
+// product is never contracted into an FMA with what the caller adds to it, so it rounds the same in every kernel.
+template <typename Mask>
+__device__ inline float dropped(float x, const Mask& drop, float keep, int64_t i) {
+  return drop.rng.uniform(drop.base + static_cast<uint64_t>(i)) < drop.p ? 0.0f : __fmul_rn(x, keep);
+}
+
 // Sum over the block; every thread gets the result. REQUIRES: blockDim.x a multiple of 32, <= 1024;
 // called by all threads of the block. `shared` holds 32 T.
 template <typename T>

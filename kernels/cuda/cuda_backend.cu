@@ -212,6 +212,12 @@ void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, 
   cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
                            scratch(cuda::layernorm_backward_scratch_bytes(N, C)), stream_);
 }
+void CudaBackend::residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+                                             const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                             const DropoutMask& drop) {
+  const OpTimer timed = time_op("residual_layernorm_forward");
+  cuda::residual_layernorm_forward(res_out, out, mean, rstd, res, inp, weight, bias, N, C, drop, stream_);
+}
 // Under bf16 compute, the tensor-core kernels (attention_tc.cu) for the head sizes they cover and 16-byte
 // aligned tensors (they move float4s); else the fp32 kernels.
 bool CudaBackend::tensor_core_attention(int C, int NH, std::initializer_list<const void*> tensors) const {

@@ -53,6 +53,9 @@ class CudaBackend final : public Backend {
                          int64_t N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, const float* mean, const float* rstd, int64_t N, int C) override;
+  void residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+                                  const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                  const DropoutMask& drop) override;
   int64_t attention_state_floats(int B, int T, int NH) const override {
     return static_cast<int64_t>(B) * NH * T;  // each query row's log-sum-exp
   }

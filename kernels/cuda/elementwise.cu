@@ -10,10 +10,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ inline float dropped(float x, const DropoutMask& drop, float keep, int64_t i) {
-  return drop.rng.uniform(drop.base + static_cast<uint64_t>(i)) < drop.p ? 0.0f : x * keep;
-}
-
 __global__ void residual_kernel(float* out, const float* res, const float* inp, int64_t n, DropoutMask drop,
                                 float keep) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;

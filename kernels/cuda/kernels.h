@@ -28,6 +28,11 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 // layernorm.cu. mean/rstd may be null (recomputation that only needs out).
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                        int64_t N, int C, cudaStream_t stream);
+// The fused residual + LayerNorm: res_out = res + dropout(inp) (the residual_forward expression; res_out may
+// alias res), then layernorm_forward of res_out, bit for bit the two kernels.
+void residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+                                const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                const DropoutMask& drop, cudaStream_t stream);
 size_t layernorm_backward_scratch_bytes(int64_t N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int64_t N, int C, void* scratch,

@@ -53,21 +53,36 @@ __device__ inline void store4(float* p, int j, int n, const float (&v)[4]) {
 // One warp per row: mean, then the variance around it (two passes, as the CPU), then the output.
 // out is not __restrict__ against inp: each lane reads an element before writing the same element, so an
 // in-place call would still be correct.
-template <bool kVec>
+// kResidual: the fused residual + LayerNorm. The first pass computes inp = res + dropout(add) (the expression
+// of elementwise.cu's residual_kernel), stores it and sums it; the later passes read back what the same lane
+// stored, so the statistics and the output are those of layernorm_forward on the stored residual, bit for bit.
+template <bool kVec, bool kResidual>
 __global__ void __launch_bounds__(kRowThreads)
-    layernorm_forward_kernel(float* out, float* __restrict__ mean, float* __restrict__ rstd, const float* inp,
+    layernorm_forward_kernel(float* out, float* __restrict__ mean, float* __restrict__ rstd, float* inp,
+                             const float* res, const float* add, DropoutMask drop, float keep,
                              const float* __restrict__ weight, const float* __restrict__ bias, int64_t N, int C) {
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
   if (row >= N) return;  // the whole warp leaves: only warp shuffles follow, no __syncthreads
-  const float* x = inp + row * C;
+  float* x = inp + row * C;
   float v[4];
 
   float sum = 0.0f;
   for (int j = 4 * lane; j < C; j += 4 * kWarp) {
-    load4<kVec>(v, x, j, C, 0.0f);
+    if constexpr (kResidual) {
+      float a[4], b[4];
+      load4<kVec>(a, res + row * C, j, C, 0.0f);
+      load4<kVec>(b, add + row * C, j, C, 0.0f);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) sum += v[k];
+      for (int k = 0; k < 4; ++k) {
+        v[k] = a[k] + (drop.active() ? dropped(b[k], drop, keep, row * C + j + k) : b[k]);
+      }
+      store4<kVec>(x, j, C, v);
+    } else {
+      load4<kVec>(v, x, j, C, 0.0f);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) sum += v[k];  // elements past C are 0 either way
   }
   const float m = warp_sum(sum) / static_cast<float>(C);
 
@@ -193,20 +208,53 @@ size_t row_stats_bytes(int64_t N) { return align_up(static_cast<size_t>(N) * siz
 
 }  // namespace
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       int64_t N, int C, cudaStream_t stream) {
+namespace {
+
+// Both forward entry points: res == nullptr for the plain LayerNorm of x.
+void launch_layernorm_forward(float* out, float* mean, float* rstd, float* x, const float* res, const float* add,
+                              const DropoutMask& drop, const float* weight, const float* bias, int64_t N, int C,
+                              cudaStream_t stream) {
   GPT_CHECK(N >= 0 && C > 0);
-  GPT_CHECK(out != nullptr && inp != nullptr && weight != nullptr && bias != nullptr);
+  GPT_CHECK(out != nullptr && x != nullptr && weight != nullptr && bias != nullptr);
   if (N == 0) return;
   GPT_CHECK(ceil_div(N, kRowWarps) <= INT32_MAX);
   const dim3 grid(static_cast<unsigned>(ceil_div(N, kRowWarps)));
-  const bool vec = C % 4 == 0 && aligned16(out) && aligned16(inp) && aligned16(weight) && aligned16(bias);
-  if (vec) {
-    layernorm_forward_kernel<true><<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+  const bool vec = C % 4 == 0 && aligned16(out) && aligned16(x) && aligned16(weight) && aligned16(bias) &&
+                   (res == nullptr || (aligned16(res) && aligned16(add)));
+  const float keep = drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f;
+  if (res == nullptr) {
+    if (vec) {
+      layernorm_forward_kernel<true, false>
+          <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, nullptr, nullptr, drop, keep, weight, bias, N, C);
+    } else {
+      layernorm_forward_kernel<false, false>
+          <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, nullptr, nullptr, drop, keep, weight, bias, N, C);
+    }
+  } else if (vec) {
+    layernorm_forward_kernel<true, true>
+        <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, res, add, drop, keep, weight, bias, N, C);
   } else {
-    layernorm_forward_kernel<false><<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+    layernorm_forward_kernel<false, true>
+        <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, res, add, drop, keep, weight, bias, N, C);
   }
   GPT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int64_t N, int C, cudaStream_t stream) {
+  // The plain kernel only reads inp (the pointer is non-const for the fused variant, which writes it).
+  launch_layernorm_forward(out, mean, rstd, const_cast<float*>(inp), nullptr, nullptr, DropoutMask{}, weight, bias, N,
+                           C, stream);
+}
+
+void residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+                                const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                const DropoutMask& drop, cudaStream_t stream) {
+  GPT_CHECK(res != nullptr && inp != nullptr);
+  GPT_CHECK(out != res_out && out != res && out != inp);  // out is written after res_out is read back
+  launch_layernorm_forward(out, mean, rstd, res_out, res, inp, drop, weight, bias, N, C, stream);
 }
 
 size_t layernorm_backward_scratch_bytes(int64_t N, int C) {

@@ -3,7 +3,6 @@
 // model, against their CPU twins in kernels/cpu. Outputs start NaN-poisoned (every element must be written)
 // and every kernel runs twice: the results must be bitwise equal.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -70,9 +69,8 @@ void run_layernorm(int64_t N, int C, size_t off) {
   CHECK(dinp[0].same(dinp[1]));
   CHECK(dw[0].same(dw[1]));
   CHECK(db[0].same(db[1]));
-  const Cmp cs[] = {compare(out.p, cout.p, out.n),       compare(mean.p, cmean.p, N),
-                    compare(rstd.p, crstd.p, N),         compare(dinp[0].p, cdinp.p, cdinp.n),
-                    compare(dw[0].p, cdw.p, C),          compare(db[0].p, cdb.p, C)};
+  const Cmp cs[] = {compare(out.p, cout.p, out.n),        compare(mean.p, cmean.p, N), compare(rstd.p, crstd.p, N),
+                    compare(dinp[0].p, cdinp.p, cdinp.n), compare(dw[0].p, cdw.p, C),  compare(db[0].p, cdb.p, C)};
   const char* names[] = {"out", "mean", "rstd", "dinp", "dweight", "dbias"};
   for (int i = 0; i < 6; ++i) {
     INFO(names[i] << " rel err " << cs[i].rel());
@@ -94,6 +92,40 @@ void run_layernorm(int64_t N, int C, size_t off) {
   }
 }
 
+// The fused residual + LayerNorm equals elementwise.cu's residual then layernorm.cu's LayerNorm bit for bit
+// (residual and normalised output, mean, rstd), in place (res_out == res) too, and is close to the CPU's.
+void run_residual_layernorm(int64_t N, int C, size_t off, float p, bool inplace) {
+  INFO("residual_layernorm N=" << N << " C=" << C << " offset=" << off << " p=" << p << " inplace=" << inplace);
+  const DropoutMask drop = p > 0.0f ? make_drop(p) : DropoutMask{};
+  Buf<float> res(N * C, off), add(N * C, off), w(C, off), bias(C, off);
+  randn(res, 2.0f);
+  randn(add);
+  randn(w);
+  randn(bias);
+  // Separate kernels.
+  Buf<float> sres(N * C, off), sout(N * C, off), smean(N), srstd(N);
+  emu::residual_forward(sres.p, res.p, add.p, N * C, drop, nullptr);
+  emu::layernorm_forward(sout.p, smean.p, srstd.p, sres.p, w.p, bias.p, N, C, nullptr);
+  // Fused.
+  Buf<float> fres(N * C, off), fout(N * C, off), fmean(N), frstd(N);
+  if (inplace) fres.copy_from(res);
+  emu::residual_layernorm_forward(fres.p, fout.p, fmean.p, frstd.p, inplace ? fres.p : res.p, add.p, w.p, bias.p, N, C,
+                                  drop, nullptr);
+  CHECK(fres.same(sres));
+  CHECK(fout.same(sout));
+  CHECK(fmean.same(smean));
+  CHECK(frstd.same(srstd));
+  // The CPU twin.
+  Buf<float> cres(N * C), cout(N * C), cmean(N), crstd(N);
+  cpu::residual_layernorm_forward(cres.p, cout.p, cmean.p, crstd.p, res.p, add.p, w.p, bias.p, N, C, drop);
+  const Cmp cr = compare(fres.p, cres.p, cres.n), co = compare(fout.p, cout.p, cout.n);
+  INFO("residual rel err " << cr.rel() << ", out rel err " << co.rel());
+  CHECK(cr.nonfinite == 0);
+  CHECK(co.nonfinite == 0);
+  CHECK(cr.rel() < 1e-6);
+  CHECK(co.rel() < 1e-4);
+}
+
 void run_crossentropy(int64_t N, int V, int Vp, bool inplace, bool with_grad, bool neg_inf) {
   INFO("crossentropy N=" << N << " V=" << V << " Vp=" << Vp << " inplace=" << inplace << " grad=" << with_grad
                          << " -inf=" << neg_inf);
@@ -108,8 +140,8 @@ void run_crossentropy(int64_t N, int V, int Vp, bool inplace, bool with_grad, bo
   const float dloss = 0.73f / static_cast<float>(N);
   Buf<float> cl(N), cd(N * Vp), clog(N * Vp);
   clog.copy_from(logits);
-  cpu::crossentropy_forward_backward(cl.p, with_grad ? (inplace ? clog.p : cd.p) : nullptr, clog.p, targets.p, N, V,
-                                     Vp, dloss);
+  cpu::crossentropy_forward_backward(cl.p, with_grad ? (inplace ? clog.p : cd.p) : nullptr, clog.p, targets.p, N, V, Vp,
+                                     dloss);
   if (inplace) cd.copy_from(clog);
   Buf<float> l[2] = {Buf<float>(N), Buf<float>(N)}, d[2] = {Buf<float>(N * Vp), Buf<float>(N * Vp)};
   for (int r = 0; r < 2; ++r) {
@@ -239,7 +271,10 @@ void run_gelu(int64_t n) {
   emu::gelu_backward(d.p, x.p, dout.p, n, nullptr);
   d2.copy_from(dout);
   emu::gelu_backward(d2.p, x.p, d2.p, n, nullptr);  // dinp aliasing dout, as the model does
-  const Cmp fo = compare(o.p, co.p, n), bo = compare(d.p, cd.p, n);
+  Cmp fo = compare(o.p, co.p, n), bo = compare(d.p, cd.p, n);
+  // dinp = dout * gelu'(x), and gelu' passes through 0 (x near -0.75), where a single element's relative error
+  // is unbounded: measure the backward against the size of its terms, max |dout| (|gelu'| <= 1.13).
+  bo.mag = std::max(bo.mag, compare(dout.p, dout.p, n).mag);
   CHECK(fo.nonfinite + bo.nonfinite == 0);
   CHECK(fo.rel() < 2e-6);
   CHECK(bo.rel() < 2e-6);
@@ -311,8 +346,8 @@ void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs) {
   Buf<float> dummy(inp.n), dummy_w(w.n);
   dummy_w.fill(0.0f);
   cpu::matmul_backward(dummy.p, dummy_w.p, cdb_only.p, dout.p, inp.p, w.p, N, C, OC);  // dbias from fp32 dout
-  Buf<float> dinp[2] = {Buf<float>(inp.n, off), Buf<float>(inp.n, off)}, dw[2] = {Buf<float>(w.n, off), Buf<float>(w.n, off)},
-             db[2] = {Buf<float>(OC, off), Buf<float>(OC, off)};
+  Buf<float> dinp[2] = {Buf<float>(inp.n, off), Buf<float>(inp.n, off)},
+             dw[2] = {Buf<float>(w.n, off), Buf<float>(w.n, off)}, db[2] = {Buf<float>(OC, off), Buf<float>(OC, off)};
   for (int r = 0; r < 2; ++r) {
     Buf<float> scratch(emu::Matmul::backward_scratch_bytes(N, OC) / sizeof(float));
     dw[r].copy_from(dw0), db[r].copy_from(db0);
@@ -339,11 +374,18 @@ TEST_CASE("cuda_emu: layernorm.cu matches the CPU twin", "[cuda_emu][layernorm]"
   run_layernorm(5, 520, 0);
 }
 
+TEST_CASE("cuda_emu: the fused residual + layernorm equals the two kernels", "[cuda_emu][layernorm]") {
+  run_residual_layernorm(9, 36, 0, 0.0f, false);
+  run_residual_layernorm(9, 36, 0, 0.25f, true);
+  run_residual_layernorm(3, 37, 1, 0.25f, false);  // scalar path
+  run_residual_layernorm(5, 520, 0, 0.1f, false);
+}
+
 TEST_CASE("cuda_emu: crossentropy.cu matches the CPU twin", "[cuda_emu][crossentropy]") {
   run_crossentropy(2, 65, 68, false, true, false);
   run_crossentropy(3, 65, 67, true, true, false);  // in place, Vp > V, odd Vp (rows at every alignment)
   run_crossentropy(2, 7, 9, true, true, false);
-  run_crossentropy(2, 65, 65, false, false, false);  // no gradient
+  run_crossentropy(2, 65, 65, false, false, false);   // no gradient
   run_crossentropy(1, 2100, 2100, true, true, true);  // several chunks per row, a -inf logit
 }
 
@@ -376,7 +418,7 @@ TEST_CASE("cuda_emu: adamw.cu and sum_squares match the CPU twin", "[cuda_emu][a
 
 TEST_CASE("cuda_emu: matmul.cu (cuBLASLt calls, dbias kernels) matches the CPU twin", "[cuda_emu][matmul]") {
   run_matmul(1, 3, 33, 0, false);
-  run_matmul(300, 5, 40, 0, false);   // two dbias row chunks
-  run_matmul(7, 6, 10, 1, false);     // 4-byte aligned operands: bias added by the kernel
-  run_matmul(9, 16, 24, 0, true);     // bf16 GEMM inputs
+  run_matmul(300, 5, 40, 0, false);  // two dbias row chunks
+  run_matmul(7, 6, 10, 1, false);    // 4-byte aligned operands: bias added by the kernel
+  run_matmul(9, 16, 24, 0, true);    // bf16 GEMM inputs
 }

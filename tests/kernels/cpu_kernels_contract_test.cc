@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
@@ -253,6 +254,36 @@ TEST_CASE("sum_squares matches a double loop", "[kernels]") {
     double want = 0.0;
     for (float xi : x) want += static_cast<double>(xi) * xi;
     CHECK(cpu::sum_squares(x.data(), n) == Approx(want).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("residual_layernorm_forward equals residual_forward then layernorm_forward bit for bit", "[kernels]") {
+  for (const auto& [N, C, p] :
+       {std::tuple<int64_t, int, float>{1, 3, 0.0f}, {17, 48, 0.0f}, {17, 48, 0.3f}, {9, 131, 0.1f}}) {
+    CAPTURE(N, C, p);
+    const DropoutMask drop = p > 0.0f ? dropout(p) : DropoutMask{};
+    const auto res = randn(N * C, 1, 2.0f), add = randn(N * C, 2), w = randn(C, 3), b = randn(C, 4);
+    std::vector<float> s_res(N * C), s_out(N * C), s_mean(N), s_rstd(N);
+    cpu::residual_forward(s_res.data(), res.data(), add.data(), N * C, drop);
+    cpu::layernorm_forward(s_out.data(), s_mean.data(), s_rstd.data(), s_res.data(), w.data(), b.data(), N, C);
+    std::vector<float> f_res(N * C, kNaN), f_out(N * C, kNaN), f_mean(N, kNaN), f_rstd(N, kNaN);
+    cpu::residual_layernorm_forward(f_res.data(), f_out.data(), f_mean.data(), f_rstd.data(), res.data(), add.data(),
+                                    w.data(), b.data(), N, C, drop);
+    REQUIRE(bitwise_equal(f_res, s_res));
+    REQUIRE(bitwise_equal(f_out, s_out));
+    REQUIRE(bitwise_equal(f_mean, s_mean));
+    REQUIRE(bitwise_equal(f_rstd, s_rstd));
+    // In place (res_out aliases res), and without statistics (recomputation's form).
+    std::vector<float> i_res = res, i_out(N * C, kNaN);
+    cpu::residual_layernorm_forward(i_res.data(), i_out.data(), nullptr, nullptr, i_res.data(), add.data(), w.data(),
+                                    b.data(), N, C, drop);
+    REQUIRE(bitwise_equal(i_res, s_res));
+    REQUIRE(bitwise_equal(i_out, s_out));
+    if (p > 0.0f) {  // the mask really dropped something
+      std::vector<float> plain(N * C);
+      cpu::residual_forward(plain.data(), res.data(), add.data(), N * C, DropoutMask{});
+      REQUIRE_FALSE(bitwise_equal(plain, s_res));
+    }
   }
 }
 

@@ -76,6 +76,12 @@ class FakeDeviceBackend final : public Backend {
     cpu_->layernorm_backward(real(dinp), real(dweight), real(dbias), real(dout), real(inp), real(weight), real(mean),
                              real(rstd), N, C);
   }
+  void residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+                                  const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                  const DropoutMask& drop) override {
+    cpu_->residual_layernorm_forward(real(res_out), real(out), real(mean), real(rstd), real(res), real(inp),
+                                     real(weight), real(bias), N, C, drop);
+  }
   int64_t attention_state_floats(int B, int T, int NH) const override { return cpu_->attention_state_floats(B, T, NH); }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
                          const DropoutMask& drop) override {

@@ -40,6 +40,8 @@ inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c,
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
 inline float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }
+// A rounded product that is never contracted into an FMA (not inlined, so the host compiler cannot either).
+[[gnu::noinline]] inline float __fmul_rn(float a, float b) { return a * b; }
 inline thread_local emu_uint3 threadIdx, blockIdx;
 inline thread_local dim3 blockDim, gridDim;
 inline thread_local float* emu_smem;
