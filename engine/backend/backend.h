@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/check.h"
@@ -34,6 +35,30 @@ struct DropoutMask {
   CounterRng rng{0, 0};
   uint64_t base = 0;
   GPT_HOST_DEVICE bool active() const { return p > 0.0f; }
+};
+
+// A run of the optimizer's local buffers: elements [begin, begin + length), weight-decayed or not. `index` is
+// the first element's index in the whole (unsharded) model's flat parameters, so what depends on it
+// (stochastic rounding) is the same under every strategy and world size.
+struct OptimSpan {
+  int64_t begin = 0;
+  int64_t length = 0;
+  uint64_t index = 0;
+  bool decay = false;
+};
+
+// One AdamW step's hyperparameters. step is 1-based; grads are scaled by grad_scale first (global-norm
+// clipping); weight_decay applies to the spans marked decay.
+struct AdamWStep {
+  float lr = 0.0f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f, grad_scale = 1.0f;
+  int64_t step = 1;
+};
+
+// How fp32 master weights become bf16 parameters: to nearest even, or stochastically (bf16_bits_stochastic
+// with the bits rng.u32(model index) of each element).
+struct Bf16Rounding {
+  bool stochastic = false;
+  CounterRng rng{0, 0};
 };
 
 class Backend {
@@ -125,8 +150,19 @@ class Backend {
   // grad is scaled by grad_scale first (global-norm clipping). step is 1-based.
   virtual void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1,
                             float beta2, float eps, float weight_decay, float grad_scale, int64_t step) = 0;
+  // AdamW over every span of the buffers in one pass where the backend can (the CUDA backend: one launch for
+  // the whole shard, the multi-tensor kernel). The master weights equal adamw_update's on each span bit for
+  // bit; param_lo, when not null, gets the updated weights rounded to bf16 by `rounding` in the same pass.
+  virtual void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo,
+                                  const std::vector<OptimSpan>& spans, const AdamWStep& step,
+                                  const Bf16Rounding& rounding) = 0;
   // Sum of squares in double (for the global gradient norm).
   virtual double sum_squares(const float* x, int64_t n) = 0;
+  // The sum of squares over every span (in double, a fixed order for given spans), with one wait.
+  virtual double sum_squares_spans(const float* x, const std::vector<OptimSpan>& spans) = 0;
+  // dst = src rounded to bf16 by `rounding`, over the spans.
+  virtual void round_to_bf16_spans(bf16* dst, const float* src, const std::vector<OptimSpan>& spans,
+                                   const Bf16Rounding& rounding) = 0;
   virtual void fill_zero(float* x, int64_t n) = 0;
   // Mixed precision: fp32 -> bf16 (round to nearest even) and back.
   virtual void cast_to_bf16(bf16* dst, const float* src, int64_t n) = 0;

@@ -65,6 +65,7 @@ struct ParallelSection {
   float bucket_mb = 25.0f;             // ddp: gradient bytes per all-reduce bucket (MiB); 0 = one per unit
   std::string param_dtype = "fp32";    // fp32 | bf16: parameters as stored and communicated
   std::string reduce_dtype = "fp32";   // fp32 | bf16: gradients as communicated
+  bool stochastic_rounding = false;    // bf16 params: round from the master weights stochastically
 };
 
 struct CheckpointSection {

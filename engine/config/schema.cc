@@ -170,6 +170,10 @@ std::span<const KeySpec> config_schema() {
        "parameters as stored and communicated (master weights and optimizer state stay fp32); on cuda also the "
        "inputs of the GEMMs and attention's products (tensor cores, fp32 accumulation and outputs)"},
       {GPT_KEY(parallel, reduce_dtype), one_of("fp32|bf16"), "gradients as communicated (accumulated in fp32)"},
+      {GPT_KEY(parallel, stochastic_rounding), anything(),
+       "param_dtype bf16: round the bf16 parameters from the fp32 master weights stochastically (unbiased; the "
+       "random bits depend only on run.seed, the step and each weight's index, so runs and resumes repeat) "
+       "instead of to nearest"},
       {GPT_KEY(parallel, reshard_after_forward), anything(),
        "zero3: free each unit after its forward and gather it again for backward (false: keep it, more memory)"},
       {GPT_KEY(parallel, bucket_mb), at_least(0),

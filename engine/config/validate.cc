@@ -50,6 +50,11 @@ Status cross_key_rules(const RunConfig& cfg, const std::string& source) {
                                                         value_of(cfg, "training.lr") + "), got " +
                                                         value_of(cfg, "training.min_lr"));
   }
+  if (cfg.parallel.stochastic_rounding && cfg.parallel.param_dtype != "bf16") {
+    return fail({"parallel.stochastic_rounding", "parallel.param_dtype"},
+                "parallel.stochastic_rounding: rounds bf16 parameters; it needs parallel.param_dtype: bf16, got " +
+                    cfg.parallel.param_dtype);
+  }
   if (t.decay_steps != 0 && t.decay_steps < t.warmup_steps) {
     return fail({"training.decay_steps", "training.warmup_steps"},
                 "training.decay_steps: must be 0 or >= training.warmup_steps (" + std::to_string(t.warmup_steps) +

@@ -12,20 +12,28 @@ enum class DType : uint8_t { kF32, kBF16, kI32, kU16 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kU16: return 2;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kI32:
+      return 4;
+    case DType::kU16:
+      return 2;
   }
   return 0;
 }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kI32: return "i32";
-    case DType::kU16: return "u16";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI32:
+      return "i32";
+    case DType::kU16:
+      return "u16";
   }
   return "?";
 }
@@ -39,6 +47,22 @@ inline float bf16_to_f32(bf16 v) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+#ifndef GPT_HOST_DEVICE  // as in core/rng.h: compiled for host and device
+#if defined(__CUDACC__)
+#define GPT_HOST_DEVICE __host__ __device__
+#else
+#define GPT_HOST_DEVICE
+#endif
+#endif
+
+// Stochastic rounding of the fp32 bits u to bf16 with random bits r (the low 16 are used): r is added below
+// the kept bits, which are then truncated, so the magnitude rounds up with probability (discarded bits) / 2^16
+// and the expected value is u's. Infinities stay; NaN stays NaN.
+GPT_HOST_DEVICE inline uint16_t bf16_bits_stochastic(uint32_t u, uint32_t r) {
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return static_cast<uint16_t>((u >> 16) | 0x40);
+  return static_cast<uint16_t>((u + (r & 0xffffu)) >> 16);
 }
 
 // Round to nearest, ties to even; NaN stays NaN.

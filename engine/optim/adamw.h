@@ -36,8 +36,10 @@ class AdamW {
         AdamWConfig config);
 
   // One update of master from grads (both laid out like the local master buffer), gradients scaled by
-  // grad_scale first (global-norm clipping).
-  void step(float* master, const float* grads, float lr, float grad_scale);
+  // grad_scale first (global-norm clipping): one Backend::adamw_update_spans over the whole buffer (one
+  // launch on a GPU). master_lo, when not null, gets the updated weights in bf16, rounded by `rounding`.
+  void step(float* master, const float* grads, float lr, float grad_scale, bf16* master_lo = nullptr,
+            const Bf16Rounding& rounding = {});
 
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }  // resuming from a checkpoint
@@ -45,13 +47,9 @@ class AdamW {
   float* v() { return v_.as<float>(); }
 
  private:
-  struct Range {
-    int64_t begin, length;  // in the local buffer
-    bool decay;
-  };
   Backend& be_;
   AdamWConfig config_;
-  std::vector<Range> ranges_;
+  std::vector<OptimSpan> spans_;  // the parameters' runs in the local buffers, each decayed or not
   Buffer m_, v_;
   int64_t t_ = 0;
 };

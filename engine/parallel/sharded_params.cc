@@ -47,6 +47,7 @@ ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Commun
   GPT_CHECK(host_group_.size() == size_ && host_group_.rank() == rank_);
   GPT_CHECK_MSG(replicas_ == nullptr || strategy >= Strategy::kZero2, "replicate groups need zero2 or zero3");
   const int n = static_cast<int>(layout.units.size());
+  int64_t model_index = 0;  // the unit's first element in the whole model's flat parameters
   for (int u = 0; u < n; ++u) {
     UnitInfo info;
     info.numel = layout.units[u].numel;
@@ -60,6 +61,9 @@ ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Commun
     info.full_offset = full_numel_;
     const int64_t begin = shards_optimizer() ? rank_ * info.shard : 0;
     regions_.push_back({u, begin, std::clamp<int64_t>(info.numel - begin, 0, info.shard), info.local_offset});
+    region_spans_.push_back(
+        {info.local_offset, regions_.back().length, static_cast<uint64_t>(model_index + begin), false});
+    model_index += info.numel;
     local_numel_ += info.shard;
     full_numel_ += info.padded;
     units_.push_back(info);
@@ -118,7 +122,7 @@ void ShardedParams::init(const GptShape& shape, uint64_t seed) {
     if (r.length > 0) init_unit_slice(layout_.units[r.unit], shape, seed, r.begin, r.begin + r.length, dst);
     if (!be_.host_memory()) be_.to_device(master() + r.local_offset, dst, n * sizeof(float));
   }
-  publish();
+  publish(/*step=*/0);
 }
 
 const float* ShardedParams::acquire(int unit) {
@@ -325,20 +329,31 @@ void ShardedParams::finish_grads() {
 }
 
 double ShardedParams::grad_sq_norm() {
-  double local = 0.0;
-  for (const MasterRegion& r : regions_) {
-    if (r.length > 0) local += be_.sum_squares(local_grads_ + r.local_offset, r.length);
-  }
+  const double local = be_.sum_squares_spans(local_grads_, region_spans_);  // one wait on a device
   if (!shards_optimizer() || size_ == 1) return local;
   float v = static_cast<float>(local);
   host_group_.all_reduce(&v, 1, DType::kF32).wait();
   return v;
 }
 
-void ShardedParams::publish() {
+Bf16Rounding ShardedParams::rounding(int64_t step) const {
+  Bf16Rounding r;
+  r.stochastic = options_.stochastic_rounding;
+  r.rng = CounterRng(options_.rounding_seed, (static_cast<uint64_t>(step) << 8) ^ 0x73726f756e64ull);  // "sround"
+  return r;
+}
+
+void ShardedParams::publish(int64_t step, bool lo_written) {
   if (lo_params()) {
     // The parameters as stored and communicated: bf16 copies of the master weights (or of their shards).
-    be_.cast_to_bf16(param_shard_lo_.as<bf16>(), master(), local_numel_);
+    // Padding past a unit's end stays 0 (the buffer starts zero-filled and the master padding is 0).
+    if (lo_written) {
+      // adamw_update_spans wrote them with the update.
+    } else if (options_.stochastic_rounding) {
+      be_.round_to_bf16_spans(param_shard_lo_.as<bf16>(), master(), region_spans_, rounding(step));
+    } else {
+      be_.cast_to_bf16(param_shard_lo_.as<bf16>(), master(), local_numel_);
+    }
     if (!shards_optimizer()) {  // ddp: compute through fp32 from the bf16 values
       be_.cast_from_bf16(params_full_.as<float>(), param_shard_lo_.as<bf16>(), full_numel_);
       return;

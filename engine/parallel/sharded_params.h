@@ -50,6 +50,10 @@ struct ShardingOptions {
   // ddp: consecutive units' gradients are all-reduced together until a bucket holds this many bytes (as
   // communicated); 0 = one all-reduce per unit.
   int64_t bucket_bytes = 25 << 20;
+  // param_dtype bf16: round the parameters from the master weights stochastically (Bf16Rounding), with random
+  // bits keyed by rounding_seed, the optimizer step and each weight's model index; else to nearest even.
+  bool stochastic_rounding = false;
+  uint64_t rounding_seed = 0;
 };
 Expected<Strategy> parse_strategy(std::string_view name);
 std::string_view strategy_name(Strategy s);
@@ -80,7 +84,15 @@ class ShardedParams final : public ParamSource {
   // ||g||^2 of the whole model's gradient (collective when gradients are sharded).
   double grad_sq_norm();
   // After the optimizer: compute parameters follow the master weights (all-gather for zero1/zero2).
-  void publish();
+  // `step`: the optimizer steps taken (0 after init), which keys stochastic rounding. `lo_written`: the
+  // optimizer already wrote master_lo() (adamw_update_spans with rounding(step)), so only the gathers remain.
+  void publish(int64_t step, bool lo_written = false);
+  // The bf16 copy of the master region the optimizer may write with the update (null unless param_dtype
+  // is bf16), and how it rounds at optimizer step `step`.
+  bf16* master_lo() { return options_.param_dtype == DType::kBF16 ? param_shard_lo_.as<bf16>() : nullptr; }
+  Bf16Rounding rounding(int64_t step) const;
+  // The master regions as spans of the local buffers (no decay flags), for sum_squares_spans and rounding.
+  const std::vector<OptimSpan>& region_spans() const { return region_spans_; }
   // The full fp32 weights, units concatenated without padding, on every rank (collective).
   std::vector<float> gather_full_weights();
 
@@ -130,6 +142,7 @@ class ShardedParams final : public ParamSource {
   bool backward_ = false;  // zero3: the current pass has reached backward
   std::vector<UnitInfo> units_;
   std::vector<MasterRegion> regions_;
+  std::vector<OptimSpan> region_spans_;
   int64_t local_numel_ = 0, full_numel_ = 0;
   bool last_micro_ = true;
   int bucket_lo_ = -1, bucket_hi_ = -1;  // ddp: the units whose gradients wait in the open bucket

@@ -225,9 +225,13 @@ double zero_paper_max_params(double device_bytes, int n, double k, ZeroStage sta
 
 ShardingOptions sharding_options(const ParallelSection& parallel) {
   auto dtype = [](const std::string& name) { return name == "bf16" ? DType::kBF16 : DType::kF32; };
-  return ShardingOptions{parallel.prefetch, parallel.reshard_after_forward, dtype(parallel.param_dtype),
+  return ShardingOptions{parallel.prefetch,
+                         parallel.reshard_after_forward,
+                         dtype(parallel.param_dtype),
                          dtype(parallel.reduce_dtype),
-                         static_cast<int64_t>(static_cast<double>(parallel.bucket_mb) * 1024.0 * 1024.0)};
+                         static_cast<int64_t>(static_cast<double>(parallel.bucket_mb) * 1024.0 * 1024.0),
+                         parallel.stochastic_rounding,
+                         /*rounding_seed=*/0};  // the trainer sets run.seed
 }
 
 Status check_batch_split(const RunConfig& cfg, int world_size) {

@@ -188,8 +188,10 @@ Status Trainer::init_state() {
       replicas = device_replicate_group_.get();
     }
   }
-  params_ = std::make_unique<ShardedParams>(model_->layout(), *backend_, *grad_group, strategy_, replicas,
-                                            sharding_options(config_.parallel), shard_group);
+  ShardingOptions options = sharding_options(config_.parallel);
+  options.rounding_seed = config_.run.seed;
+  params_ = std::make_unique<ShardedParams>(model_->layout(), *backend_, *grad_group, strategy_, replicas, options,
+                                            shard_group);
   params_->init(shape_, config_.run.seed);
   const auto& t = config_.training;
   optimizer_ = std::make_unique<AdamW>(*backend_, model_->layout(), params_->regions(), params_->local_numel(),
@@ -303,8 +305,10 @@ Expected<float> Trainer::train_step(int64_t step) {
     return loss;
   }
   const float scale = clip_scale(last_grad_norm_, config_.training.grad_clip);
-  optimizer_->step(params_->master(), params_->local_grads(), schedule_.at(step), scale);
-  params_->publish();
+  // The bf16 parameters are written by the optimizer's pass itself, rounded as publish would at this step.
+  optimizer_->step(params_->master(), params_->local_grads(), schedule_.at(step), scale, params_->master_lo(),
+                   params_->rounding(optimizer_->steps_taken() + 1));
+  params_->publish(optimizer_->steps_taken(), /*lo_written=*/true);
   return loss;
 }
 

@@ -104,7 +104,7 @@ Status Trainer::restore() {
   }
   optimizer_->set_steps_taken(m.adam_steps);
   GPT_RETURN_IF_ERROR(train_.restore({m.loader_batch_index, m.global_batch}));
-  params_->publish();
+  params_->publish(m.adam_steps);  // the bf16 parameters as the uninterrupted run rounded them at this step
   start_step_ = m.step;
   spdlog::info("resumed from {} (step {}, saved by {} on {} rank(s)); this rank read {:.2f} MiB of shards in {:.3f} s",
                r.dir(), m.step, m.strategy, m.world_size, static_cast<double>(r.bytes_read()) / (1 << 20),

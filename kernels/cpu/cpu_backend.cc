@@ -81,6 +81,18 @@ void CpuBackend::fill_zero(float* x, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) x[i] = 0.0f;
 }
+void CpuBackend::adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo,
+                                    const std::vector<OptimSpan>& spans, const AdamWStep& step,
+                                    const Bf16Rounding& rounding) {
+  cpu::adamw_update_spans(param, m, v, grad, param_lo, spans, step, rounding);
+}
+double CpuBackend::sum_squares_spans(const float* x, const std::vector<OptimSpan>& spans) {
+  return cpu::sum_squares_spans(x, spans);
+}
+void CpuBackend::round_to_bf16_spans(bf16* dst, const float* src, const std::vector<OptimSpan>& spans,
+                                     const Bf16Rounding& rounding) {
+  for (const OptimSpan& sp : spans) cpu::round_to_bf16(dst + sp.begin, src + sp.begin, sp.length, sp.index, rounding);
+}
 void CpuBackend::cast_to_bf16(bf16* dst, const float* src, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);

@@ -44,7 +44,13 @@ class CpuBackend final : public Backend {
                                      int64_t N, int V, int Vp, float dloss) override;
   void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1, float beta2,
                     float eps, float weight_decay, float grad_scale, int64_t step) override;
+  void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo,
+                          const std::vector<OptimSpan>& spans, const AdamWStep& step,
+                          const Bf16Rounding& rounding) override;
   double sum_squares(const float* x, int64_t n) override;
+  double sum_squares_spans(const float* x, const std::vector<OptimSpan>& spans) override;
+  void round_to_bf16_spans(bf16* dst, const float* src, const std::vector<OptimSpan>& spans,
+                           const Bf16Rounding& rounding) override;
   void fill_zero(float* x, int64_t n) override;
   void cast_to_bf16(bf16* dst, const float* src, int64_t n) override;
   void cast_from_bf16(float* dst, const bf16* src, int64_t n) override;

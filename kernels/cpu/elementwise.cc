@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
@@ -86,6 +87,36 @@ void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n
     const float mhat = mi / bc1, vhat = vi / bc2;
     param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
   }
+}
+
+void round_to_bf16(bf16* dst, const float* src, int64_t n, uint64_t index, const Bf16Rounding& rounding) {
+  if (!rounding.stochastic) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &src[i], 4);
+    dst[i].bits = bf16_bits_stochastic(u, rounding.rng.u32(index + static_cast<uint64_t>(i)));
+  }
+}
+
+void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo,
+                        const std::vector<OptimSpan>& spans, const AdamWStep& s, const Bf16Rounding& rounding) {
+  for (const OptimSpan& sp : spans) {
+    const int64_t b = sp.begin;
+    adamw_update(param + b, m + b, v + b, grad + b, sp.length, s.lr, s.beta1, s.beta2, s.eps,
+                 sp.decay ? s.weight_decay : 0.0f, s.grad_scale, s.step);
+    if (param_lo != nullptr) round_to_bf16(param_lo + b, param + b, sp.length, sp.index, rounding);
+  }
+}
+
+double sum_squares_spans(const float* x, const std::vector<OptimSpan>& spans) {
+  double total = 0.0;
+  for (const OptimSpan& sp : spans) total += sum_squares(x + sp.begin, sp.length);
+  return total;
 }
 
 }  // namespace gpt::cpu

@@ -44,5 +44,11 @@ void crossentropy_forward_backward(float* losses, float* dlogits, const float* l
 void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1, float beta2,
                   float eps, float weight_decay, float grad_scale, int64_t step);
 double sum_squares(const float* x, int64_t n);
+// src rounded to bf16 (nearest even, or stochastically with the bits of element i at model index index + i).
+void round_to_bf16(bf16* dst, const float* src, int64_t n, uint64_t index, const Bf16Rounding& rounding);
+// Backend::adamw_update_spans and sum_squares_spans: adamw_update and sum_squares span by span.
+void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo,
+                        const std::vector<OptimSpan>& spans, const AdamWStep& s, const Bf16Rounding& rounding);
+double sum_squares_spans(const float* x, const std::vector<OptimSpan>& spans);
 
 }  // namespace gpt::cpu

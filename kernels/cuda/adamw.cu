@@ -3,6 +3,7 @@
 // exactly as the CPU does. sum_squares is deterministic: a fixed grid of blocks, each thread striding with
 // a fixed stride, partial sums in double written per block, then one block adding them in block order.
 #include <cmath>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
@@ -47,6 +48,139 @@ __global__ void sum_partials_kernel(double* result, const double* partial, int c
   if (threadIdx.x == 0) *result = s;
 }
 
+// The multi-tensor kernels: one launch over every span of the shard. Each block takes one tile of kTile
+// elements of one span; tile_start (count + 1, a prefix sum of the spans' tile counts) maps the block to its
+// span by binary search.
+constexpr int64_t kTile = 4096;
+
+__device__ inline int span_of_block(const int64_t* tile_start, int count, int64_t block) {
+  int lo = 0, hi = count - 1;  // the last k with tile_start[k] <= block
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_start[mid] <= block) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// Rounds x to bf16: nearest even (elementwise.cu's cast), or stochastically with the bits of model index `at`.
+__device__ inline bf16 round_bf16(float x, const Bf16Rounding& r, uint64_t at) {
+  const uint32_t u = __float_as_uint(x);
+  bf16 out;
+  if (r.stochastic) {
+    out.bits = bf16_bits_stochastic(u, r.rng.u32(at));
+  } else if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) {
+    out.bits = static_cast<uint16_t>((u >> 16) | 0x40);
+  } else {
+    out.bits = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  return out;
+}
+
+// The tile of span k that block `block` owns: [first, last) in the local buffers.
+struct Tile {
+  const OptimSpan* span;
+  int64_t first, last;
+};
+__device__ inline Tile tile_of(const OptimSpan* spans, const int64_t* tile_start, int count, int64_t block) {
+  const int k = span_of_block(tile_start, count, block);
+  const int64_t t = block - tile_start[k];
+  const int64_t first = spans[k].begin + t * kTile;
+  const int64_t end = spans[k].begin + spans[k].length;
+  return {&spans[k], first, first + kTile < end ? first + kTile : end};
+}
+
+// adamw_kernel's arithmetic per element (bit for bit), plus the bf16 copy.
+__global__ void adamw_spans_kernel(float* param, float* m, float* v, const float* grad, bf16* param_lo,
+                                   const OptimSpan* spans, const int64_t* tile_start, int count, AdamWStep s, float bc1,
+                                   float bc2, Bf16Rounding rounding) {
+  const Tile tile = tile_of(spans, tile_start, count, blockIdx.x);
+  const float wd = tile.span->decay ? s.weight_decay : 0.0f;
+  for (int64_t i = tile.first + threadIdx.x; i < tile.last; i += blockDim.x) {
+    const float g = grad[i] * s.grad_scale;
+    const float mi = s.beta1 * m[i] + (1.0f - s.beta1) * g;
+    const float vi = s.beta2 * v[i] + (1.0f - s.beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = mi / bc1, vhat = vi / bc2;
+    const float p = param[i] - s.lr * (mhat / (sqrtf(vhat) + s.eps) + wd * param[i]);
+    param[i] = p;
+    if (param_lo != nullptr) param_lo[i] = round_bf16(p, rounding, tile.span->index + (i - tile.span->begin));
+  }
+}
+
+__global__ void round_spans_kernel(bf16* dst, const float* src, const OptimSpan* spans, const int64_t* tile_start,
+                                   int count, Bf16Rounding rounding) {
+  const Tile tile = tile_of(spans, tile_start, count, blockIdx.x);
+  for (int64_t i = tile.first + threadIdx.x; i < tile.last; i += blockDim.x) {
+    dst[i] = round_bf16(src[i], rounding, tile.span->index + (i - tile.span->begin));
+  }
+}
+
+// One double partial per tile (block order fixed by the spans), summed by sum_partials_kernel.
+__global__ void sum_squares_spans_kernel(double* partial, const float* x, const OptimSpan* spans,
+                                         const int64_t* tile_start, int count) {
+  __shared__ double shared[32];
+  const Tile tile = tile_of(spans, tile_start, count, blockIdx.x);
+  double acc = 0.0;
+  for (int64_t i = tile.first + threadIdx.x; i < tile.last; i += blockDim.x) acc += static_cast<double>(x[i]) * x[i];
+  acc = block_sum(acc, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
+
+// The span table as the kernels read it, copied into the front of `scratch`: [spans | tile_start | partials].
+struct SpanTable {
+  const OptimSpan* spans = nullptr;
+  const int64_t* tile_start = nullptr;
+  double* partial = nullptr;
+  int count = 0;
+  int64_t tiles = 0;
+};
+
+int64_t tiles_of(const std::vector<OptimSpan>& spans) {
+  int64_t tiles = 0;
+  for (const OptimSpan& sp : spans) tiles += (sp.length + kTile - 1) / kTile;
+  return tiles;
+}
+
+// Spans with no elements are dropped (they own no tile); the table is staged in a host vector (the copy from
+// pageable memory is staged before cudaMemcpyAsync returns) and queued on the stream before the kernel.
+SpanTable upload_spans(const std::vector<OptimSpan>& spans, void* scratch, cudaStream_t stream) {
+  static thread_local std::vector<OptimSpan> live;
+  static thread_local std::vector<int64_t> starts;
+  live.clear();
+  starts.clear();
+  int64_t tiles = 0;
+  for (const OptimSpan& sp : spans) {
+    GPT_CHECK(sp.begin >= 0 && sp.length >= 0);
+    if (sp.length == 0) continue;
+    live.push_back(sp);
+    starts.push_back(tiles);
+    tiles += (sp.length + kTile - 1) / kTile;
+  }
+  starts.push_back(tiles);
+  SpanTable t;
+  t.count = static_cast<int>(live.size());
+  t.tiles = tiles;
+  if (t.count == 0) return t;
+  GPT_CHECK(tiles <= INT32_MAX);
+  char* base = static_cast<char*>(scratch);
+  const size_t spans_bytes = align_up(live.size() * sizeof(OptimSpan));
+  const size_t starts_bytes = align_up(starts.size() * sizeof(int64_t));
+  GPT_CUDA_CHECK(cudaMemcpyAsync(base, live.data(), live.size() * sizeof(OptimSpan), cudaMemcpyHostToDevice, stream));
+  GPT_CUDA_CHECK(cudaMemcpyAsync(base + spans_bytes, starts.data(), starts.size() * sizeof(int64_t),
+                                 cudaMemcpyHostToDevice, stream));
+  t.spans = reinterpret_cast<const OptimSpan*>(base);
+  t.tile_start = reinterpret_cast<const int64_t*>(base + spans_bytes);
+  t.partial = reinterpret_cast<double*>(base + spans_bytes + starts_bytes);
+  return t;
+}
+
 }  // namespace
 
 void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1, float beta2,
@@ -67,6 +201,48 @@ void sum_squares(double* result, const float* x, int64_t n, void* scratch, cudaS
   sum_squares_partial_kernel<<<kSumBlocks, kThreads, 0, stream>>>(partial, x, n);
   GPT_CUDA_CHECK_LAUNCH();
   sum_partials_kernel<<<1, kThreads, 0, stream>>>(result, partial, kSumBlocks);
+  GPT_CUDA_CHECK_LAUNCH();
+}
+
+size_t optim_spans_scratch_bytes(const std::vector<OptimSpan>& spans) {
+  return align_up(spans.size() * sizeof(OptimSpan)) + align_up((spans.size() + 1) * sizeof(int64_t)) +
+         align_up(static_cast<size_t>(tiles_of(spans)) * sizeof(double));
+}
+
+void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo,
+                        const std::vector<OptimSpan>& spans, const AdamWStep& s, const Bf16Rounding& rounding,
+                        void* scratch, cudaStream_t stream) {
+  GPT_CHECK(s.step >= 1);
+  const SpanTable t = upload_spans(spans, scratch, stream);
+  if (t.count == 0) return;
+  // The bias corrections as adamw_update (and the CPU) computes them.
+  const float bc1 = 1.0f - std::pow(s.beta1, static_cast<float>(s.step));
+  const float bc2 = 1.0f - std::pow(s.beta2, static_cast<float>(s.step));
+  adamw_spans_kernel<<<static_cast<unsigned>(t.tiles), kThreads, 0, stream>>>(
+      param, m, v, grad, param_lo, t.spans, t.tile_start, t.count, s, bc1, bc2, rounding);
+  GPT_CUDA_CHECK_LAUNCH();
+}
+
+void round_to_bf16_spans(bf16* dst, const float* src, const std::vector<OptimSpan>& spans, const Bf16Rounding& rounding,
+                         void* scratch, cudaStream_t stream) {
+  const SpanTable t = upload_spans(spans, scratch, stream);
+  if (t.count == 0) return;
+  round_spans_kernel<<<static_cast<unsigned>(t.tiles), kThreads, 0, stream>>>(dst, src, t.spans, t.tile_start, t.count,
+                                                                              rounding);
+  GPT_CUDA_CHECK_LAUNCH();
+}
+
+void sum_squares_spans(double* result, const float* x, const std::vector<OptimSpan>& spans, void* scratch,
+                       cudaStream_t stream) {
+  const SpanTable t = upload_spans(spans, scratch, stream);
+  if (t.count == 0) {
+    GPT_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), stream));
+    return;
+  }
+  sum_squares_spans_kernel<<<static_cast<unsigned>(t.tiles), kThreads, 0, stream>>>(t.partial, x, t.spans, t.tile_start,
+                                                                                    t.count);
+  GPT_CUDA_CHECK_LAUNCH();
+  sum_partials_kernel<<<1, kThreads, 0, stream>>>(result, t.partial, static_cast<int>(t.tiles));
   GPT_CUDA_CHECK_LAUNCH();
 }
 

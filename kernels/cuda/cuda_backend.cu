@@ -284,6 +284,25 @@ double CudaBackend::sum_squares(const float* x, int64_t n) {
   GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return *result_host_;
 }
+void CudaBackend::adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo,
+                                     const std::vector<OptimSpan>& spans, const AdamWStep& step,
+                                     const Bf16Rounding& rounding) {
+  const OpTimer timed = time_op("adamw_update_spans");
+  cuda::adamw_update_spans(param, m, v, grad, param_lo, spans, step, rounding,
+                           scratch(cuda::optim_spans_scratch_bytes(spans)), stream_);
+}
+double CudaBackend::sum_squares_spans(const float* x, const std::vector<OptimSpan>& spans) {
+  const OpTimer timed = time_op("sum_squares_spans");
+  cuda::sum_squares_spans(result_.as<double>(), x, spans, scratch(cuda::optim_spans_scratch_bytes(spans)), stream_);
+  GPT_CUDA_CHECK(cudaMemcpyAsync(result_host_, result_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return *result_host_;
+}
+void CudaBackend::round_to_bf16_spans(bf16* dst, const float* src, const std::vector<OptimSpan>& spans,
+                                      const Bf16Rounding& rounding) {
+  const OpTimer timed = time_op("round_to_bf16_spans");
+  cuda::round_to_bf16_spans(dst, src, spans, rounding, scratch(cuda::optim_spans_scratch_bytes(spans)), stream_);
+}
 void CudaBackend::fill_zero(float* x, int64_t n) {
   const OpTimer timed = time_op("fill_zero");
   if (n > 0) GPT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), stream_));

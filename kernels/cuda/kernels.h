@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/dtype.h"
@@ -68,6 +69,16 @@ void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n
 size_t sum_squares_scratch_bytes();
 // Writes sum(x^2) as one double to *result (device memory) in a fixed order.
 void sum_squares(double* result, const float* x, int64_t n, void* scratch, cudaStream_t stream);
+// The multi-tensor forms: one launch over every span (Backend::adamw_update_spans and friends). The span
+// table is copied into the front of `scratch` (optim_spans_scratch_bytes(spans)) on the stream first.
+size_t optim_spans_scratch_bytes(const std::vector<OptimSpan>& spans);
+void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo,
+                        const std::vector<OptimSpan>& spans, const AdamWStep& s, const Bf16Rounding& rounding,
+                        void* scratch, cudaStream_t stream);
+void round_to_bf16_spans(bf16* dst, const float* src, const std::vector<OptimSpan>& spans, const Bf16Rounding& rounding,
+                         void* scratch, cudaStream_t stream);
+void sum_squares_spans(double* result, const float* x, const std::vector<OptimSpan>& spans, void* scratch,
+                       cudaStream_t stream);
 
 // matmul.cu: cuBLASLt GEMMs with fp32 accumulation and fp32 outputs; inputs fp32 (no TF32, so results match
 // the CPU to fp32 rounding) or bf16 (tensor cores; the caller casts). dbias is a deterministic column sum of

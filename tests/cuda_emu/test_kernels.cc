@@ -2,6 +2,7 @@
 // and matmul (dbias kernels; the GEMMs go through the emulated cuBLASLt) run in the CPU emulator of the CUDA
 // model, against their CPU twins in kernels/cpu. Outputs start NaN-poisoned (every element must be written)
 // and every kernel runs twice: the results must be bitwise equal.
+#include <bit>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -309,6 +310,69 @@ void run_adamw(int64_t n, bool sum_squares) {
   CHECK(std::abs(res[0][0] - cs) <= 1e-6 * std::abs(cs));
 }
 
+// The multi-tensor AdamW (one launch over several spans, gaps between them untouched), its bf16 copy (nearest
+// and stochastic: the bits of each element's model index) and the spans' sum of squares, against the CPU.
+void run_adamw_spans(bool stochastic) {
+  INFO("adamw spans stochastic=" << stochastic);
+  using gpt::AdamWStep;
+  using gpt::Bf16Rounding;
+  using gpt::OptimSpan;
+  const int64_t n = 9400;
+  // A span over two tiles, an empty one, one that does not start on a tile boundary, a 1-element one.
+  const std::vector<OptimSpan> spans = {
+      {0, 10, 1000, true}, {10, 0, 5, false}, {16, 5000, 20000, false}, {5100, 4000, 7, true}, {9399, 1, 3, false}};
+  Buf<float> p(n), m(n), v(n), g(n), cp(n), cm(n), cv(n);
+  randn(p), randn(g, 0.1f);
+  m.fill(0), v.fill(0);
+  cp.copy_from(p), cm.copy_from(m), cv.copy_from(v);
+  Buf<gpt::bf16> lo(n), clo(n);
+  lo.fill(gpt::bf16{0x1234}), clo.fill(gpt::bf16{0x1234});
+  Bf16Rounding r;
+  r.stochastic = stochastic;
+  r.rng = CounterRng(5, 6);
+  Buf<unsigned char> scratch(emu::optim_spans_scratch_bytes(spans));
+  for (int step = 1; step <= 3; ++step) {
+    const AdamWStep s{6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.8f, step};
+    gpt::cpu::adamw_update_spans(cp.p, cm.p, cv.p, g.p, clo.p, spans, s, r);
+    scratch.fill(0xFF);
+    emu::adamw_update_spans(p.p, m.p, v.p, g.p, lo.p, spans, s, r, scratch.p, nullptr);
+  }
+  const Cmp ep = compare(p.p, cp.p, n), em = compare(m.p, cm.p, n), ev = compare(v.p, cv.p, n);
+  CHECK(ep.nonfinite + em.nonfinite + ev.nonfinite == 0);
+  CHECK(ep.rel() < 1e-6);
+  CHECK(em.rel() < 1e-6);
+  CHECK(ev.rel() < 1e-6);
+  // Gaps (10..15, 5016..5099) untouched; the bf16 copy is the rounding of the kernel's own master weights.
+  std::vector<bool> in_span(n, false);
+  for (const OptimSpan& sp : spans) {
+    for (int64_t i = 0; i < sp.length; ++i) {
+      in_span[sp.begin + i] = true;
+      const uint32_t u = std::bit_cast<uint32_t>(p[sp.begin + i]);
+      const uint16_t want =
+          stochastic ? gpt::bf16_bits_stochastic(u, r.rng.u32(sp.index + i)) : gpt::f32_to_bf16(p[sp.begin + i]).bits;
+      if (lo[sp.begin + i].bits != want) FAIL_CHECK("bf16 copy wrong at " << sp.begin + i);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (in_span[i]) continue;
+    if (m[i] != 0.0f || lo[i].bits != 0x1234 || std::isnan(p[i])) FAIL_CHECK("gap element written at " << i);
+  }
+  // The same rounding on its own (publish after a restore).
+  Buf<gpt::bf16> lo2(n);
+  lo2.fill(gpt::bf16{0x1234});
+  emu::round_to_bf16_spans(lo2.p, p.p, spans, r, scratch.p, nullptr);
+  CHECK(lo2.same(lo));
+  // Sum of squares over the spans: deterministic, and the CPU's within double rounding.
+  Buf<double> res[2] = {Buf<double>(1), Buf<double>(1)};
+  for (int k = 0; k < 2; ++k) {
+    scratch.fill(0xFF);
+    emu::sum_squares_spans(res[k].p, g.p, spans, scratch.p, nullptr);
+  }
+  CHECK(res[0].same(res[1]));
+  const double cs = gpt::cpu::sum_squares_spans(g.p, spans);
+  CHECK(std::abs(res[0][0] - cs) <= 1e-12 * std::abs(cs));
+}
+
 // Matmul: the GEMMs through the emulated cuBLASLt (transposes, leading dimensions, bias epilogue or kernel)
 // and the dbias kernels, against kernels/cpu/matmul.cc. bias_off/other offsets misalign the operands.
 void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs) {
@@ -414,6 +478,11 @@ TEST_CASE("cuda_emu: adamw.cu and sum_squares match the CPU twin", "[cuda_emu][a
   run_adamw(300, true);
   GridCap cap(2);
   run_adamw(1001, false);
+}
+
+TEST_CASE("cuda_emu: adamw.cu's multi-tensor kernels match the CPU twins", "[cuda_emu][adamw]") {
+  run_adamw_spans(false);
+  run_adamw_spans(true);
 }
 
 TEST_CASE("cuda_emu: matmul.cu (cuBLASLt calls, dbias kernels) matches the CPU twin", "[cuda_emu][matmul]") {

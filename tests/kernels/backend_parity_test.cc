@@ -399,6 +399,50 @@ TEST_CASE("parity: cross-entropy with padded vocab, in place", "[cuda]") {
   }
 }
 
+TEST_CASE("parity: multi-tensor adamw with the bf16 copy, spans' sum of squares and rounding", "[cuda]") {
+  Backend* gpu = cuda_or_skip("multi-tensor optimizer ops");
+  if (!gpu) return;
+  const int64_t n = 300000;
+  // Spans as AdamW builds them: decayed and not, gaps (padding) between, one over many 4096-element tiles.
+  const std::vector<OptimSpan> spans = {
+      {0, 700, 0, false}, {700, 200000, 700, true}, {200704, 0, 3, true}, {200800, 99199, 900000, false}};
+  auto p = randn(n, 70), m = randn(n, 71, 0.1f), g = randn(n, 73);
+  std::vector<float> v = randn(n, 72);
+  for (float& x : v) x = x * x;
+  for (const bool stochastic : {false, true}) {
+    CAPTURE(stochastic);
+    Bf16Rounding r;
+    r.stochastic = stochastic;
+    r.rng = CounterRng(3, 4);
+    std::vector<float> cp = p, cm = m, cv = v;
+    std::vector<bf16> clo(n, bf16{0x1234});
+    Dev<float> gp(*gpu, p), gm(*gpu, m), gv(*gpu, v), gg(*gpu, g);
+    Dev<bf16> glo(*gpu, clo);
+    for (int64_t step : {1, 2, 10}) {
+      const AdamWStep s{3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, step};
+      cpu().adamw_update_spans(cp.data(), cm.data(), cv.data(), g.data(), clo.data(), spans, s, r);
+      gpu->adamw_update_spans(gp.p(), gm.p(), gv.p(), gg.p(), glo.p(), spans, s, r);
+    }
+    const auto gp_h = gp.read();
+    expect_close("adamw_spans param", cp, gp_h, kElementwise);
+    expect_close("adamw_spans m", cm, gm.read(), kElementwise);
+    expect_close("adamw_spans v", cv, gv.read(), kElementwise);
+    // The bf16 copy is the rounding of the GPU's own master weights (outside the spans: untouched).
+    std::vector<bf16> want(n, bf16{0x1234});
+    for (const OptimSpan& sp : spans) cpu().round_to_bf16_spans(want.data(), gp_h.data(), {sp}, r);
+    const auto glo_h = glo.read();
+    REQUIRE(std::memcmp(glo_h.data(), want.data(), n * sizeof(bf16)) == 0);
+    Dev<bf16> glo2(*gpu, std::vector<bf16>(n, bf16{0x1234}));
+    gpu->round_to_bf16_spans(glo2.p(), gp.p(), spans, r);
+    const auto glo2_h = glo2.read();
+    REQUIRE(std::memcmp(glo2_h.data(), want.data(), n * sizeof(bf16)) == 0);
+    const double s_cpu = cpu().sum_squares_spans(g.data(), spans), s_gpu = gpu->sum_squares_spans(gg.p(), spans);
+    CHECK(std::abs(s_cpu - s_gpu) <= 1e-12 * s_cpu);
+    CHECK(gpu->sum_squares_spans(gg.p(), spans) == s_gpu);
+    CHECK(gpu->sum_squares_spans(gg.p(), {}) == 0.0);
+  }
+}
+
 TEST_CASE("parity: adamw, sum of squares, fill, copy, bf16 casts", "[cuda]") {
   Backend* gpu = cuda_or_skip("optimizer and memory ops");
   if (!gpu) return;

@@ -257,6 +257,74 @@ TEST_CASE("sum_squares matches a double loop", "[kernels]") {
   }
 }
 
+TEST_CASE("adamw_update_spans: per-span AdamW with the decay mask, and the bf16 copy in the same pass", "[kernels]") {
+  const int64_t n = 64;
+  const std::vector<OptimSpan> spans = {{0, 20, 100, true}, {24, 30, 500, false}, {54, 0, 7, true}, {60, 4, 9, true}};
+  const AdamWStep s{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3};
+  const auto param0 = randn(n, 1), grad = randn(n, 2);
+  std::vector<float> p = param0, m(n, 0.01f), v(n, 0.02f);
+  std::vector<bf16> lo(n, bf16{0x1234});
+  cpu::adamw_update_spans(p.data(), m.data(), v.data(), grad.data(), lo.data(), spans, s, Bf16Rounding{});
+  std::vector<float> wp = param0, wm(n, 0.01f), wv(n, 0.02f);
+  for (const OptimSpan& sp : spans) {
+    cpu::adamw_update(wp.data() + sp.begin, wm.data() + sp.begin, wv.data() + sp.begin, grad.data() + sp.begin,
+                      sp.length, s.lr, s.beta1, s.beta2, s.eps, sp.decay ? s.weight_decay : 0.0f, s.grad_scale, s.step);
+  }
+  REQUIRE(bitwise_equal(p, wp));  // elements outside the spans (20..23, 54..59) are untouched as well
+  REQUIRE(bitwise_equal(m, wm));
+  REQUIRE(bitwise_equal(v, wv));
+  for (int64_t i = 0; i < n; ++i) {
+    const bool inside = (i < 20) || (i >= 24 && i < 54) || (i >= 60);
+    CAPTURE(i);
+    REQUIRE(lo[i].bits == (inside ? f32_to_bf16(p[i]).bits : 0x1234));
+  }
+  // sum_squares_spans adds the spans' sums in order.
+  double want = 0.0;
+  for (const OptimSpan& sp : spans) want += cpu::sum_squares(grad.data() + sp.begin, sp.length);
+  REQUIRE(cpu::sum_squares_spans(grad.data(), spans) == want);
+}
+
+TEST_CASE("stochastic bf16 rounding is unbiased and a function of each weight's model index", "[kernels]") {
+  Bf16Rounding r;
+  r.stochastic = true;
+  r.rng = CounterRng(11, 12);
+  // 1 + 0.3 ulp(bf16): rounds to 1 or to 1 + 2^-7, up with probability 0.3.
+  const float x = 1.0f + 0.3f * 0.0078125f;
+  const int64_t n = 20000;
+  std::vector<float> src(n, x);
+  std::vector<bf16> dst(n);
+  cpu::round_to_bf16(dst.data(), src.data(), n, 777, r);
+  double mean = 0.0;
+  int64_t up = 0;
+  for (const bf16 b : dst) {
+    const float f = bf16_to_f32(b);
+    REQUIRE((f == 1.0f || f == 1.0078125f));
+    up += f > 1.0f;
+    mean += f;
+  }
+  mean /= n;
+  // Binomial(20000, 0.3): sd of the fraction = 0.0032; 5 sd.
+  CHECK(std::abs(static_cast<double>(up) / n - 0.3) < 0.016);
+  CHECK(std::abs(mean - x) < 0.016 * 0.0078125);
+  // Element i's rounding depends only on its model index: the same elements rounded from another start agree.
+  std::vector<bf16> part(100);
+  cpu::round_to_bf16(part.data(), src.data() + 500, 100, 777 + 500, r);
+  REQUIRE(std::memcmp(part.data(), dst.data() + 500, 100 * sizeof(bf16)) == 0);
+  // Exact bf16 values, infinities and NaN are kept; nearest rounding is f32_to_bf16.
+  const float specials[] = {1.0f, -2.5f, 0.0f, std::numeric_limits<float>::infinity(), kNaN};
+  for (const float f : specials) {
+    bf16 b{};
+    cpu::round_to_bf16(&b, &f, 1, 3, r);
+    if (std::isnan(f)) {
+      REQUIRE(std::isnan(bf16_to_f32(b)));
+    } else {
+      REQUIRE(bf16_to_f32(b) == f);
+    }
+  }
+  cpu::round_to_bf16(dst.data(), src.data(), n, 777, Bf16Rounding{});
+  for (const bf16 b : dst) REQUIRE(b.bits == f32_to_bf16(x).bits);
+}
+
 TEST_CASE("residual_layernorm_forward equals residual_forward then layernorm_forward bit for bit", "[kernels]") {
   for (const auto& [N, C, p] :
        {std::tuple<int64_t, int, float>{1, 3, 0.0f}, {17, 48, 0.0f}, {17, 48, 0.3f}, {9, 131, 0.1f}}) {

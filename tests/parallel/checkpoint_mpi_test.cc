@@ -26,16 +26,21 @@ TEST_CASE("Resuming from a checkpoint continues bit for bit under every strategy
   auto world = testing::g_mpi->make_world();
   const int n = world->size(), r = world->rank();
   const std::string dir = shared_data_dir(*world);
-  // "+async": checkpoint.async, the background writer on a communicator of its own.
-  std::vector<std::string> strategies = {"ddp", "zero1", "zero2", "zero3", "zero3+async"};
+  // "+async": checkpoint.async, the background writer on a communicator of its own. "+sr": bf16 parameters
+  // rounded stochastically (the resumed run must round at the same step as the uninterrupted one).
+  std::vector<std::string> strategies = {"ddp", "zero1", "zero2", "zero3", "zero3+async", "zero1+sr", "zero3+sr"};
   if (n % 2 == 0) strategies.push_back("hybrid:2");
-  if (n == 1) strategies = {"single", "single+async"};
+  if (n == 1) strategies = {"single", "single+async", "single+sr"};
   for (const std::string& strategy : strategies) {
     CAPTURE(n, strategy);
     // Uninterrupted: 6 steps with dropout, checkpoints after steps 3 and 6.
     RunConfig cfg = make_config(dir, dir + "/exact_" + strategy, n, 0.1f, "none");
     set_strategy(cfg, strategy.substr(0, strategy.find('+')));
     cfg.checkpoint.async = strategy.ends_with("+async");
+    if (strategy.ends_with("+sr")) {
+      cfg.parallel.param_dtype = "bf16";
+      cfg.parallel.stochastic_rounding = true;
+    }
     cfg.training.steps = 6;
     cfg.training.decay_steps = 6;
     cfg.checkpoint.every = 3;

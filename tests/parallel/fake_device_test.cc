@@ -114,6 +114,18 @@ class FakeDeviceBackend final : public Backend {
                        step);
   }
   double sum_squares(const float* x, int64_t n) override { return cpu_->sum_squares(real(x), n); }
+  void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo,
+                          const std::vector<OptimSpan>& spans, const AdamWStep& step,
+                          const Bf16Rounding& rounding) override {
+    cpu_->adamw_update_spans(real(param), real(m), real(v), real(grad), real(param_lo), spans, step, rounding);
+  }
+  double sum_squares_spans(const float* x, const std::vector<OptimSpan>& spans) override {
+    return cpu_->sum_squares_spans(real(x), spans);
+  }
+  void round_to_bf16_spans(bf16* dst, const float* src, const std::vector<OptimSpan>& spans,
+                           const Bf16Rounding& rounding) override {
+    cpu_->round_to_bf16_spans(real(dst), real(src), spans, rounding);
+  }
   void fill_zero(float* x, int64_t n) override { cpu_->fill_zero(real(x), n); }
   void cast_to_bf16(bf16* dst, const float* src, int64_t n) override { cpu_->cast_to_bf16(real(dst), real(src), n); }
   void cast_from_bf16(float* dst, const bf16* src, int64_t n) override {
@@ -179,8 +191,9 @@ Outcome train(Backend& be, Communicator& group, Communicator& host_group, Strate
     }
     params.finish_grads();
     const double norm = std::sqrt(params.grad_sq_norm());
-    opt.step(params.master(), params.local_grads(), 1e-2f, norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f);
-    params.publish();
+    opt.step(params.master(), params.local_grads(), 1e-2f, norm > 1.0 ? static_cast<float>(1.0 / norm) : 1.0f,
+             params.master_lo(), params.rounding(opt.steps_taken() + 1));
+    params.publish(opt.steps_taken(), /*lo_written=*/true);
     out.losses.push_back(static_cast<float>(norm));
   }
   out.weights = params.gather_full_weights();

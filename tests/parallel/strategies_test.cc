@@ -162,6 +162,48 @@ TEST_CASE("bf16 policy trains within a documented tolerance of fp32 under every 
   if (r == 0) fs::remove_all(dir);
 }
 
+// Stochastic rounding draws its bits from each weight's index in the whole model, so sharding does not change
+// which way a weight rounds: every strategy stays as close to single as under fp32 (the master weights differ
+// only by reduction order), while rounding stochastically rather than to nearest really changes the run.
+TEST_CASE("bf16 stochastic rounding is the same under every strategy", "[mpi][parallel]") {
+  auto world = testing::g_mpi->make_world();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = shared_data_dir(*world);
+  auto with = [&](RunConfig cfg, bool stochastic) {
+    cfg.parallel.param_dtype = "bf16";
+    cfg.parallel.stochastic_rounding = stochastic;
+    return cfg;
+  };
+  auto max_rel = [](const Result& a, const Result& b) {
+    double m = 0.0;
+    for (size_t i = 0; i < b.losses.size(); ++i) {
+      m = std::max(m, std::abs(a.losses[i] - b.losses[i]) / std::abs(static_cast<double>(b.losses[i])));
+    }
+    return m;
+  };
+  auto alone = make_single_communicator();
+  const RunConfig base = make_config(dir, dir + "/sr_ref_" + std::to_string(r), 1, 0.0f, "none");
+  const Result ref = train(with(base, true), *alone);
+  RunConfig nearest_cfg = with(base, false);
+  nearest_cfg.run.out_dir += "_nearest";
+  const double vs_nearest = max_rel(train(nearest_cfg, *alone), ref);
+  CAPTURE(vs_nearest);
+  REQUIRE(vs_nearest > 1e-5);  // stochastic rounding took effect
+  std::vector<std::string> strategies = {"ddp", "zero1", "zero2", "zero3"};
+  if (n % 2 == 0) strategies.push_back("hybrid");
+  for (const std::string& strategy : strategies) {
+    CAPTURE(n, strategy);
+    RunConfig cfg = with(make_config(dir, dir + "/sr_" + strategy, n, 0.0f, "none"), true);
+    cfg.parallel.strategy = strategy;
+    cfg.parallel.shard_group_size = 2;
+    const double got = max_rel(train(cfg, *world), ref);
+    CAPTURE(got);
+    REQUIRE(got <= 1e-5);
+  }
+  world->barrier().wait();
+  if (r == 0) fs::remove_all(dir);
+}
+
 TEST_CASE("auto picks the least-communication strategy that fits and trains like it", "[mpi][parallel]") {
   auto world = testing::g_mpi->make_world();
   const int n = world->size();

@@ -65,8 +65,9 @@ inline Measured run_and_measure(const PlanInput& in, Strategy strategy, Communic
     }
     params.finish_grads();
     (void)params.grad_sq_norm();
-    opt.step(params.master(), params.local_grads(), 1e-3f, 1.0f);
-    params.publish();
+    opt.step(params.master(), params.local_grads(), 1e-3f, 1.0f, params.master_lo(),
+             params.rounding(opt.steps_taken() + 1));
+    params.publish(opt.steps_taken(), /*lo_written=*/true);
   };
   auto eval = [&] { (void)model.forward_loss(params, inputs.data(), targets.data(), StepContext{1, 0, 0, false}); };
   step(0);
