@@ -8,7 +8,8 @@
 //                                prefetch and reshard_after_forward, drain_pending(2), ddp buckets, bf16 staging,
 //                                hybrid replica all-reduces, and the collectives' element counts; driven as the Trainer
 //                                drives it (init, steps of micro-batches, eval forwards).
-// tests/plan compare all of it with MemTracker and the communicators' counters.
+//   cuda_backend_workspace   <-> CudaBackend's own device memory (kernels/cuda/workspace.h has the kernels' sizes).
+// tests/plan compare all of it with MemTracker and the communicators' counters (the CUDA part on a GPU only).
 #pragma once
 
 #include <array>
@@ -34,6 +35,14 @@ struct ActivationElements {
 // instead of the CPU's (B,NH,T,T).
 ActivationElements activation_elements(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt,
                                        bool fused_attention = false);
+
+// The CUDA backend's own device memory (category workspace) over a training step: cuBLASLt's workspace, the
+// shared scratch area at the largest request of any op (embedding's cub sort storage estimated), the three bf16
+// cast areas under bf16 compute (GEMM input, weight, output gradient; the LM head's N x V output gradient is
+// usually the largest), and sum_squares' result. `local_numel`: the optimizer's local buffer; `spans`: an upper
+// bound of its spans (AdamW's runs).
+int64_t cuda_backend_workspace_bytes(const GptShape& shape, int B, int T, bool bf16_compute, int64_t local_numel,
+                                     int64_t spans);
 
 struct UnitSizes {
   std::vector<int64_t> numel, padded, shard;  // per unit, in layout order

@@ -70,6 +70,13 @@ StrategyPlan make_plan(const PlanInput& in, const ModelLayout& layout, Strategy 
   p.optimizer = u.local * 8;  // AdamW: fp32 m and v over the local master buffer
   p.activations = (act.stored + act.scratch) * 4 + act.tokens * 4;
   p.workspace = act.workspace * 4;
+  if (in.fused_attention) {  // run.device cuda: the backend's own workspaces too
+    int64_t spans = 0;
+    for (const UnitLayout& unit : layout.units) spans += static_cast<int64_t>(unit.params.size());
+    p.workspace +=
+        cuda_backend_workspace_bytes(in.shape, in.micro_batch, in.seq_len > 0 ? in.seq_len : in.shape.block_size,
+                                     in.sharding.param_dtype == DType::kBF16, u.local, spans);
+  }
   p.comm_buffers = f.at(MemCategory::kComm);
   p.unit_buffers = f.pooled_bytes;
   auto op = [&](CommOp o) { return static_cast<size_t>(o); };

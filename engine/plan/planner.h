@@ -40,7 +40,8 @@ struct PlanInput {
   int ranks_per_node = 1;              // ranks sharing one node's memory; the hybrid default shard group size
   int shard_group_size = 0;            // hybrid: ranks per shard group (parallel.shard_group_size); 0 = ranks_per_node
   std::string activation_checkpointing = "none";  // none | full | every:N | selective
-  // run.device cuda: the fused attention keeps one log-sum-exp per query row, not the (T,T) probabilities.
+  // run.device cuda: the fused attention keeps one log-sum-exp per query row, not the (T,T) probabilities, and
+  // the CUDA backend's own workspaces (cuBLASLt, scratch, bf16 cast areas) count under workspace.
   bool fused_attention = false;
   // parallel.prefetch, reshard_after_forward, param_dtype and reduce_dtype. Master weights, optimizer state,
   // gradient accumulation and activations are fp32 whatever these say.
@@ -72,7 +73,7 @@ struct StrategyPlan {
   int64_t master = 0;        // fp32 master weights (fp32 single/ddp: also the compute parameters)
   int64_t optimizer = 0;     // AdamW m and v
   int64_t activations = 0;   // stored + recompute scratch + token copy (Gpt::prepare)
-  int64_t workspace = 0;     // activation gradients for backward (Gpt::prepare)
+  int64_t workspace = 0;     // activation gradients for backward (Gpt::prepare); cuda: + the backend's own
   int64_t comm_buffers = 0;  // bf16 staging of reductions and gathers (category comm); none in fp32
   int64_t total = 0;         // sum of the above
   // Of the above: the pooled per-unit buffers (zero3's gathered units, zero2/zero3's in-flight gradients,

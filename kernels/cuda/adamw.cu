@@ -7,13 +7,14 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/workspace.h"
 
 namespace gpt::cuda {
 
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kSumBlocks = 256;  // fixed, so the summation order never depends on the GPU
+constexpr int kSumBlocks = cuda_workspace::kSumBlocks;  // fixed, so the summation order never depends on the GPU
 
 __global__ void adamw_kernel(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1,
                              float beta2, float eps, float weight_decay, float grad_scale, float bc1, float bc2) {
@@ -51,7 +52,8 @@ __global__ void sum_partials_kernel(double* result, const double* partial, int c
 // The multi-tensor kernels: one launch over every span of the shard. Each block takes one tile of kTile
 // elements of one span; tile_start (count + 1, a prefix sum of the spans' tile counts) maps the block to its
 // span by binary search.
-constexpr int64_t kTile = 4096;
+constexpr int64_t kTile = cuda_workspace::kOptimTile;
+static_assert(sizeof(OptimSpan) == cuda_workspace::kOptimSpanBytes);
 
 __device__ inline int span_of_block(const int64_t* tile_start, int count, int64_t block) {
   int lo = 0, hi = count - 1;  // the last k with tile_start[k] <= block
@@ -194,7 +196,7 @@ void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-size_t sum_squares_scratch_bytes() { return kSumBlocks * sizeof(double); }
+size_t sum_squares_scratch_bytes() { return cuda_workspace::sum_squares(); }
 
 void sum_squares(double* result, const float* x, int64_t n, void* scratch, cudaStream_t stream) {
   auto* partial = static_cast<double*>(scratch);
@@ -205,8 +207,7 @@ void sum_squares(double* result, const float* x, int64_t n, void* scratch, cudaS
 }
 
 size_t optim_spans_scratch_bytes(const std::vector<OptimSpan>& spans) {
-  return align_up(spans.size() * sizeof(OptimSpan)) + align_up((spans.size() + 1) * sizeof(int64_t)) +
-         align_up(static_cast<size_t>(tiles_of(spans)) * sizeof(double));
+  return cuda_workspace::optim_spans(static_cast<int64_t>(spans.size()), tiles_of(spans));
 }
 
 void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo,

@@ -21,6 +21,7 @@
 #include "core/check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/workspace.h"
 
 namespace gpt::cuda {
 
@@ -493,7 +494,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 
 size_t attention_backward_scratch_bytes(int B, int T, int C, int NH) {
   (void)C;
-  return sizeof(float) * static_cast<size_t>(B) * NH * T;  // Dv(B,NH,T)
+  return cuda_workspace::attention_backward(B, T, NH);  // Dv(B,NH,T)
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,

@@ -29,6 +29,7 @@
 #include "core/check.h"
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/workspace.h"
 
 namespace gpt::cuda {
 
@@ -653,7 +654,7 @@ void attention_forward_tc(float* out, float* lse, const float* qkv, int B, int T
 
 size_t attention_backward_tc_scratch_bytes(int B, int T, int C, int NH) {
   (void)C;
-  return sizeof(float) * static_cast<size_t>(B) * NH * T;  // Dv(B,NH,T)
+  return cuda_workspace::attention_backward(B, T, NH);  // Dv(B,NH,T)
 }
 
 void attention_backward_tc(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,

@@ -9,6 +9,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/workspace.h"
 
 namespace gpt {
 
@@ -43,7 +44,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     GPT_CUDA_CHECK(cudaEventCreate(&op_start_));
     GPT_CUDA_CHECK(cudaEventCreate(&op_stop_));
   }
-  matmul_ = std::make_unique<cuda::Matmul>(stream_);
+  cublas_workspace_ = alloc(cuda_workspace::kCublasLtBytes, MemCategory::kWorkspace);
+  matmul_ = std::make_unique<cuda::Matmul>(stream_, cublas_workspace_.data());
   result_ = alloc(sizeof(double), MemCategory::kWorkspace);
   GPT_CUDA_CHECK(cudaMallocHost(&result_host_, sizeof(double)));
 }
@@ -56,6 +58,7 @@ CudaBackend::~CudaBackend() {
   for (Buffer& b : cast_) b.release();
   result_.release();
   matmul_.reset();
+  cublas_workspace_.release();
   cudaFreeHost(result_host_);
   cudaStreamDestroy(stream_);
 }

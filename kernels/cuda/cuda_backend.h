@@ -107,6 +107,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   cudaStream_t stream_ = nullptr;
+  Buffer cublas_workspace_;  // cuBLASLt's (workspace), before matmul_ so that it outlives it
   std::unique_ptr<cuda::Matmul> matmul_;
   Buffer scratch_;  // shared temporaries (workspace), grown to the largest request
   Buffer cast_[3];  // bf16 GEMM inputs (workspace), grown to the largest request

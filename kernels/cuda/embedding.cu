@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/workspace.h"
 
 namespace gpt::cuda {
 namespace {
@@ -165,7 +166,7 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 size_t embedding_backward_scratch_bytes(int B, int T) {
   GPT_CHECK(B >= 0 && T > 0);
   const int n = rows(B, T);
-  return 3 * align_up(static_cast<size_t>(n) * sizeof(int32_t)) + align_up(sort_temp_bytes(n));
+  return cuda_workspace::embedding_backward_fixed(n) + align_up(sort_temp_bytes(n));
 }
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,

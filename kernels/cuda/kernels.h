@@ -82,10 +82,11 @@ void sum_squares_spans(double* result, const float* x, const std::vector<OptimSp
 
 // matmul.cu: cuBLASLt GEMMs with fp32 accumulation and fp32 outputs; inputs fp32 (no TF32, so results match
 // the CPU to fp32 rounding) or bf16 (tensor cores; the caller casts). dbias is a deterministic column sum of
-// the fp32 dout. Matmul holds the cuBLASLt handle and its workspace.
+// the fp32 dout. Matmul holds the cuBLASLt handle; its workspace (cuda_workspace::kCublasLtBytes of device
+// memory, allocated once by the owner so that it is counted) must outlive it.
 class Matmul {
  public:
-  explicit Matmul(cudaStream_t stream);
+  Matmul(cudaStream_t stream, void* workspace);
   ~Matmul();
   Matmul(const Matmul&) = delete;
   Matmul& operator=(const Matmul&) = delete;
@@ -102,7 +103,7 @@ class Matmul {
             int64_t ldb, DType ab_type, float* c, int64_t ldc, float beta, const float* bias);
   cudaStream_t stream_;
   void* handle_ = nullptr;     // cublasLtHandle_t
-  void* workspace_ = nullptr;  // kWorkspaceBytes of device memory, allocated once
+  void* workspace_ = nullptr;  // kWorkspaceBytes of device memory, the owner's
   struct AlgoCache;            // the heuristic's choice per GEMM shape, asked once per shape
   std::unique_ptr<AlgoCache> algos_;
 };

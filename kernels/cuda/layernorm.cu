@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/workspace.h"
 
 namespace gpt::cuda {
 namespace {
@@ -15,10 +16,11 @@ namespace {
 constexpr float kEps = 1e-5f;
 constexpr int kRowWarps = 8;                    // rows (one warp each) per block in the row kernels
 constexpr int kRowThreads = kWarp * kRowWarps;  // their block size
-constexpr int kChunks = 512;                    // most row chunks in the backward; fixed, so the sum order is too
-constexpr int kColThreads = 64;                 // threads per block in the backward's column kernel (4 columns each)
-constexpr int kParamThreads = 256;              // threads per block in the partial-sum kernel
-constexpr size_t kScratchAlign = 256;           // each scratch piece starts on a 256-byte boundary
+constexpr int kChunks =
+    cuda_workspace::kLayerNormChunks;  // most row chunks in the backward; fixed, so the sum order is too
+constexpr int kColThreads = 64;        // threads per block in the backward's column kernel (4 columns each)
+constexpr int kParamThreads = 256;     // threads per block in the partial-sum kernel
+constexpr size_t kScratchAlign = 256;  // each scratch piece starts on a 256-byte boundary
 
 // Reads elements [j, j + 4) of p into v. kVec: one float4 (the caller guarantees p is 16-byte aligned and
 // n % 4 == 0). Otherwise scalars, elements at or past n read as `fill`. Either way v holds the same values,
@@ -261,7 +263,7 @@ size_t layernorm_backward_scratch_bytes(int64_t N, int C) {
   GPT_CHECK(N >= 0 && C > 0);
   // Partials for kChunks, the most any N uses, so the size grows with N and C: scratch sized for the largest
   // shape also fits every smaller one (the exact chunk count is not monotonic in N).
-  return row_stats_bytes(N) + align_up(static_cast<size_t>(kChunks) * 2 * C * sizeof(float));
+  return cuda_workspace::layernorm_backward(N, C);
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

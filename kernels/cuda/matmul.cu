@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/workspace.h"
 
 #define GPT_CUBLAS_CHECK(call)                                                             \
   do {                                                                                     \
@@ -29,9 +30,9 @@ namespace gpt::cuda {
 
 namespace {
 
-constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
+constexpr size_t kWorkspaceBytes = cuda_workspace::kCublasLtBytes;
 constexpr int kColsPerBlock = 32;
-constexpr int kRowsPerChunk = 256;
+constexpr int kRowsPerChunk = cuda_workspace::kDbiasRows;
 
 int64_t dbias_chunks(int64_t N) { return ceil_div(N, kRowsPerChunk); }
 
@@ -89,15 +90,15 @@ struct Matmul::AlgoCache {
   std::map<std::array<int64_t, 13>, cublasLtMatmulAlgo_t> algos;
 };
 
-Matmul::Matmul(cudaStream_t stream) : stream_(stream), algos_(std::make_unique<AlgoCache>()) {
+Matmul::Matmul(cudaStream_t stream, void* workspace)
+    : stream_(stream), workspace_(workspace), algos_(std::make_unique<AlgoCache>()) {
+  GPT_CHECK(workspace != nullptr);
   cublasLtHandle_t h = nullptr;
   GPT_CUBLAS_CHECK(cublasLtCreate(&h));
   handle_ = h;
-  GPT_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
 }
 
 Matmul::~Matmul() {
-  if (workspace_ != nullptr) cudaFree(workspace_);
   if (handle_ != nullptr) cublasLtDestroy(lt(handle_));
 }
 
@@ -170,7 +171,7 @@ void Matmul::forward(float* out, const void* inp, const void* weight, DType type
   gemm(true, false, OC, N, C, weight, C, inp, C, type, out, OC, 0.0f, bias);
 }
 
-size_t Matmul::backward_scratch_bytes(int64_t N, int OC) { return dbias_chunks(N) * OC * sizeof(float); }
+size_t Matmul::backward_scratch_bytes(int64_t N, int OC) { return cuda_workspace::matmul_backward(N, OC); }
 
 void Matmul::backward(float* dinp, float* dweight, float* dbias, const float* dout, const void* dout_in,
                       const void* inp, const void* weight, DType type, int64_t N, int C, int OC, void* scratch) {

@@ -12,6 +12,7 @@
 #include "emu_util.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/workspace.h"
 
 namespace {
 
@@ -394,7 +395,8 @@ void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs) {
   const void* w_in = bf16_inputs ? static_cast<const void*>(w_h.p) : w.p;
   const void* dout_in = bf16_inputs ? static_cast<const void*>(dout_h.p) : dout.p;
 
-  emu::Matmul mm(nullptr);
+  Buf<unsigned char> cublas_ws(gpt::cuda_workspace::kCublasLtBytes);
+  emu::Matmul mm(nullptr, cublas_ws.p);
   Buf<float> out(N * OC, off), cout(N * OC);
   mm.forward(out.p, inp_in, w_in, type, bias.p, N, C, OC);
   cpu::matmul_forward(cout.p, inp.p, w.p, bias.p, N, C, OC);

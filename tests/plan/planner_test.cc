@@ -9,7 +9,9 @@
 #include <memory>
 
 #include "comm/communicator.h"
+#include "kernels/cuda/workspace.h"
 #include "plan/measure.h"
+#include "plan/memory_model.h"
 #include "plan/report.h"
 
 namespace gpt {
@@ -166,6 +168,30 @@ TEST_CASE("fused attention (run.device cuda) keeps a log-sum-exp per row instead
   cuda.activation_checkpointing = cpu.activation_checkpointing = "full";  // only the recompute set holds it
   CHECK(plan_all(cpu).front().activations - plan_all(cuda).front().activations ==
         (carved(B * NH * T * T) - carved(B * NH * T)) * 4);
+}
+
+TEST_CASE("run.device cuda counts the CUDA backend's workspaces; bf16 compute adds the cast areas", "[plan]") {
+  PlanInput cpu = small_input(1), cuda = small_input(1);
+  cuda.fused_attention = true;
+  const int64_t extra = plan_all(cuda).front().workspace - plan_all(cpu).front().workspace;
+  const GptShape& s = cpu.shape;
+  const int B = cpu.micro_batch, T = s.block_size;
+  const StrategyPlan single = plan_all(cpu).front();
+  const int64_t local = single.master / 4;
+  int64_t spans = 0;
+  for (const UnitLayout& u : ModelLayout::build(s).units) spans += static_cast<int64_t>(u.params.size());
+  CHECK(extra == cuda_backend_workspace_bytes(s, B, T, false, local, spans));
+  CHECK(extra >= static_cast<int64_t>(cuda_workspace::kCublasLtBytes));
+  // bf16: the three cast areas, the largest usually the LM head's dlogits (N x V bf16).
+  const int64_t N = static_cast<int64_t>(B) * T, C = s.n_embd, V = s.vocab_size;
+  CHECK(cuda_backend_workspace_bytes(s, B, T, true, local, spans) -
+            cuda_backend_workspace_bytes(s, B, T, false, local, spans) ==
+        2 * (N * 4 * C + std::max(V * C, 4 * C * C) + std::max(N * V, N * 4 * C)));
+  // GPT-2 124M at micro-batch 16, T 1024: the dlogits cast area alone is 1.65 GB, which a plan must not miss.
+  const GptShape gpt2{12, 12, 768, 1024, 50304, 0.0f};
+  const int64_t big = cuda_backend_workspace_bytes(gpt2, 16, 1024, true, 124'000'000, 200);
+  CHECK(big > 2 * int64_t{16} * 1024 * 50304);
+  CHECK(big < 2 * int64_t{16} * 1024 * 50304 + (int64_t{300} << 20));
 }
 
 TEST_CASE("choose_auto: least communication that fits, ties to less sharding", "[plan]") {

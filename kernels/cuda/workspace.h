@@ -1,0 +1,54 @@
+// The CUDA backend's device workspace as arithmetic: the sizes its kernels ask of the shared scratch area and of
+// the bf16 cast areas, and the cuBLASLt workspace. Plain C++ (no CUDA headers), so the memory planner counts the
+// same bytes the kernels use, in builds without CUDA too; kernels/cuda takes its constants from here.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace gpt::cuda_workspace {
+
+constexpr size_t kAlign = 256;  // every scratch piece starts on a 256-byte boundary (and cudaMalloc rounds to it)
+inline size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// cuBLASLt's workspace, allocated once (cuBLAS's recommendation for Hopper).
+constexpr size_t kCublasLtBytes = size_t{32} << 20;
+
+// layernorm.cu: the backward's row chunks (fixed, so the sum order is too); scratch = row stats (N float2) and
+// per-chunk dweight/dbias partials (kLayerNormChunks x 2C floats).
+constexpr int kLayerNormChunks = 512;
+inline size_t layernorm_backward(int64_t N, int C) {
+  return align_up(static_cast<size_t>(N) * 8) + align_up(static_cast<size_t>(kLayerNormChunks) * 2 * C * 4);
+}
+
+// matmul.cu: dbias partials, one row of OC floats per chunk of kDbiasRows rows.
+constexpr int kDbiasRows = 256;
+inline size_t matmul_backward(int64_t N, int OC) { return static_cast<size_t>(ceil_div(N, kDbiasRows)) * OC * 4; }
+
+// attention.cu and attention_tc.cu: the backward's D = rowsum(dO * O), one float per (B, NH, T).
+inline size_t attention_backward(int B, int T, int NH) { return static_cast<size_t>(B) * NH * T * 4; }
+
+// embedding.cu: three int32 arrays of B*T (keys, sorted keys, sorted positions) before cub's sort storage,
+// whose size cub reports at run time (embedding_backward_scratch_bytes adds it).
+inline size_t embedding_backward_fixed(int64_t n) { return 3 * align_up(static_cast<size_t>(n) * 4); }
+// An upper estimate of cub::DeviceRadixSort::SortPairs' temporary storage for n int32 key/value pairs (its
+// alternate key and value buffers plus histograms and tile state), for planning without a GPU.
+inline size_t embedding_sort_estimate(int64_t n) { return align_up(static_cast<size_t>(n) * 8 + (size_t{1} << 20)); }
+
+// adamw.cu: sum_squares' per-block partials; the multi-tensor kernels' span table, tile prefix and partials.
+constexpr int kSumBlocks = 256;
+inline size_t sum_squares() { return kSumBlocks * sizeof(double); }
+constexpr int64_t kOptimTile = 4096;
+constexpr size_t kOptimSpanBytes = 32;  // sizeof(OptimSpan)
+inline size_t optim_spans(int64_t spans, int64_t tiles) {
+  return align_up(static_cast<size_t>(spans) * kOptimSpanBytes) + align_up(static_cast<size_t>(spans + 1) * 8) +
+         align_up(static_cast<size_t>(tiles) * 8);
+}
+
+// A bf16 cast area of n elements (bf16 compute casts each GEMM's operands: slot 0 the input, slot 1 the
+// weight, slot 2 the output gradient).
+inline size_t cast_area(int64_t n) { return align_up(static_cast<size_t>(n) * 2); }
+
+}  // namespace gpt::cuda_workspace
