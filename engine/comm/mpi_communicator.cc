@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -52,13 +53,27 @@ MPI_Datatype mpi_type(DType t) {
 
 MPI_Op mpi_sum(DType t) { return t == DType::kBF16 ? mpi_types().bf16_sum_op : MPI_SUM; }
 
+// Every MPI call that enters Open MPI's progress engine (starting a non-blocking operation, MPI_Test, the
+// watchdog's MPI_Iprobe/MPI_Recv/MPI_Isend) is made under this lock, never held while sleeping. Without it,
+// three kinds of threads (each communicator's CommStream, the watchdog polling every 200 ms) drive progress
+// at once, so e.g. the watchdog's MPI_Iprobe runs the matching and unpacking of the world communicator's
+// collectives into trainer buffers (seen under ThreadSanitizer); that leans on Open MPI 4.1's
+// MPI_THREAD_MULTIPLE paths (ob1 matching, coll/libnbc), the suspect of a rare heap corruption.
+std::mutex& mpi_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
 // Completes a non-blocking collective without monopolising a core: MPI's blocking calls busy-poll, and
 // under mpirun's one-core-per-rank binding that spinning comm thread starves the compute threads of its
 // own rank. So: test, and between tests sleep briefly (after a short spin for small, fast collectives).
 void complete(MPI_Request* request) {
   for (int spins = 0;; ++spins) {
     int done = 0;
-    GPT_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+    {
+      std::lock_guard<std::mutex> lock(mpi_mutex());
+      GPT_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+    }
     if (done) return;
     if (spins < 64) {
       std::this_thread::yield();
@@ -98,14 +113,20 @@ class MpiCommunicator final : public Communicator {
   Work all_reduce(void* buf, int64_t n, DType dtype) override {
     return stream_->submit(CommOp::kAllReduce, n, bytes(n, dtype), [=, this] {
       MPI_Request req;
-      GPT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, count(n), mpi_type(dtype), mpi_sum(dtype), comm_, &req));
+      {
+        std::lock_guard<std::mutex> lock(mpi_mutex());
+        GPT_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, count(n), mpi_type(dtype), mpi_sum(dtype), comm_, &req));
+      }
       complete(&req);
     });
   }
   Work reduce_scatter(const void* send, void* recv, int64_t n, DType dtype) override {
     return stream_->submit(CommOp::kReduceScatter, n * size_, bytes(n * size_, dtype), [=, this] {
       MPI_Request req;
-      GPT_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, count(n), mpi_type(dtype), mpi_sum(dtype), comm_, &req));
+      {
+        std::lock_guard<std::mutex> lock(mpi_mutex());
+        GPT_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, count(n), mpi_type(dtype), mpi_sum(dtype), comm_, &req));
+      }
       complete(&req);
     });
   }
@@ -113,22 +134,31 @@ class MpiCommunicator final : public Communicator {
     const bool in_place = send == static_cast<const char*>(recv) + n * rank_ * dtype_size(dtype);
     return stream_->submit(CommOp::kAllGather, n * size_, bytes(n * size_, dtype), [=, this] {
       MPI_Request req;
-      GPT_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, count(n), mpi_type(dtype), recv, count(n),
-                                   mpi_type(dtype), comm_, &req));
+      {
+        std::lock_guard<std::mutex> lock(mpi_mutex());
+        GPT_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, count(n), mpi_type(dtype), recv, count(n),
+                                     mpi_type(dtype), comm_, &req));
+      }
       complete(&req);
     });
   }
   Work broadcast(void* buf, int64_t n, DType dtype, int root) override {
     return stream_->submit(CommOp::kBroadcast, n, bytes(n, dtype), [=, this] {
       MPI_Request req;
-      GPT_MPI_CHECK(MPI_Ibcast(buf, count(n), mpi_type(dtype), root, comm_, &req));
+      {
+        std::lock_guard<std::mutex> lock(mpi_mutex());
+        GPT_MPI_CHECK(MPI_Ibcast(buf, count(n), mpi_type(dtype), root, comm_, &req));
+      }
       complete(&req);
     });
   }
   Work barrier() override {
     return stream_->submit(CommOp::kBarrier, 0, 0, [this] {
       MPI_Request req;
-      GPT_MPI_CHECK(MPI_Ibarrier(comm_, &req));
+      {
+        std::lock_guard<std::mutex> lock(mpi_mutex());
+        GPT_MPI_CHECK(MPI_Ibarrier(comm_, &req));
+      }
       complete(&req);
     });
   }
@@ -178,12 +208,18 @@ std::optional<std::vector<std::vector<CollectiveRecord>>> exchange_histories(
   }
   const int bytes = static_cast<int>(sizeof(WireRecord) * kWireRecords);
   MPI_Request req;
-  if (MPI_Iallgather(send.data(), bytes, MPI_BYTE, recv.data(), bytes, MPI_BYTE, comm, &req) != MPI_SUCCESS) {
-    return std::nullopt;
+  {
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    if (MPI_Iallgather(send.data(), bytes, MPI_BYTE, recv.data(), bytes, MPI_BYTE, comm, &req) != MPI_SUCCESS) {
+      return std::nullopt;
+    }
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   for (int done = 0; !done;) {
-    if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return std::nullopt;
+    {
+      std::lock_guard<std::mutex> lock(mpi_mutex());
+      if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return std::nullopt;
+    }
     if (!done && std::chrono::steady_clock::now() > deadline) return std::nullopt;
     if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -248,6 +284,7 @@ void MpiEnvironment::start_watchdog(double timeout_s) {
   };
   wire.alert_all = [channel, rank = world_rank_, size = world_size_] {
     static int32_t alert = 1;  // the sends are never waited for: the job ends right after
+    std::lock_guard<std::mutex> lock(mpi_mutex());
     for (int r = 0; r < size; ++r) {
       MPI_Request req;
       if (r != rank) MPI_Isend(&alert, 1, MPI_INT32_T, r, kAlertTag, channel, &req);
@@ -256,6 +293,7 @@ void MpiEnvironment::start_watchdog(double timeout_s) {
   wire.alerted = [channel] {
     int flag = 0;
     MPI_Status status;
+    std::lock_guard<std::mutex> lock(mpi_mutex());  // the MPI_Recv below completes at once (the probe matched)
     MPI_Iprobe(MPI_ANY_SOURCE, kAlertTag, channel, &flag, &status);
     if (flag == 0) return false;
     int32_t alert = 0;

@@ -36,6 +36,7 @@ kill -USR1 "$rank"
 wait "$launcher"
 code=$?
 check "the job exits 0 after the signal (got $code)" test "$code" -eq 0
+[ "$code" -eq 0 ] || { echo "--- the signalled job's log (tail):"; tail -n 40 "$work/first.log"; }
 check "rank 0 logs the stop" grep -qE "(SIGUSR1 received|another rank was signalled): checkpoint saved after signal" \
   "$work/first.log"
 stopped=$(grep -o "saved after signal at step [0-9]*" "$work/first.log" | head -1 | awk '{print $NF}')
