@@ -85,9 +85,23 @@ __global__ void add_bias_kernel(float* c, const float* bias, int64_t m, int64_t 
 
 }  // namespace
 
-// Every input of the heuristic: transposes, sizes, leading dimensions, input type, epilogue and alignments.
+// Per shape: the descriptors and the heuristic's algorithm, made once (a step repeats a few shapes), so a
+// GEMM costs one attribute set (the bias pointer) and the launch in host time.
 struct Matmul::AlgoCache {
-  std::map<std::array<int64_t, 13>, cublasLtMatmulAlgo_t> algos;
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  std::map<std::array<int64_t, 13>, Plan> plans;
+  ~AlgoCache() {
+    for (auto& [key, p] : plans) {
+      cublasLtMatrixLayoutDestroy(p.lc);
+      cublasLtMatrixLayoutDestroy(p.lb);
+      cublasLtMatrixLayoutDestroy(p.la);
+      cublasLtMatmulDescDestroy(p.op);
+    }
+  }
 };
 
 Matmul::Matmul(cudaStream_t stream, void* workspace)
@@ -105,64 +119,67 @@ Matmul::~Matmul() {
 // Column-major C(m,n) = op(A) op(B) + beta C [+ bias(m) broadcast over columns].
 void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
                   const void* b, int64_t ldb, DType ab_type, float* c, int64_t ldc, float beta, const float* bias) {
-  const cudaDataType_t ab = ab_type == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
-  cublasLtMatmulDesc_t op = nullptr;
-  GPT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   // The bias epilogue wants a 16-byte aligned vector; parameters sit at any float offset in their unit's flat
   // buffer, so an unaligned bias is added by a kernel after the GEMM instead.
   const bool bias_epilogue = bias != nullptr && alignment(bias) >= 16;
-  if (bias_epilogue) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  }
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, ab, trans_a ? k : m, trans_a ? m : k, lda));
-  GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, trans_b ? n : k, trans_b ? k : n, ldb));
-  GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, ldc));
-  cublasLtMatmulPreference_t pref = nullptr;
-  GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const size_t ws = kWorkspaceBytes;
-  GPT_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   // cuBLASLt assumes 256-byte aligned matrices unless told otherwise; ours are offsets into flat buffers.
   const uint32_t align_a = alignment(a), align_b = alignment(b), align_c = alignment(c);
-  GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                                        sizeof(align_a)));
-  GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                                        sizeof(align_b)));
-  GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
-                                                        sizeof(align_c)));
-  GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
-                                                        sizeof(align_c)));
-  // The heuristic costs tens of microseconds of host time: asked once per shape (a step repeats a few shapes),
-  // which also keeps every call of a shape on the same algorithm.
+  // Every input of the heuristic: transposes, sizes, leading dimensions, input type, epilogue and alignments.
   const std::array<int64_t, 13> key = {
       trans_a,       trans_b, m,       n,      k, lda, ldb, ldc, static_cast<int64_t>(ab_type),
       bias_epilogue, align_a, align_b, align_c};
-  auto it = algos_->algos.find(key);
-  if (it == algos_->algos.end()) {
+  auto it = algos_->plans.find(key);
+  if (it == algos_->plans.end()) {
+    AlgoCache::Plan p;
+    const cudaDataType_t ab = ab_type == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+    GPT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (bias_epilogue) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+      GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, ab, trans_a ? k : m, trans_a ? m : k, lda));
+    GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, ab, trans_b ? n : k, trans_b ? k : n, ldb));
+    GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_32F, m, n, ldc));
+    cublasLtMatmulPreference_t pref = nullptr;
+    GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t ws = kWorkspaceBytes;
+    GPT_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                          sizeof(align_a)));
+    GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                          sizeof(align_b)));
+    GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                          sizeof(align_c)));
+    GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                                          sizeof(align_c)));
+    // The heuristic costs tens of microseconds of host time: asked once per shape, which also keeps every call
+    // of a shape on the same algorithm.
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    GPT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt(handle_), op, la, lb, lc, lc, pref, 1, &heuristic, &found));
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt(handle_), p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &heuristic, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    it = algos_->plans.emplace(key, p).first;  // owned by the cache from here, destroyed with it
+    GPT_CUBLAS_CHECK(st);
     GPT_CHECK_MSG(found > 0, "cuBLASLt found no algorithm for a matmul shape");
-    it = algos_->algos.emplace(key, heuristic.algo).first;
+    it->second.algo = heuristic.algo;
+  } else if (bias_epilogue) {
+    GPT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(it->second.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
+  const AlgoCache::Plan& p = it->second;
   const float alpha = 1.0f;
-  GPT_CUBLAS_CHECK(cublasLtMatmul(lt(handle_), op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &it->second, workspace_,
-                                  kWorkspaceBytes, stream_));
+  GPT_CUBLAS_CHECK(cublasLtMatmul(lt(handle_), p.op, &alpha, a, p.la, b, p.lb, &beta, c, p.lc, c, p.lc, &p.algo,
+                                  workspace_, kWorkspaceBytes, stream_));
   if (bias != nullptr && !bias_epilogue) {
     add_bias_kernel<<<grid_for(m * n, 256), 256, 0, stream_>>>(c, bias, m, n, ldc);
     GPT_CUDA_CHECK_LAUNCH();
   }
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatmulDescDestroy(op);
 }
 
 void Matmul::forward(float* out, const void* inp, const void* weight, DType type, const float* bias, int64_t N, int C,

@@ -403,6 +403,12 @@ void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs) {
   const Cmp eo = compare(out.p, cout.p, out.n);
   CHECK(eo.nonfinite == 0);
   CHECK(eo.rel() < 1e-5);
+  // The same shape again with another bias (the cached plan must take the new bias pointer).
+  Buf<float> bias2(OC, off), out2(N * OC, off), cout2(N * OC);
+  for (int j = 0; j < OC; ++j) bias2[j] = bias[j] + 1.0f;
+  mm.forward(out2.p, inp_in, w_in, type, bias2.p, N, C, OC);
+  cpu::matmul_forward(cout2.p, inp.p, w.p, bias2.p, N, C, OC);
+  CHECK(compare(out2.p, cout2.p, out2.n).rel() < 1e-5);
 
   Buf<float> dw0(w.n), db0(OC);
   randn(dw0), randn(db0);
