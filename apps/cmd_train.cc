@@ -64,7 +64,7 @@ Command add_train_command(CLI::App& app) {
           "the built-in quickstart config trains on data/fortunes, which scripts/setup.sh prepares"));
     }
     if (!trainer) return report_error(trainer.status());
-    install_stop_signal_handlers();  // SIGUSR1/SIGTERM/SIGINT: checkpoint after the current step, exit 0
+    arm_stop_signals();  // SIGUSR1/SIGTERM/SIGINT: checkpoint after the current step, exit 0
     auto summary = (*trainer)->run();
     if (!summary) return report_error(summary.status());
     return 0;

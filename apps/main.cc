@@ -7,6 +7,7 @@
 #include "apps/commands.h"
 #include "comm/mpi_communicator.h"
 #include "core/logging.h"
+#include "core/stop_signal.h"
 
 namespace gpt {
 
@@ -35,6 +36,8 @@ int report_error(const Status& status) {
 }  // namespace gpt
 
 int main(int argc, char** argv) {
+  // Before any thread exists (MPI's, OpenMP's): the stop signals go to one waiting thread only.
+  gpt::block_stop_signals();
   // MPI first: under mpirun or srun each process learns its rank; run alone it is a world of one.
   auto mpi = gpt::MpiEnvironment::init(&argc, &argv);
   if (!mpi) {

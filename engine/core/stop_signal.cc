@@ -1,32 +1,59 @@
 #include "core/stop_signal.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
+#include <thread>
 
 namespace gpt {
 
 namespace {
 
 std::atomic<int> g_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free, "the handler must not take a lock");
+std::atomic<bool> g_armed{false};
 
-void on_signal(int sig) {
-  if (sig == SIGINT && g_signal.load() == SIGINT) _exit(130);  // the second Ctrl-C: stop now
-  g_signal.store(sig);
+sigset_t stop_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGUSR1, SIGTERM, SIGINT}) sigaddset(&set, sig);
+  return set;
+}
+
+// Ends the process as the signal's default action would (its exit status says which signal).
+[[noreturn]] void die_of(int sig) {
+  signal(sig, SIG_DFL);
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, sig);
+  pthread_sigmask(SIG_UNBLOCK, &one, nullptr);  // this thread only; raise() targets it
+  raise(sig);
+  _exit(128 + sig);  // not reached for a terminating signal
+}
+
+void wait_for_signals(sigset_t set) {
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) continue;
+    if (!g_armed.load()) die_of(sig);
+    if (sig == SIGINT && g_signal.load() == SIGINT) _exit(130);  // the second Ctrl-C: stop now
+    g_signal.store(sig);
+  }
 }
 
 }  // namespace
 
-void install_stop_signal_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  for (int sig : {SIGUSR1, SIGTERM, SIGINT}) sigaction(sig, &sa, nullptr);
+void block_stop_signals() {
+  static std::atomic<bool> done{false};
+  if (done.exchange(true)) return;
+  const sigset_t set = stop_set();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread(wait_for_signals, set).detach();  // inherits the block; sigwait takes the signals from it
 }
+
+void arm_stop_signals() { g_armed.store(true); }
 
 int stop_signal() { return g_signal.load(); }
 void clear_stop_signal() { g_signal.store(0); }

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Stop signals in one process (no MPI launcher): SIGTERM to a training run ends it after the current step with a
+# checkpoint and exit 0; a command that does not stop gracefully (sample) still ends on SIGTERM at once, with the
+# signal's exit status (the stop signals are taken by one waiting thread, which re-raises them until train arms it).
+set -uo pipefail
+gpt_train="$1"
+source "$(dirname "$0")/lib.sh"
+prepare_data 300 "to be or not to be, that is the question" 13
+cat > "$work/run.yaml" <<YAML
+run: {out_dir: $work/run, threads: 1, seed: 3}
+model: {n_layer: 1, n_head: 2, n_embd: 32, block_size: 32, dropout: 0.0}
+data: {train: $work/data/train.bin, val: $work/data/val.bin}
+training: {steps: 1000000, micro_batch_size: 2, eval_interval: 0, eval_batches: 1, warmup_steps: 1}
+logging: {log_interval: 1000}
+YAML
+"$gpt_train" train -c "$work/run.yaml" > "$work/train.log" 2>&1 &
+pid=$!
+for _ in $(seq 300); do  # until the run is under way
+  [ -f "$work/run/metrics.jsonl" ] && [ "$(wc -l < "$work/run/metrics.jsonl")" -ge 20 ] && break
+  sleep 0.1
+done
+kill -TERM "$pid"
+wait "$pid"
+code=$?
+check "train exits 0 after SIGTERM (got $code)" test "$code" -eq 0
+check "it logs the stop" grep -q "SIGTERM received: checkpoint saved after signal" "$work/train.log"
+check "latest names a step" test -s "$work/run/checkpoints/latest"
+[ "$code" -eq 0 ] || tail -n 30 "$work/train.log"
+
+step_dir="$work/run/checkpoints/$(cat "$work/run/checkpoints/latest" 2> /dev/null)"
+"$gpt_train" sample --checkpoint "$step_dir" --tokens 10000000 --threads 1 > "$work/sample.log" 2>&1 &
+pid=$!
+sleep 1
+kill -TERM "$pid"
+for _ in $(seq 100); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
+alive=0
+kill -0 "$pid" 2> /dev/null && alive=1 && kill -KILL "$pid"
+wait "$pid"
+code=$?
+check "sample ends within 10 s of SIGTERM" test "$alive" -eq 0
+check "with SIGTERM's status 143 (got $code)" test "$code" -eq 143
+
+[ "$fail" -eq 0 ] && echo "PASS: SIGTERM stops training gracefully and ends other commands at once"
+exit $fail
