@@ -45,23 +45,15 @@ ActivationElements activation_elements(const GptShape& shape, int B, int T, cons
 int64_t cuda_backend_workspace_bytes(const GptShape& shape, int B, int T, bool bf16_compute, int64_t local_numel,
                                      int64_t spans) {
   namespace ws = cuda_workspace;
-  const int64_t N = static_cast<int64_t>(B) * T, C = shape.n_embd, V = shape.vocab_size;
-  const int NH = shape.n_head;
-  // The scratch area grows to the largest request (CudaBackend::scratch): the max over the ops of a step.
+  const ws::ModelDims d{B, T, shape.n_embd, shape.n_head, shape.vocab_size};
+  // CudaBackend::reserve's areas (cub's sort storage estimated without a GPU); the scratch area grows to the
+  // optimizer's span table if that is larger.
+  const ws::StepAreas a =
+      ws::step_areas(d, bf16_compute, ws::embedding_backward_fixed(d.N()) + ws::embedding_sort_estimate(d.N()));
   const int64_t tiles = ws::ceil_div(local_numel, ws::kOptimTile) + spans;
-  const size_t scratch = std::max({ws::embedding_backward_fixed(N) + ws::embedding_sort_estimate(N),
-                                   ws::layernorm_backward(N, static_cast<int>(C)),
-                                   ws::matmul_backward(N, static_cast<int>(4 * C)),  // the widest GEMM with a bias
-                                   ws::attention_backward(B, T, NH), ws::sum_squares(), ws::optim_spans(spans, tiles)});
-  int64_t bytes = static_cast<int64_t>(ws::kCublasLtBytes + scratch) + 8;  // + sum_squares' one double
-  if (bf16_compute) {
-    // CudaBackend::cast_area: each slot grows to its largest GEMM operand (n bf16).
-    const int64_t in = N * 4 * C;                       // the MLP projection's input
-    const int64_t weight = std::max(V * C, 4 * C * C);  // the LM head (tied wte) or the MLP's weights
-    const int64_t dout = std::max(N * V, N * 4 * C);    // the LM head's dlogits or the MLP's
-    bytes += 2 * (in + weight + dout);
-  }
-  return bytes;
+  const size_t scratch = std::max(a.scratch, ws::optim_spans(spans, tiles));
+  return static_cast<int64_t>(ws::kCublasLtBytes + scratch) + 8 +  // + sum_squares' one double
+         2 * (a.cast[0] + a.cast[1] + a.cast[2]);
 }
 
 UnitSizes unit_sizes(const ModelLayout& layout, Strategy strategy, int world_size) {

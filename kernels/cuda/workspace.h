@@ -51,4 +51,32 @@ inline size_t optim_spans(int64_t spans, int64_t tiles) {
 // weight, slot 2 the output gradient).
 inline size_t cast_area(int64_t n) { return align_up(static_cast<size_t>(n) * 2); }
 
+// The dimensions of a GPT as its step's ops see them: rows N = B*T, channels C, heads NH, vocabulary V.
+struct ModelDims {
+  int64_t B = 0, T = 0, C = 0, NH = 0, V = 0;
+  int64_t N() const { return B * T; }
+};
+
+// What one forward/backward of the model asks of the backend's areas: the scratch area's largest request
+// (given embedding_backward's, which includes cub's sort storage) and each bf16 cast area's largest operand
+// (elements; 0 under fp32 compute). The optimizer's span table comes on top (optim_spans, at its first step).
+struct StepAreas {
+  size_t scratch = 0;
+  int64_t cast[3] = {0, 0, 0};  // GEMM input, weight, output gradient
+};
+inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedding_scratch) {
+  const int64_t N = d.N(), C = d.C;
+  StepAreas a;
+  a.scratch = std::max({embedding_scratch, layernorm_backward(N, static_cast<int>(C)),
+                        matmul_backward(N, static_cast<int>(4 * C)),  // the widest GEMM with a bias
+                        attention_backward(static_cast<int>(d.B), static_cast<int>(d.T), static_cast<int>(d.NH)),
+                        sum_squares()});
+  if (bf16_compute) {
+    a.cast[0] = N * 4 * C;                     // the MLP projection's input
+    a.cast[1] = std::max(d.V * C, 4 * C * C);  // the LM head (tied wte) or the MLP's weights
+    a.cast[2] = std::max(N * d.V, N * 4 * C);  // the LM head's dlogits or the MLP's
+  }
+  return a;
+}
+
 }  // namespace gpt::cuda_workspace

@@ -189,7 +189,10 @@ if wanted train; then
       done
       run_step "train_cuda_bf16" 90 "${train[@]}" --set run.device=cuda --set parallel.param_dtype=bf16 \
         --set run.out_dir="$WORK/train-cuda-bf16"
-      if [ "$RC" = 0 ]; then record PASS "cuda bf16 GEMMs, 20 steps" "$T" "$(last_loss "$WORK/train-cuda-bf16")"
+      if [ "$RC" = 0 ]; then
+        # The planner's device workspace (cuBLASLt, scratch, bf16 cast areas) against what the backend allocated.
+        ws=$(grep -oE 'workspace +planned +[0-9.]+ [KMG]?i?B +measured +[0-9.]+ [KMG]?i?B' "$OUTF" | tail -1 | tr -s ' ')
+        record PASS "cuda bf16 GEMMs, 20 steps" "$T" "$(last_loss "$WORK/train-cuda-bf16"); ${ws:-no planned-vs-measured line}"
       else record FAIL "cuda bf16 GEMMs, 20 steps" "$T" "exit $RC"; tail_of; fi
     fi
   fi

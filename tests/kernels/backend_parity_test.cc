@@ -488,6 +488,17 @@ TEST_CASE("parity: adamw, sum of squares, fill, copy, bf16 casts", "[cuda]") {
   for (float f : gc.read()) REQUIRE(f == 0.0f);
 }
 
+// GPT-2 init of every unit, concatenated in layout order.
+std::vector<float> init_weights(const ModelLayout& layout, const GptShape& shape, uint64_t seed = 5) {
+  std::vector<float> weights;
+  for (const UnitLayout& u : layout.units) {
+    std::vector<float> w(u.numel);
+    init_unit_slice(u, shape, seed, 0, u.numel, w.data());
+    weights.insert(weights.end(), w.begin(), w.end());
+  }
+  return weights;
+}
+
 // All parameters and gradients in one buffer of the backend: the simplest ParamSource.
 class FlatParams final : public ParamSource {
  public:
@@ -526,12 +537,7 @@ TEST_CASE("parity: a whole GPT forward and backward on CUDA matches the CPU (fp3
     const double loss_tol = matmul == DType::kF32 ? 1e-4 : 1e-2, grad_tol = matmul == DType::kF32 ? 1e-4 : 5e-2;
     GptShape shape{3, 4, 128, 32, 97, dropout};  // head size 32: bf16 takes the tensor-core attention
     const ModelLayout layout = ModelLayout::build(shape);
-    std::vector<float> weights;
-    for (const UnitLayout& u : layout.units) {
-      std::vector<float> w(u.numel);
-      init_unit_slice(u, shape, 5, 0, u.numel, w.data());
-      weights.insert(weights.end(), w.begin(), w.end());
-    }
+    const std::vector<float> weights = init_weights(layout, shape);
     const int B = 3, T = 29;
     const auto inputs = rand_tokens(B * T, shape.vocab_size, 70), targets = rand_tokens(B * T, shape.vocab_size, 71);
     const StepContext ctx{11, 2, 0, true};
@@ -560,17 +566,40 @@ TEST_CASE("parity: a whole GPT forward and backward on CUDA matches the CPU (fp3
   gpu->set_compute_dtype(DType::kF32);
 }
 
+// ARCHITECTURE invariant 4 on the GPU: Gpt::prepare reserves the backend's scratch and cast areas
+// (Backend::reserve, from the sizes the planner uses), so not even the first step allocates.
+TEST_CASE("CUDA: after Gpt::prepare, forward and backward allocate no device memory", "[cuda]") {
+  if (!cuda_or_skip("workspace reserve")) return;
+  for (const DType compute : {DType::kF32, DType::kBF16}) {
+    CAPTURE(dtype_name(compute));
+    auto fresh = make_backend("cuda");  // its own, empty areas
+    REQUIRE(fresh.has_value());
+    Backend& gpu = **fresh;
+    gpu.set_compute_dtype(compute);
+    GptShape shape{2, 4, 128, 32, 97, 0.1f};
+    const ModelLayout layout = ModelLayout::build(shape);
+    const std::vector<float> weights = init_weights(layout, shape);
+    const int B = 3, T = 29;
+    const auto inputs = rand_tokens(B * T, shape.vocab_size, 80), targets = rand_tokens(B * T, shape.vocab_size, 81);
+    Gpt model(shape, gpu);
+    model.prepare(B, T);
+    FlatParams params(gpu, model.layout(), weights);
+    const int64_t before = MemTracker::instance().stats().allocations;
+    for (int64_t step = 0; step < 2; ++step) {
+      (void)model.forward_backward(params, inputs.data(), targets.data(), 1.0f / (B * T),
+                                   StepContext{11, step, 0, true});
+    }
+    (void)model.forward_loss(params, inputs.data(), targets.data(), StepContext{11, 0, 0, false});
+    CHECK(MemTracker::instance().stats().allocations == before);
+  }
+}
+
 TEST_CASE("activation checkpointing on CUDA: the same loss and gradients, bit for bit", "[cuda]") {
   Backend* gpu = cuda_or_skip("activation checkpointing");
   if (!gpu) return;
   const GptShape shape{4, 4, 64, 32, 97, 0.1f};
   const ModelLayout layout = ModelLayout::build(shape);
-  std::vector<float> weights;
-  for (const UnitLayout& u : layout.units) {
-    std::vector<float> w(u.numel);
-    init_unit_slice(u, shape, 9, 0, u.numel, w.data());
-    weights.insert(weights.end(), w.begin(), w.end());
-  }
+  const std::vector<float> weights = init_weights(layout, shape, 9);
   const int B = 2, T = 32;
   const auto inputs = rand_tokens(B * T, shape.vocab_size, 90), targets = rand_tokens(B * T, shape.vocab_size, 91);
   const StepContext ctx{3, 1, 0, true};
