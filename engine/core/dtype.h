@@ -6,6 +6,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "core/host_device.h"
+
 namespace gpt {
 
 enum class DType : uint8_t { kF32, kBF16, kI32, kU16 };
@@ -48,14 +50,6 @@ inline float bf16_to_f32(bf16 v) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-
-#ifndef GPT_HOST_DEVICE  // as in core/rng.h: compiled for host and device
-#if defined(__CUDACC__)
-#define GPT_HOST_DEVICE __host__ __device__
-#else
-#define GPT_HOST_DEVICE
-#endif
-#endif
 
 // Stochastic rounding of the fp32 bits u to bf16 with random bits r (the low 16 are used): r is added below
 // the kept bits, which are then truncated, so the magnitude rounds up with probability (discarded bits) / 2^16

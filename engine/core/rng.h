@@ -9,14 +9,7 @@
 #include <cstdint>
 #include <string_view>
 
-// Compiled for host and device: CUDA kernels draw dropout masks with the very same function as the CPU.
-#ifndef GPT_HOST_DEVICE
-#if defined(__CUDACC__)
-#define GPT_HOST_DEVICE __host__ __device__
-#else
-#define GPT_HOST_DEVICE
-#endif
-#endif
+#include "core/host_device.h"  // CUDA kernels draw dropout masks with the very same functions as the CPU
 
 namespace gpt {
 
