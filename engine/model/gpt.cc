@@ -1,5 +1,6 @@
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -39,7 +40,7 @@ struct Gpt::Acts {
   float* lnf = nullptr;        // (B,T,C)
   float* lnf_mean = nullptr;   // (B,T)
   float* lnf_rstd = nullptr;   // (B,T)
-  float* logits = nullptr;     // (B,T,V); dlogits in place
+  float* logits = nullptr;     // (head rows, V): one chunk of the LM head's logits; dlogits in place
   float* losses = nullptr;     // (B,T)
   const float* wte = nullptr;  // embed unit's wte and head unit's params, acquired by forward()
   const float* head = nullptr;
@@ -135,7 +136,7 @@ void Gpt::prepare(int B, int T) {
     acts_->lnf = st.take(N * C);
     acts_->lnf_mean = st.take(N);
     acts_->lnf_rstd = st.take(N);
-    acts_->logits = st.take(N * shape_.vocab_size);
+    acts_->logits = st.take(head_rows(N, head_limit_) * shape_.vocab_size);
     acts_->losses = st.take(N);
     Carver gr(pass ? acts_->grads.as<float>() : nullptr);
     acts_->dres = gr.take(N * C);
@@ -152,7 +153,7 @@ void Gpt::prepare(int B, int T) {
       acts_->targets = be_.alloc(N * sizeof(int32_t), MemCategory::kActivations);
       acts_->losses_host.assign(N, 0.0f);
       // The backend's own workspaces too, so that no step allocates (ARCHITECTURE invariant 4).
-      be_.reserve(B, T, static_cast<int>(C), shape_.n_head, shape_.vocab_size);
+      be_.reserve(B, T, static_cast<int>(C), shape_.n_head, shape_.vocab_size, head_rows(N, head_limit_));
     }
   }
 }
@@ -227,7 +228,18 @@ void Gpt::forward(ParamSource& params, const int32_t* inputs, const StepContext&
   } else {
     block_output_layernorm(L - 1, x_last, acts_->lnf, acts_->lnf_mean, acts_->lnf_rstd, head, head + C, ctx);
   }
-  be_.matmul_forward(acts_->logits, acts_->lnf, wte, nullptr, N, C, shape_.vocab_size);
+}
+
+void Gpt::head_forward(int64_t r0, int64_t rows) {
+  const int C = shape_.n_embd;
+  be_.matmul_forward(acts_->logits, acts_->lnf + r0 * C, acts_->wte, nullptr, rows, C, shape_.vocab_size);
+}
+
+void Gpt::set_head_rows(int64_t limit) {
+  GPT_CHECK(limit > 0);
+  head_limit_ = limit;
+  delete acts_;  // prepare() lays the activations out again
+  acts_ = nullptr;
 }
 
 // The mean of the per-token losses, summed on the host in a fixed order.
@@ -247,9 +259,14 @@ const int32_t* Gpt::upload_targets(const int32_t* targets) {
 float Gpt::forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets, const StepContext& ctx) {
   GPT_CHECK(acts_ != nullptr);
   forward(params, inputs, ctx);
-  const int64_t N = static_cast<int64_t>(B_) * T_;
-  be_.crossentropy_forward_backward(acts_->losses, nullptr, acts_->logits, upload_targets(targets), N,
-                                    shape_.vocab_size, shape_.vocab_size, 0.0f);
+  const int64_t N = static_cast<int64_t>(B_) * T_, chunk = head_rows(N, head_limit_);
+  const int32_t* tgt = upload_targets(targets);
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N - r0);
+    head_forward(r0, rows);
+    be_.crossentropy_forward_backward(acts_->losses + r0, nullptr, acts_->logits, tgt + r0, rows, shape_.vocab_size,
+                                      shape_.vocab_size, 0.0f);
+  }
   params.release(layout_.head_unit());
   params.release(ModelLayout::kEmbedUnit);
   return mean_loss();
@@ -258,12 +275,16 @@ float Gpt::forward_loss(ParamSource& params, const int32_t* inputs, const int32_
 const float* Gpt::forward_logits(ParamSource& params, const int32_t* inputs, const StepContext& ctx) {
   GPT_CHECK(acts_ != nullptr);
   forward(params, inputs, ctx);
+  const int64_t N = static_cast<int64_t>(B_) * T_, chunk = head_rows(N, head_limit_), V = shape_.vocab_size;
+  std::vector<float>& h = acts_->logits_host;
+  h.resize(static_cast<size_t>(N * V));
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N - r0);
+    head_forward(r0, rows);
+    be_.to_host(h.data() + r0 * V, acts_->logits, static_cast<size_t>(rows * V) * sizeof(float));
+  }
   params.release(layout_.head_unit());
   params.release(ModelLayout::kEmbedUnit);
-  if (be_.host_memory()) return acts_->logits;
-  std::vector<float>& h = acts_->logits_host;
-  h.resize(static_cast<size_t>(B_) * T_ * shape_.vocab_size);
-  be_.to_host(h.data(), acts_->logits, h.size() * sizeof(float));
   return h.data();
 }
 
@@ -300,17 +321,23 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
   forward(params, inputs, ctx);
   const int64_t N = static_cast<int64_t>(B_) * T_;
   const int C = shape_.n_embd, V = shape_.vocab_size;
-  be_.crossentropy_forward_backward(acts_->losses, acts_->logits, acts_->logits, upload_targets(targets), N, V, V,
-                                    loss_scale);
-
-  // Head: logits = ln_f(x_L) @ wte^T. wte's gradient goes to the embed unit, which stays acquired.
+  // Head: logits = ln_f(x_L) @ wte^T, chunk by chunk: forward, cross-entropy with dlogits in place, and the
+  // backward GEMMs (dln_f rows; wte's gradient accumulates into the embed unit, which stays acquired).
   const UnitLayout& eu = layout_.units[ModelLayout::kEmbedUnit];
   float* dembed = params.grads(ModelLayout::kEmbedUnit);
+  const int32_t* tgt = upload_targets(targets);
+  const int64_t chunk = head_rows(N, head_limit_);
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t rows = std::min(chunk, N - r0);
+    head_forward(r0, rows);
+    be_.crossentropy_forward_backward(acts_->losses + r0, acts_->logits, acts_->logits, tgt + r0, rows, V, V,
+                                      loss_scale);
+    be_.matmul_backward(acts_->dln + r0 * C, dembed + eu.params[0].offset, nullptr, acts_->logits, acts_->lnf + r0 * C,
+                        acts_->wte, rows, C, V);
+  }
   const int head = layout_.head_unit();
   const float* hp = acts_->head;
   float* hg = params.grads(head);
-  be_.matmul_backward(acts_->dln, dembed + eu.params[0].offset, nullptr, acts_->logits, acts_->lnf, acts_->wte, N, C,
-                      V);
   be_.fill_zero(acts_->dres, N * C);
   be_.layernorm_backward(acts_->dres, hg, hg + C, acts_->dln, acts_->x + shape_.n_layer * N * C, hp, acts_->lnf_mean,
                          acts_->lnf_rstd, N, C);

@@ -3,7 +3,10 @@
 // come from a ParamSource unit by unit, so the same code runs under every strategy.
 //
 // Per block:  x -> ln_1 -> qkv -> causal attention -> proj -> (+x) = r -> ln_2 -> fc -> gelu -> proj -> (+r)
-// then ln_f and the tied LM head (logits = ln_f(x) @ wte^T), softmax cross-entropy.
+// then ln_f and the tied LM head (logits = ln_f(x) @ wte^T), softmax cross-entropy. The head runs over chunks
+// of at most head_rows() rows (forward GEMM, cross-entropy with dlogits in place, backward GEMMs), so the
+// (rows, V) logits are held for one chunk only: the full (B*T, V) matrix, often the largest activation, is
+// never stored.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +41,12 @@ class Gpt {
   // Allocates activations for micro-batches of B rows of T tokens (T <= block_size). Call again to resize.
   void prepare(int B, int T);
 
+  // Rows of the LM head's chunks: at most kHeadRows (large enough that the head's GEMMs stay efficient). The
+  // planner sizes the logits by the same function. set_head_rows (before prepare) is for tests.
+  static constexpr int64_t kHeadRows = 4096;
+  static int64_t head_rows(int64_t N, int64_t limit = kHeadRows) { return N < limit ? N : limit; }
+  void set_head_rows(int64_t limit);
+
   // Forward and backward of one micro-batch. inputs/targets are (B,T) token ids in host memory. Each token's loss
   // enters the gradient with weight `loss_scale` (1 / tokens in the global batch); gradients accumulate into the
   // ParamSource's buffers. Returns the micro-batch's mean loss.
@@ -64,6 +73,8 @@ class Gpt {
   void block_backward(int layer, const BlockParams& p, const BlockParams& g, const float* x_in, const StepContext& ctx);
   DropoutMask dropout(int site, int layer, const StepContext& ctx, uint64_t per_row) const;
   float mean_loss();
+  // The LM head over rows [r0, r0 + rows) of ln_f's output: logits for the chunk into acts_->logits.
+  void head_forward(int64_t r0, int64_t rows);
   const int32_t* upload_targets(const int32_t* targets);
 
   GptShape shape_;
@@ -71,6 +82,7 @@ class Gpt {
   Backend& be_;
   ActivationCheckpointing ckpt_;
   int B_ = 0, T_ = 0;
+  int64_t head_limit_ = kHeadRows;
   Acts* acts_ = nullptr;
 };
 

@@ -4,6 +4,7 @@
 #include <deque>
 
 #include "kernels/cuda/workspace.h"
+#include "model/gpt.h"
 
 namespace gpt {
 
@@ -36,7 +37,8 @@ ActivationElements activation_elements(const GptShape& shape, int B, int T, cons
   a.scratch += carved(N * C);  // proj_out
   a.stored += carved((L + 1) * N * C);
   for (int l = 0; l < L; ++l) a.stored += block(!any_scratch, !ckpt.recompute_block(l));
-  a.stored += carved(N * C) + 2 * carved(N) + carved(N * V) + carved(N);  // ln_f out, mean, rstd; logits; losses
+  // ln_f out, mean, rstd; one LM head chunk's logits; losses
+  a.stored += carved(N * C) + 2 * carved(N) + carved(Gpt::head_rows(N) * V) + carved(N);
   a.tokens = 2 * N;  // the inputs and the targets, copied to the backend
   a.workspace = 4 * carved(N * C) + carved(4 * N * C) + carved(3 * N * C);
   return a;
@@ -45,7 +47,7 @@ ActivationElements activation_elements(const GptShape& shape, int B, int T, cons
 int64_t cuda_backend_workspace_bytes(const GptShape& shape, int B, int T, bool bf16_compute, int64_t local_numel,
                                      int64_t spans) {
   namespace ws = cuda_workspace;
-  const ws::ModelDims d{B, T, shape.n_embd, shape.n_head, shape.vocab_size};
+  const ws::ModelDims d{B, T, shape.n_embd, shape.n_head, shape.vocab_size, Gpt::head_rows(int64_t{B} * T)};
   // CudaBackend::reserve's areas (cub's sort storage estimated without a GPU); the scratch area grows to the
   // optimizer's span table if that is larger.
   const ws::StepAreas a =

@@ -38,8 +38,8 @@ ActivationElements activation_elements(const GptShape& shape, int B, int T, cons
 
 // The CUDA backend's own device memory (category workspace) over a training step: cuBLASLt's workspace, the
 // shared scratch area at the largest request of any op (embedding's cub sort storage estimated), the three bf16
-// cast areas under bf16 compute (GEMM input, weight, output gradient; the LM head's N x V output gradient is
-// usually the largest), and sum_squares' result. `local_numel`: the optimizer's local buffer; `spans`: an upper
+// cast areas under bf16 compute (GEMM input, weight, output gradient; a head chunk's rows x V output gradient
+// is usually the largest), and sum_squares' result. `local_numel`: the optimizer's local buffer; `spans`: an upper
 // bound of its spans (AdamW's runs).
 int64_t cuda_backend_workspace_bytes(const GptShape& shape, int B, int T, bool bf16_compute, int64_t local_numel,
                                      int64_t spans);

@@ -51,9 +51,10 @@ inline size_t optim_spans(int64_t spans, int64_t tiles) {
 // weight, slot 2 the output gradient).
 inline size_t cast_area(int64_t n) { return align_up(static_cast<size_t>(n) * 2); }
 
-// The dimensions of a GPT as its step's ops see them: rows N = B*T, channels C, heads NH, vocabulary V.
+// The dimensions of a GPT as its step's ops see them: rows N = B*T, channels C, heads NH, vocabulary V, and
+// the rows of the LM head's chunks (Gpt::head_rows).
 struct ModelDims {
-  int64_t B = 0, T = 0, C = 0, NH = 0, V = 0;
+  int64_t B = 0, T = 0, C = 0, NH = 0, V = 0, head_rows = 0;
   int64_t N() const { return B * T; }
 };
 
@@ -72,9 +73,9 @@ inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedd
                         attention_backward(static_cast<int>(d.B), static_cast<int>(d.T), static_cast<int>(d.NH)),
                         sum_squares()});
   if (bf16_compute) {
-    a.cast[0] = N * 4 * C;                     // the MLP projection's input
-    a.cast[1] = std::max(d.V * C, 4 * C * C);  // the LM head (tied wte) or the MLP's weights
-    a.cast[2] = std::max(N * d.V, N * 4 * C);  // the LM head's dlogits or the MLP's
+    a.cast[0] = std::max(N * 4 * C, d.head_rows * C);    // the MLP projection's input (or a head chunk's)
+    a.cast[1] = std::max(d.V * C, 4 * C * C);            // the LM head (tied wte) or the MLP's weights
+    a.cast[2] = std::max(d.head_rows * d.V, N * 4 * C);  // a head chunk's dlogits or the MLP's
   }
   return a;
 }

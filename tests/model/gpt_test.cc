@@ -2,6 +2,7 @@
 // lower activation memory), dropout reproducibility.
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -134,6 +135,54 @@ TEST_CASE("Activation checkpointing gives bitwise-equal gradients with less acti
     REQUIRE(std::memcmp(grads.data(), ref_grads.data(), grads.size() * sizeof(float)) == 0);
     REQUIRE(act_bytes < ref_act_bytes);
     INFO("activation bytes " << act_bytes << " vs none " << ref_act_bytes);
+  }
+}
+
+// The LM head in row chunks (Gpt::head_rows) holds one chunk's logits instead of all (B*T, V), and computes
+// the same: per-row losses and logits are per-row products, and wte's gradient only adds the chunks' parts.
+TEST_CASE("The LM head in row chunks: the same loss, logits and gradients with less activation memory", "[model]") {
+  auto backend = std::move(*make_backend("cpu"));
+  GptShape shape = tiny_shape(0.1f);
+  shape.n_embd = 16;
+  shape.block_size = 16;
+  shape.vocab_size = 37;
+  const int B = 3, T = 16;  // 48 rows: chunks of 48 (one), 16, 7 (the last one short)
+  const Batch batch = make_batch(B, T, shape.vocab_size, 4);
+  const StepContext ctx{11, 5, 6, true}, eval{11, 0, 0, false};
+  float ref_loss = 0, ref_eval = 0;
+  std::vector<float> ref_grads, ref_logits;
+  int64_t ref_act_bytes = 0;
+  for (const int64_t rows : {int64_t{48}, int64_t{16}, int64_t{7}}) {
+    CAPTURE(rows);
+    auto& tracker = MemTracker::instance();
+    const int64_t before = tracker.stats().current[static_cast<size_t>(MemCategory::kActivations)];
+    Gpt model(shape, *backend);
+    model.set_head_rows(rows);
+    auto single = make_single_communicator();
+    ShardedParams params(model.layout(), *backend, *single, Strategy::kSingle);
+    params.init(shape, 9);
+    model.prepare(B, T);
+    const int64_t act_bytes = tracker.stats().current[static_cast<size_t>(MemCategory::kActivations)] - before;
+    auto [loss, grads] = loss_and_grads(model, params, batch, B, T, ctx);
+    const float eval_loss = model.forward_loss(params, batch.inputs.data(), batch.targets.data(), eval);
+    const float* l = model.forward_logits(params, batch.inputs.data(), eval);
+    std::vector<float> logits(l, l + static_cast<size_t>(B) * T * shape.vocab_size);
+    if (rows == 48) {
+      ref_loss = loss, ref_eval = eval_loss, ref_grads = grads, ref_logits = logits, ref_act_bytes = act_bytes;
+      continue;
+    }
+    CHECK(loss == Approx(ref_loss).epsilon(1e-6));
+    CHECK(eval_loss == Approx(ref_eval).epsilon(1e-6));
+    float scale = 0.0f, worst = 0.0f;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      scale = std::max(scale, std::abs(ref_grads[i]));
+      worst = std::max(worst, std::abs(grads[i] - ref_grads[i]));
+    }
+    CHECK(worst <= 1e-6f * scale);
+    float lworst = 0.0f;
+    for (size_t i = 0; i < logits.size(); ++i) lworst = std::max(lworst, std::abs(logits[i] - ref_logits[i]));
+    CHECK(lworst <= 1e-5f);
+    CHECK(act_bytes < ref_act_bytes);
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "kernels/cuda/workspace.h"
+#include "model/gpt.h"
 #include "plan/measure.h"
 #include "plan/memory_model.h"
 #include "plan/report.h"
@@ -186,12 +187,14 @@ TEST_CASE("run.device cuda counts the CUDA backend's workspaces; bf16 compute ad
   const int64_t N = static_cast<int64_t>(B) * T, C = s.n_embd, V = s.vocab_size;
   CHECK(cuda_backend_workspace_bytes(s, B, T, true, local, spans) -
             cuda_backend_workspace_bytes(s, B, T, false, local, spans) ==
-        2 * (N * 4 * C + std::max(V * C, 4 * C * C) + std::max(N * V, N * 4 * C)));
-  // GPT-2 124M at micro-batch 16, T 1024: the dlogits cast area alone is 1.65 GB, which a plan must not miss.
+        2 * (N * 4 * C + std::max(V * C, 4 * C * C) + std::max(Gpt::head_rows(N) * V, N * 4 * C)));
+  // GPT-2 124M at micro-batch 16, T 1024: the head chunk's dlogits cast area (4096 x 50304 bf16, 412 MB) and
+  // the MLP input's (16384 x 3072 bf16, 101 MB) and wte's (77 MB), which a plan must not miss.
   const GptShape gpt2{12, 12, 768, 1024, 50304, 0.0f};
   const int64_t big = cuda_backend_workspace_bytes(gpt2, 16, 1024, true, 124'000'000, 200);
-  CHECK(big > 2 * int64_t{16} * 1024 * 50304);
-  CHECK(big < 2 * int64_t{16} * 1024 * 50304 + (int64_t{300} << 20));
+  const int64_t casts = 2 * (int64_t{4096} * 50304 + int64_t{16384} * 3072 + int64_t{50304} * 768);
+  CHECK(big > casts + static_cast<int64_t>(cuda_workspace::kCublasLtBytes));
+  CHECK(big < casts + (int64_t{64} << 20));
 }
 
 TEST_CASE("choose_auto: least communication that fits, ties to less sharding", "[plan]") {
