@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -46,6 +47,26 @@ std::pair<float, std::vector<float>> loss_and_grads(Gpt& model, ShardedParams& p
   const float loss =
       model.forward_backward(params, batch.inputs.data(), batch.targets.data(), 1.0f / static_cast<float>(B * T), ctx);
   return {loss, std::vector<float>(params.local_grads(), params.local_grads() + params.local_numel())};
+}
+
+// A model prepared for (B, T) with single-rank parameters (seed 9), and the activation bytes prepare took.
+struct Prepared {
+  std::unique_ptr<Gpt> model;
+  std::unique_ptr<Communicator> single = make_single_communicator();
+  std::unique_ptr<ShardedParams> params;
+  int64_t act_bytes = 0;
+};
+Prepared prepare_model(Backend& backend, const GptShape& shape, const char* ckpt, int64_t head_rows, int B, int T) {
+  auto& tracker = MemTracker::instance();
+  const int64_t before = tracker.stats().current[static_cast<size_t>(MemCategory::kActivations)];
+  Prepared p;
+  p.model = std::make_unique<Gpt>(shape, backend, *ActivationCheckpointing::parse(ckpt));
+  p.model->set_head_rows(head_rows);
+  p.params = std::make_unique<ShardedParams>(p.model->layout(), backend, *p.single, Strategy::kSingle);
+  p.params->init(shape, 9);
+  p.model->prepare(B, T);
+  p.act_bytes = tracker.stats().current[static_cast<size_t>(MemCategory::kActivations)] - before;
+  return p;
 }
 
 TEST_CASE("GPT gradients match central finite differences", "[model]") {
@@ -116,15 +137,9 @@ TEST_CASE("Activation checkpointing gives bitwise-equal gradients with less acti
   int64_t ref_act_bytes = 0;
   for (const char* mode : {"none", "full", "every:2", "selective"}) {
     CAPTURE(mode);
-    auto& tracker = MemTracker::instance();
-    const int64_t before = tracker.stats().current[static_cast<size_t>(MemCategory::kActivations)];
-    Gpt model(shape, *backend, *ActivationCheckpointing::parse(mode));
-    auto single = make_single_communicator();
-    ShardedParams params(model.layout(), *backend, *single, Strategy::kSingle);
-    params.init(shape, 9);
-    model.prepare(B, T);
-    const int64_t act_bytes = tracker.stats().current[static_cast<size_t>(MemCategory::kActivations)] - before;
-    auto [loss, grads] = loss_and_grads(model, params, batch, B, T, ctx);
+    Prepared m = prepare_model(*backend, shape, mode, Gpt::kHeadRows, B, T);
+    const int64_t act_bytes = m.act_bytes;
+    auto [loss, grads] = loss_and_grads(*m.model, *m.params, batch, B, T, ctx);
     if (std::string(mode) == "none") {
       ref_grads = grads;
       ref_loss = loss;
@@ -154,18 +169,11 @@ TEST_CASE("The LM head in row chunks: the same loss, logits and gradients with l
   int64_t ref_act_bytes = 0;
   for (const int64_t rows : {int64_t{48}, int64_t{16}, int64_t{7}}) {
     CAPTURE(rows);
-    auto& tracker = MemTracker::instance();
-    const int64_t before = tracker.stats().current[static_cast<size_t>(MemCategory::kActivations)];
-    Gpt model(shape, *backend);
-    model.set_head_rows(rows);
-    auto single = make_single_communicator();
-    ShardedParams params(model.layout(), *backend, *single, Strategy::kSingle);
-    params.init(shape, 9);
-    model.prepare(B, T);
-    const int64_t act_bytes = tracker.stats().current[static_cast<size_t>(MemCategory::kActivations)] - before;
-    auto [loss, grads] = loss_and_grads(model, params, batch, B, T, ctx);
-    const float eval_loss = model.forward_loss(params, batch.inputs.data(), batch.targets.data(), eval);
-    const float* l = model.forward_logits(params, batch.inputs.data(), eval);
+    Prepared m = prepare_model(*backend, shape, "none", rows, B, T);
+    const int64_t act_bytes = m.act_bytes;
+    auto [loss, grads] = loss_and_grads(*m.model, *m.params, batch, B, T, ctx);
+    const float eval_loss = m.model->forward_loss(*m.params, batch.inputs.data(), batch.targets.data(), eval);
+    const float* l = m.model->forward_logits(*m.params, batch.inputs.data(), eval);
     std::vector<float> logits(l, l + static_cast<size_t>(B) * T * shape.vocab_size);
     if (rows == 48) {
       ref_loss = loss, ref_eval = eval_loss, ref_grads = grads, ref_logits = logits, ref_act_bytes = act_bytes;
