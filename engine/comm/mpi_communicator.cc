@@ -103,7 +103,10 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override {
     if (watchdog_ != nullptr) watchdog_->unwatch(stream_.get());
     stream_.reset();  // finish queued collectives before freeing the communicator
-    if (owned_) MPI_Comm_free(&comm_);
+    if (owned_) {
+      std::lock_guard<std::mutex> lock(mpi_mutex());
+      MPI_Comm_free(&comm_);
+    }
   }
 
   int rank() const override { return rank_; }
@@ -164,7 +167,13 @@ class MpiCommunicator final : public Communicator {
   }
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override {
     MPI_Comm sub = MPI_COMM_NULL;
-    stream_->run_sync([&] { GPT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub)); });
+    // Blocking, and under the lock: splits come one at a time from the main thread, in the same order on every
+    // rank, and the split's own progress completes other communicators' collectives, so holding it cannot
+    // deadlock; the other threads' short MPI calls wait for it.
+    stream_->run_sync([&] {
+      std::lock_guard<std::mutex> lock(mpi_mutex());
+      GPT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
+    });
     return std::make_unique<MpiCommunicator>(sub, true, std::move(name), watchdog_);
   }
   CommStats stats() const override { return stream_->stats(); }
@@ -276,7 +285,10 @@ std::unique_ptr<Communicator> MpiEnvironment::make_world() {
 void MpiEnvironment::start_watchdog(double timeout_s) {
   if (timeout_s <= 0) return;
   MPI_Comm channel = MPI_COMM_NULL;
-  GPT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &channel));  // never freed: it lives as long as the watchdog
+  {
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    GPT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &channel));  // never freed: it lives as long as the watchdog
+  }
   constexpr int kAlertTag = 7;
   WatchdogChannel wire;
   wire.exchange = [channel, timeout_s](const std::vector<CollectiveRecord>& mine) {

@@ -15,10 +15,17 @@ namespace {
 std::atomic<int> g_signal{0};
 std::atomic<bool> g_armed{false};
 
+// The stop signals this process was not started ignoring (a shell's background job ignores SIGINT, nohup
+// SIGHUP): a blocked signal is taken by sigwait even when ignored, so an ignored one stays out of the set and
+// keeps being ignored.
 sigset_t stop_set() {
   sigset_t set;
   sigemptyset(&set);
-  for (int sig : {SIGUSR1, SIGTERM, SIGINT}) sigaddset(&set, sig);
+  for (int sig : {SIGUSR1, SIGTERM, SIGINT}) {
+    struct sigaction old {};
+    if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    sigaddset(&set, sig);
+  }
   return set;
 }
 

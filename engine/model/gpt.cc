@@ -276,6 +276,12 @@ const float* Gpt::forward_logits(ParamSource& params, const int32_t* inputs, con
   GPT_CHECK(acts_ != nullptr);
   forward(params, inputs, ctx);
   const int64_t N = static_cast<int64_t>(B_) * T_, chunk = head_rows(N, head_limit_), V = shape_.vocab_size;
+  if (be_.host_memory() && chunk == N) {  // one chunk in host memory (sampling on the CPU): no copy
+    head_forward(0, N);
+    params.release(layout_.head_unit());
+    params.release(ModelLayout::kEmbedUnit);
+    return acts_->logits;
+  }
   std::vector<float>& h = acts_->logits_host;
   h.resize(static_cast<size_t>(N * V));
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {

@@ -11,10 +11,11 @@
 namespace gpt::cpu {
 
 // Elements [first, first + n) of the residual add: out = res + dropout(inp), the mask indexed by `first + i`.
-// Not inlined: residual_forward and the fused residual_layernorm_forward run this one body, so the compiler's
-// choices (vectorisation, FMA contraction of inp * keep into the add) are the same for both, bit for bit.
-[[gnu::noinline]] void residual_span(float* out, const float* res, const float* inp, int64_t first, int64_t n,
-                                     const DropoutMask& drop) {
+// Not inlined (nor cloned or folded: noipa): residual_forward and the fused residual_layernorm_forward run this one
+// body, so the compiler's choices (vectorisation, FMA contraction of inp * keep into the add) are the same for both,
+// bit for bit.
+[[gnu::noipa]] void residual_span(float* out, const float* res, const float* inp, int64_t first, int64_t n,
+                                  const DropoutMask& drop) {
   if (!drop.active()) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) out[i] = res[i] + inp[i];

@@ -12,10 +12,10 @@ namespace {
 
 constexpr float kEps = 1e-5f;
 
-// One row. Not inlined, so both forward entry points run the same machine code and their results agree bit
-// for bit (the simd reductions' order is the vectorisation the compiler picks for this one body).
-[[gnu::noinline]] void layernorm_row(float* y, float* mean, float* rstd, const float* x, const float* weight,
-                                     const float* bias, int C) {
+// One row. Not inlined (nor cloned: noipa), so both forward entry points run the same machine code and their results
+// agree bit for bit (the simd reductions' order is the vectorisation the compiler picks for this one body).
+[[gnu::noipa]] void layernorm_row(float* y, float* mean, float* rstd, const float* x, const float* weight,
+                                  const float* bias, int C) {
   float m = 0.0f;
 #pragma omp simd reduction(+ : m)
   for (int c = 0; c < C; ++c) m += x[c];

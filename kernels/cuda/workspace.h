@@ -47,10 +47,6 @@ inline size_t optim_spans(int64_t spans, int64_t tiles) {
          align_up(static_cast<size_t>(tiles) * 8);
 }
 
-// A bf16 cast area of n elements (bf16 compute casts each GEMM's operands: slot 0 the input, slot 1 the
-// weight, slot 2 the output gradient).
-inline size_t cast_area(int64_t n) { return align_up(static_cast<size_t>(n) * 2); }
-
 // The dimensions of a GPT as its step's ops see them: rows N = B*T, channels C, heads NH, vocabulary V, and
 // the rows of the LM head's chunks (Gpt::head_rows).
 struct ModelDims {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stop signals in one process (no MPI launcher): SIGTERM to a training run ends it after the current step with a
 # checkpoint and exit 0; a command that does not stop gracefully (sample) still ends on SIGTERM at once, with the
-# signal's exit status (the stop signals are taken by one waiting thread, which re-raises them until train arms it).
+# signal's exit status (the stop signals are taken by one waiting thread, which re-raises them until train arms it),
+# and a signal the process was started ignoring stays ignored.
 set -uo pipefail
 gpt_train="$1"
 source "$(dirname "$0")/lib.sh"
@@ -28,9 +29,13 @@ check "latest names a step" test -s "$work/run/checkpoints/latest"
 [ "$code" -eq 0 ] || tail -n 30 "$work/train.log"
 
 step_dir="$work/run/checkpoints/$(cat "$work/run/checkpoints/latest" 2> /dev/null)"
-"$gpt_train" sample --checkpoint "$step_dir" --tokens 10000000 --threads 1 > "$work/sample.log" 2>&1 &
+# Started ignoring SIGINT (as a shell's background job is), it keeps ignoring it; SIGTERM still ends it.
+(trap '' INT; exec "$gpt_train" sample --checkpoint "$step_dir" --tokens 10000000 --threads 1) > "$work/sample.log" 2>&1 &
 pid=$!
 sleep 1
+kill -INT "$pid"
+sleep 0.5
+check "sample started with SIGINT ignored survives SIGINT" kill -0 "$pid"
 kill -TERM "$pid"
 for _ in $(seq 100); do kill -0 "$pid" 2> /dev/null || break; sleep 0.1; done
 alive=0
