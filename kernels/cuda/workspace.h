@@ -33,9 +33,10 @@ inline size_t attention_backward(int B, int T, int NH) { return static_cast<size
 // embedding.cu: three int32 arrays of B*T (keys, sorted keys, sorted positions) before cub's sort storage,
 // whose size cub reports at run time (embedding_backward_scratch_bytes adds it).
 inline size_t embedding_backward_fixed(int64_t n) { return 3 * align_up(static_cast<size_t>(n) * 4); }
-// An upper estimate of cub::DeviceRadixSort::SortPairs' temporary storage for n int32 key/value pairs (its
-// alternate key and value buffers plus histograms and tile state), for planning without a GPU.
-inline size_t embedding_sort_estimate(int64_t n) { return align_up(static_cast<size_t>(n) * 8 + (size_t{1} << 20)); }
+// An upper estimate of cub::DeviceRadixSort::SortPairs' temporary storage for n int32 key/value pairs, for
+// planning without a GPU: its alternate key and value buffers (8 bytes a pair), the onesweep look-back state
+// (4 passes x 256 bins x 4 bytes per tile of a few thousand items: under 1 byte a pair) and the histograms.
+inline size_t embedding_sort_estimate(int64_t n) { return align_up(static_cast<size_t>(n) * 9 + (size_t{1} << 20)); }
 
 // adamw.cu: sum_squares' per-block partials; the multi-tensor kernels' span table, tile prefix and partials.
 constexpr int kSumBlocks = 256;
