@@ -49,12 +49,13 @@ int64_t cuda_backend_workspace_bytes(const GptShape& shape, int B, int T, bool b
   namespace ws = cuda_workspace;
   const ws::ModelDims d{B, T, shape.n_embd, shape.n_head, shape.vocab_size, Gpt::head_rows(int64_t{B} * T)};
   // CudaBackend::reserve's areas (cub's sort storage estimated without a GPU); the scratch area grows to the
-  // optimizer's span table if that is larger.
+  // gradient norm's per-tile partials if those are larger; two span tables (AdamW's runs, the master regions),
+  // each at most `spans` long.
   const ws::StepAreas a =
       ws::step_areas(d, bf16_compute, ws::embedding_backward_fixed(d.N()) + ws::embedding_sort_estimate(d.N()));
   const int64_t tiles = ws::ceil_div(local_numel, ws::kOptimTile) + spans;
-  const size_t scratch = std::max(a.scratch, ws::optim_spans(spans, tiles));
-  return static_cast<int64_t>(ws::kCublasLtBytes + scratch) + 8 +  // + sum_squares' one double
+  const size_t scratch = std::max(a.scratch, ws::sum_squares_spans(tiles));
+  return static_cast<int64_t>(ws::kCublasLtBytes + scratch + 2 * ws::span_table(spans)) + 8 +  // + sum_squares' double
          2 * (a.cast[0] + a.cast[1] + a.cast[2]);
 }
 

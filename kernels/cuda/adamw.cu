@@ -133,28 +133,10 @@ __global__ void sum_squares_spans_kernel(double* partial, const float* x, const 
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
+size_t align_up(size_t n) { return cuda_workspace::align_up(n); }
 
-// The span table as the kernels read it, copied into the front of `scratch`: [spans | tile_start | partials].
-struct SpanTable {
-  const OptimSpan* spans = nullptr;
-  const int64_t* tile_start = nullptr;
-  double* partial = nullptr;
-  int count = 0;
-  int64_t tiles = 0;
-};
-
-int64_t tiles_of(const std::vector<OptimSpan>& spans) {
-  int64_t tiles = 0;
-  for (const OptimSpan& sp : spans) tiles += (sp.length + kTile - 1) / kTile;
-  return tiles;
-}
-
-// Spans with no elements are dropped (they own no tile); the table is staged in a host vector (the copy from
-// pageable memory is staged before cudaMemcpyAsync returns) and queued on the stream before the kernel.
-SpanTable upload_spans(const std::vector<OptimSpan>& spans, void* scratch, cudaStream_t stream) {
-  static thread_local std::vector<OptimSpan> live;
-  static thread_local std::vector<int64_t> starts;
+// The live spans (those with elements: a span owns ceil(length / kTile) tiles) and their tile prefix.
+void live_spans(const std::vector<OptimSpan>& spans, std::vector<OptimSpan>& live, std::vector<int64_t>& starts) {
   live.clear();
   starts.clear();
   int64_t tiles = 0;
@@ -166,21 +148,6 @@ SpanTable upload_spans(const std::vector<OptimSpan>& spans, void* scratch, cudaS
     tiles += (sp.length + kTile - 1) / kTile;
   }
   starts.push_back(tiles);
-  SpanTable t;
-  t.count = static_cast<int>(live.size());
-  t.tiles = tiles;
-  if (t.count == 0) return t;
-  GPT_CHECK(tiles <= INT32_MAX);
-  char* base = static_cast<char*>(scratch);
-  const size_t spans_bytes = align_up(live.size() * sizeof(OptimSpan));
-  const size_t starts_bytes = align_up(starts.size() * sizeof(int64_t));
-  GPT_CUDA_CHECK(cudaMemcpyAsync(base, live.data(), live.size() * sizeof(OptimSpan), cudaMemcpyHostToDevice, stream));
-  GPT_CUDA_CHECK(cudaMemcpyAsync(base + spans_bytes, starts.data(), starts.size() * sizeof(int64_t),
-                                 cudaMemcpyHostToDevice, stream));
-  t.spans = reinterpret_cast<const OptimSpan*>(base);
-  t.tile_start = reinterpret_cast<const int64_t*>(base + spans_bytes);
-  t.partial = reinterpret_cast<double*>(base + spans_bytes + starts_bytes);
-  return t;
 }
 
 }  // namespace
@@ -206,15 +173,33 @@ void sum_squares(double* result, const float* x, int64_t n, void* scratch, cudaS
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-size_t optim_spans_scratch_bytes(const std::vector<OptimSpan>& spans) {
-  return cuda_workspace::optim_spans(static_cast<int64_t>(spans.size()), tiles_of(spans));
+size_t span_table_bytes(const std::vector<OptimSpan>& spans) {
+  return cuda_workspace::span_table(static_cast<int64_t>(spans.size()));
 }
 
-void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo,
-                        const std::vector<OptimSpan>& spans, const AdamWStep& s, const Bf16Rounding& rounding,
-                        void* scratch, cudaStream_t stream) {
+SpanTable write_span_table(const std::vector<OptimSpan>& spans, void* device, cudaStream_t stream) {
+  std::vector<OptimSpan> live;
+  std::vector<int64_t> starts;
+  live_spans(spans, live, starts);
+  SpanTable t;
+  t.count = static_cast<int>(live.size());
+  t.tiles = starts.back();
+  if (t.count == 0) return t;
+  GPT_CHECK(t.tiles <= INT32_MAX);
+  char* base = static_cast<char*>(device);
+  const size_t spans_bytes = align_up(live.size() * sizeof(OptimSpan));
+  GPT_CUDA_CHECK(cudaMemcpyAsync(base, live.data(), live.size() * sizeof(OptimSpan), cudaMemcpyHostToDevice, stream));
+  GPT_CUDA_CHECK(cudaMemcpyAsync(base + spans_bytes, starts.data(), starts.size() * sizeof(int64_t),
+                                 cudaMemcpyHostToDevice, stream));
+  GPT_CUDA_CHECK(cudaStreamSynchronize(stream));  // live and starts are this function's
+  t.spans = reinterpret_cast<const OptimSpan*>(base);
+  t.tile_start = reinterpret_cast<const int64_t*>(base + spans_bytes);
+  return t;
+}
+
+void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo, const SpanTable& t,
+                        const AdamWStep& s, const Bf16Rounding& rounding, cudaStream_t stream) {
   GPT_CHECK(s.step >= 1);
-  const SpanTable t = upload_spans(spans, scratch, stream);
   if (t.count == 0) return;
   // The bias corrections as adamw_update (and the CPU) computes them.
   const float bc1 = 1.0f - std::pow(s.beta1, static_cast<float>(s.step));
@@ -224,26 +209,26 @@ void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf1
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-void round_to_bf16_spans(bf16* dst, const float* src, const std::vector<OptimSpan>& spans, const Bf16Rounding& rounding,
-                         void* scratch, cudaStream_t stream) {
-  const SpanTable t = upload_spans(spans, scratch, stream);
+void round_to_bf16_spans(bf16* dst, const float* src, const SpanTable& t, const Bf16Rounding& rounding,
+                         cudaStream_t stream) {
   if (t.count == 0) return;
   round_spans_kernel<<<static_cast<unsigned>(t.tiles), kThreads, 0, stream>>>(dst, src, t.spans, t.tile_start, t.count,
                                                                               rounding);
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-void sum_squares_spans(double* result, const float* x, const std::vector<OptimSpan>& spans, void* scratch,
-                       cudaStream_t stream) {
-  const SpanTable t = upload_spans(spans, scratch, stream);
+size_t sum_squares_spans_scratch_bytes(const SpanTable& t) { return cuda_workspace::sum_squares_spans(t.tiles); }
+
+void sum_squares_spans(double* result, const float* x, const SpanTable& t, void* scratch, cudaStream_t stream) {
   if (t.count == 0) {
     GPT_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), stream));
     return;
   }
-  sum_squares_spans_kernel<<<static_cast<unsigned>(t.tiles), kThreads, 0, stream>>>(t.partial, x, t.spans, t.tile_start,
+  auto* partial = static_cast<double*>(scratch);
+  sum_squares_spans_kernel<<<static_cast<unsigned>(t.tiles), kThreads, 0, stream>>>(partial, x, t.spans, t.tile_start,
                                                                                     t.count);
   GPT_CUDA_CHECK_LAUNCH();
-  sum_partials_kernel<<<1, kThreads, 0, stream>>>(result, t.partial, static_cast<int>(t.tiles));
+  sum_partials_kernel<<<1, kThreads, 0, stream>>>(result, partial, static_cast<int>(t.tiles));
   GPT_CUDA_CHECK_LAUNCH();
 }
 

@@ -55,6 +55,7 @@ CudaBackend::~CudaBackend() {
   if (op_start_ != nullptr) cudaEventDestroy(op_start_);
   if (op_stop_ != nullptr) cudaEventDestroy(op_stop_);
   scratch_.release();
+  span_tables_.clear();
   for (Buffer& b : cast_) b.release();
   result_.release();
   matmul_.reset();
@@ -131,6 +132,30 @@ void CudaBackend::reserve(int B, int T, int C, int NH, int V, int64_t head_rows)
   for (int slot = 0; slot < 3; ++slot) {
     if (a.cast[slot] > 0) cast_area(slot, a.cast[slot]);
   }
+}
+
+// A list of spans is fixed for an optimizer's life (AdamW's runs, ShardedParams' regions): its table is
+// written to device memory of its own on first use (the first step) and found again by content after that.
+const cuda::SpanTable& CudaBackend::span_table(const std::vector<OptimSpan>& spans) {
+  auto same = [&](const std::vector<OptimSpan>& a) {
+    if (a.size() != spans.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i].begin != spans[i].begin || a[i].length != spans[i].length || a[i].index != spans[i].index ||
+          a[i].decay != spans[i].decay) {
+        return false;
+      }
+    }
+    return true;
+  };
+  for (const SpanTableEntry& e : span_tables_) {
+    if (same(e.spans)) return e.table;
+  }
+  SpanTableEntry e;
+  e.spans = spans;
+  e.memory = alloc(cuda::span_table_bytes(spans), MemCategory::kWorkspace);
+  e.table = cuda::write_span_table(spans, e.memory.data(), stream_);
+  span_tables_.push_back(std::move(e));
+  return span_tables_.back().table;
 }
 
 bf16* CudaBackend::cast_area(int slot, int64_t n) {
@@ -301,12 +326,12 @@ void CudaBackend::adamw_update_spans(float* param, float* m, float* v, const flo
                                      const std::vector<OptimSpan>& spans, const AdamWStep& step,
                                      const Bf16Rounding& rounding) {
   const OpTimer timed = time_op("adamw_update_spans");
-  cuda::adamw_update_spans(param, m, v, grad, param_lo, spans, step, rounding,
-                           scratch(cuda::optim_spans_scratch_bytes(spans)), stream_);
+  cuda::adamw_update_spans(param, m, v, grad, param_lo, span_table(spans), step, rounding, stream_);
 }
 double CudaBackend::sum_squares_spans(const float* x, const std::vector<OptimSpan>& spans) {
   const OpTimer timed = time_op("sum_squares_spans");
-  cuda::sum_squares_spans(result_.as<double>(), x, spans, scratch(cuda::optim_spans_scratch_bytes(spans)), stream_);
+  const cuda::SpanTable& t = span_table(spans);
+  cuda::sum_squares_spans(result_.as<double>(), x, t, scratch(cuda::sum_squares_spans_scratch_bytes(t)), stream_);
   GPT_CUDA_CHECK(cudaMemcpyAsync(result_host_, result_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
   GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return *result_host_;
@@ -314,7 +339,7 @@ double CudaBackend::sum_squares_spans(const float* x, const std::vector<OptimSpa
 void CudaBackend::round_to_bf16_spans(bf16* dst, const float* src, const std::vector<OptimSpan>& spans,
                                       const Bf16Rounding& rounding) {
   const OpTimer timed = time_op("round_to_bf16_spans");
-  cuda::round_to_bf16_spans(dst, src, spans, rounding, scratch(cuda::optim_spans_scratch_bytes(spans)), stream_);
+  cuda::round_to_bf16_spans(dst, src, span_table(spans), rounding, stream_);
 }
 void CudaBackend::fill_zero(float* x, int64_t n) {
   const OpTimer timed = time_op("fill_zero");

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <deque>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
+#include "kernels/cuda/kernels.h"
 
 namespace gpt {
 
@@ -102,6 +104,7 @@ class CudaBackend final : public Backend {
   };
   OpTimer time_op(const char* op) { return OpTimer(profile_ ? this : nullptr, op); }
   void* scratch(size_t bytes);
+  const cuda::SpanTable& span_table(const std::vector<OptimSpan>& spans);
   bf16* cast_area(int slot, int64_t n);
   bool tensor_core_attention(int C, int NH, std::initializer_list<const void*> tensors)
       const;  // bf16 copies of a GEMM's inputs (slot 0 inp, 1 weight, 2 dout)
@@ -112,6 +115,12 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::Matmul> matmul_;
   Buffer scratch_;  // shared temporaries (workspace), grown to the largest request
   Buffer cast_[3];  // bf16 GEMM inputs (workspace), grown to the largest request
+  struct SpanTableEntry {
+    std::vector<OptimSpan> spans;
+    Buffer memory;  // workspace
+    cuda::SpanTable table;
+  };
+  std::deque<SpanTableEntry> span_tables_;  // one per distinct list of spans (stable references)
   DType compute_dtype_ = DType::kF32;
   Buffer result_;                  // one double on the device for sum_squares
   double* result_host_ = nullptr;  // pinned

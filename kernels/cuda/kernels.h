@@ -69,16 +69,25 @@ void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n
 size_t sum_squares_scratch_bytes();
 // Writes sum(x^2) as one double to *result (device memory) in a fixed order.
 void sum_squares(double* result, const float* x, int64_t n, void* scratch, cudaStream_t stream);
-// The multi-tensor forms: one launch over every span (Backend::adamw_update_spans and friends). The span
-// table is copied into the front of `scratch` (optim_spans_scratch_bytes(spans)) on the stream first.
-size_t optim_spans_scratch_bytes(const std::vector<OptimSpan>& spans);
-void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo,
-                        const std::vector<OptimSpan>& spans, const AdamWStep& s, const Bf16Rounding& rounding,
-                        void* scratch, cudaStream_t stream);
-void round_to_bf16_spans(bf16* dst, const float* src, const std::vector<OptimSpan>& spans, const Bf16Rounding& rounding,
-                         void* scratch, cudaStream_t stream);
-void sum_squares_spans(double* result, const float* x, const std::vector<OptimSpan>& spans, void* scratch,
-                       cudaStream_t stream);
+// The multi-tensor forms: one launch over every span (Backend::adamw_update_spans and friends). A span table on
+// the device lists the spans with elements (each owns ceil(length / 4096) tiles, a block each) and the prefix of
+// their tile counts, which maps a block to its span. It is written once per distinct list of spans into
+// span_table_bytes(spans) of device memory and read by every launch that takes it.
+struct SpanTable {
+  const OptimSpan* spans = nullptr;
+  const int64_t* tile_start = nullptr;
+  int count = 0;
+  int64_t tiles = 0;
+};
+size_t span_table_bytes(const std::vector<OptimSpan>& spans);
+// Copies the table into `device` and waits for the copy (its host arrays are temporaries).
+SpanTable write_span_table(const std::vector<OptimSpan>& spans, void* device, cudaStream_t stream);
+void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo, const SpanTable& t,
+                        const AdamWStep& s, const Bf16Rounding& rounding, cudaStream_t stream);
+void round_to_bf16_spans(bf16* dst, const float* src, const SpanTable& t, const Bf16Rounding& rounding,
+                         cudaStream_t stream);
+size_t sum_squares_spans_scratch_bytes(const SpanTable& t);
+void sum_squares_spans(double* result, const float* x, const SpanTable& t, void* scratch, cudaStream_t stream);
 
 // matmul.cu: cuBLASLt GEMMs with fp32 accumulation and fp32 outputs; inputs fp32 (no TF32, so results match
 // the CPU to fp32 rounding) or bf16 (tensor cores; the caller casts). dbias is a deterministic column sum of

@@ -38,15 +38,17 @@ inline size_t embedding_backward_fixed(int64_t n) { return 3 * align_up(static_c
 // (4 passes x 256 bins x 4 bytes per tile of a few thousand items: under 1 byte a pair) and the histograms.
 inline size_t embedding_sort_estimate(int64_t n) { return align_up(static_cast<size_t>(n) * 9 + (size_t{1} << 20)); }
 
-// adamw.cu: sum_squares' per-block partials; the multi-tensor kernels' span table, tile prefix and partials.
+// adamw.cu: sum_squares' per-block partials; the multi-tensor kernels' span tables and per-tile partials.
 constexpr int kSumBlocks = 256;
 inline size_t sum_squares() { return kSumBlocks * sizeof(double); }
 constexpr int64_t kOptimTile = 4096;
 constexpr size_t kOptimSpanBytes = 32;  // sizeof(OptimSpan)
-inline size_t optim_spans(int64_t spans, int64_t tiles) {
-  return align_up(static_cast<size_t>(spans) * kOptimSpanBytes) + align_up(static_cast<size_t>(spans + 1) * 8) +
-         align_up(static_cast<size_t>(tiles) * 8);
+// A span table (the spans and their tile prefix), in device memory of its own, one per distinct list.
+inline size_t span_table(int64_t spans) {
+  return align_up(static_cast<size_t>(spans) * kOptimSpanBytes) + align_up(static_cast<size_t>(spans + 1) * 8);
 }
+// sum_squares_spans' scratch: one double per tile.
+inline size_t sum_squares_spans(int64_t tiles) { return static_cast<size_t>(tiles) * 8; }
 
 // The dimensions of a GPT as its step's ops see them: rows N = B*T, channels C, heads NH, vocabulary V, and
 // the rows of the LM head's chunks (Gpt::head_rows).
@@ -57,7 +59,7 @@ struct ModelDims {
 
 // What one forward/backward of the model asks of the backend's areas: the scratch area's largest request
 // (given embedding_backward's, which includes cub's sort storage) and each bf16 cast area's largest operand
-// (elements; 0 under fp32 compute). The optimizer's span table comes on top (optim_spans, at its first step).
+// (elements; 0 under fp32 compute). The gradient norm's per-tile partials (sum_squares_spans) may ask more.
 struct StepAreas {
   size_t scratch = 0;
   int64_t cast[3] = {0, 0, 0};  // GEMM input, weight, output gradient

@@ -331,12 +331,15 @@ void run_adamw_spans(bool stochastic) {
   Bf16Rounding r;
   r.stochastic = stochastic;
   r.rng = CounterRng(5, 6);
-  Buf<unsigned char> scratch(emu::optim_spans_scratch_bytes(spans));
+  Buf<unsigned char> table_mem(emu::span_table_bytes(spans));
+  table_mem.fill(0xFF);
+  const emu::SpanTable table = emu::write_span_table(spans, table_mem.p, nullptr);
+  CHECK(table.count == 4);              // the empty span owns no tile
+  CHECK(table.tiles == 1 + 2 + 1 + 1);  // ceil(length / 4096) each
   for (int step = 1; step <= 3; ++step) {
     const AdamWStep s{6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.8f, step};
     gpt::cpu::adamw_update_spans(cp.p, cm.p, cv.p, g.p, clo.p, spans, s, r);
-    scratch.fill(0xFF);
-    emu::adamw_update_spans(p.p, m.p, v.p, g.p, lo.p, spans, s, r, scratch.p, nullptr);
+    emu::adamw_update_spans(p.p, m.p, v.p, g.p, lo.p, table, s, r, nullptr);
   }
   const Cmp ep = compare(p.p, cp.p, n), em = compare(m.p, cm.p, n), ev = compare(v.p, cv.p, n);
   CHECK(ep.nonfinite + em.nonfinite + ev.nonfinite == 0);
@@ -361,13 +364,14 @@ void run_adamw_spans(bool stochastic) {
   // The same rounding on its own (publish after a restore).
   Buf<gpt::bf16> lo2(n);
   lo2.fill(gpt::bf16{0x1234});
-  emu::round_to_bf16_spans(lo2.p, p.p, spans, r, scratch.p, nullptr);
+  emu::round_to_bf16_spans(lo2.p, p.p, table, r, nullptr);
   CHECK(lo2.same(lo));
   // Sum of squares over the spans: deterministic, and the CPU's within double rounding.
   Buf<double> res[2] = {Buf<double>(1), Buf<double>(1)};
+  Buf<unsigned char> scratch(emu::sum_squares_spans_scratch_bytes(table));
   for (int k = 0; k < 2; ++k) {
     scratch.fill(0xFF);
-    emu::sum_squares_spans(res[k].p, g.p, spans, scratch.p, nullptr);
+    emu::sum_squares_spans(res[k].p, g.p, table, scratch.p, nullptr);
   }
   CHECK(res[0].same(res[1]));
   const double cs = gpt::cpu::sum_squares_spans(g.p, spans);
