@@ -497,17 +497,22 @@ size_t attention_backward_scratch_bytes(int B, int T, int C, int NH) {
   return cuda_workspace::attention_backward(B, T, NH);  // Dv(B,NH,T)
 }
 
+void attention_row_dot(float* dv, const float* dout, const float* out, int B, int T, int C, int NH,
+                       cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(B) * NH * T;
+  constexpr int kThreads = 256;
+  constexpr int kRowsPerBlock = kThreads / kWarp;
+  attention_row_dot_kernel<<<static_cast<unsigned>(ceil_div(rows, kRowsPerBlock)), kThreads, 0, stream>>>(
+      dv, dout, out, rows, T, C, NH, C / NH);
+  GPT_CUDA_CHECK_LAUNCH();
+}
+
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
                         int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream) {
   const int hs = head_size(B, T, C, NH);
   if (B == 0 || T == 0) return;
   float* dvec = static_cast<float*>(scratch);
-  const int64_t rows = static_cast<int64_t>(B) * NH * T;
-  constexpr int kThreads = 256;
-  constexpr int kRowsPerBlock = kThreads / kWarp;
-  attention_row_dot_kernel<<<static_cast<unsigned>(ceil_div(rows, kRowsPerBlock)), kThreads, 0, stream>>>(
-      dvec, dout, out, rows, T, C, NH, hs);
-  GPT_CUDA_CHECK_LAUNCH();
+  attention_row_dot(dvec, dout, out, B, T, C, NH, stream);
   if (hs <= 32) {
     backward_impl<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
   } else if (hs <= 64) {

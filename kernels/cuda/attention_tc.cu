@@ -29,7 +29,7 @@
 #include "core/check.h"
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/workspace.h"
+#include "kernels/cuda/kernels.h"
 
 namespace gpt::cuda {
 
@@ -289,21 +289,6 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
     store_rows<D, LDS>(out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D, C, ss, qw, T, lane);
   }
-}
-
-// Dv for every (b, h, t): one warp per row, lanes stride the channels, then a fixed-order warp sum.
-__global__ void attention_row_dot_tc_kernel(float* dv, const float* dout, const float* out, int64_t rows, int T, int C,
-                                            int NH, int hs) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-  if (row >= rows) return;  // whole warps leave together, so warp_sum below has all 32 lanes
-  const int lane = threadIdx.x % kWarp;
-  const int t = static_cast<int>(row % T);
-  const int64_t bh = row / T, b = bh / NH, h = bh % NH;
-  const int64_t off = (b * T + t) * C + h * hs;
-  float acc = 0.0f;
-  for (int c = lane; c < hs; c += kWarp) acc = fmaf(dout[off + c], out[off + c], acc);
-  acc = warp_sum(acc);
-  if (lane == 0) dv[row] = acc;
 }
 
 // dK, dV for one key tile of one (b, h); warp w owns keys k0 + 16w.. and sums over the query tiles in ascending
@@ -652,23 +637,13 @@ void attention_forward_tc(float* out, float* lse, const float* qkv, int B, int T
   }
 }
 
-size_t attention_backward_tc_scratch_bytes(int B, int T, int C, int NH) {
-  (void)C;
-  return cuda_workspace::attention_backward(B, T, NH);  // Dv(B,NH,T)
-}
-
 void attention_backward_tc(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
                            int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream) {
   const int hs = check_shape(B, T, C, NH);
   if (B == 0 || T == 0) return;
   GPT_CHECK(aligned16(dqkv) && aligned16(dout) && aligned16(qkv));  // float4 access
   float* dvec = static_cast<float*>(scratch);
-  const int64_t rows = static_cast<int64_t>(B) * NH * T;
-  constexpr int kDotThreads = 256;
-  constexpr int kRowsPerBlock = kDotThreads / kWarp;
-  attention_row_dot_tc_kernel<<<static_cast<unsigned>(ceil_div(rows, kRowsPerBlock)), kDotThreads, 0, stream>>>(
-      dvec, dout, out, rows, T, C, NH, hs);
-  GPT_CUDA_CHECK_LAUNCH();
+  attention_row_dot(dvec, dout, out, B, T, C, NH, stream);  // attention.cu's, the same D as the fp32 path
   if (hs == 32) {
     backward_impl<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
   } else if (hs == 64) {

@@ -21,10 +21,8 @@ bool attention_tc_supported(int C, int NH);
 void attention_forward_tc(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
                           const DropoutMask& drop, cudaStream_t stream);
 
-size_t attention_backward_tc_scratch_bytes(int B, int T, int C, int NH);
-
 // dqkv(B,T,3C) (overwritten) from dout(B,T,C), forward's out and lse. REQUIRES attention_tc_supported(C, NH),
-// 16-byte aligned dqkv, dout, qkv, and scratch of attention_backward_tc_scratch_bytes.
+// 16-byte aligned dqkv, dout, qkv, and scratch of attention_backward_scratch_bytes (the fp32 path's: the same D).
 void attention_backward_tc(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
                            int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
 

@@ -279,7 +279,7 @@ void CudaBackend::attention_backward(float* dqkv, const float* dout, const float
   const OpTimer timed = time_op("attention_backward");
   if (tensor_core_attention(C, NH, {dqkv, dout, qkv, out})) {
     cuda::attention_backward_tc(dqkv, dout, qkv, out, att, B, T, C, NH, drop,
-                                scratch(cuda::attention_backward_tc_scratch_bytes(B, T, C, NH)), stream_);
+                                scratch(cuda::attention_backward_scratch_bytes(B, T, C, NH)), stream_);
   } else {
     cuda::attention_backward(dqkv, dout, qkv, out, att, B, T, C, NH, drop,
                              scratch(cuda::attention_backward_scratch_bytes(B, T, C, NH)), stream_);

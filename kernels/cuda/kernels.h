@@ -44,6 +44,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
                        cudaStream_t stream);
 size_t attention_backward_scratch_bytes(int B, int T, int C, int NH);
+// D(B,NH,T) = rowsum(dout * out) per head, the first step of both attention backwards (attention_tc.cu's too).
+void attention_row_dot(float* dv, const float* dout, const float* out, int B, int T, int C, int NH,
+                       cudaStream_t stream);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
                         int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
 

@@ -2,9 +2,8 @@
 // CPU twin (kernels/cpu/attention.cc) and, for the tensor-core kernel, a double reference of the same bf16
 // math. Shapes are small (the emulator runs one OS thread per CUDA thread) but cover partial tiles (T not a
 // multiple of the tile), several heads and batches, and dropout.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -113,7 +112,7 @@ void run_tc(int B, int NH, int hs, int T, float p) {
   Buf<float> out[2] = {Buf<float>(nout), Buf<float>(nout)}, lse[2] = {Buf<float>(nlse), Buf<float>(nlse)},
              dqkv[2] = {Buf<float>(nqkv), Buf<float>(nqkv)};
   for (int r = 0; r < 2; ++r) {
-    Buf<float> scratch(emu::attention_backward_tc_scratch_bytes(B, T, C, NH) / sizeof(float));
+    Buf<float> scratch(emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float));
     emu::attention_forward_tc(out[r].p, lse[r].p, qkv.p, B, T, C, NH, drop, nullptr);
     emu::attention_backward_tc(dqkv[r].p, dout.p, qkv.p, out[r].p, lse[r].p, B, T, C, NH, drop, scratch.p, nullptr);
   }

@@ -281,33 +281,41 @@ TEST_CASE("parity: fused residual + layernorm, and bit for bit the two separate 
   }
 }
 
+struct AttentionShape {
+  int B, T, C, NH;
+};
+
+// Attention forward and backward on the CPU and on `gpu` from the same random qkv and dout (streams seed and
+// seed + 1): out and dqkv within `tol`, and a second backward on the GPU bit for bit the first.
+void compare_attention(Backend& gpu, const AttentionShape& s, const DropoutMask& drop, uint64_t seed, double tol,
+                       const std::string& what) {
+  const int64_t N = int64_t{s.B} * s.T;
+  auto qkv = randn(N * 3 * s.C, seed), dout = randn(N * s.C, seed + 1);
+  std::vector<float> out(N * s.C), dqkv(N * 3 * s.C);
+  std::vector<float> att(cpu().attention_state_floats(s.B, s.T, s.NH));
+  cpu().attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH, drop);
+  cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH, drop);
+  Dev<float> g_qkv(gpu, qkv), g_dout(gpu, dout), g_out(gpu, out.size());
+  Dev<float> g_att(gpu, gpu.attention_state_floats(s.B, s.T, s.NH)), g_dqkv(gpu, dqkv.size());
+  gpu.attention_forward(g_out.p(), g_att.p(), g_qkv.p(), s.B, s.T, s.C, s.NH, drop);
+  gpu.attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop);
+  expect_close(what + " out", out, g_out.read(), tol);
+  const auto first = g_dqkv.read();
+  expect_close(what + " dqkv", dqkv, first, tol);
+  gpu.attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop);
+  REQUIRE(g_dqkv.read() == first);  // deterministic
+}
+
 TEST_CASE("parity: fused attention forward and backward, with and without dropout", "[cuda]") {
   Backend* gpu = cuda_or_skip("attention");
   if (!gpu) return;
-  struct Shape {
-    int B, T, C, NH;
-  };
+  using Shape = AttentionShape;
   for (const Shape s : {Shape{1, 1, 8, 1}, Shape{2, 13, 32, 4}, Shape{2, 70, 128, 2}, Shape{1, 129, 256, 4},
                         Shape{1, 200, 256, 2}}) {  // head sizes 8, 8, 64, 64, 128; T off the tile sizes
     for (float p : {0.0f, 0.25f}) {
       CAPTURE(s.B, s.T, s.C, s.NH, p);
-      const DropoutMask drop = mask(p, 1000);
-      const int64_t N = int64_t{s.B} * s.T;
-      auto qkv = randn(N * 3 * s.C, 30), dout = randn(N * s.C, 31);
-      std::vector<float> out(N * s.C), dqkv(N * 3 * s.C);
-      std::vector<float> att(cpu().attention_state_floats(s.B, s.T, s.NH));
-      cpu().attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH, drop);
-      cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH, drop);
-      Dev<float> g_qkv(*gpu, qkv), g_dout(*gpu, dout), g_out(*gpu, out.size());
-      Dev<float> g_att(*gpu, gpu->attention_state_floats(s.B, s.T, s.NH)), g_dqkv(*gpu, dqkv.size());
       REQUIRE(gpu->attention_state_floats(s.B, s.T, s.NH) == int64_t{s.B} * s.NH * s.T);  // no T x T state
-      gpu->attention_forward(g_out.p(), g_att.p(), g_qkv.p(), s.B, s.T, s.C, s.NH, drop);
-      gpu->attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop);
-      expect_close("attention out", out, g_out.read(), kReduction);
-      const auto first = g_dqkv.read();
-      expect_close("attention dqkv", dqkv, first, kReduction);
-      gpu->attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop);
-      REQUIRE(g_dqkv.read() == first);  // deterministic
+      compare_attention(*gpu, s, mask(p, 1000), 30, kReduction, "attention");
     }
   }
 }
@@ -319,29 +327,12 @@ TEST_CASE("parity: tensor-core attention (bf16 compute) against the CPU's fp32",
   Backend* gpu = cuda_or_skip("tensor-core attention");
   if (!gpu) return;
   gpu->set_compute_dtype(DType::kBF16);
-  struct Shape {
-    int B, T, C, NH;
-  };
+  using Shape = AttentionShape;
   for (const Shape s : {Shape{1, 1, 64, 2}, Shape{3, 17, 96, 3}, Shape{2, 65, 128, 2}, Shape{1, 130, 256, 2},
                         Shape{2, 100, 256, 4}}) {  // head sizes 32, 32, 64, 128, 64
     for (float p : {0.0f, 0.2f}) {
       CAPTURE(s.B, s.T, s.C, s.NH, p);
-      const DropoutMask drop = mask(p, 987654321);
-      const int64_t N = int64_t{s.B} * s.T;
-      auto qkv = randn(N * 3 * s.C, 32), dout = randn(N * s.C, 33);
-      std::vector<float> out(N * s.C), dqkv(N * 3 * s.C);
-      std::vector<float> att(cpu().attention_state_floats(s.B, s.T, s.NH));
-      cpu().attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH, drop);
-      cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH, drop);
-      Dev<float> g_qkv(*gpu, qkv), g_dout(*gpu, dout), g_out(*gpu, out.size());
-      Dev<float> g_att(*gpu, gpu->attention_state_floats(s.B, s.T, s.NH)), g_dqkv(*gpu, dqkv.size());
-      gpu->attention_forward(g_out.p(), g_att.p(), g_qkv.p(), s.B, s.T, s.C, s.NH, drop);
-      gpu->attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop);
-      expect_close("tc attention out", out, g_out.read(), 2e-2);
-      const auto first = g_dqkv.read();
-      expect_close("tc attention dqkv", dqkv, first, 2e-2);
-      gpu->attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop);
-      REQUIRE(g_dqkv.read() == first);  // deterministic
+      compare_attention(*gpu, s, mask(p, 987654321), 32, 2e-2, "tc attention");
     }
   }
   gpu->set_compute_dtype(DType::kF32);
