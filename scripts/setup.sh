@@ -6,8 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# ocl-icd-opencl-dev: libdnnl-dev's CMake config requires OpenCL, only a Recommends of it (not installed here).
 packages=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libyaml-cpp-dev libspdlog-dev libfmt-dev
-          libcli11-dev catch2 libdnnl-dev fortunes python3-numpy python3-matplotlib)
+          libcli11-dev catch2 libdnnl-dev ocl-icd-opencl-dev fortunes python3-numpy python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
