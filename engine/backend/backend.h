@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "core/allocator.h"
@@ -61,6 +62,38 @@ struct Bf16Rounding {
   CounterRng rng{0, 0};
 };
 
+// A pointer into backend memory with its element type, for the activations whose type follows the compute
+// dtype: the LayerNorm and GELU outputs, which only GEMMs read, are stored in bf16 under bf16 compute (half the
+// memory and traffic, and no cast before their GEMMs), fp32 otherwise. Converts implicitly from float* and bf16*,
+// so fp32 callers read as before. at(i): the pointer i elements on.
+template <typename V>
+struct BasicTensorPtr {
+  V* data = nullptr;
+  DType dtype = DType::kF32;
+  BasicTensorPtr() = default;
+  BasicTensorPtr(V* p, DType t) : data(p), dtype(t) {}
+  BasicTensorPtr(std::conditional_t<std::is_const_v<V>, const float, float>* p) : data(p), dtype(DType::kF32) {}
+  BasicTensorPtr(std::conditional_t<std::is_const_v<V>, const bf16, bf16>* p) : data(p), dtype(DType::kBF16) {}
+  template <typename W, typename = std::enable_if_t<std::is_const_v<V> && !std::is_const_v<W>>>
+  BasicTensorPtr(const BasicTensorPtr<W>& o) : data(o.data), dtype(o.dtype) {}
+  BasicTensorPtr at(int64_t i) const {
+    using Byte = std::conditional_t<std::is_const_v<V>, const char, char>;
+    return {data == nullptr ? nullptr : static_cast<Byte*>(data) + i * static_cast<int64_t>(dtype_size(dtype)), dtype};
+  }
+  bool is_bf16() const { return dtype == DType::kBF16; }
+  // The fp32 pointer. REQUIRES: dtype f32.
+  auto as_f32() const {
+    GPT_CHECK(dtype == DType::kF32);
+    return static_cast<std::conditional_t<std::is_const_v<V>, const float, float>*>(data);
+  }
+  auto as_bf16() const {
+    GPT_CHECK(dtype == DType::kBF16);
+    return static_cast<std::conditional_t<std::is_const_v<V>, const bf16, bf16>*>(data);
+  }
+};
+using TensorPtr = BasicTensorPtr<void>;
+using ConstTensorPtr = BasicTensorPtr<const void>;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -95,21 +128,24 @@ class Backend {
                                   int C) = 0;
 
   // The element type the products' inputs are rounded to (the GEMMs' and attention's): f32 (default), or bf16
-  // (mixed precision: the tensor cores multiply bf16 and accumulate fp32; every tensor in memory stays fp32).
-  // Backends that only compute in fp32 reject bf16.
-  virtual void set_compute_dtype(DType type) {
-    GPT_CHECK_MSG(type == DType::kF32, "bf16 compute needs the cuda backend");
-  }
+  // (mixed precision: the tensor cores multiply bf16 and accumulate fp32). Under bf16 the model stores the
+  // GEMM-only activations (TensorPtr) in bf16; every other tensor in memory stays fp32. The CPU backend takes
+  // bf16 too (GEMM inputs rounded to bf16, products in fp32; attention stays fp32), for testing the model's
+  // mixed-precision path on the CPU; the trainer uses it on GPUs only.
+  virtual void set_compute_dtype(DType type) = 0;
+  virtual DType compute_dtype() const = 0;
 
-  // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias may be null.
-  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
+  // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias may be null. inp f32, or bf16 under bf16 compute.
+  virtual void matmul_forward(float* out, ConstTensorPtr inp, const float* weight, const float* bias, int64_t N, int C,
                               int OC) = 0;
-  // dinp(N,C) = dout @ weight (overwritten; skipped if null); dweight(OC,C) += dout^T @ inp; dbias += colsum.
-  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+  // dinp(N,C) = dout @ weight (overwritten; skipped if null); dweight(OC,C) += dout^T @ inp; dbias += colsum
+  // (of the fp32 dout). inp as in matmul_forward.
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
                                const float* weight, int64_t N, int C, int OC) = 0;
 
-  // out(N,C) = (inp - mean) * rstd * weight + bias; mean(N), rstd(N) saved for backward.
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+  // out(N,C) = (inp - mean) * rstd * weight + bias; mean(N), rstd(N) saved for backward (either may be null).
+  // out f32, or bf16 (the fp32 result rounded to nearest even, bit for bit cast_to_bf16 of the f32 output).
+  virtual void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
                                  const float* bias, int64_t N, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                   const float* weight, const float* mean, const float* rstd, int64_t N, int C) = 0;
@@ -117,7 +153,7 @@ class Backend {
   // res_out(N,C) = res + dropout(inp), then layernorm_forward(out, mean, rstd, res_out, ...). res_out may alias
   // res. Bit for bit the two separate ops (recomputation uses plain layernorm_forward on the stored res_out);
   // a backend fuses them to read the residual stream once. The default runs the two ops.
-  virtual void residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+  virtual void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
                                           const float* inp, const float* weight, const float* bias, int64_t N, int C,
                                           const DropoutMask& drop) {
     residual_forward(res_out, res, inp, N * C, drop);
@@ -135,8 +171,8 @@ class Backend {
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att,
                                   int B, int T, int C, int NH, const DropoutMask& drop) = 0;
 
-  // GELU, tanh approximation.
-  virtual void gelu_forward(float* out, const float* inp, int64_t N) = 0;
+  // GELU, tanh approximation. out f32, or bf16 (rounded as layernorm_forward's).
+  virtual void gelu_forward(TensorPtr out, const float* inp, int64_t N) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) = 0;
 
   // out = res + dropout(inp) (out may alias res).

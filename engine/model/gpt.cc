@@ -9,20 +9,21 @@
 namespace gpt {
 
 // Per-block activations saved for backward. A block whose activations are recomputed points at the shared
-// scratch set; under `selective`, ln_1/ln_2/gelu outputs always point at scratch.
+// scratch set; under `selective`, ln_1/ln_2/gelu outputs always point at scratch. The TensorPtr ones are read
+// only by GEMMs and stored in the GEMM input dtype (bf16 under bf16 compute).
 struct BlockActs {
-  float* ln1;       // (B,T,C)
-  float* ln1_mean;  // (B,T)
-  float* ln1_rstd;  // (B,T)
-  float* qkv;       // (B,T,3C)
-  float* atty;      // (B,T,C)
-  float* att;       // attention state, Backend::attention_state_floats (CPU: (B,NH,T,T))
-  float* res_mid;   // (B,T,C)  x + attention branch
-  float* ln2;       // (B,T,C)
-  float* ln2_mean;  // (B,T)
-  float* ln2_rstd;  // (B,T)
-  float* fch;       // (B,T,4C)
-  float* fch_gelu;  // (B,T,4C)
+  TensorPtr ln1;       // (B,T,C)
+  float* ln1_mean;     // (B,T)
+  float* ln1_rstd;     // (B,T)
+  float* qkv;          // (B,T,3C)
+  float* atty;         // (B,T,C)
+  float* att;          // attention state, Backend::attention_state_floats (CPU: (B,NH,T,T))
+  float* res_mid;      // (B,T,C)  x + attention branch
+  TensorPtr ln2;       // (B,T,C)
+  float* ln2_mean;     // (B,T)
+  float* ln2_rstd;     // (B,T)
+  float* fch;          // (B,T,4C)
+  TensorPtr fch_gelu;  // (B,T,4C)
 };
 
 struct Gpt::Acts {
@@ -37,7 +38,7 @@ struct Gpt::Acts {
   std::vector<BlockActs> blocks;
   BlockActs recompute{};
   float* proj_out = nullptr;   // (B,T,C) temporary
-  float* lnf = nullptr;        // (B,T,C)
+  TensorPtr lnf;               // (B,T,C), a GEMM input
   float* lnf_mean = nullptr;   // (B,T)
   float* lnf_rstd = nullptr;   // (B,T)
   float* logits = nullptr;     // (head rows, V): one chunk of the LM head's logits; dlogits in place
@@ -60,16 +61,17 @@ enum DropoutSite : int { kSiteEmbed = 0, kSiteAttention = 1, kSiteAttnResid = 2,
 // A simple bump allocator over one Buffer: first pass counts, second pass hands out pointers.
 class Carver {
  public:
-  explicit Carver(float* base) : base_(base) {}
-  float* take(int64_t n) {
-    float* p = base_ ? base_ + used_ : nullptr;
-    used_ += (n + 15) / 16 * 16;  // keep every tensor 64-byte aligned
-    return p;
+  explicit Carver(Buffer* buf) : base_(buf != nullptr ? buf->as<char>() : nullptr) {}
+  TensorPtr take(int64_t n, DType type) {
+    char* p = base_ ? base_ + used_ : nullptr;
+    used_ += (n * static_cast<int64_t>(dtype_size(type)) + 63) / 64 * 64;  // keep every tensor 64-byte aligned
+    return {p, type};
   }
-  int64_t used() const { return used_; }
+  float* take(int64_t n) { return static_cast<float*>(take(n, DType::kF32).data); }
+  int64_t used() const { return used_; }  // bytes
 
  private:
-  float* base_;
+  char* base_;
   int64_t used_ = 0;
 };
 
@@ -100,45 +102,49 @@ void Gpt::prepare(int B, int T) {
   const int64_t att = be_.attention_state_floats(B, T, shape_.n_head);
 
   // Lays out one block's set; tensors that are not `own`ed alias the scratch set.
+  const DType lo = gemm_input_dtype();
   auto carve_block = [&](Carver& c, const BlockActs* scratch, bool keep_all) {
     const bool sel = ckpt_.selective();
+    auto aliased = [&](bool cheap) { return scratch != nullptr && (!keep_all || (sel && cheap)); };
     auto own = [&](int64_t n, float* BlockActs::*field, bool cheap) -> float* {
-      if (scratch != nullptr && (!keep_all || (sel && cheap))) return scratch->*field;
-      return c.take(n);
+      return aliased(cheap) ? scratch->*field : c.take(n);
+    };
+    auto own_lo = [&](int64_t n, TensorPtr BlockActs::*field, bool cheap) -> TensorPtr {
+      return aliased(cheap) ? scratch->*field : c.take(n, lo);
     };
     BlockActs a{};
-    a.ln1 = own(N * C, &BlockActs::ln1, true);
+    a.ln1 = own_lo(N * C, &BlockActs::ln1, true);
     a.ln1_mean = own(N, &BlockActs::ln1_mean, false);
     a.ln1_rstd = own(N, &BlockActs::ln1_rstd, false);
     a.qkv = own(3 * N * C, &BlockActs::qkv, false);
     a.atty = own(N * C, &BlockActs::atty, false);
     a.att = own(att, &BlockActs::att, false);
     a.res_mid = own(N * C, &BlockActs::res_mid, false);
-    a.ln2 = own(N * C, &BlockActs::ln2, true);
+    a.ln2 = own_lo(N * C, &BlockActs::ln2, true);
     a.ln2_mean = own(N, &BlockActs::ln2_mean, false);
     a.ln2_rstd = own(N, &BlockActs::ln2_rstd, false);
     a.fch = own(4 * N * C, &BlockActs::fch, false);
-    a.fch_gelu = own(4 * N * C, &BlockActs::fch_gelu, true);
+    a.fch_gelu = own_lo(4 * N * C, &BlockActs::fch_gelu, true);
     return a;
   };
   const bool any_scratch = ckpt_.mode != ActivationCheckpointing::Mode::kNone;
   // Two passes: measure, allocate, carve.
   for (int pass = 0; pass < 2; ++pass) {
-    Carver sc(pass ? acts_->scratch.as<float>() : nullptr);
+    Carver sc(pass ? &acts_->scratch : nullptr);
     if (any_scratch) acts_->recompute = carve_block(sc, nullptr, true);
     acts_->proj_out = sc.take(N * C);
-    Carver st(pass ? acts_->stored.as<float>() : nullptr);
+    Carver st(pass ? &acts_->stored : nullptr);
     acts_->x = st.take((L + 1) * N * C);
     acts_->blocks.clear();
     for (int l = 0; l < L; ++l) {
       acts_->blocks.push_back(carve_block(st, any_scratch ? &acts_->recompute : nullptr, !ckpt_.recompute_block(l)));
     }
-    acts_->lnf = st.take(N * C);
+    acts_->lnf = st.take(N * C, lo);
     acts_->lnf_mean = st.take(N);
     acts_->lnf_rstd = st.take(N);
     acts_->logits = st.take(head_rows(N, head_limit_) * shape_.vocab_size);
     acts_->losses = st.take(N);
-    Carver gr(pass ? acts_->grads.as<float>() : nullptr);
+    Carver gr(pass ? &acts_->grads : nullptr);
     acts_->dres = gr.take(N * C);
     acts_->dtmp = gr.take(N * C);
     acts_->dln = gr.take(N * C);
@@ -146,9 +152,9 @@ void Gpt::prepare(int B, int T) {
     acts_->dqkv = gr.take(3 * N * C);
     acts_->datty = gr.take(N * C);
     if (pass == 0) {
-      acts_->scratch = be_.alloc(sc.used() * sizeof(float), MemCategory::kActivations);
-      acts_->stored = be_.alloc(st.used() * sizeof(float), MemCategory::kActivations);
-      acts_->grads = be_.alloc(gr.used() * sizeof(float), MemCategory::kWorkspace);
+      acts_->scratch = be_.alloc(sc.used(), MemCategory::kActivations);
+      acts_->stored = be_.alloc(st.used(), MemCategory::kActivations);
+      acts_->grads = be_.alloc(gr.used(), MemCategory::kWorkspace);
       acts_->tokens = be_.alloc(N * sizeof(int32_t), MemCategory::kActivations);
       acts_->targets = be_.alloc(N * sizeof(int32_t), MemCategory::kActivations);
       acts_->losses_host.assign(N, 0.0f);
@@ -186,7 +192,7 @@ void Gpt::block_forward(int l, const BlockParams& p, const float* x_in, bool rec
   be_.matmul_forward(acts_->proj_out, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
 }
 
-void Gpt::block_output_layernorm(int l, float* x_out, float* out, float* mean, float* rstd, const float* weight,
+void Gpt::block_output_layernorm(int l, float* x_out, TensorPtr out, float* mean, float* rstd, const float* weight,
                                  const float* bias, const StepContext& ctx) {
   const int64_t N = static_cast<int64_t>(B_) * T_;
   const int C = shape_.n_embd;
@@ -232,7 +238,7 @@ void Gpt::forward(ParamSource& params, const int32_t* inputs, const StepContext&
 
 void Gpt::head_forward(int64_t r0, int64_t rows) {
   const int C = shape_.n_embd;
-  be_.matmul_forward(acts_->logits, acts_->lnf + r0 * C, acts_->wte, nullptr, rows, C, shape_.vocab_size);
+  be_.matmul_forward(acts_->logits, acts_->lnf.at(r0 * C), acts_->wte, nullptr, rows, C, shape_.vocab_size);
 }
 
 void Gpt::set_head_rows(int64_t limit) {
@@ -241,6 +247,15 @@ void Gpt::set_head_rows(int64_t limit) {
   delete acts_;  // prepare() lays the activations out again
   acts_ = nullptr;
 }
+
+void Gpt::set_gemm_input_dtype(DType type) {
+  GPT_CHECK(type == DType::kF32 || type == DType::kBF16);
+  gemm_input_dtype_ = type;
+  delete acts_;
+  acts_ = nullptr;
+}
+
+DType Gpt::gemm_input_dtype() const { return gemm_input_dtype_ ? *gemm_input_dtype_ : be_.compute_dtype(); }
 
 // The mean of the per-token losses, summed on the host in a fixed order.
 float Gpt::mean_loss() {
@@ -338,8 +353,8 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
     head_forward(r0, rows);
     be_.crossentropy_forward_backward(acts_->losses + r0, acts_->logits, acts_->logits, tgt + r0, rows, V, V,
                                       loss_scale);
-    be_.matmul_backward(acts_->dln + r0 * C, dembed + eu.params[0].offset, nullptr, acts_->logits, acts_->lnf + r0 * C,
-                        acts_->wte, rows, C, V);
+    be_.matmul_backward(acts_->dln + r0 * C, dembed + eu.params[0].offset, nullptr, acts_->logits,
+                        acts_->lnf.at(r0 * C), acts_->wte, rows, C, V);
   }
   const int head = layout_.head_unit();
   const float* hp = acts_->head;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "backend/backend.h"
 #include "core/allocator.h"
@@ -47,6 +48,12 @@ class Gpt {
   static int64_t head_rows(int64_t N, int64_t limit = kHeadRows) { return N < limit ? N : limit; }
   void set_head_rows(int64_t limit);
 
+  // The dtype of the activations only GEMMs read (the ln_1, ln_2 and ln_f outputs and the GELU output): the
+  // backend's compute dtype, so under bf16 compute they are stored in bf16, bit for bit what the GEMMs would
+  // round fp32 copies to. set_gemm_input_dtype (before prepare) overrides it, for tests of exactly that.
+  DType gemm_input_dtype() const;
+  void set_gemm_input_dtype(DType type);
+
   // Forward and backward of one micro-batch. inputs/targets are (B,T) token ids in host memory. Each token's loss
   // enters the gradient with weight `loss_scale` (1 / tokens in the global batch); gradients accumulate into the
   // ParamSource's buffers. Returns the micro-batch's mean loss.
@@ -68,7 +75,7 @@ class Gpt {
   // after the GELU (the block's output is kept).
   void block_forward(int layer, const BlockParams& p, const float* x_in, bool recompute, const StepContext& ctx);
   // x_out = blocks[layer].res_mid + dropout(proj_out), and its LayerNorm into (out, mean, rstd).
-  void block_output_layernorm(int layer, float* x_out, float* out, float* mean, float* rstd, const float* weight,
+  void block_output_layernorm(int layer, float* x_out, TensorPtr out, float* mean, float* rstd, const float* weight,
                               const float* bias, const StepContext& ctx);
   void block_backward(int layer, const BlockParams& p, const BlockParams& g, const float* x_in, const StepContext& ctx);
   DropoutMask dropout(int site, int layer, const StepContext& ctx, uint64_t per_row) const;
@@ -83,6 +90,7 @@ class Gpt {
   ActivationCheckpointing ckpt_;
   int B_ = 0, T_ = 0;
   int64_t head_limit_ = kHeadRows;
+  std::optional<DType> gemm_input_dtype_;
   Acts* acts_ = nullptr;
 };
 

@@ -10,36 +10,43 @@ namespace gpt {
 
 namespace {
 
-int64_t carved(int64_t n) { return (n + 15) / 16 * 16; }  // Gpt::prepare's Carver keeps 64-byte alignment
+// Gpt::prepare's Carver keeps every tensor 64-byte aligned.
+int64_t carved(int64_t n, DType type = DType::kF32) {
+  return (n * static_cast<int64_t>(dtype_size(type)) + 63) / 64 * 64;
+}
 
 }  // namespace
 
-ActivationElements activation_elements(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt,
-                                       bool fused_attention) {
+ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt,
+                                 bool fused_attention, DType gemm_inputs) {
   const int64_t N = static_cast<int64_t>(B) * T, C = shape.n_embd, L = shape.n_layer, V = shape.vocab_size;
   const int64_t att = static_cast<int64_t>(B) * shape.n_head * T * (fused_attention ? 1 : T);
-  // One block's tensors in carve order: (elements, cheap: recomputed under `selective`).
+  const DType f32 = DType::kF32, lo = gemm_inputs;
+  // One block's tensors in carve order: (elements, dtype, cheap: recomputed under `selective`). ln_1, ln_2 and
+  // the GELU output are GEMM inputs.
   const struct {
     int64_t n;
+    DType type;
     bool cheap;
-  } kBlock[] = {{N * C, true},  {N, false},    {N, false}, {3 * N * C, false}, {N * C, false},     {att, false},
-                {N * C, false}, {N * C, true}, {N, false}, {N, false},         {4 * N * C, false}, {4 * N * C, true}};
+  } kBlock[] = {{N * C, lo, true},   {N, f32, false},   {N, f32, false},         {3 * N * C, f32, false},
+                {N * C, f32, false}, {att, f32, false}, {N * C, f32, false},     {N * C, lo, true},
+                {N, f32, false},     {N, f32, false},   {4 * N * C, f32, false}, {4 * N * C, lo, true}};
   auto block = [&](bool all, bool keep_all) {
     int64_t sum = 0;
     for (const auto& t : kBlock) {
-      if (all || (keep_all && !(ckpt.selective() && t.cheap))) sum += carved(t.n);
+      if (all || (keep_all && !(ckpt.selective() && t.cheap))) sum += carved(t.n, t.type);
     }
     return sum;
   };
   const bool any_scratch = ckpt.mode != ActivationCheckpointing::Mode::kNone;
-  ActivationElements a;
+  ActivationBytes a;
   if (any_scratch) a.scratch += block(true, true);
   a.scratch += carved(N * C);  // proj_out
   a.stored += carved((L + 1) * N * C);
   for (int l = 0; l < L; ++l) a.stored += block(!any_scratch, !ckpt.recompute_block(l));
-  // ln_f out, mean, rstd; one LM head chunk's logits; losses
-  a.stored += carved(N * C) + 2 * carved(N) + carved(Gpt::head_rows(N) * V) + carved(N);
-  a.tokens = 2 * N;  // the inputs and the targets, copied to the backend
+  // ln_f out (a GEMM input), mean, rstd; one LM head chunk's logits; losses
+  a.stored += carved(N * C, lo) + 2 * carved(N) + carved(Gpt::head_rows(N) * V) + carved(N);
+  a.tokens = 2 * N * 4;  // the int32 inputs and targets, copied to the backend
   a.workspace = 4 * carved(N * C) + carved(4 * N * C) + carved(3 * N * C);
   return a;
 }

@@ -1,7 +1,7 @@
 // The pieces of the planner that mirror allocation code call by call, kept apart so a change to that code
 // has one place to follow here:
-//   activation_elements      <-> Gpt::prepare (model/gpt.cc): the tensors kept, the recompute scratch and the
-//                                activation-gradient workspace, each rounded up to 16 floats as its Carver does.
+//   activation_bytes         <-> Gpt::prepare (model/gpt.cc): the tensors kept, the recompute scratch and the
+//                                activation-gradient workspace, each rounded up to 64 bytes as its Carver does.
 //   unit_sizes               <-> ShardedParams' UnitInfo: per-unit numel, padded size and shard.
 //   simulate_sharded_params  <-> ShardedParams (parallel/sharded_params.cc) with sizes instead of buffers: its
 //                                fixed buffers, best-fit pools (param, grad, shard, bf16), zero3 gathers with
@@ -24,17 +24,18 @@
 
 namespace gpt {
 
-struct ActivationElements {
+struct ActivationBytes {
   int64_t stored = 0;     // kept for backward: residual stream, per-block sets, ln_f, logits, losses
   int64_t scratch = 0;    // one block's recompute set (any checkpointing) and a projection temporary
   int64_t tokens = 0;     // int32 token ids copied to the backend: inputs and targets
   int64_t workspace = 0;  // activation gradients (category workspace)
 };
-// Elements Gpt::prepare(B, T) allocates.
+// Bytes Gpt::prepare(B, T) allocates.
 // `fused_attention`: the attention state is Backend::attention_state_floats of the CUDA backend (B,NH,T)
-// instead of the CPU's (B,NH,T,T).
-ActivationElements activation_elements(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt,
-                                       bool fused_attention = false);
+// instead of the CPU's (B,NH,T,T). `gemm_inputs`: Gpt::gemm_input_dtype, the dtype of the activations only GEMMs
+// read (bf16 under bf16 compute).
+ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt,
+                                 bool fused_attention = false, DType gemm_inputs = DType::kF32);
 
 // The CUDA backend's own device memory (category workspace) over a training step: cuBLASLt's workspace, the
 // shared scratch area at the largest request of any op (embedding's cub sort storage estimated), the three bf16

@@ -50,7 +50,7 @@ std::string StrategyPlan::name() const { return (hybrid() ? "hybrid-" : "") + st
 namespace {
 
 StrategyPlan make_plan(const PlanInput& in, const ModelLayout& layout, Strategy strategy, int group_size,
-                       const ActivationElements& act) {
+                       const ActivationBytes& act) {
   ShardedParamsSetup setup;
   setup.strategy = strategy;
   setup.group_size = group_size;
@@ -68,8 +68,8 @@ StrategyPlan make_plan(const PlanInput& in, const ModelLayout& layout, Strategy 
   p.grads = f.at(MemCategory::kGrads);
   p.master = f.at(MemCategory::kMaster);
   p.optimizer = u.local * 8;  // AdamW: fp32 m and v over the local master buffer
-  p.activations = (act.stored + act.scratch) * 4 + act.tokens * 4;
-  p.workspace = act.workspace * 4;
+  p.activations = act.stored + act.scratch + act.tokens;
+  p.workspace = act.workspace;
   if (in.fused_attention) {  // run.device cuda: the backend's own workspaces too
     int64_t spans = 0;
     for (const UnitLayout& unit : layout.units) spans += static_cast<int64_t>(unit.params.size());
@@ -129,8 +129,11 @@ std::vector<StrategyPlan> plan_all(const PlanInput& in) {
   GPT_CHECK_MSG(st.is_ok(), st.message().c_str());
   const ModelLayout layout = ModelLayout::build(in.shape);
   const ActivationCheckpointing ckpt = *ActivationCheckpointing::parse(in.activation_checkpointing);
-  const ActivationElements act = activation_elements(
-      in.shape, in.micro_batch, in.seq_len > 0 ? in.seq_len : in.shape.block_size, ckpt, in.fused_attention);
+  // run.device cuda under param_dtype bf16 computes in bf16 (Trainer), and the model stores its GEMM inputs so.
+  const bool bf16_compute = in.fused_attention && in.sharding.param_dtype == DType::kBF16;
+  const ActivationBytes act =
+      activation_bytes(in.shape, in.micro_batch, in.seq_len > 0 ? in.seq_len : in.shape.block_size, ckpt,
+                       in.fused_attention, bf16_compute ? DType::kBF16 : DType::kF32);
   const int N = in.world_size;
   std::vector<StrategyPlan> plans;
   if (N == 1) plans.push_back(make_plan(in, layout, Strategy::kSingle, 1, act));

@@ -43,8 +43,9 @@ struct PlanInput {
   // run.device cuda: the fused attention keeps one log-sum-exp per query row, not the (T,T) probabilities, and
   // the CUDA backend's own workspaces (cuBLASLt, scratch, bf16 cast areas) count under workspace.
   bool fused_attention = false;
-  // parallel.prefetch, reshard_after_forward, param_dtype and reduce_dtype. Master weights, optimizer state,
-  // gradient accumulation and activations are fp32 whatever these say.
+  // parallel.prefetch, reshard_after_forward, param_dtype and reduce_dtype. Master weights, optimizer state and
+  // gradient accumulation are fp32 whatever these say; activations too, but for the GEMM inputs (the LayerNorm
+  // and GELU outputs), bf16 when fused_attention (run.device cuda) and param_dtype bf16 (bf16 compute).
   ShardingOptions sharding;
 };
 

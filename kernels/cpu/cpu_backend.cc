@@ -28,26 +28,76 @@ void CpuBackend::embedding_backward(float* dwte, float* dwpe, const float* dout,
                                     int C) {
   cpu::embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
 }
-void CpuBackend::matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
-                                int OC) {
-  cpu::matmul_forward(out, inp, weight, bias, N, C, OC);
+void CpuBackend::set_compute_dtype(DType type) {
+  GPT_CHECK(type == DType::kF32 || type == DType::kBF16);
+  compute_dtype_ = type;
 }
-void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+
+float* CpuBackend::staging(int slot, int64_t n) {
+  Buffer& b = staging_[slot];
+  if (b.bytes() < static_cast<size_t>(n) * sizeof(float))
+    b = alloc(static_cast<size_t>(n) * sizeof(float), MemCategory::kWorkspace);
+  return b.as<float>();
+}
+
+const float* CpuBackend::bf16_operand(int slot, ConstTensorPtr x, int64_t n) {
+  float* dst = staging(slot, n);
+  if (x.is_bf16()) {
+    const bf16* src = x.as_bf16();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+  } else {
+    const float* src = x.as_f32();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(f32_to_bf16(src[i]));
+  }
+  return dst;
+}
+
+float* CpuBackend::result_area(TensorPtr out, int64_t n) { return out.is_bf16() ? staging(3, n) : out.as_f32(); }
+
+void CpuBackend::finish(TensorPtr out, int64_t n) {
+  if (!out.is_bf16()) return;
+  cast_to_bf16(out.as_bf16(), staging_[3].as<float>(), n);
+}
+
+void CpuBackend::matmul_forward(float* out, ConstTensorPtr inp, const float* weight, const float* bias, int64_t N,
+                                int C, int OC) {
+  if (compute_dtype_ == DType::kF32) {
+    cpu::matmul_forward(out, inp.as_f32(), weight, bias, N, C, OC);
+    return;
+  }
+  const float* a = bf16_operand(0, inp, N * C);
+  const float* w = bf16_operand(1, weight, static_cast<int64_t>(OC) * C);
+  cpu::matmul_forward(out, a, w, bias, N, C, OC);
+}
+void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
                                  const float* weight, int64_t N, int C, int OC) {
-  cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+  if (compute_dtype_ == DType::kF32) {
+    cpu::matmul_backward(dinp, dweight, dbias, dout, inp.as_f32(), weight, N, C, OC);
+    return;
+  }
+  const float* a = bf16_operand(0, inp, N * C);
+  const float* w = bf16_operand(1, weight, static_cast<int64_t>(OC) * C);
+  const float* d = bf16_operand(2, dout, N * OC);
+  cpu::matmul_backward(dinp, dweight, nullptr, d, a, w, N, C, OC);
+  // dbias sums the fp32 dout, as the CUDA backend's does.
+  if (dbias != nullptr) cpu::matmul_backward(nullptr, nullptr, dbias, dout, nullptr, nullptr, N, C, OC);
 }
-void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+void CpuBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
                                    const float* bias, int64_t N, int C) {
-  cpu::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+  cpu::layernorm_forward(result_area(out, N * C), mean, rstd, inp, weight, bias, N, C);
+  finish(out, N * C);
 }
 void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                     const float* weight, const float* mean, const float* rstd, int64_t N, int C) {
   cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
-void CpuBackend::residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+void CpuBackend::residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
                                             const float* inp, const float* weight, const float* bias, int64_t N, int C,
                                             const DropoutMask& drop) {
-  cpu::residual_layernorm_forward(res_out, out, mean, rstd, res, inp, weight, bias, N, C, drop);
+  cpu::residual_layernorm_forward(res_out, result_area(out, N * C), mean, rstd, res, inp, weight, bias, N, C, drop);
+  finish(out, N * C);
 }
 void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
                                    const DropoutMask& drop) {
@@ -57,7 +107,10 @@ void CpuBackend::attention_backward(float* dqkv, const float* dout, const float*
                                     const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
   cpu::attention_backward(dqkv, dout, qkv, att, B, T, C, NH, drop);
 }
-void CpuBackend::gelu_forward(float* out, const float* inp, int64_t N) { cpu::gelu_forward(out, inp, N); }
+void CpuBackend::gelu_forward(TensorPtr out, const float* inp, int64_t N) {
+  cpu::gelu_forward(result_area(out, N), inp, N);
+  finish(out, N);
+}
 void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {
   cpu::gelu_backward(dinp, inp, dout, N);
 }

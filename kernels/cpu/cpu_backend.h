@@ -1,4 +1,7 @@
-// CpuBackend: the Backend on host memory, forwarding to the kernels in kernels/cpu.
+// CpuBackend: the Backend on host memory, forwarding to the kernels in kernels/cpu. Under bf16 compute (for
+// tests of the model's mixed-precision path) the GEMMs multiply their inputs rounded to bf16 in fp32, and bf16
+// outputs are the fp32 results rounded; the roundings go through staging buffers that grow to the largest
+// request (the first step sizes them).
 #pragma once
 
 #include "backend/backend.h"
@@ -12,20 +15,22 @@ class CpuBackend final : public Backend {
   void set_threads(int threads) override;
   void to_device(void* dst, const void* src, size_t bytes) override;
   void to_host(void* dst, const void* src, size_t bytes) override;
+  void set_compute_dtype(DType type) override;
+  DType compute_dtype() const override { return compute_dtype_; }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                          int C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                           int C) override;
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
+  void matmul_forward(float* out, ConstTensorPtr inp, const float* weight, const float* bias, int64_t N, int C,
                       int OC) override;
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
                        const float* weight, int64_t N, int C, int OC) override;
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                         int64_t N, int C) override;
+  void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
+                         const float* bias, int64_t N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, const float* mean, const float* rstd, int64_t N, int C) override;
-  void residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+  void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
                                   const float* inp, const float* weight, const float* bias, int64_t N, int C,
                                   const DropoutMask& drop) override;
   int64_t attention_state_floats(int B, int T, int NH) const override {
@@ -35,7 +40,7 @@ class CpuBackend final : public Backend {
                          const DropoutMask& drop) override;
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att, int B,
                           int T, int C, int NH, const DropoutMask& drop) override;
-  void gelu_forward(float* out, const float* inp, int64_t N) override;
+  void gelu_forward(TensorPtr out, const float* inp, int64_t N) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override;
   void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override;
   void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) override;
@@ -55,6 +60,18 @@ class CpuBackend final : public Backend {
   void cast_to_bf16(bf16* dst, const float* src, int64_t n) override;
   void cast_from_bf16(float* dst, const bf16* src, int64_t n) override;
   void copy(float* dst, const float* src, int64_t n) override;
+
+ private:
+  // Staging buffer `slot` of at least n floats (0: GEMM input, 1: weight, 2: output gradient, 3: an output).
+  float* staging(int slot, int64_t n);
+  // x's values as a bf16 GEMM reads them (bf16 expanded, or fp32 rounded to bf16), as fp32 in staging `slot`.
+  const float* bf16_operand(int slot, ConstTensorPtr x, int64_t n);
+  // Where an op writes its fp32 result for `out`: out itself, or staging 3 when out is bf16 (then finish()).
+  float* result_area(TensorPtr out, int64_t n);
+  void finish(TensorPtr out, int64_t n);
+
+  DType compute_dtype_ = DType::kF32;
+  Buffer staging_[4];  // workspace
 };
 
 }  // namespace gpt

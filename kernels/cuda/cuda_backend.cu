@@ -210,36 +210,39 @@ void CudaBackend::embedding_backward(float* dwte, float* dwpe, const float* dout
   cuda::embedding_backward(dwte, dwpe, dout, tokens, B, T, C, scratch(cuda::embedding_backward_scratch_bytes(B, T)),
                            stream_);
 }
-void CudaBackend::matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
-                                 int OC) {
+// Under bf16 compute the GEMM's inputs are bf16: a bf16 `inp` (the model stores its LayerNorm and GELU outputs
+// so) goes in as it is; fp32 operands are cast into the cast areas first.
+const bf16* CudaBackend::gemm_input(int slot, ConstTensorPtr x, int64_t n) {
+  if (x.is_bf16()) return x.as_bf16();
+  bf16* area = cast_area(slot, n);
+  cuda::cast_to_bf16(area, x.as_f32(), n, stream_);
+  return area;
+}
+void CudaBackend::matmul_forward(float* out, ConstTensorPtr inp, const float* weight, const float* bias, int64_t N,
+                                 int C, int OC) {
   const OpTimer timed = time_op("matmul_forward");
   if (compute_dtype_ == DType::kF32) {
-    matmul_->forward(out, inp, weight, DType::kF32, bias, N, C, OC);
+    matmul_->forward(out, inp.as_f32(), weight, DType::kF32, bias, N, C, OC);
     return;
   }
-  bf16* a = cast_area(0, N * C);
-  bf16* w = cast_area(1, static_cast<int64_t>(OC) * C);
-  cuda::cast_to_bf16(a, inp, N * C, stream_);
-  cuda::cast_to_bf16(w, weight, static_cast<int64_t>(OC) * C, stream_);
+  const bf16* a = gemm_input(0, inp, N * C);
+  const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
   matmul_->forward(out, a, w, DType::kBF16, bias, N, C, OC);
 }
-void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
                                   const float* weight, int64_t N, int C, int OC) {
   const OpTimer timed = time_op("matmul_backward");
   void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
   if (compute_dtype_ == DType::kF32) {
-    matmul_->backward(dinp, dweight, dbias, dout, dout, inp, weight, DType::kF32, N, C, OC, s);
+    matmul_->backward(dinp, dweight, dbias, dout, dout, inp.as_f32(), weight, DType::kF32, N, C, OC, s);
     return;
   }
-  bf16* a = cast_area(0, N * C);
-  bf16* w = cast_area(1, static_cast<int64_t>(OC) * C);
-  bf16* d = cast_area(2, N * OC);
-  cuda::cast_to_bf16(a, inp, N * C, stream_);
-  cuda::cast_to_bf16(w, weight, static_cast<int64_t>(OC) * C, stream_);
-  cuda::cast_to_bf16(d, dout, N * OC, stream_);
+  const bf16* a = gemm_input(0, inp, N * C);
+  const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
+  const bf16* d = gemm_input(2, dout, N * OC);
   matmul_->backward(dinp, dweight, dbias, dout, d, a, w, DType::kBF16, N, C, OC, s);
 }
-void CudaBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+void CudaBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
                                     const float* bias, int64_t N, int C) {
   const OpTimer timed = time_op("layernorm_forward");
   cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream_);
@@ -250,7 +253,7 @@ void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, 
   cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
                            scratch(cuda::layernorm_backward_scratch_bytes(N, C)), stream_);
 }
-void CudaBackend::residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+void CudaBackend::residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
                                              const float* inp, const float* weight, const float* bias, int64_t N, int C,
                                              const DropoutMask& drop) {
   const OpTimer timed = time_op("residual_layernorm_forward");
@@ -285,7 +288,7 @@ void CudaBackend::attention_backward(float* dqkv, const float* dout, const float
                              scratch(cuda::attention_backward_scratch_bytes(B, T, C, NH)), stream_);
   }
 }
-void CudaBackend::gelu_forward(float* out, const float* inp, int64_t N) {
+void CudaBackend::gelu_forward(TensorPtr out, const float* inp, int64_t N) {
   const OpTimer timed = time_op("gelu_forward");
   cuda::gelu_forward(out, inp, N, stream_);
 }

@@ -43,20 +43,21 @@ class CudaBackend final : public Backend {
   double peak_flops() const override;
   void* native_stream() const override { return stream_; }
   void set_compute_dtype(DType type) override;
+  DType compute_dtype() const override { return compute_dtype_; }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                          int C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                           int C) override;
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
+  void matmul_forward(float* out, ConstTensorPtr inp, const float* weight, const float* bias, int64_t N, int C,
                       int OC) override;
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
                        const float* weight, int64_t N, int C, int OC) override;
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                         int64_t N, int C) override;
+  void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
+                         const float* bias, int64_t N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, const float* mean, const float* rstd, int64_t N, int C) override;
-  void residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+  void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
                                   const float* inp, const float* weight, const float* bias, int64_t N, int C,
                                   const DropoutMask& drop) override;
   int64_t attention_state_floats(int B, int T, int NH) const override {
@@ -66,7 +67,7 @@ class CudaBackend final : public Backend {
                          const DropoutMask& drop) override;
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att, int B,
                           int T, int C, int NH, const DropoutMask& drop) override;
-  void gelu_forward(float* out, const float* inp, int64_t N) override;
+  void gelu_forward(TensorPtr out, const float* inp, int64_t N) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override;
   void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override;
   void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) override;
@@ -105,9 +106,11 @@ class CudaBackend final : public Backend {
   OpTimer time_op(const char* op) { return OpTimer(profile_ ? this : nullptr, op); }
   void* scratch(size_t bytes);
   const cuda::SpanTable& span_table(const std::vector<OptimSpan>& spans);
+  // bf16 copies of a GEMM's fp32 inputs: slot 0 inp, 1 weight, 2 dout.
   bf16* cast_area(int slot, int64_t n);
-  bool tensor_core_attention(int C, int NH, std::initializer_list<const void*> tensors)
-      const;  // bf16 copies of a GEMM's inputs (slot 0 inp, 1 weight, 2 dout)
+  // A bf16 GEMM operand of n elements: x itself when bf16, else x cast into cast area `slot`.
+  const bf16* gemm_input(int slot, ConstTensorPtr x, int64_t n);
+  bool tensor_core_attention(int C, int NH, std::initializer_list<const void*> tensors) const;
 
   int device_;
   cudaStream_t stream_ = nullptr;

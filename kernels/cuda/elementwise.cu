@@ -29,13 +29,7 @@ __global__ void dropout_kernel(float* dst, const float* src, int64_t n, DropoutM
 __global__ void to_bf16_kernel(bf16* dst, const float* src, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint32_t u = __float_as_uint(src[i]);
-    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) {
-      dst[i].bits = static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays a (quiet) NaN
-    } else {
-      u += 0x7fffu + ((u >> 16) & 1u);
-      dst[i].bits = static_cast<uint16_t>(u >> 16);
-    }
+    dst[i].bits = bf16_bits_nearest(__float_as_uint(src[i]));
   }
 }
 

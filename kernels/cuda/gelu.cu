@@ -10,11 +10,16 @@ constexpr int kThreads = 256;
 constexpr float kScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kCube = 0.044715f;
 
-__global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
+__device__ inline void store(float* p, float v) { *p = v; }
+__device__ inline void store(bf16* p, float v) { p->bits = bf16_bits_nearest(__float_as_uint(v)); }
+
+// Out: float, or bf16 (the same fp32 value rounded at the store, as cast_to_bf16 rounds).
+template <typename Out>
+__global__ void gelu_forward_kernel(Out* out, const float* inp, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(kScale * (x + kCube * x * x * x)));
+    store(out + i, 0.5f * x * (1.0f + tanhf(kScale * (x + kCube * x * x * x))));
   }
 }
 
@@ -32,9 +37,13 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
 
 }  // namespace
 
-void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream) {
+void gelu_forward(TensorPtr out, const float* inp, int64_t N, cudaStream_t stream) {
   if (N == 0) return;
-  gelu_forward_kernel<<<grid_for(N, kThreads), kThreads, 0, stream>>>(out, inp, N);
+  if (out.is_bf16()) {
+    gelu_forward_kernel<bf16><<<grid_for(N, kThreads), kThreads, 0, stream>>>(out.as_bf16(), inp, N);
+  } else {
+    gelu_forward_kernel<float><<<grid_for(N, kThreads), kThreads, 0, stream>>>(out.as_f32(), inp, N);
+  }
   GPT_CUDA_CHECK_LAUNCH();
 }
 

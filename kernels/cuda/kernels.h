@@ -26,12 +26,12 @@ size_t embedding_backward_scratch_bytes(int B, int T);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
                         void* scratch, cudaStream_t stream);
 
-// layernorm.cu. mean/rstd may be null (recomputation that only needs out).
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       int64_t N, int C, cudaStream_t stream);
+// layernorm.cu. mean/rstd may be null (recomputation that only needs out); out f32 or bf16 (rounded at the store).
+void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int C, cudaStream_t stream);
 // The fused residual + LayerNorm: res_out = res + dropout(inp) (the residual_forward expression; res_out may
 // alias res), then layernorm_forward of res_out, bit for bit the two kernels.
-void residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
                                 const float* inp, const float* weight, const float* bias, int64_t N, int C,
                                 const DropoutMask& drop, cudaStream_t stream);
 size_t layernorm_backward_scratch_bytes(int64_t N, int C);
@@ -54,8 +54,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                                    int64_t N, int V, int Vp, float dloss, cudaStream_t stream);
 
-// gelu.cu
-void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream);
+// gelu.cu. out f32 or bf16 (rounded at the store).
+void gelu_forward(TensorPtr out, const float* inp, int64_t N, cudaStream_t stream);
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N, cudaStream_t stream);
 
 // elementwise.cu

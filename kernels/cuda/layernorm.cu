@@ -52,17 +52,38 @@ __device__ inline void store4(float* p, int j, int n, const float (&v)[4]) {
   }
 }
 
+// The bf16 output: v rounded to nearest even (the cast_to_bf16 rounding), kVec as one 8-byte store (the caller
+// guarantees p is 8-byte aligned and n % 4 == 0).
+template <bool kVec>
+__device__ inline void store4(bf16* p, int j, int n, const float (&v)[4]) {
+  uint16_t b[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) b[k] = bf16_bits_nearest(__float_as_uint(v[k]));
+  if constexpr (kVec) {
+    uint2 packed;
+    packed.x = static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 16;
+    packed.y = static_cast<uint32_t>(b[2]) | static_cast<uint32_t>(b[3]) << 16;
+    *reinterpret_cast<uint2*>(p + j) = packed;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (j + k < n) p[j + k].bits = b[k];
+    }
+  }
+}
+
 // One warp per row: mean, then the variance around it (two passes, as the CPU), then the output.
 // out is not __restrict__ against inp: each lane reads an element before writing the same element, so an
 // in-place call would still be correct.
 // kResidual: the fused residual + LayerNorm. The first pass computes inp = res + dropout(add) (the expression
 // of elementwise.cu's residual_kernel), stores it and sums it; the later passes read back what the same lane
 // stored, so the statistics and the output are those of layernorm_forward on the stored residual, bit for bit.
-template <bool kVec, bool kResidual>
+// Out: float, or bf16 (the same fp32 values rounded at the store).
+template <bool kVec, bool kResidual, typename Out>
 __global__ void __launch_bounds__(kRowThreads)
-    layernorm_forward_kernel(float* out, float* __restrict__ mean, float* __restrict__ rstd, float* inp,
-                             const float* res, const float* add, DropoutMask drop, float keep,
-                             const float* __restrict__ weight, const float* __restrict__ bias, int64_t N, int C) {
+    layernorm_forward_kernel(Out* out, float* __restrict__ mean, float* __restrict__ rstd, float* inp, const float* res,
+                             const float* add, DropoutMask drop, float keep, const float* __restrict__ weight,
+                             const float* __restrict__ bias, int64_t N, int C) {
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
   if (row >= N) return;  // the whole warp leaves: only warp shuffles follow, no __syncthreads
@@ -97,7 +118,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const float var = warp_sum(sq) / static_cast<float>(C);
   const float s = 1.0f / sqrtf(var + kEps);  // not rsqrtf: IEEE sqrt and division, as the CPU
 
-  float* y = out + row * C;
+  Out* y = out + row * C;
   for (int j = 4 * lane; j < C; j += 4 * kWarp) {
     float w[4], b[4], o[4];
     load4<kVec>(v, x, j, C, 0.0f);
@@ -213,7 +234,8 @@ size_t row_stats_bytes(int64_t N) { return align_up(static_cast<size_t>(N) * siz
 namespace {
 
 // Both forward entry points: res == nullptr for the plain LayerNorm of x.
-void launch_layernorm_forward(float* out, float* mean, float* rstd, float* x, const float* res, const float* add,
+template <typename Out>
+void launch_layernorm_forward(Out* out, float* mean, float* rstd, float* x, const float* res, const float* add,
                               const DropoutMask& drop, const float* weight, const float* bias, int64_t N, int C,
                               cudaStream_t stream) {
   GPT_CHECK(N >= 0 && C > 0);
@@ -221,41 +243,53 @@ void launch_layernorm_forward(float* out, float* mean, float* rstd, float* x, co
   if (N == 0) return;
   GPT_CHECK(ceil_div(N, kRowWarps) <= INT32_MAX);
   const dim3 grid(static_cast<unsigned>(ceil_div(N, kRowWarps)));
-  const bool vec = C % 4 == 0 && aligned16(out) && aligned16(x) && aligned16(weight) && aligned16(bias) &&
+  // A bf16 row of 4k elements is stored as 8-byte pieces, an fp32 one as float4s.
+  const bool out_aligned = reinterpret_cast<uintptr_t>(out) % (4 * sizeof(Out)) == 0;
+  const bool vec = C % 4 == 0 && out_aligned && aligned16(x) && aligned16(weight) && aligned16(bias) &&
                    (res == nullptr || (aligned16(res) && aligned16(add)));
   const float keep = drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f;
   if (res == nullptr) {
     if (vec) {
-      layernorm_forward_kernel<true, false>
+      layernorm_forward_kernel<true, false, Out>
           <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, nullptr, nullptr, drop, keep, weight, bias, N, C);
     } else {
-      layernorm_forward_kernel<false, false>
+      layernorm_forward_kernel<false, false, Out>
           <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, nullptr, nullptr, drop, keep, weight, bias, N, C);
     }
   } else if (vec) {
-    layernorm_forward_kernel<true, true>
+    layernorm_forward_kernel<true, true, Out>
         <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, res, add, drop, keep, weight, bias, N, C);
   } else {
-    layernorm_forward_kernel<false, true>
+    layernorm_forward_kernel<false, true, Out>
         <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, res, add, drop, keep, weight, bias, N, C);
   }
   GPT_CUDA_CHECK_LAUNCH();
 }
 
+void launch_layernorm_forward(TensorPtr out, float* mean, float* rstd, float* x, const float* res, const float* add,
+                              const DropoutMask& drop, const float* weight, const float* bias, int64_t N, int C,
+                              cudaStream_t stream) {
+  if (out.is_bf16()) {
+    launch_layernorm_forward(out.as_bf16(), mean, rstd, x, res, add, drop, weight, bias, N, C, stream);
+  } else {
+    launch_layernorm_forward(out.as_f32(), mean, rstd, x, res, add, drop, weight, bias, N, C, stream);
+  }
+}
+
 }  // namespace
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       int64_t N, int C, cudaStream_t stream) {
+void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int C, cudaStream_t stream) {
   // The plain kernel only reads inp (the pointer is non-const for the fused variant, which writes it).
   launch_layernorm_forward(out, mean, rstd, const_cast<float*>(inp), nullptr, nullptr, DropoutMask{}, weight, bias, N,
                            C, stream);
 }
 
-void residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
                                 const float* inp, const float* weight, const float* bias, int64_t N, int C,
                                 const DropoutMask& drop, cudaStream_t stream) {
   GPT_CHECK(res != nullptr && inp != nullptr);
-  GPT_CHECK(out != res_out && out != res && out != inp);  // out is written after res_out is read back
+  GPT_CHECK(out.data != res_out && out.data != res && out.data != inp);  // out is written after res_out is read back
   launch_layernorm_forward(out, mean, rstd, res_out, res, inp, drop, weight, bias, N, C, stream);
 }
 

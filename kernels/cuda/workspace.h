@@ -72,7 +72,7 @@ inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedd
                         attention_backward(static_cast<int>(d.B), static_cast<int>(d.T), static_cast<int>(d.NH)),
                         sum_squares()});
   if (bf16_compute) {
-    a.cast[0] = std::max(N * 4 * C, d.head_rows * C);    // the MLP projection's input (or a head chunk's)
+    a.cast[0] = N * C;  // the attention output, the one fp32 GEMM input (Gpt stores the others in bf16)
     a.cast[1] = std::max(d.V * C, 4 * C * C);            // the LM head (tied wte) or the MLP's weights
     a.cast[2] = std::max(d.head_rows * d.V, N * 4 * C);  // a head chunk's dlogits or the MLP's
   }

@@ -37,6 +37,15 @@ DropoutMask make_drop(float p) {
   return d;
 }
 
+// lo holds f rounded to bf16 (nearest even) bit for bit: the bf16 outputs' contract.
+bool rounded_from(const Buf<gpt::bf16>& lo, const Buf<float>& f) {
+  if (lo.n != f.n) return false;
+  for (size_t i = 0; i < f.n; ++i) {
+    if (lo[i].bits != gpt::f32_to_bf16(f[i]).bits) return false;
+  }
+  return true;
+}
+
 void run_layernorm(int64_t N, int C, size_t off) {
   INFO("layernorm N=" << N << " C=" << C << " offset=" << off);
   Buf<float> inp(N * C, off), w(C, off), bias(C, off);
@@ -50,6 +59,12 @@ void run_layernorm(int64_t N, int C, size_t off) {
   emu::layernorm_forward(out.p, mean.p, rstd.p, inp.p, w.p, bias.p, N, C, nullptr);
   emu::layernorm_forward(out2.p, nullptr, nullptr, inp.p, w.p, bias.p, N, C, nullptr);  // mean/rstd may be null
   CHECK(out.same(out2));
+  Buf<gpt::bf16> out_lo(N * C, off);  // the bf16 output (a GEMM input under bf16 compute)
+  Buf<float> mean_lo(N), rstd_lo(N);
+  emu::layernorm_forward(out_lo.p, mean_lo.p, rstd_lo.p, inp.p, w.p, bias.p, N, C, nullptr);
+  CHECK(rounded_from(out_lo, out));
+  CHECK(mean_lo.same(mean));
+  CHECK(rstd_lo.same(rstd));
   // Backward from the CPU's mean/rstd; the accumulated outputs start from the same random values.
   Buf<float> dout(N * C, off), dinp0(N * C, off), dw0(C), db0(C);
   randn(dout);
@@ -117,6 +132,16 @@ void run_residual_layernorm(int64_t N, int C, size_t off, float p, bool inplace)
   CHECK(fout.same(sout));
   CHECK(fmean.same(smean));
   CHECK(frstd.same(srstd));
+  // With a bf16 output: the same residual and statistics, the output rounded.
+  Buf<float> lres(N * C, off), lmean(N), lrstd(N);
+  Buf<gpt::bf16> lout(N * C, off);
+  if (inplace) lres.copy_from(res);
+  emu::residual_layernorm_forward(lres.p, lout.p, lmean.p, lrstd.p, inplace ? lres.p : res.p, add.p, w.p, bias.p, N, C,
+                                  drop, nullptr);
+  CHECK(lres.same(sres));
+  CHECK(rounded_from(lout, sout));
+  CHECK(lmean.same(smean));
+  CHECK(lrstd.same(srstd));
   // The CPU twin.
   Buf<float> cres(N * C), cout(N * C), cmean(N), crstd(N);
   cpu::residual_layernorm_forward(cres.p, cout.p, cmean.p, crstd.p, res.p, add.p, w.p, bias.p, N, C, drop);
@@ -269,6 +294,9 @@ void run_gelu(int64_t n) {
   Buf<float> o(n), co(n), d(n), cd(n), d2(n);
   cpu::gelu_forward(co.p, x.p, n);
   emu::gelu_forward(o.p, x.p, n, nullptr);
+  Buf<gpt::bf16> lo(n);
+  emu::gelu_forward(lo.p, x.p, n, nullptr);
+  CHECK(rounded_from(lo, o));
   cpu::gelu_backward(cd.p, x.p, dout.p, n);
   emu::gelu_backward(d.p, x.p, dout.p, n, nullptr);
   d2.copy_from(dout);
@@ -444,6 +472,7 @@ void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs) {
 
 TEST_CASE("cuda_emu: layernorm.cu matches the CPU twin", "[cuda_emu][layernorm]") {
   run_layernorm(1, 3, 0);
+  run_layernorm(4, 12, 0);  // bf16 rows of 24 bytes: 8-byte stores at rows not 16-byte aligned
   run_layernorm(9, 36, 0);
   run_layernorm(3, 37, 1);
   run_layernorm(20, 130, 0);
@@ -455,6 +484,7 @@ TEST_CASE("cuda_emu: the fused residual + layernorm equals the two kernels", "[c
   run_residual_layernorm(9, 36, 0, 0.25f, true);
   run_residual_layernorm(3, 37, 1, 0.25f, false);  // scalar path
   run_residual_layernorm(5, 520, 0, 0.1f, false);
+  run_residual_layernorm(4, 12, 0, 0.1f, false);
 }
 
 TEST_CASE("cuda_emu: crossentropy.cu matches the CPU twin", "[cuda_emu][crossentropy]") {

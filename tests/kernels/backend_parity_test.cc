@@ -248,6 +248,13 @@ TEST_CASE("parity: layernorm forward and backward", "[cuda]") {
     Dev<float> g_out2(*gpu, out.size());
     gpu->layernorm_forward(g_out2.p(), nullptr, nullptr, g_inp.p(), g_w.p(), g_b.p(), N, C);
     REQUIRE(g_out2.read() == g_out.read());
+    // A bf16 output (a GEMM input under bf16 compute) is the fp32 one rounded, bit for bit.
+    Dev<bf16> g_lo(*gpu, out.size());
+    gpu->layernorm_forward(g_lo.p(), nullptr, nullptr, g_inp.p(), g_w.p(), g_b.p(), N, C);
+    std::vector<bf16> want(out.size());
+    cpu().cast_to_bf16(want.data(), g_out.read().data(), static_cast<int64_t>(want.size()));
+    const std::vector<bf16> got = g_lo.read();
+    CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(bf16)) == 0);
   }
 }
 
@@ -348,6 +355,14 @@ TEST_CASE("parity: gelu, residual, dropout", "[cuda]") {
   cpu().gelu_forward(y.data(), x.data(), n);
   gpu->gelu_forward(gy.p(), gx.p(), n);
   expect_close("gelu forward", y, gy.read(), kElementwise);
+  {  // a bf16 output is the fp32 one rounded, bit for bit
+    Dev<bf16> glo(*gpu, n);
+    gpu->gelu_forward(glo.p(), gx.p(), n);
+    std::vector<bf16> want(n);
+    cpu().cast_to_bf16(want.data(), gy.read().data(), n);
+    const std::vector<bf16> got = glo.read();
+    CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(bf16)) == 0);
+  }
   cpu().gelu_backward(y.data(), x.data(), d.data(), n);
   gpu->gelu_backward(gy.p(), gx.p(), gd.p(), n);
   expect_close("gelu backward", y, gy.read(), kElementwise);
@@ -615,6 +630,43 @@ TEST_CASE("activation checkpointing on CUDA: the same loss and gradients, bit fo
     REQUIRE(loss == reference_loss);
     REQUIRE(grads == reference);
   }
+}
+
+// Under bf16 compute the model stores the GEMM-only activations (LayerNorm and GELU outputs) in bf16, which the
+// GEMMs take as they are: bit for bit what they computed from fp32 copies they cast themselves.
+TEST_CASE("bf16 compute on CUDA: GEMM inputs stored in bf16 give the fp32-storage results bit for bit", "[cuda]") {
+  Backend* gpu = cuda_or_skip("bf16 GEMM inputs");
+  if (!gpu) return;
+  gpu->set_compute_dtype(DType::kBF16);
+  const GptShape shape{2, 4, 64, 32, 97, 0.1f};
+  const ModelLayout layout = ModelLayout::build(shape);
+  const std::vector<float> weights = init_weights(layout, shape, 13);
+  const int B = 3, T = 29;  // 87 rows: the head's chunks of 32 start at rows not 16-byte aligned in bf16
+  const auto inputs = rand_tokens(B * T, shape.vocab_size, 92), targets = rand_tokens(B * T, shape.vocab_size, 93);
+  const StepContext ctx{3, 1, 0, true};
+  for (const char* mode : {"none", "selective"}) {
+    CAPTURE(mode);
+    float loss[2];
+    std::vector<float> grads[2];
+    int64_t act_bytes[2];
+    for (const DType stored : {DType::kF32, DType::kBF16}) {
+      const int i = stored == DType::kBF16;
+      Gpt model(shape, *gpu, *ActivationCheckpointing::parse(mode));
+      model.set_head_rows(32);
+      model.set_gemm_input_dtype(stored);
+      const int64_t before = MemTracker::instance().stats().current[static_cast<size_t>(MemCategory::kActivations)];
+      model.prepare(B, T);
+      act_bytes[i] = MemTracker::instance().stats().current[static_cast<size_t>(MemCategory::kActivations)] - before;
+      FlatParams params(*gpu, model.layout(), weights);
+      loss[i] = model.forward_backward(params, inputs.data(), targets.data(), 1.0f / (B * T), ctx);
+      grads[i].resize(weights.size());
+      gpu->to_host(grads[i].data(), params.grad_buffer().data(), weights.size() * sizeof(float));
+    }
+    CHECK(loss[1] == loss[0]);
+    CHECK(grads[1] == grads[0]);
+    CHECK(act_bytes[1] < act_bytes[0]);
+  }
+  gpu->set_compute_dtype(DType::kF32);
 }
 
 }  // namespace

@@ -7,10 +7,14 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "parallel/sharded_params.h"
+#include "plan/memory_model.h"
 
 namespace gpt {
 namespace {
@@ -56,12 +60,14 @@ struct Prepared {
   std::unique_ptr<ShardedParams> params;
   int64_t act_bytes = 0;
 };
-Prepared prepare_model(Backend& backend, const GptShape& shape, const char* ckpt, int64_t head_rows, int B, int T) {
+Prepared prepare_model(Backend& backend, const GptShape& shape, const char* ckpt, int64_t head_rows, int B, int T,
+                       std::optional<DType> gemm_inputs = std::nullopt) {
   auto& tracker = MemTracker::instance();
   const int64_t before = tracker.stats().current[static_cast<size_t>(MemCategory::kActivations)];
   Prepared p;
   p.model = std::make_unique<Gpt>(shape, backend, *ActivationCheckpointing::parse(ckpt));
   p.model->set_head_rows(head_rows);
+  if (gemm_inputs) p.model->set_gemm_input_dtype(*gemm_inputs);
   p.params = std::make_unique<ShardedParams>(p.model->layout(), backend, *p.single, Strategy::kSingle);
   p.params->init(shape, 9);
   p.model->prepare(B, T);
@@ -192,6 +198,66 @@ TEST_CASE("The LM head in row chunks: the same loss, logits and gradients with l
     CHECK(lworst <= 1e-5f);
     CHECK(act_bytes < ref_act_bytes);
   }
+}
+
+// Under bf16 compute the GEMMs multiply bf16 inputs, so the activations only GEMMs read (ln_1, ln_2, ln_f and
+// the GELU output) are stored in bf16: the same bits the GEMMs would round fp32 copies to, in half the memory.
+TEST_CASE("bf16 compute: GEMM inputs stored in bf16 compute bit for bit what fp32 copies rounded per GEMM do",
+          "[model]") {
+  auto backend = std::move(*make_backend("cpu"));
+  backend->set_compute_dtype(DType::kBF16);
+  GptShape shape = tiny_shape(0.1f);
+  shape.n_embd = 12;  // rows of 12 bf16: 24 bytes, so chunk and row offsets are not 16-byte multiples
+  shape.block_size = 16;
+  shape.vocab_size = 37;
+  const int B = 3, T = 16;
+  const Batch batch = make_batch(B, T, shape.vocab_size, 6);
+  const StepContext ctx{11, 5, 6, true}, eval{11, 0, 0, false};
+  for (const char* mode : {"none", "full", "selective"}) {
+    for (const int64_t rows : {int64_t{48}, int64_t{7}}) {
+      CAPTURE(mode, rows);
+      struct Run {
+        float loss = 0, eval = 0;
+        std::vector<float> grads, logits;
+        int64_t act_bytes = 0;
+      };
+      auto run = [&](DType gemm_inputs) {
+        Prepared m = prepare_model(*backend, shape, mode, rows, B, T, gemm_inputs);
+        REQUIRE(m.model->gemm_input_dtype() == gemm_inputs);
+        Run r;
+        r.act_bytes = m.act_bytes;
+        std::tie(r.loss, r.grads) = loss_and_grads(*m.model, *m.params, batch, B, T, ctx);
+        r.eval = m.model->forward_loss(*m.params, batch.inputs.data(), batch.targets.data(), eval);
+        const float* l = m.model->forward_logits(*m.params, batch.inputs.data(), eval);
+        r.logits.assign(l, l + static_cast<size_t>(B) * T * shape.vocab_size);
+        return r;
+      };
+      const Run f32 = run(DType::kF32), lo = run(DType::kBF16);
+      REQUIRE(lo.loss == f32.loss);
+      REQUIRE(lo.eval == f32.eval);
+      REQUIRE(std::memcmp(lo.grads.data(), f32.grads.data(), lo.grads.size() * sizeof(float)) == 0);
+      REQUIRE(std::memcmp(lo.logits.data(), f32.logits.data(), lo.logits.size() * sizeof(float)) == 0);
+      // The planner's count (which chunks the head by the default Gpt::head_rows) is what prepare took, in both
+      // layouts.
+      const ActivationCheckpointing ckpt = *ActivationCheckpointing::parse(mode);
+      for (const auto& [r, type] : {std::pair{&f32, DType::kF32}, std::pair{&lo, DType::kBF16}}) {
+        const ActivationBytes planned = activation_bytes(shape, B, T, ckpt, false, type);
+        if (rows == B * T) CHECK(r->act_bytes == planned.stored + planned.scratch + planned.tokens);
+      }
+      CHECK(lo.act_bytes < f32.act_bytes);
+    }
+  }
+  // And the rounding is real: fp32 compute differs, by a bf16-sized amount.
+  backend->set_compute_dtype(DType::kF32);
+  Prepared m = prepare_model(*backend, shape, "none", Gpt::kHeadRows, B, T);
+  REQUIRE(m.model->gemm_input_dtype() == DType::kF32);
+  const float exact = loss_and_grads(*m.model, *m.params, batch, B, T, ctx).first;
+  backend->set_compute_dtype(DType::kBF16);
+  Prepared h = prepare_model(*backend, shape, "none", Gpt::kHeadRows, B, T);
+  REQUIRE(h.model->gemm_input_dtype() == DType::kBF16);
+  const float rounded = loss_and_grads(*h.model, *h.params, batch, B, T, ctx).first;
+  CHECK(rounded != exact);
+  CHECK(rounded == Approx(exact).epsilon(1e-2));
 }
 
 TEST_CASE("Dropout masks depend on the global row, not on the micro-batch split", "[model]") {

@@ -32,6 +32,11 @@ T* fake(T* p) {
   return p == nullptr ? nullptr : reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) + kShift);
 }
 
+template <typename V>
+BasicTensorPtr<V> real(BasicTensorPtr<V> p) {
+  return {real(p.data), p.dtype};
+}
+
 void free_fake(void* p) { std::free(real(p)); }
 
 class FakeDeviceBackend final : public Backend {
@@ -50,6 +55,8 @@ class FakeDeviceBackend final : public Backend {
   bool host_memory() const override { return false; }
   void to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(real(dst), src, bytes); }
   void to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, real(src), bytes); }
+  void set_compute_dtype(DType type) override { cpu_->set_compute_dtype(type); }
+  DType compute_dtype() const override { return cpu_->compute_dtype(); }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                          int C) override {
@@ -59,16 +66,16 @@ class FakeDeviceBackend final : public Backend {
                           int C) override {
     cpu_->embedding_backward(real(dwte), real(dwpe), real(dout), real(tokens), B, T, C);
   }
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
+  void matmul_forward(float* out, ConstTensorPtr inp, const float* weight, const float* bias, int64_t N, int C,
                       int OC) override {
     cpu_->matmul_forward(real(out), real(inp), real(weight), real(bias), N, C, OC);
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
                        const float* weight, int64_t N, int C, int OC) override {
     cpu_->matmul_backward(real(dinp), real(dweight), real(dbias), real(dout), real(inp), real(weight), N, C, OC);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                         int64_t N, int C) override {
+  void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
+                         const float* bias, int64_t N, int C) override {
     cpu_->layernorm_forward(real(out), real(mean), real(rstd), real(inp), real(weight), real(bias), N, C);
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -76,7 +83,7 @@ class FakeDeviceBackend final : public Backend {
     cpu_->layernorm_backward(real(dinp), real(dweight), real(dbias), real(dout), real(inp), real(weight), real(mean),
                              real(rstd), N, C);
   }
-  void residual_layernorm_forward(float* res_out, float* out, float* mean, float* rstd, const float* res,
+  void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
                                   const float* inp, const float* weight, const float* bias, int64_t N, int C,
                                   const DropoutMask& drop) override {
     cpu_->residual_layernorm_forward(real(res_out), real(out), real(mean), real(rstd), real(res), real(inp),
@@ -91,7 +98,9 @@ class FakeDeviceBackend final : public Backend {
                           int T, int C, int NH, const DropoutMask& drop) override {
     cpu_->attention_backward(real(dqkv), real(dout), real(qkv), real(out), real(att), B, T, C, NH, drop);
   }
-  void gelu_forward(float* out, const float* inp, int64_t N) override { cpu_->gelu_forward(real(out), real(inp), N); }
+  void gelu_forward(TensorPtr out, const float* inp, int64_t N) override {
+    cpu_->gelu_forward(real(out), real(inp), N);
+  }
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override {
     cpu_->gelu_backward(real(dinp), real(inp), real(dout), N);
   }
@@ -205,13 +214,16 @@ TEST_CASE("Every strategy's device path touches backend memory only through the 
     Strategy strategy;
     DType param, reduce;
     int prefetch;
+    DType compute = DType::kF32;  // bf16: the model stores its GEMM inputs in bf16 (what a GPU run under bf16 does)
   };
   for (const Variant v :
        {Variant{Strategy::kSingle, DType::kF32, DType::kF32, 0}, Variant{Strategy::kDdp, DType::kF32, DType::kF32, 0},
         Variant{Strategy::kDdp, DType::kBF16, DType::kBF16, 0}, Variant{Strategy::kZero1, DType::kF32, DType::kBF16, 0},
         Variant{Strategy::kZero2, DType::kF32, DType::kF32, 0}, Variant{Strategy::kZero3, DType::kF32, DType::kF32, 1},
-        Variant{Strategy::kZero3, DType::kBF16, DType::kBF16, 2}}) {
-    CAPTURE(strategy_name(v.strategy), dtype_name(v.param), dtype_name(v.reduce), v.prefetch);
+        Variant{Strategy::kZero3, DType::kBF16, DType::kBF16, 2},
+        Variant{Strategy::kSingle, DType::kBF16, DType::kF32, 0, DType::kBF16},
+        Variant{Strategy::kZero3, DType::kBF16, DType::kBF16, 1, DType::kBF16}}) {
+    CAPTURE(strategy_name(v.strategy), dtype_name(v.param), dtype_name(v.reduce), v.prefetch, dtype_name(v.compute));
     ShardingOptions options;
     options.param_dtype = v.param;
     options.reduce_dtype = v.reduce;
@@ -219,9 +231,11 @@ TEST_CASE("Every strategy's device path touches backend memory only through the 
     options.bucket_bytes = 512;  // several ddp buckets
     auto cpu = std::move(*make_backend("cpu"));
     cpu->set_threads(1);
+    cpu->set_compute_dtype(v.compute);
     auto world = make_single_communicator();
     const Outcome want = train(*cpu, *world, *world, v.strategy, options);
     FakeDeviceBackend dev;
+    dev.set_compute_dtype(v.compute);
     auto dev_world = make_single_communicator();
     FakeDeviceCommunicator dev_group(*dev_world);
     const Outcome got = train(dev, dev_group, *dev_world, v.strategy, options);

@@ -1,0 +1,110 @@
+// CpuBackend's mixed-precision contract (backend.h): bf16 outputs are the fp32 outputs rounded to nearest even,
+// bit for bit, and under bf16 compute a GEMM multiplies its inputs rounded to bf16 (a bf16 input as it is) in
+// fp32, with dbias summed from the fp32 output gradient. The model's bf16 path on the CPU rests on these.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kernels/kernel_test_util.h"
+
+namespace gpt {
+namespace {
+
+using testing::randn;
+
+std::vector<bf16> to_bf16(const std::vector<float>& x) {
+  std::vector<bf16> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = f32_to_bf16(x[i]);
+  return r;
+}
+std::vector<float> rounded(const std::vector<float>& x) {
+  std::vector<float> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = bf16_to_f32(f32_to_bf16(x[i]));
+  return r;
+}
+bool same_bits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)) == 0;
+}
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::unique_ptr<Backend> cpu() {
+  auto be = std::move(*make_backend("cpu"));
+  be->set_threads(2);
+  return be;
+}
+
+TEST_CASE("CpuBackend: bf16 outputs of layernorm, fused residual + layernorm and gelu are the fp32 ones rounded",
+          "[kernels]") {
+  auto be = cpu();
+  const int N = 5, C = 12;  // rows of 24 bytes in bf16
+  const auto x = randn(N * C, 1), w = randn(C, 2), b = randn(C, 3), add = randn(N * C, 4);
+  const DropoutMask drop{0.2f, CounterRng(3, 4), 17};
+  for (const DType compute : {DType::kF32, DType::kBF16}) {  // storage only: the same under either compute dtype
+    CAPTURE(dtype_name(compute));
+    be->set_compute_dtype(compute);
+    std::vector<float> y(N * C), mean(N), rstd(N), mean_lo(N), rstd_lo(N);
+    std::vector<bf16> y_lo(N * C);
+    be->layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    be->layernorm_forward(y_lo.data(), mean_lo.data(), rstd_lo.data(), x.data(), w.data(), b.data(), N, C);
+    CHECK(same_bits(y_lo, to_bf16(y)));
+    CHECK(same_bits(mean_lo, mean));
+    CHECK(same_bits(rstd_lo, rstd));
+
+    std::vector<float> res(N * C), res_lo(N * C);
+    be->residual_layernorm_forward(res.data(), y.data(), mean.data(), rstd.data(), x.data(), add.data(), w.data(),
+                                   b.data(), N, C, drop);
+    be->residual_layernorm_forward(res_lo.data(), y_lo.data(), mean_lo.data(), rstd_lo.data(), x.data(), add.data(),
+                                   w.data(), b.data(), N, C, drop);
+    CHECK(same_bits(res_lo, res));
+    CHECK(same_bits(y_lo, to_bf16(y)));
+    CHECK(same_bits(mean_lo, mean));
+
+    std::vector<float> g(N * C);
+    std::vector<bf16> g_lo(N * C);
+    be->gelu_forward(g.data(), x.data(), N * C);
+    be->gelu_forward(g_lo.data(), x.data(), N * C);
+    CHECK(same_bits(g_lo, to_bf16(g)));
+  }
+}
+
+TEST_CASE("CpuBackend bf16 compute: GEMMs multiply bf16-rounded inputs in fp32; bf16 inputs are taken as they are",
+          "[kernels]") {
+  auto be = cpu();
+  const int N = 6, C = 12, OC = 10;
+  const auto inp = randn(N * C, 1), weight = randn(OC * C, 2), bias = randn(OC, 3), dout = randn(N * OC, 4);
+  const std::vector<bf16> inp_lo = to_bf16(inp);
+
+  // The reference: fp32 compute on the rounded operands (dbias from the fp32 dout).
+  be->set_compute_dtype(DType::kF32);
+  std::vector<float> want(N * OC), want_dinp(N * C), want_dw(OC * C, 0.5f), want_db(OC, 0.25f), unused_db(OC);
+  be->matmul_forward(want.data(), rounded(inp).data(), rounded(weight).data(), bias.data(), N, C, OC);
+  be->matmul_backward(want_dinp.data(), want_dw.data(), unused_db.data(), rounded(dout).data(), rounded(inp).data(),
+                      rounded(weight).data(), N, C, OC);
+  std::vector<float> no_dw(OC * C);
+  be->matmul_backward(nullptr, no_dw.data(), want_db.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
+
+  be->set_compute_dtype(DType::kBF16);
+  for (const bool lo : {false, true}) {
+    CAPTURE(lo);
+    const ConstTensorPtr x = lo ? ConstTensorPtr(inp_lo.data()) : ConstTensorPtr(inp.data());
+    std::vector<float> out(N * OC), dinp(N * C), dw(OC * C, 0.5f), db(OC, 0.25f);
+    be->matmul_forward(out.data(), x, weight.data(), bias.data(), N, C, OC);
+    be->matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), x, weight.data(), N, C, OC);
+    CHECK(same_bits(out, want));
+    CHECK(same_bits(dinp, want_dinp));
+    CHECK(same_bits(dw, want_dw));  // accumulated into (+=), as under fp32
+    CHECK(same_bits(db, want_db));
+  }
+  // The rounding is real: fp32 compute on the unrounded inputs differs.
+  be->set_compute_dtype(DType::kF32);
+  std::vector<float> exact(N * OC);
+  be->matmul_forward(exact.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+  CHECK_FALSE(same_bits(exact, want));
+}
+
+}  // namespace
+}  // namespace gpt
