@@ -135,13 +135,14 @@ class Backend {
   virtual void set_compute_dtype(DType type) = 0;
   virtual DType compute_dtype() const = 0;
 
-  // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias may be null. inp f32, or bf16 under bf16 compute.
-  virtual void matmul_forward(float* out, ConstTensorPtr inp, const float* weight, const float* bias, int64_t N, int C,
-                              int OC) = 0;
+  // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias may be null. inp and weight f32, or either bf16 under
+  // bf16 compute (taken as it is; an fp32 operand is rounded to bf16 first).
+  virtual void matmul_forward(float* out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N,
+                              int C, int OC) = 0;
   // dinp(N,C) = dout @ weight (overwritten; skipped if null); dweight(OC,C) += dout^T @ inp; dbias += colsum
-  // (of the fp32 dout). inp as in matmul_forward.
+  // (of the fp32 dout). inp and weight as in matmul_forward.
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
-                               const float* weight, int64_t N, int C, int OC) = 0;
+                               ConstTensorPtr weight, int64_t N, int C, int OC) = 0;
 
   // out(N,C) = (inp - mean) * rstd * weight + bias; mean(N), rstd(N) saved for backward (either may be null).
   // out f32, or bf16 (the fp32 result rounded to nearest even, bit for bit cast_to_bf16 of the f32 output).

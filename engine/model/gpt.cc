@@ -44,14 +44,18 @@ struct Gpt::Acts {
   float* logits = nullptr;     // (head rows, V): one chunk of the LM head's logits; dlogits in place
   float* losses = nullptr;     // (B,T)
   const float* wte = nullptr;  // embed unit's wte and head unit's params, acquired by forward()
+  ConstTensorPtr wte_gemm;     // wte as the LM head's GEMMs take it (BlockParams' *_gemm)
   const float* head = nullptr;
   // gradient workspace
   float *dres = nullptr, *dtmp = nullptr, *dln = nullptr, *d4 = nullptr, *dqkv = nullptr, *datty = nullptr;
 };
 
 // Parameter (or gradient) pointers of one block, in layout order.
+// The GEMM weights also as the GEMMs take them (*_gemm): the ParamSource's bf16 copy under bf16 compute when it
+// has one (the same values, uncast), else the fp32 pointer.
 struct Gpt::BlockParams {
   const float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+  ConstTensorPtr qkvw_gemm, projw_gemm, fcw_gemm, fcprojw_gemm;
 };
 
 namespace {
@@ -84,11 +88,17 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, ActivationCheckpointing ckpt)
 
 Gpt::~Gpt() { delete acts_; }
 
-Gpt::BlockParams Gpt::block_params(const float* base) const {
+Gpt::BlockParams Gpt::block_params(const float* base, const bf16* lo) const {
   const UnitLayout& u = layout_.units[1];
   std::array<const float*, 12> p{};
   for (size_t i = 0; i < 12; ++i) p[i] = base + u.params[i].offset;
-  return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
+  auto gemm = [&](size_t i) { return lo != nullptr ? ConstTensorPtr(lo + u.params[i].offset) : ConstTensorPtr(p[i]); };
+  return {p[0], p[1], p[2],  p[3],  p[4],    p[5],    p[6],    p[7],
+          p[8], p[9], p[10], p[11], gemm(2), gemm(4), gemm(8), gemm(10)};
+}
+
+const bf16* Gpt::gemm_weights(ParamSource& params, int unit) const {
+  return be_.compute_dtype() == DType::kBF16 ? params.acquired_bf16(unit) : nullptr;
 }
 
 void Gpt::prepare(int B, int T) {
@@ -180,16 +190,16 @@ void Gpt::block_forward(int l, const BlockParams& p, const float* x_in, bool rec
   const int64_t N = static_cast<int64_t>(B_) * T_;
   const int C = shape_.n_embd, NH = shape_.n_head;
   if (recompute) be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1w, p.ln1b, N, C);
-  be_.matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, 3 * C);
+  be_.matmul_forward(a.qkv, a.ln1, p.qkvw_gemm, p.qkvb, N, C, 3 * C);
   be_.attention_forward(a.atty, a.att, a.qkv, B_, T_, C, NH,
                         dropout(kSiteAttention, l, ctx, static_cast<uint64_t>(NH) * T_ * T_));
-  be_.matmul_forward(acts_->proj_out, a.atty, p.projw, p.projb, N, C, C);
+  be_.matmul_forward(acts_->proj_out, a.atty, p.projw_gemm, p.projb, N, C, C);
   be_.residual_layernorm_forward(a.res_mid, a.ln2, a.ln2_mean, a.ln2_rstd, x_in, acts_->proj_out, p.ln2w, p.ln2b, N, C,
                                  dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C));
-  be_.matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, 4 * C);
+  be_.matmul_forward(a.fch, a.ln2, p.fcw_gemm, p.fcb, N, C, 4 * C);
   be_.gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
   if (recompute) return;  // the block's output is kept
-  be_.matmul_forward(acts_->proj_out, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
+  be_.matmul_forward(acts_->proj_out, a.fch_gelu, p.fcprojw_gemm, p.fcprojb, N, 4 * C, C);
 }
 
 void Gpt::block_output_layernorm(int l, float* x_out, TensorPtr out, float* mean, float* rstd, const float* weight,
@@ -214,7 +224,8 @@ void Gpt::forward(ParamSource& params, const int32_t* inputs, const StepContext&
   // fused with block l's ln_1 (only block l's parameters are needed, so units are acquired one at a time).
   for (int l = 0; l < L; ++l) {
     const int unit = layout_.block_unit(l);
-    const BlockParams p = block_params(params.acquire(unit));
+    const float* unit_params = params.acquire(unit);
+    const BlockParams p = block_params(unit_params, gemm_weights(params, unit));
     const BlockActs& a = acts_->blocks[l];
     float* x_in = acts_->x + l * N * C;
     if (l == 0) {
@@ -227,6 +238,8 @@ void Gpt::forward(ParamSource& params, const int32_t* inputs, const StepContext&
   }
   const float* head = params.acquire(layout_.head_unit());
   acts_->wte = wte;
+  const bf16* embed_lo = gemm_weights(params, ModelLayout::kEmbedUnit);
+  acts_->wte_gemm = embed_lo != nullptr ? ConstTensorPtr(embed_lo + eu.params[0].offset) : ConstTensorPtr(wte);
   acts_->head = head;
   float* x_last = acts_->x + L * N * C;
   if (L == 0) {
@@ -238,7 +251,7 @@ void Gpt::forward(ParamSource& params, const int32_t* inputs, const StepContext&
 
 void Gpt::head_forward(int64_t r0, int64_t rows) {
   const int C = shape_.n_embd;
-  be_.matmul_forward(acts_->logits, acts_->lnf.at(r0 * C), acts_->wte, nullptr, rows, C, shape_.vocab_size);
+  be_.matmul_forward(acts_->logits, acts_->lnf.at(r0 * C), acts_->wte_gemm, nullptr, rows, C, shape_.vocab_size);
 }
 
 void Gpt::set_head_rows(int64_t limit) {
@@ -324,15 +337,15 @@ void Gpt::block_backward(int l, const BlockParams& p, const BlockParams& g, cons
   auto gw = [](const float* q) { return const_cast<float*>(q); };
   float* dres = acts_->dres;
   be_.dropout_backward(acts_->dtmp, dres, N * C, dropout(kSiteMlpResid, l, ctx, static_cast<uint64_t>(T_) * C));
-  be_.matmul_backward(acts_->d4, gw(g.fcprojw), gw(g.fcprojb), acts_->dtmp, a.fch_gelu, p.fcprojw, N, 4 * C, C);
+  be_.matmul_backward(acts_->d4, gw(g.fcprojw), gw(g.fcprojb), acts_->dtmp, a.fch_gelu, p.fcprojw_gemm, N, 4 * C, C);
   be_.gelu_backward(acts_->d4, a.fch, acts_->d4, N * 4 * C);
-  be_.matmul_backward(acts_->dln, gw(g.fcw), gw(g.fcb), acts_->d4, a.ln2, p.fcw, N, C, 4 * C);
+  be_.matmul_backward(acts_->dln, gw(g.fcw), gw(g.fcb), acts_->d4, a.ln2, p.fcw_gemm, N, C, 4 * C);
   be_.layernorm_backward(dres, gw(g.ln2w), gw(g.ln2b), acts_->dln, a.res_mid, p.ln2w, a.ln2_mean, a.ln2_rstd, N, C);
   be_.dropout_backward(acts_->dtmp, dres, N * C, dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C));
-  be_.matmul_backward(acts_->datty, gw(g.projw), gw(g.projb), acts_->dtmp, a.atty, p.projw, N, C, C);
+  be_.matmul_backward(acts_->datty, gw(g.projw), gw(g.projb), acts_->dtmp, a.atty, p.projw_gemm, N, C, C);
   be_.attention_backward(acts_->dqkv, acts_->datty, a.qkv, a.atty, a.att, B_, T_, C, NH,
                          dropout(kSiteAttention, l, ctx, static_cast<uint64_t>(NH) * T_ * T_));
-  be_.matmul_backward(acts_->dln, gw(g.qkvw), gw(g.qkvb), acts_->dqkv, a.ln1, p.qkvw, N, C, 3 * C);
+  be_.matmul_backward(acts_->dln, gw(g.qkvw), gw(g.qkvb), acts_->dqkv, a.ln1, p.qkvw_gemm, N, C, 3 * C);
   be_.layernorm_backward(dres, gw(g.ln1w), gw(g.ln1b), acts_->dln, x_in, p.ln1w, a.ln1_mean, a.ln1_rstd, N, C);
 }
 
@@ -354,7 +367,7 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
     be_.crossentropy_forward_backward(acts_->losses + r0, acts_->logits, acts_->logits, tgt + r0, rows, V, V,
                                       loss_scale);
     be_.matmul_backward(acts_->dln + r0 * C, dembed + eu.params[0].offset, nullptr, acts_->logits,
-                        acts_->lnf.at(r0 * C), acts_->wte, rows, C, V);
+                        acts_->lnf.at(r0 * C), acts_->wte_gemm, rows, C, V);
   }
   const int head = layout_.head_unit();
   const float* hp = acts_->head;
@@ -367,8 +380,9 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
 
   for (int l = shape_.n_layer - 1; l >= 0; --l) {
     const int unit = layout_.block_unit(l);
-    const BlockParams p = block_params(params.acquire(unit));
-    const BlockParams g = block_params(params.grads(unit));
+    const float* unit_params = params.acquire(unit);
+    const BlockParams p = block_params(unit_params, gemm_weights(params, unit));
+    const BlockParams g = block_params(params.grads(unit), nullptr);
     block_backward(l, p, g, acts_->x + l * N * C, ctx);
     params.grads_done(unit);
     params.release(unit);

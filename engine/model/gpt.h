@@ -67,7 +67,11 @@ class Gpt {
  private:
   struct Acts;
   struct BlockParams;
-  BlockParams block_params(const float* base) const;
+  // A block's parameter pointers from its unit's flat buffer; `lo`, when not null, the unit's bf16 copy, which the
+  // GEMM weights are taken from.
+  BlockParams block_params(const float* base, const bf16* lo) const;
+  // The unit's bf16 parameters for the GEMMs: the ParamSource's copy under bf16 compute, else null (fp32).
+  const bf16* gemm_weights(ParamSource& params, int unit) const;
   void forward(ParamSource& params, const int32_t* inputs, const StepContext& ctx);
   // Block `layer` from its ln_1 output on (which the caller computed) up to the MLP's projection, left in
   // proj_out: the block's output x_out = res_mid + dropout(proj_out) is formed by the next op, fused with the

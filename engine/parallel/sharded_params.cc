@@ -158,6 +158,22 @@ const float* ShardedParams::acquire(int unit) {
   return gathered_[unit].as<float>();
 }
 
+const bf16* ShardedParams::acquired_bf16(int unit) {
+  GPT_CHECK(acquired_[unit] > 0);
+  if (!lo_params()) return nullptr;
+  switch (strategy_) {
+    case Strategy::kSingle:
+    case Strategy::kDdp:
+      return param_shard_lo_.as<bf16>() + units_[unit].local_offset;
+    case Strategy::kZero1:
+    case Strategy::kZero2:
+      return nullptr;
+    case Strategy::kZero3:
+      break;
+  }
+  return gathered_lo_[unit].as<bf16>();
+}
+
 void ShardedParams::start_gather(int unit) {
   if (!gathered_[unit].empty()) return;
   const UnitInfo& u = units_[unit];

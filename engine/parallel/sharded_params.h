@@ -70,6 +70,9 @@ class ShardedParams final : public ParamSource {
 
   const float* acquire(int unit) override;
   void release(int unit) override;
+  // single/ddp: the bf16 parameters; zero3: the gathered bf16 unit; zero1/zero2 keep no full bf16 copy (publish
+  // widens its gathers into the fp32 parameters), so null, as without param_dtype bf16.
+  const bf16* acquired_bf16(int unit) override;
   float* grads(int unit) override;
   void grads_done(int unit) override;
 

@@ -61,10 +61,10 @@ void CpuBackend::finish(TensorPtr out, int64_t n) {
   cast_to_bf16(out.as_bf16(), staging_[3].as<float>(), n);
 }
 
-void CpuBackend::matmul_forward(float* out, ConstTensorPtr inp, const float* weight, const float* bias, int64_t N,
+void CpuBackend::matmul_forward(float* out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N,
                                 int C, int OC) {
   if (compute_dtype_ == DType::kF32) {
-    cpu::matmul_forward(out, inp.as_f32(), weight, bias, N, C, OC);
+    cpu::matmul_forward(out, inp.as_f32(), weight.as_f32(), bias, N, C, OC);
     return;
   }
   const float* a = bf16_operand(0, inp, N * C);
@@ -72,9 +72,9 @@ void CpuBackend::matmul_forward(float* out, ConstTensorPtr inp, const float* wei
   cpu::matmul_forward(out, a, w, bias, N, C, OC);
 }
 void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
-                                 const float* weight, int64_t N, int C, int OC) {
+                                 ConstTensorPtr weight, int64_t N, int C, int OC) {
   if (compute_dtype_ == DType::kF32) {
-    cpu::matmul_backward(dinp, dweight, dbias, dout, inp.as_f32(), weight, N, C, OC);
+    cpu::matmul_backward(dinp, dweight, dbias, dout, inp.as_f32(), weight.as_f32(), N, C, OC);
     return;
   }
   const float* a = bf16_operand(0, inp, N * C);

@@ -210,19 +210,19 @@ void CudaBackend::embedding_backward(float* dwte, float* dwpe, const float* dout
   cuda::embedding_backward(dwte, dwpe, dout, tokens, B, T, C, scratch(cuda::embedding_backward_scratch_bytes(B, T)),
                            stream_);
 }
-// Under bf16 compute the GEMM's inputs are bf16: a bf16 `inp` (the model stores its LayerNorm and GELU outputs
-// so) goes in as it is; fp32 operands are cast into the cast areas first.
+// Under bf16 compute the GEMM's inputs are bf16: bf16 operands (the model's LayerNorm and GELU outputs, and the
+// weights when the ParamSource keeps a bf16 copy) go in as they are; fp32 ones are cast into the cast areas.
 const bf16* CudaBackend::gemm_input(int slot, ConstTensorPtr x, int64_t n) {
   if (x.is_bf16()) return x.as_bf16();
   bf16* area = cast_area(slot, n);
   cuda::cast_to_bf16(area, x.as_f32(), n, stream_);
   return area;
 }
-void CudaBackend::matmul_forward(float* out, ConstTensorPtr inp, const float* weight, const float* bias, int64_t N,
+void CudaBackend::matmul_forward(float* out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N,
                                  int C, int OC) {
   const OpTimer timed = time_op("matmul_forward");
   if (compute_dtype_ == DType::kF32) {
-    matmul_->forward(out, inp.as_f32(), weight, DType::kF32, bias, N, C, OC);
+    matmul_->forward(out, inp.as_f32(), weight.as_f32(), DType::kF32, bias, N, C, OC);
     return;
   }
   const bf16* a = gemm_input(0, inp, N * C);
@@ -230,11 +230,11 @@ void CudaBackend::matmul_forward(float* out, ConstTensorPtr inp, const float* we
   matmul_->forward(out, a, w, DType::kBF16, bias, N, C, OC);
 }
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
-                                  const float* weight, int64_t N, int C, int OC) {
+                                  ConstTensorPtr weight, int64_t N, int C, int OC) {
   const OpTimer timed = time_op("matmul_backward");
   void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
   if (compute_dtype_ == DType::kF32) {
-    matmul_->backward(dinp, dweight, dbias, dout, dout, inp.as_f32(), weight, DType::kF32, N, C, OC, s);
+    matmul_->backward(dinp, dweight, dbias, dout, dout, inp.as_f32(), weight.as_f32(), DType::kF32, N, C, OC, s);
     return;
   }
   const bf16* a = gemm_input(0, inp, N * C);

@@ -49,10 +49,10 @@ class CudaBackend final : public Backend {
                          int C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                           int C) override;
-  void matmul_forward(float* out, ConstTensorPtr inp, const float* weight, const float* bias, int64_t N, int C,
+  void matmul_forward(float* out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N, int C,
                       int OC) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
-                       const float* weight, int64_t N, int C, int OC) override;
+                       ConstTensorPtr weight, int64_t N, int C, int OC) override;
   void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
                          const float* bias, int64_t N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "model/hidden_bf16_copies.h"
 #include "parallel/sharded_params.h"
 #include "plan/memory_model.h"
 
@@ -258,6 +259,53 @@ TEST_CASE("bf16 compute: GEMM inputs stored in bf16 compute bit for bit what fp3
   const float rounded = loss_and_grads(*h.model, *h.params, batch, B, T, ctx).first;
   CHECK(rounded != exact);
   CHECK(rounded == Approx(exact).epsilon(1e-2));
+}
+
+// Under param_dtype bf16 the fp32 parameters are widened bf16 values, so GEMMs that take the ParamSource's bf16
+// copy of a weight (no cast) compute what they computed from the fp32 one, bit for bit.
+TEST_CASE("bf16 compute: GEMM weights from the ParamSource's bf16 copy give the cast weights' results", "[model]") {
+  auto backend = std::move(*make_backend("cpu"));
+  backend->set_compute_dtype(DType::kBF16);
+  GptShape shape = tiny_shape(0.1f);
+  shape.n_embd = 12;
+  shape.block_size = 16;
+  shape.vocab_size = 37;
+  const int B = 3, T = 16;
+  const Batch batch = make_batch(B, T, shape.vocab_size, 8);
+  const StepContext ctx{11, 5, 6, true}, eval{11, 0, 0, false};
+  auto single = make_single_communicator();
+  for (const Strategy strategy : {Strategy::kSingle, Strategy::kDdp, Strategy::kZero1, Strategy::kZero3}) {
+    for (const DType param : {DType::kF32, DType::kBF16}) {
+      CAPTURE(strategy_name(strategy), dtype_name(param));
+      Gpt model(shape, *backend, *ActivationCheckpointing::parse("selective"));
+      model.set_head_rows(7);
+      model.prepare(B, T);
+      ShardingOptions options;
+      options.param_dtype = param;
+      ShardedParams params(model.layout(), *backend, *single, strategy, nullptr, options);
+      params.init(shape, 9);
+      const bool has_copy = param == DType::kBF16 && strategy != Strategy::kZero1;
+      for (int unit = 0; unit < static_cast<int>(model.layout().units.size()); ++unit) {
+        (void)params.acquire(unit);
+        CHECK((params.acquired_bf16(unit) != nullptr) == has_copy);
+        params.release(unit);
+      }
+      testing::WithoutBf16Copies cast(params);
+      float loss[2], eval_loss[2];
+      std::vector<float> grads[2];
+      for (int i = 0; i < 2; ++i) {
+        ParamSource& source = i == 0 ? static_cast<ParamSource&>(cast) : params;
+        params.begin_micro_batch(true, true);
+        loss[i] = model.forward_backward(source, batch.inputs.data(), batch.targets.data(), 1.0f / (B * T), ctx);
+        params.finish_grads();
+        grads[i].assign(params.local_grads(), params.local_grads() + params.local_numel());
+        eval_loss[i] = model.forward_loss(source, batch.inputs.data(), batch.targets.data(), eval);
+      }
+      REQUIRE(loss[1] == loss[0]);
+      REQUIRE(eval_loss[1] == eval_loss[0]);
+      REQUIRE(std::memcmp(grads[1].data(), grads[0].data(), grads[0].size() * sizeof(float)) == 0);
+    }
+  }
 }
 
 TEST_CASE("Dropout masks depend on the global row, not on the micro-batch split", "[model]") {

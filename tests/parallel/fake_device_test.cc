@@ -66,12 +66,12 @@ class FakeDeviceBackend final : public Backend {
                           int C) override {
     cpu_->embedding_backward(real(dwte), real(dwpe), real(dout), real(tokens), B, T, C);
   }
-  void matmul_forward(float* out, ConstTensorPtr inp, const float* weight, const float* bias, int64_t N, int C,
+  void matmul_forward(float* out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N, int C,
                       int OC) override {
     cpu_->matmul_forward(real(out), real(inp), real(weight), real(bias), N, C, OC);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
-                       const float* weight, int64_t N, int C, int OC) override {
+                       ConstTensorPtr weight, int64_t N, int C, int OC) override {
     cpu_->matmul_backward(real(dinp), real(dweight), real(dbias), real(dout), real(inp), real(weight), N, C, OC);
   }
   void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
