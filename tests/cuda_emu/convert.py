@@ -10,7 +10,9 @@ kernel that the emulator cannot follow breaks the build instead of silently test
   - `extern __shared__ [__align__(n)] T name[];` -> a pointer to the block's dynamic shared memory;
   - static `__shared__ T name[A][B]...;` -> a reference to a per-block buffer (emu_shared_alloc);
   - `kernel<<<grid, block, smem, stream>>>(args)` -> `emulate_launch(kernel, grid, block, smem, stream, args)`;
-  - common.cuh: grid_for's cap becomes emu_grid_cap (a test lowers it to exercise the grid-stride loops).
+  - common.cuh: grid_for's cap becomes emu_grid_cap (a test lowers it to exercise the grid-stride loops);
+  - cuda_backend.{h,cu}: CudaBackend -> CudaEmuBackend, make_cuda_backend -> make_cuda_emu_backend, and
+    their cuda:: names -> cuda_emu::, so the backend's host code runs over the emulated kernels.
 The output starts with `#line 1 "INPUT"`, so compiler messages and sanitizer reports name the real source.
 """
 import os
@@ -22,7 +24,26 @@ def fail(msg):
     sys.exit('convert.py: %s: %s' % (sys.argv[1], msg))
 
 
+# The CUDA backend's host code (cuda_backend.{h,cu}) lives in namespace gpt and calls the kernels as cuda::...:
+# its class and factory are renamed (no clash with the real ones in gpt_engine) and its cuda:: names point at
+# the emulated kernels.
+BACKEND_FILES = ('cuda_backend.cu', 'cuda_backend.h')
+
+
+def convert_backend(s):
+    s, n_class = re.subn(r'\bCudaBackend\b', 'CudaEmuBackend', s)
+    s = re.sub(r'\bmake_cuda_backend\b', 'make_cuda_emu_backend', s)
+    s = re.sub(r'\bnamespace cuda\b', 'namespace cuda_emu', s)
+    s = re.sub(r'(?<![\w:])cuda::', 'cuda_emu::', s)
+    if n_class == 0:
+        fail('no CudaBackend found')
+    return s
+
+
 def convert(s, name):
+    backend = name in BACKEND_FILES
+    if backend:
+        s = convert_backend(s)
     s, n_ns = re.subn(r'\bnamespace gpt::cuda\b', 'namespace gpt::cuda_emu', s)
     s = re.sub(r'\bgpt::cuda::', 'gpt::cuda_emu::', s)
     if re.search(r'\bcuda::', s):
@@ -51,9 +72,9 @@ def convert(s, name):
             fail("grid_for's cap changed; update convert.py")
         s = s.replace(cap, 'blocks < emu_grid_cap ? (blocks > 0 ? blocks : 1) : emu_grid_cap')
 
-    if name.endswith('.cu') and n_launch == 0:
+    if name.endswith('.cu') and n_launch == 0 and not backend:
         fail('no kernel launch found')
-    if n_ns == 0:
+    if n_ns == 0 and not backend:
         fail('no gpt::cuda namespace found')
     return s, (n_dyn, n_static, n_launch)
 

@@ -46,7 +46,7 @@ typedef EmuLtHandle* cublasLtHandle_t;
 typedef EmuLtDesc* cublasLtMatmulDesc_t;
 typedef EmuLtLayout* cublasLtMatrixLayout_t;
 typedef EmuLtPref* cublasLtMatmulPreference_t;
-struct cublasLtMatmulAlgo_t { int x; };
+struct cublasLtMatmulAlgo_t { uint32_t align[4]; };  // the alignments the heuristic was promised (A, B, C, D)
 struct cublasLtMatmulHeuristicResult_t { cublasLtMatmulAlgo_t algo; };
 inline const char* cublasLtGetStatusString(int) { return "emu"; }
 inline int cublasLtCreate(cublasLtHandle_t* h) { *h = new EmuLtHandle; return 0; }
@@ -85,12 +85,12 @@ inline int cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cu
   }
   return 0;
 }
-// The heuristic remembers the promised alignments in the algo (as the real algo is only valid for them).
-inline uint32_t emu_lt_align[4] = {256, 256, 256, 256};
+// The heuristic remembers the promised alignments in the algo (as the real algo is only valid for them), and
+// cublasLtMatmul checks the matrices against the algo it is given.
 inline int cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
                                           cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                                          cublasLtMatmulPreference_t p, int, cublasLtMatmulHeuristicResult_t*, int* found) {
-  std::memcpy(emu_lt_align, p->align, sizeof emu_lt_align);
+                                          cublasLtMatmulPreference_t p, int, cublasLtMatmulHeuristicResult_t* r, int* found) {
+  std::memcpy(r->algo.align, p->align, sizeof r->algo.align);
   *found = 1;
   return 0;
 }
@@ -100,13 +100,14 @@ inline float emu_lt_load(const void* p, cudaDataType_t t, int64_t i) {
 inline int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* alpha, const void* a,
                           cublasLtMatrixLayout_t la, const void* b, cublasLtMatrixLayout_t lb, const void* beta,
                           const void* c, cublasLtMatrixLayout_t lc, void* dd, cublasLtMatrixLayout_t ld,
-                          const cublasLtMatmulAlgo_t*, void* workspace, size_t workspace_bytes, cudaStream_t) {
+                          const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspace_bytes, cudaStream_t) {
+  if (algo == nullptr) emu_fail("cublasLt: no algo (matmul.cu always passes the heuristic's)");
   if (c != dd || lc->ld != ld->ld || lc->rows != ld->rows || lc->cols != ld->cols) emu_fail("cublasLt: emulated only for C == D");
   if (lc->type != CUDA_R_32F || la->type != lb->type) emu_fail("cublasLt: unsupported types");
   if (workspace_bytes > 0 && workspace == nullptr) emu_fail("cublasLt: null workspace");
   const void* ptrs[4] = {a, b, c, dd};
   for (int i = 0; i < 4; ++i)
-    if (reinterpret_cast<uintptr_t>(ptrs[i]) % emu_lt_align[i] != 0) emu_fail("cublasLt: matrix less aligned than promised");
+    if (reinterpret_cast<uintptr_t>(ptrs[i]) % algo->align[i] != 0) emu_fail("cublasLt: matrix less aligned than promised");
   const int64_t m = ld->rows, n = ld->cols;
   const int64_t k = d->ta == CUBLAS_OP_N ? la->cols : la->rows;
   if ((d->ta == CUBLAS_OP_N ? la->rows : la->cols) != m || (d->tb == CUBLAS_OP_N ? lb->rows : lb->cols) != k ||

@@ -1,5 +1,5 @@
-// CPU emulation of the CUDA execution model, enough for kernels/cuda/*.cu (see tests/cuda_emu/README.md):
-// one std::thread per CUDA thread, std::barrier for __syncthreads, a per-warp exchange for shuffles and
+// CPU emulation of the CUDA execution model, enough for kernels/cuda/*.cu and cuda_backend.cu (README.md):
+// one pooled OS thread per CUDA thread, std::barrier for __syncthreads, a per-warp exchange for shuffles and
 // __syncwarp (all 32 lanes must arrive: divergent or out-of-step lanes abort), static and dynamic shared
 // memory as exact-size heap buffers pre-filled with NaN (reading unwritten shared memory poisons results;
 // ASan sees out-of-bounds), 3D grids and blocks. Blocks run one after another by default; EMU_CONC=n in the
@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <array>
 #include <barrier>
+#include <atomic>
+#include <semaphore>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -124,6 +126,33 @@ inline int cudaMalloc(void** p, size_t n) { *p = std::aligned_alloc(256, (n + 25
 inline int cudaFree(void* p) { std::free(p); return 0; }
 inline int cudaStreamSynchronize(cudaStream_t) { return 0; }  // every emulated launch has finished on return
 inline int cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) { std::memset(d, v, n); return 0; }
+// What cuda_backend.cu needs of the runtime: one emulated device; streams and events are tokens (every launch
+// and copy has finished when its call returns, so waits are no-ops and elapsed times 0).
+constexpr int cudaErrorCudartUnloading = 4;
+constexpr unsigned cudaStreamNonBlocking = 1;
+inline int cudaSetDevice(int device) { return device == 0 ? 0 : 1; }
+inline int cudaGetDeviceCount(int* n) { *n = 1; return 0; }
+struct cudaDeviceProp { char name[256] = "CUDA emulator"; };
+inline int cudaGetDeviceProperties(cudaDeviceProp* p, int) { *p = cudaDeviceProp{}; return 0; }
+inline int cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+  *s = reinterpret_cast<cudaStream_t>(new char);
+  return 0;
+}
+inline int cudaStreamDestroy(cudaStream_t s) { delete reinterpret_cast<char*>(s); return 0; }
+typedef struct CUevent_st* cudaEvent_t;
+inline int cudaEventCreate(cudaEvent_t* e) { *e = reinterpret_cast<cudaEvent_t>(new char); return 0; }
+inline int cudaEventDestroy(cudaEvent_t e) { delete reinterpret_cast<char*>(e); return 0; }
+inline int cudaEventRecord(cudaEvent_t, cudaStream_t) { return 0; }
+inline int cudaEventSynchronize(cudaEvent_t) { return 0; }
+inline int cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) { *ms = 0.0f; return 0; }
+template <class T>
+int cudaMallocHost(T** p, size_t n) {
+  void* v = nullptr;
+  const int err = cudaMalloc(&v, n);
+  *p = static_cast<T*>(v);
+  return err;
+}
+inline int cudaFreeHost(void* p) { return cudaFree(p); }
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 // Per kernel: the dynamic shared memory it was opted into (a launch past 48 KB without it fails on a GPU).
 inline std::map<const void*, size_t>& emu_smem_optin() {
@@ -137,6 +166,48 @@ int cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute, int bytes) {
   return 0;
 }
 inline long emu_launches = 0, emu_threads_total = 0;
+
+// The OS threads that play CUDA threads, kept between launches (creating one per CUDA thread cost most of a
+// launch). run(n, fn) calls fn(0..n-1) on n distinct threads at once, so a block's threads can meet at its
+// barriers, and returns when all have returned. Called from one thread at a time (launches are synchronous).
+class EmuThreadPool {
+ public:
+  static EmuThreadPool& instance() {
+    static EmuThreadPool* pool = new EmuThreadPool;  // never destroyed: its threads outlive static destructors
+    return *pool;
+  }
+  template <class F>
+  void run(unsigned n, F& fn) {
+    while (workers_.size() < n) {
+      workers_.push_back(std::make_unique<Worker>());
+      Worker* w = workers_.back().get();
+      const unsigned idx = static_cast<unsigned>(workers_.size() - 1);
+      std::thread([this, w, idx] { work(w, idx); }).detach();
+    }
+    task_ = [](void* f, unsigned t) { (*static_cast<F*>(f))(t); };
+    fn_ = &fn;
+    pending_.store(n);
+    for (unsigned i = 0; i < n; ++i) workers_[i]->go.release();  // publishes task_/fn_ (release-acquire)
+    done_.acquire();
+  }
+
+ private:
+  struct Worker {
+    std::binary_semaphore go{0};
+  };
+  void work(Worker* w, unsigned idx) {
+    for (;;) {
+      w->go.acquire();
+      task_(fn_, idx);
+      if (pending_.fetch_sub(1) == 1) done_.release();
+    }
+  }
+  std::vector<std::unique_ptr<Worker>> workers_;
+  void (*task_)(void*, unsigned) = nullptr;
+  void* fn_ = nullptr;
+  std::atomic<unsigned> pending_{0};
+  std::binary_semaphore done_{0};
+};
 
 template <class... P, class... A>
 void emulate_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t, A... args) {
@@ -164,7 +235,6 @@ void emulate_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cu
   for (uint64_t b0 = 0; b0 < nblocks; b0 += conc) {
     const uint64_t b1 = std::min<uint64_t>(nblocks, b0 + conc);
     std::vector<std::unique_ptr<BlockState>> states;
-    std::vector<std::thread> ts;
     for (uint64_t b = b0; b < b1; ++b) {
       auto st = std::make_unique<BlockState>();
       const size_t smem_alloc = smem == 0 ? 128 : (smem + 127) / 128 * 128;  // exact when smem is a multiple of 128
@@ -174,29 +244,28 @@ void emulate_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cu
       for (unsigned w = 0; w < (nthr + 31) / 32; ++w) st->warps.push_back(std::make_unique<EmuWarp>(std::min(32u, nthr - w * 32)));
       states.push_back(std::move(st));
     }
-    for (uint64_t b = b0; b < b1; ++b) {
+    auto one = [&](unsigned i) {
+      const uint64_t b = b0 + i / nthr;
+      const unsigned t = i % nthr;
       BlockState* st = states[b - b0].get();
       const unsigned bx = b % grid.x, by = (b / grid.x) % grid.y, bz = b / ((uint64_t)grid.x * grid.y);
-      for (unsigned t = 0; t < nthr; ++t) {
-        ts.emplace_back([=, &args...] {
-          threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-          blockIdx = {bx, by, bz};
-          blockDim = block;
-          gridDim = grid;
-          emu_smem = st->sm.get();
-          emu_block_bar = st->bar.get();
-          emu_warp = st->warps[t / 32].get();
-          emu_block = &st->blk;
-          emu_static_idx = 0;
-          emu_shfl_gen = 0;
-          emu_lane = t % 32;
-          kernel(static_cast<P>(args)...);
-          emu_warp->bar.arrive_and_drop();
-          emu_block_bar->arrive_and_drop();
-        });
-      }
-    }
-    for (auto& th : ts) th.join();
-    emu_threads_total += ts.size();
+      threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+      blockIdx = {bx, by, bz};
+      blockDim = block;
+      gridDim = grid;
+      emu_smem = st->sm.get();
+      emu_block_bar = st->bar.get();
+      emu_warp = st->warps[t / 32].get();
+      emu_block = &st->blk;
+      emu_static_idx = 0;
+      emu_shfl_gen = 0;
+      emu_lane = t % 32;
+      kernel(static_cast<P>(args)...);
+      emu_warp->bar.arrive_and_drop();
+      emu_block_bar->arrive_and_drop();
+    };
+    const unsigned total = static_cast<unsigned>((b1 - b0) * nthr);
+    EmuThreadPool::instance().run(total, one);
+    emu_threads_total += total;
   }
 }

@@ -1,0 +1,163 @@
+// The CUDA backend's host code (kernels/cuda/cuda_backend.cu, converted like the kernels: the dispatch to the
+// kernels, the bf16 cast areas, the tensor-core attention choice, reserve) over the emulated kernels and
+// cuBLASLt, driving the whole model as the trainer does, against the CPU backend. What the [cuda] tests check
+// on a GPU, here without one (the emulator's limits in README.md apply: no GPU numerics or memory model).
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "kernels/cuda/cuda_backend.h"  // the converted one: gpt::CudaEmuBackend
+#include "model/gpt.h"
+#include "model/hidden_bf16_copies.h"
+#include "parallel/sharded_params.h"
+
+namespace {
+
+using namespace gpt;
+
+struct Run {
+  float loss = 0.0f, eval = 0.0f;
+  std::vector<float> grads;       // the whole model's, host copy
+  int64_t step_allocations = 0;   // tracked allocations during the steps and the eval, after prepare
+  int64_t later_allocations = 0;  // those after the first step (zero3's pools fill in the first)
+};
+
+struct Setup {
+  const char* ckpt = "none";
+  int64_t head_rows = Gpt::kHeadRows;
+  DType param = DType::kF32;         // ShardingOptions::param_dtype
+  std::optional<DType> gemm_inputs;  // Gpt::set_gemm_input_dtype, else the compute dtype
+  bool hide_bf16 = false;
+  Strategy strategy = Strategy::kSingle;  // over one rank: zero3 gathers (and keeps bf16 copies of) each unit // the
+                                          // ParamSource's bf16 copies hidden (GEMMs cast the weights)
+};
+
+// Two forward/backward steps of one micro-batch each and an eval, as the trainer runs them.
+Run run(Backend& be, const GptShape& shape, int B, int T, const Setup& s) {
+  Gpt model(shape, be, *ActivationCheckpointing::parse(s.ckpt));
+  model.set_head_rows(s.head_rows);
+  if (s.gemm_inputs) model.set_gemm_input_dtype(*s.gemm_inputs);
+  auto single = make_single_communicator();
+  ShardingOptions options;
+  options.param_dtype = s.param;
+  ShardedParams params(model.layout(), be, *single, s.strategy, nullptr, options);
+  params.init(shape, 9);
+  model.prepare(B, T);
+  testing::WithoutBf16Copies hidden(params);
+  ParamSource& source = s.hide_bf16 ? static_cast<ParamSource&>(hidden) : params;
+  const CounterRng rng(5, 5);
+  std::vector<int32_t> inputs(B * T), targets(B * T);
+  Run r;
+  const int64_t before = MemTracker::instance().stats().allocations;
+  int64_t after_first = before;
+  for (int step = 0; step < 2; ++step) {
+    if (step == 1) after_first = MemTracker::instance().stats().allocations;
+    for (int i = 0; i < B * T; ++i) {
+      inputs[i] = static_cast<int32_t>(rng.u32(step * 1000 + i) % shape.vocab_size);
+      targets[i] = static_cast<int32_t>(rng.u32(step * 1000 + 500 + i) % shape.vocab_size);
+    }
+    params.begin_micro_batch(true, true);
+    r.loss =
+        model.forward_backward(source, inputs.data(), targets.data(), 1.0f / (B * T), StepContext{3, step, 0, true});
+    params.finish_grads();
+  }
+  r.eval = model.forward_loss(source, inputs.data(), targets.data(), StepContext{3, 0, 0, false});
+  r.step_allocations = MemTracker::instance().stats().allocations - before;
+  r.later_allocations = MemTracker::instance().stats().allocations - after_first;
+  r.grads.resize(params.local_numel());
+  be.to_host(r.grads.data(), params.local_grads(), r.grads.size() * sizeof(float));
+  return r;
+}
+
+// max |a - b| over max |b|.
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::abs(static_cast<double>(a[i]) - b[i]);
+    if (!(d <= worst)) worst = d;  // NaN too
+    scale = std::max(scale, static_cast<double>(std::abs(b[i])));
+  }
+  return worst / std::max(scale, 1e-30);
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Head size 32: the tensor-core attention under bf16 compute. 20 rows: head chunks of 8, 8 and 4.
+const GptShape kShape{2, 2, 64, 16, 37, 0.1f};
+constexpr int kB = 2, kT = 10;
+constexpr int64_t kHeadChunk = 8;
+
+std::unique_ptr<Backend> cpu() {
+  auto be = std::move(*make_backend("cpu"));
+  be->set_threads(1);
+  return be;
+}
+
+}  // namespace
+
+TEST_CASE("cuda_emu: the CUDA backend trains a whole GPT like the CPU (fp32 within 1e-4), allocating nothing",
+          "[cuda_emu][backend]") {
+  auto host = cpu();
+  for (const char* ckpt : {"none", "selective"}) {
+    CAPTURE(ckpt);
+    CudaEmuBackend dev(0);  // fresh areas: only what prepare reserved
+    Setup s;
+    s.ckpt = ckpt;
+    s.head_rows = kHeadChunk;
+    const Run want = run(*host, kShape, kB, kT, s), got = run(dev, kShape, kB, kT, s);
+    INFO("loss cpu " << want.loss << " cuda " << got.loss << "; eval cpu " << want.eval << " cuda " << got.eval);
+    CHECK(std::abs(got.loss - want.loss) <= 1e-4 * std::abs(want.loss));
+    CHECK(std::abs(got.eval - want.eval) <= 1e-4 * std::abs(want.eval));
+    CHECK(rel_diff(got.grads, want.grads) < 1e-4);
+    CHECK(got.step_allocations == 0);  // Gpt::prepare reserved the backend's areas (ARCHITECTURE invariant 4)
+  }
+}
+
+TEST_CASE("cuda_emu: bf16 compute on the CUDA backend: bf16 GEMM inputs and weights change no bit, allocate nothing",
+          "[cuda_emu][backend]") {
+  for (const auto& [ckpt, strategy] :
+       {std::pair{"none", Strategy::kSingle}, std::pair{"selective", Strategy::kZero3}}) {
+    CAPTURE(ckpt, strategy_name(strategy));
+    // The reference: fp32 GEMM inputs and weights, cast by the backend before every GEMM (its cast areas grow).
+    CudaEmuBackend ref(0);
+    ref.set_compute_dtype(DType::kBF16);
+    Setup cast{.ckpt = ckpt,
+               .head_rows = kHeadChunk,
+               .param = DType::kBF16,
+               .gemm_inputs = DType::kF32,
+               .hide_bf16 = true,
+               .strategy = strategy};
+    const Run want = run(ref, kShape, kB, kT, cast);
+    CudaEmuBackend dev(0);  // fresh areas: only what prepare reserved
+    dev.set_compute_dtype(DType::kBF16);
+    Setup stored = cast;
+    stored.gemm_inputs.reset();  // bf16, the compute dtype
+    stored.hide_bf16 = false;    // the weights from ShardedParams' bf16 copy
+    const Run got = run(dev, kShape, kB, kT, stored);
+    CHECK(got.loss == want.loss);
+    CHECK(got.eval == want.eval);
+    CHECK(same_bits(got.grads, want.grads));
+    // The cast areas reserve sized are enough (single allocates nothing per step; zero3's gather pools fill in
+    // the first step).
+    CHECK((strategy == Strategy::kSingle ? got.step_allocations : got.later_allocations) == 0);
+  }
+  // And it is bf16 arithmetic, close to fp32: the loss within 2% of the CPU's fp32 run.
+  auto host = cpu();
+  CudaEmuBackend dev(0);
+  dev.set_compute_dtype(DType::kBF16);
+  Setup plain;
+  plain.head_rows = kHeadChunk;
+  plain.param = DType::kBF16;
+  const Run exact = run(*host, kShape, kB, kT, plain), lo = run(dev, kShape, kB, kT, plain);
+  INFO("fp32 cpu " << exact.loss << ", bf16 cuda " << lo.loss);
+  CHECK(lo.loss != exact.loss);
+  CHECK(std::abs(lo.loss - exact.loss) <= 2e-2 * std::abs(exact.loss));
+}
