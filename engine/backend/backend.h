@@ -12,6 +12,7 @@
 // Every op is deterministic for a given thread count: no float atomics, fixed reduction orders.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -71,6 +72,7 @@ struct BasicTensorPtr {
   V* data = nullptr;
   DType dtype = DType::kF32;
   BasicTensorPtr() = default;
+  BasicTensorPtr(std::nullptr_t) {}
   BasicTensorPtr(V* p, DType t) : data(p), dtype(t) {}
   BasicTensorPtr(std::conditional_t<std::is_const_v<V>, const float, float>* p) : data(p), dtype(DType::kF32) {}
   BasicTensorPtr(std::conditional_t<std::is_const_v<V>, const bf16, bf16>* p) : data(p), dtype(DType::kBF16) {}
@@ -140,8 +142,8 @@ class Backend {
   virtual void matmul_forward(float* out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N,
                               int C, int OC) = 0;
   // dinp(N,C) = dout @ weight (overwritten; skipped if null); dweight(OC,C) += dout^T @ inp; dbias += colsum
-  // (of the fp32 dout). inp and weight as in matmul_forward.
-  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
+  // (of the fp32 dout). dout, inp and weight as inp in matmul_forward; a bf16 dout only without dbias.
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                                ConstTensorPtr weight, int64_t N, int C, int OC) = 0;
 
   // out(N,C) = (inp - mean) * rstd * weight + bias; mean(N), rstd(N) saved for backward (either may be null).
@@ -184,9 +186,10 @@ class Backend {
   virtual void dropout_forward(float* x, int64_t N, const DropoutMask& drop) = 0;
 
   // Fused softmax cross-entropy over rows of logits(N, Vp) whose first V columns are real. losses(N) gets
-  // each row's loss; if dlogits is non-null it gets (softmax - onehot) * dloss (may alias logits).
-  virtual void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
-                                             int64_t N, int V, int Vp, float dloss) = 0;
+  // each row's loss; if dlogits is non-null it gets (softmax - onehot) * dloss: f32 (may alias logits), or bf16
+  // (rounded as layernorm_forward's; separate memory), the LM head's GEMM input under bf16 compute.
+  virtual void crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits,
+                                             const int32_t* targets, int64_t N, int V, int Vp, float dloss) = 0;
 
   // AdamW on n elements: m, v updated; param -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * param).
   // grad is scaled by grad_scale first (global-norm clipping). step is 1-based.

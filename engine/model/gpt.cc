@@ -41,7 +41,8 @@ struct Gpt::Acts {
   TensorPtr lnf;               // (B,T,C), a GEMM input
   float* lnf_mean = nullptr;   // (B,T)
   float* lnf_rstd = nullptr;   // (B,T)
-  float* logits = nullptr;     // (head rows, V): one chunk of the LM head's logits; dlogits in place
+  float* logits = nullptr;     // (head rows, V): one chunk of the LM head's logits
+  TensorPtr dlogits;           // (head rows, V): their gradient, a GEMM input: in place over logits, or bf16
   float* losses = nullptr;     // (B,T)
   const float* wte = nullptr;  // embed unit's wte and head unit's params, acquired by forward()
   ConstTensorPtr wte_gemm;     // wte as the LM head's GEMMs take it (BlockParams' *_gemm)
@@ -153,6 +154,8 @@ void Gpt::prepare(int B, int T) {
     acts_->lnf_mean = st.take(N);
     acts_->lnf_rstd = st.take(N);
     acts_->logits = st.take(head_rows(N, head_limit_) * shape_.vocab_size);
+    acts_->dlogits =
+        lo == DType::kBF16 ? st.take(head_rows(N, head_limit_) * shape_.vocab_size, lo) : TensorPtr(acts_->logits);
     acts_->losses = st.take(N);
     Carver gr(pass ? &acts_->grads : nullptr);
     acts_->dres = gr.take(N * C);
@@ -364,9 +367,9 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t rows = std::min(chunk, N - r0);
     head_forward(r0, rows);
-    be_.crossentropy_forward_backward(acts_->losses + r0, acts_->logits, acts_->logits, tgt + r0, rows, V, V,
+    be_.crossentropy_forward_backward(acts_->losses + r0, acts_->dlogits, acts_->logits, tgt + r0, rows, V, V,
                                       loss_scale);
-    be_.matmul_backward(acts_->dln + r0 * C, dembed + eu.params[0].offset, nullptr, acts_->logits,
+    be_.matmul_backward(acts_->dln + r0 * C, dembed + eu.params[0].offset, nullptr, acts_->dlogits,
                         acts_->lnf.at(r0 * C), acts_->wte_gemm, rows, C, V);
   }
   const int head = layout_.head_unit();

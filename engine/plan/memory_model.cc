@@ -44,8 +44,9 @@ ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const Acti
   a.scratch += carved(N * C);  // proj_out
   a.stored += carved((L + 1) * N * C);
   for (int l = 0; l < L; ++l) a.stored += block(!any_scratch, !ckpt.recompute_block(l));
-  // ln_f out (a GEMM input), mean, rstd; one LM head chunk's logits; losses
-  a.stored += carved(N * C, lo) + 2 * carved(N) + carved(Gpt::head_rows(N) * V) + carved(N);
+  // ln_f out (a GEMM input), mean, rstd; one LM head chunk's logits (and its bf16 dlogits, else in place); losses
+  const int64_t head = Gpt::head_rows(N) * V;
+  a.stored += carved(N * C, lo) + 2 * carved(N) + carved(head) + (lo == f32 ? 0 : carved(head, lo)) + carved(N);
   a.tokens = 2 * N * 4;  // the int32 inputs and targets, copied to the backend
   a.workspace = 4 * carved(N * C) + carved(4 * N * C) + carved(3 * N * C);
   return a;

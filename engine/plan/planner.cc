@@ -73,9 +73,8 @@ StrategyPlan make_plan(const PlanInput& in, const ModelLayout& layout, Strategy 
   if (in.fused_attention) {  // run.device cuda: the backend's own workspaces too
     int64_t spans = 0;
     for (const UnitLayout& unit : layout.units) spans += static_cast<int64_t>(unit.params.size());
-    p.workspace +=
-        cuda_backend_workspace_bytes(in.shape, in.micro_batch, in.seq_len > 0 ? in.seq_len : in.shape.block_size,
-                                     in.sharding.param_dtype == DType::kBF16, u.local, spans);
+    p.workspace += cuda_backend_workspace_bytes(
+        in.shape, in.micro_batch, in.seq_len > 0 ? in.seq_len : in.shape.block_size, in.bf16_compute(), u.local, spans);
   }
   p.comm_buffers = f.at(MemCategory::kComm);
   p.unit_buffers = f.pooled_bytes;
@@ -129,11 +128,10 @@ std::vector<StrategyPlan> plan_all(const PlanInput& in) {
   GPT_CHECK_MSG(st.is_ok(), st.message().c_str());
   const ModelLayout layout = ModelLayout::build(in.shape);
   const ActivationCheckpointing ckpt = *ActivationCheckpointing::parse(in.activation_checkpointing);
-  // run.device cuda under param_dtype bf16 computes in bf16 (Trainer), and the model stores its GEMM inputs so.
-  const bool bf16_compute = in.fused_attention && in.sharding.param_dtype == DType::kBF16;
+  // Under bf16 compute the model stores its GEMM inputs in bf16.
   const ActivationBytes act =
       activation_bytes(in.shape, in.micro_batch, in.seq_len > 0 ? in.seq_len : in.shape.block_size, ckpt,
-                       in.fused_attention, bf16_compute ? DType::kBF16 : DType::kF32);
+                       in.fused_attention, in.bf16_compute() ? DType::kBF16 : DType::kF32);
   const int N = in.world_size;
   std::vector<StrategyPlan> plans;
   if (N == 1) plans.push_back(make_plan(in, layout, Strategy::kSingle, 1, act));

@@ -47,6 +47,8 @@ struct PlanInput {
   // gradient accumulation are fp32 whatever these say; activations too, but for the GEMM inputs (the LayerNorm
   // and GELU outputs), bf16 when fused_attention (run.device cuda) and param_dtype bf16 (bf16 compute).
   ShardingOptions sharding;
+  // The trainer's compute dtype: bf16 on a GPU under param_dtype bf16 (the CPU computes in fp32).
+  bool bf16_compute() const { return fused_attention && sharding.param_dtype == DType::kBF16; }
 };
 
 // Returns an error naming the field when `in` cannot be planned (shape, batch, ranks, checkpointing mode).

@@ -28,11 +28,11 @@ std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& pl
       "batch: micro-batches of {} x {} tokens, {} per rank per step; world size {} ({} rank(s) per node); "
       "activation checkpointing: {}\n"
       "parallel: param_dtype {}, reduce_dtype {}, prefetch {}, reshard_after_forward {} (master weights, "
-      "AdamW state, gradient accumulation and activations in fp32)\n\n",
+      "AdamW state, gradient accumulation and activations in fp32{})\n\n",
       s.n_layer, s.n_head, s.n_embd, s.block_size, s.vocab_size, format_count(s.num_params()), in.micro_batch, T,
       in.micro_batches_per_step, in.world_size, per_node, in.activation_checkpointing,
       dtype_label(in.sharding.param_dtype), dtype_label(in.sharding.reduce_dtype), in.sharding.prefetch,
-      in.sharding.reshard_after_forward);
+      in.sharding.reshard_after_forward, in.bf16_compute() ? ", but for the GEMM inputs in bf16" : "");
 
   constexpr int kLabel = 28, kCol = 14;
   auto row = [&](const std::string& label, const std::function<std::string(const StrategyPlan&)>& cell) {

@@ -71,10 +71,10 @@ void CpuBackend::matmul_forward(float* out, ConstTensorPtr inp, ConstTensorPtr w
   const float* w = bf16_operand(1, weight, static_cast<int64_t>(OC) * C);
   cpu::matmul_forward(out, a, w, bias, N, C, OC);
 }
-void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
+void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                                  ConstTensorPtr weight, int64_t N, int C, int OC) {
   if (compute_dtype_ == DType::kF32) {
-    cpu::matmul_backward(dinp, dweight, dbias, dout, inp.as_f32(), weight.as_f32(), N, C, OC);
+    cpu::matmul_backward(dinp, dweight, dbias, dout.as_f32(), inp.as_f32(), weight.as_f32(), N, C, OC);
     return;
   }
   const float* a = bf16_operand(0, inp, N * C);
@@ -82,7 +82,7 @@ void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, cons
   const float* d = bf16_operand(2, dout, N * OC);
   cpu::matmul_backward(dinp, dweight, nullptr, d, a, w, N, C, OC);
   // dbias sums the fp32 dout, as the CUDA backend's does.
-  if (dbias != nullptr) cpu::matmul_backward(nullptr, nullptr, dbias, dout, nullptr, nullptr, N, C, OC);
+  if (dbias != nullptr) cpu::matmul_backward(nullptr, nullptr, dbias, dout.as_f32(), nullptr, nullptr, N, C, OC);
 }
 void CpuBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
                                    const float* bias, int64_t N, int C) {
@@ -121,9 +121,14 @@ void CpuBackend::dropout_backward(float* dinp, const float* dout, int64_t N, con
   cpu::dropout_backward(dinp, dout, N, drop);
 }
 void CpuBackend::dropout_forward(float* x, int64_t N, const DropoutMask& drop) { cpu::dropout_forward(x, N, drop); }
-void CpuBackend::crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
+void CpuBackend::crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits,
                                                const int32_t* targets, int64_t N, int V, int Vp, float dloss) {
-  cpu::crossentropy_forward_backward(losses, dlogits, logits, targets, N, V, Vp, dloss);
+  if (dlogits.data == nullptr || !dlogits.is_bf16()) {
+    cpu::crossentropy_forward_backward(losses, dlogits.as_f32(), logits, targets, N, V, Vp, dloss);
+    return;
+  }
+  cpu::crossentropy_forward_backward(losses, result_area(dlogits, N * Vp), logits, targets, N, V, Vp, dloss);
+  finish(dlogits, N * Vp);
 }
 void CpuBackend::adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1,
                               float beta2, float eps, float weight_decay, float grad_scale, int64_t step) {

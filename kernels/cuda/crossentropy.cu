@@ -45,11 +45,32 @@ __device__ inline void store4(float* p, int j, int n, bool vec, const float (&v)
   }
 }
 
-// logits and dlogits may be the same memory (no __restrict__): every logit a thread reads in the dlogits
+// The bf16 dlogits: v rounded to nearest even (the cast_to_bf16 rounding); one 8-byte store when p is 8-byte
+// aligned and the group lies below n.
+__device__ inline void store4(bf16* p, int j, int n, bool vec, const float (&v)[4]) {
+  uint16_t b[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) b[k] = bf16_bits_nearest(__float_as_uint(v[k]));
+  if (vec && j + 4 <= n) {
+    uint2 packed;
+    packed.x = static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 16;
+    packed.y = static_cast<uint32_t>(b[2]) | static_cast<uint32_t>(b[3]) << 16;
+    *reinterpret_cast<uint2*>(p + j) = packed;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (j + k < n) p[j + k].bits = b[k];
+    }
+  }
+}
+
+// logits and fp32 dlogits may be the same memory (no __restrict__): every logit a thread reads in the dlogits
 // pass is one it alone writes, after reading it; z[target] and the row statistics are read before the
-// block reductions' __syncthreads, so before any thread writes.
+// block reductions' __syncthreads, so before any thread writes. Out: float, or bf16 (the same fp32 gradient
+// rounded at the store; never in place).
+template <typename Out>
 __global__ void __launch_bounds__(kThreads)
-    crossentropy_kernel(float* __restrict__ losses, float* dlogits, const float* logits,
+    crossentropy_kernel(float* __restrict__ losses, Out* dlogits, const float* logits,
                         const int32_t* __restrict__ targets, int V, int Vp, float dloss) {
   __shared__ float shared[kWarp];
   const int64_t i = blockIdx.x;
@@ -79,8 +100,8 @@ __global__ void __launch_bounds__(kThreads)
 
   // dlogits = softmax * dloss, minus dloss at the target, zero over the padding [V, Vp).
   const float inv = 1.0f / sum;
-  float* dz = dlogits + i * Vp;
-  const bool dz_vec = aligned16(dz);
+  Out* dz = dlogits + i * Vp;
+  const bool dz_vec = reinterpret_cast<uintptr_t>(dz) % (4 * sizeof(Out)) == 0;
   for (int j = 4 * threadIdx.x; j < Vp; j += 4 * kThreads) {
     float v[4], g[4];
     load4(v, z, j, V, z_vec, 0.0f);
@@ -95,21 +116,25 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+void crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits, const int32_t* targets,
                                    int64_t N, int V, int Vp, float dloss, cudaStream_t stream) {
   GPT_CHECK(N >= 0 && V > 0 && Vp >= V);
   GPT_CHECK(Vp <= INT32_MAX - 4 * kThreads);  // the column loops' int index cannot overflow
   GPT_CHECK(N <= INT32_MAX);                  // one block per row
   GPT_CHECK(losses != nullptr && logits != nullptr && targets != nullptr);
-  // In place is allowed, a partial overlap is not (rows would overwrite other rows before they are read).
-  if (dlogits != nullptr && dlogits != logits) {
-    const auto d = reinterpret_cast<uintptr_t>(dlogits), l = reinterpret_cast<uintptr_t>(logits);
-    const auto bytes = static_cast<uintptr_t>(N) * Vp * sizeof(float);
-    GPT_CHECK(d + bytes <= l || l + bytes <= d);
+  // fp32 in place is allowed; any other overlap is not (rows would overwrite other rows before they are read).
+  if (dlogits.data != nullptr && !(dlogits.data == logits && !dlogits.is_bf16())) {
+    const auto d = reinterpret_cast<uintptr_t>(dlogits.data), l = reinterpret_cast<uintptr_t>(logits);
+    const auto bytes = static_cast<uintptr_t>(N) * Vp;
+    GPT_CHECK(d + bytes * dtype_size(dlogits.dtype) <= l || l + bytes * sizeof(float) <= d);
   }
   if (N == 0) return;
-  crossentropy_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(losses, dlogits, logits, targets, V, Vp,
-                                                                         dloss);
+  const unsigned grid = static_cast<unsigned>(N);
+  if (dlogits.is_bf16()) {
+    crossentropy_kernel<bf16><<<grid, kThreads, 0, stream>>>(losses, dlogits.as_bf16(), logits, targets, V, Vp, dloss);
+  } else {
+    crossentropy_kernel<float><<<grid, kThreads, 0, stream>>>(losses, dlogits.as_f32(), logits, targets, V, Vp, dloss);
+  }
   GPT_CUDA_CHECK_LAUNCH();
 }
 

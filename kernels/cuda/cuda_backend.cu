@@ -229,18 +229,21 @@ void CudaBackend::matmul_forward(float* out, ConstTensorPtr inp, ConstTensorPtr 
   const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
   matmul_->forward(out, a, w, DType::kBF16, bias, N, C, OC);
 }
-void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
+void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                                   ConstTensorPtr weight, int64_t N, int C, int OC) {
   const OpTimer timed = time_op("matmul_backward");
   void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
   if (compute_dtype_ == DType::kF32) {
-    matmul_->backward(dinp, dweight, dbias, dout, dout, inp.as_f32(), weight.as_f32(), DType::kF32, N, C, OC, s);
+    matmul_->backward(dinp, dweight, dbias, dout.as_f32(), dout.as_f32(), inp.as_f32(), weight.as_f32(), DType::kF32, N,
+                      C, OC, s);
     return;
   }
   const bf16* a = gemm_input(0, inp, N * C);
   const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
   const bf16* d = gemm_input(2, dout, N * OC);
-  matmul_->backward(dinp, dweight, dbias, dout, d, a, w, DType::kBF16, N, C, OC, s);
+  // dbias sums the fp32 dout (a bf16 one comes without dbias: the LM head's dlogits).
+  matmul_->backward(dinp, dweight, dbias, dbias != nullptr ? dout.as_f32() : nullptr, d, a, w, DType::kBF16, N, C, OC,
+                    s);
 }
 void CudaBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
                                     const float* bias, int64_t N, int C) {
@@ -308,7 +311,7 @@ void CudaBackend::dropout_forward(float* x, int64_t N, const DropoutMask& drop) 
   const OpTimer timed = time_op("dropout_forward");
   cuda::dropout_forward(x, N, drop, stream_);
 }
-void CudaBackend::crossentropy_forward_backward(float* losses, float* dlogits, const float* logits,
+void CudaBackend::crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits,
                                                 const int32_t* targets, int64_t N, int V, int Vp, float dloss) {
   const OpTimer timed = time_op("crossentropy_forward_backward");
   cuda::crossentropy_forward_backward(losses, dlogits, logits, targets, N, V, Vp, dloss, stream_);

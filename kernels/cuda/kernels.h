@@ -50,8 +50,9 @@ void attention_row_dot(float* dv, const float* dout, const float* out, int B, in
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
                         int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
 
-// crossentropy.cu: one pass per row over the vocabulary in chunks (online max and sum), then dlogits.
-void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+// crossentropy.cu: one pass per row over the vocabulary in chunks (online max and sum), then dlogits: f32
+// (may be logits itself) or bf16 (rounded at the store; separate memory).
+void crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits, const int32_t* targets,
                                    int64_t N, int V, int Vp, float dloss, cudaStream_t stream);
 
 // gelu.cu. out f32 or bf16 (rounded at the store).

@@ -73,8 +73,8 @@ inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedd
                         sum_squares()});
   if (bf16_compute) {
     a.cast[0] = N * C;  // the attention output, the one fp32 GEMM input (Gpt stores the others in bf16)
-    a.cast[1] = std::max(d.V * C, 4 * C * C);            // the LM head (tied wte) or the MLP's weights
-    a.cast[2] = std::max(d.head_rows * d.V, N * 4 * C);  // a head chunk's dlogits or the MLP's
+    a.cast[1] = std::max(d.V * C, 4 * C * C);  // the LM head (tied wte) or the MLP's weights
+    a.cast[2] = N * 4 * C;                     // the MLP's output gradient (the LM head's dlogits come in bf16)
   }
   return a;
 }

@@ -180,6 +180,14 @@ void run_crossentropy(int64_t N, int V, int Vp, bool inplace, bool with_grad, bo
   }
   CHECK(l[0].same(l[1]));
   if (with_grad) CHECK(d[0].same(d[1]));
+  if (with_grad) {  // bf16 dlogits (the LM head's GEMM input under bf16 compute): the fp32 ones rounded
+    Buf<float> lo_loss(N), lg(N * Vp);
+    Buf<gpt::bf16> lo(N * Vp);
+    lg.copy_from(logits);
+    emu::crossentropy_forward_backward(lo_loss.p, lo.p, lg.p, targets.p, N, V, Vp, dloss, nullptr);
+    CHECK(lo_loss.same(l[0]));
+    CHECK(rounded_from(lo, d[0]));
+  }
   const Cmp el = compare(l[0].p, cl.p, N);
   CHECK(el.nonfinite == 0);
   CHECK(el.rel() < 1e-4);

@@ -402,6 +402,15 @@ TEST_CASE("parity: cross-entropy with padded vocab, in place", "[cuda]") {
     gpu->crossentropy_forward_backward(g_losses.p(), g_logits.p(), g_logits.p(), g_targets.p(), N, V, Vp, 0.125f);
     expect_close("cross-entropy losses", losses, g_losses.read(), kReduction);
     expect_close("cross-entropy dlogits (in place)", dl, g_logits.read(), kReduction);
+    // bf16 dlogits (the LM head's GEMM input under bf16 compute): the fp32 ones rounded, bit for bit.
+    Dev<float> g_fresh(*gpu, logits), g_losses2(*gpu, N);
+    Dev<bf16> g_lo(*gpu, logits.size());
+    gpu->crossentropy_forward_backward(g_losses2.p(), g_lo.p(), g_fresh.p(), g_targets.p(), N, V, Vp, 0.125f);
+    std::vector<bf16> want(logits.size());
+    cpu().cast_to_bf16(want.data(), g_logits.read().data(), static_cast<int64_t>(want.size()));
+    const std::vector<bf16> got = g_lo.read();
+    CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(bf16)) == 0);
+    REQUIRE(g_losses2.read() == g_losses.read());
   }
 }
 

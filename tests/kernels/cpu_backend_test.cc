@@ -37,7 +37,7 @@ std::unique_ptr<Backend> cpu() {
   return be;
 }
 
-TEST_CASE("CpuBackend: bf16 outputs of layernorm, fused residual + layernorm and gelu are the fp32 ones rounded",
+TEST_CASE("CpuBackend: bf16 outputs of layernorm, residual + layernorm, gelu and dlogits are the fp32 ones rounded",
           "[kernels]") {
   auto be = cpu();
   const int N = 5, C = 12;  // rows of 24 bytes in bf16
@@ -68,6 +68,15 @@ TEST_CASE("CpuBackend: bf16 outputs of layernorm, fused residual + layernorm and
     be->gelu_forward(g.data(), x.data(), N * C);
     be->gelu_forward(g_lo.data(), x.data(), N * C);
     CHECK(same_bits(g_lo, to_bf16(g)));
+
+    const int V = 10, Vp = 12;  // rows of C = 12 logits, the last 2 padding
+    const std::vector<int32_t> targets = {0, 3, 9, 5, 1};
+    std::vector<float> loss(N), loss_lo(N), dlogits(N * Vp);
+    std::vector<bf16> dlogits_lo(N * Vp);
+    be->crossentropy_forward_backward(loss.data(), dlogits.data(), x.data(), targets.data(), N, V, Vp, 0.1f);
+    be->crossentropy_forward_backward(loss_lo.data(), dlogits_lo.data(), x.data(), targets.data(), N, V, Vp, 0.1f);
+    CHECK(same_bits(loss_lo, loss));
+    CHECK(same_bits(dlogits_lo, to_bf16(dlogits)));
   }
 }
 
@@ -88,16 +97,24 @@ TEST_CASE("CpuBackend bf16 compute: GEMMs multiply bf16-rounded inputs in fp32; 
   be->matmul_backward(nullptr, no_dw.data(), want_db.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
 
   be->set_compute_dtype(DType::kBF16);
+  const std::vector<bf16> weight_lo = to_bf16(weight), dout_lo = to_bf16(dout);
   for (const bool lo : {false, true}) {
     CAPTURE(lo);
+    // bf16 operands as they are, or fp32 ones the backend rounds: the same products.
     const ConstTensorPtr x = lo ? ConstTensorPtr(inp_lo.data()) : ConstTensorPtr(inp.data());
+    const ConstTensorPtr wt = lo ? ConstTensorPtr(weight_lo.data()) : ConstTensorPtr(weight.data());
     std::vector<float> out(N * OC), dinp(N * C), dw(OC * C, 0.5f), db(OC, 0.25f);
-    be->matmul_forward(out.data(), x, weight.data(), bias.data(), N, C, OC);
-    be->matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), x, weight.data(), N, C, OC);
+    be->matmul_forward(out.data(), x, wt, bias.data(), N, C, OC);
+    be->matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), x, wt, N, C, OC);
     CHECK(same_bits(out, want));
     CHECK(same_bits(dinp, want_dinp));
     CHECK(same_bits(dw, want_dw));  // accumulated into (+=), as under fp32
     CHECK(same_bits(db, want_db));
+    // A bf16 output gradient (the LM head's dlogits; no bias then).
+    std::vector<float> dinp2(N * C), dw2(OC * C, 0.5f);
+    be->matmul_backward(dinp2.data(), dw2.data(), nullptr, dout_lo.data(), x, wt, N, C, OC);
+    CHECK(same_bits(dinp2, want_dinp));
+    CHECK(same_bits(dw2, want_dw));
   }
   // The rounding is real: fp32 compute on the unrounded inputs differs.
   be->set_compute_dtype(DType::kF32);

@@ -70,7 +70,7 @@ class FakeDeviceBackend final : public Backend {
                       int OC) override {
     cpu_->matmul_forward(real(out), real(inp), real(weight), real(bias), N, C, OC);
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, ConstTensorPtr inp,
+  void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                        ConstTensorPtr weight, int64_t N, int C, int OC) override {
     cpu_->matmul_backward(real(dinp), real(dweight), real(dbias), real(dout), real(inp), real(weight), N, C, OC);
   }
@@ -113,7 +113,7 @@ class FakeDeviceBackend final : public Backend {
   void dropout_forward(float* x, int64_t N, const DropoutMask& drop) override {
     cpu_->dropout_forward(real(x), N, drop);
   }
-  void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+  void crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits, const int32_t* targets,
                                      int64_t N, int V, int Vp, float dloss) override {
     cpu_->crossentropy_forward_backward(real(losses), real(dlogits), real(logits), real(targets), N, V, Vp, dloss);
   }
