@@ -325,6 +325,13 @@ const float* Gpt::forward_logits(ParamSource& params, const int32_t* inputs, con
   return h.data();
 }
 
+// Without dropout its backward is the identity: dres itself, with no copy (GPT-2 pretraining runs at p = 0).
+const float* Gpt::dropout_grad(const float* dres, const DropoutMask& drop) {
+  if (!drop.active()) return dres;
+  be_.dropout_backward(acts_->dtmp, dres, static_cast<int64_t>(B_) * T_ * shape_.n_embd, drop);
+  return acts_->dtmp;
+}
+
 void Gpt::block_backward(int l, const BlockParams& p, const BlockParams& g, const float* x_in, const StepContext& ctx) {
   const BlockActs& a = acts_->blocks[l];
   const int64_t N = static_cast<int64_t>(B_) * T_;
@@ -339,13 +346,13 @@ void Gpt::block_backward(int l, const BlockParams& p, const BlockParams& g, cons
   // Gradient pointers are stored as const in BlockParams; these are the ParamSource's writable buffers.
   auto gw = [](const float* q) { return const_cast<float*>(q); };
   float* dres = acts_->dres;
-  be_.dropout_backward(acts_->dtmp, dres, N * C, dropout(kSiteMlpResid, l, ctx, static_cast<uint64_t>(T_) * C));
-  be_.matmul_backward(acts_->d4, gw(g.fcprojw), gw(g.fcprojb), acts_->dtmp, a.fch_gelu, p.fcprojw_gemm, N, 4 * C, C);
+  const float* dmlp = dropout_grad(dres, dropout(kSiteMlpResid, l, ctx, static_cast<uint64_t>(T_) * C));
+  be_.matmul_backward(acts_->d4, gw(g.fcprojw), gw(g.fcprojb), dmlp, a.fch_gelu, p.fcprojw_gemm, N, 4 * C, C);
   be_.gelu_backward(acts_->d4, a.fch, acts_->d4, N * 4 * C);
   be_.matmul_backward(acts_->dln, gw(g.fcw), gw(g.fcb), acts_->d4, a.ln2, p.fcw_gemm, N, C, 4 * C);
   be_.layernorm_backward(dres, gw(g.ln2w), gw(g.ln2b), acts_->dln, a.res_mid, p.ln2w, a.ln2_mean, a.ln2_rstd, N, C);
-  be_.dropout_backward(acts_->dtmp, dres, N * C, dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C));
-  be_.matmul_backward(acts_->datty, gw(g.projw), gw(g.projb), acts_->dtmp, a.atty, p.projw_gemm, N, C, C);
+  const float* dattn = dropout_grad(dres, dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C));
+  be_.matmul_backward(acts_->datty, gw(g.projw), gw(g.projb), dattn, a.atty, p.projw_gemm, N, C, C);
   be_.attention_backward(acts_->dqkv, acts_->datty, a.qkv, a.atty, a.att, B_, T_, C, NH,
                          dropout(kSiteAttention, l, ctx, static_cast<uint64_t>(NH) * T_ * T_));
   be_.matmul_backward(acts_->dln, gw(g.qkvw), gw(g.qkvb), acts_->dqkv, a.ln1, p.qkvw_gemm, N, C, 3 * C);
@@ -391,9 +398,9 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
     params.release(unit);
   }
 
-  be_.dropout_backward(acts_->dtmp, acts_->dres, N * C, dropout(kSiteEmbed, 0, ctx, static_cast<uint64_t>(T_) * C));
-  be_.embedding_backward(dembed + eu.params[0].offset, dembed + eu.params[1].offset, acts_->dtmp,
-                         acts_->tokens.as<int32_t>(), B_, T_, C);
+  const float* dx = dropout_grad(acts_->dres, dropout(kSiteEmbed, 0, ctx, static_cast<uint64_t>(T_) * C));
+  be_.embedding_backward(dembed + eu.params[0].offset, dembed + eu.params[1].offset, dx, acts_->tokens.as<int32_t>(),
+                         B_, T_, C);
   params.grads_done(ModelLayout::kEmbedUnit);
   params.release(ModelLayout::kEmbedUnit);
   // Read back only now, with the whole backward queued: a device keeps computing while the host waits.

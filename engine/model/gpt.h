@@ -84,6 +84,9 @@ class Gpt {
                               const float* bias, const StepContext& ctx);
   void block_backward(int layer, const BlockParams& p, const BlockParams& g, const float* x_in, const StepContext& ctx);
   DropoutMask dropout(int site, int layer, const StepContext& ctx, uint64_t per_row) const;
+  // The gradient before dropout `drop` of the residual-stream gradient dres (B,T,C): dres itself when the
+  // mask is inactive, else dropout_backward's into the dtmp workspace.
+  const float* dropout_grad(const float* dres, const DropoutMask& drop);
   float mean_loss();
   // The LM head over rows [r0, r0 + rows) of ln_f's output: logits for the chunk into acts_->logits.
   void head_forward(int64_t r0, int64_t rows);

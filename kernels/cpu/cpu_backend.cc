@@ -123,7 +123,7 @@ void CpuBackend::dropout_backward(float* dinp, const float* dout, int64_t N, con
 void CpuBackend::dropout_forward(float* x, int64_t N, const DropoutMask& drop) { cpu::dropout_forward(x, N, drop); }
 void CpuBackend::crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits,
                                                const int32_t* targets, int64_t N, int V, int Vp, float dloss) {
-  if (dlogits.data == nullptr || !dlogits.is_bf16()) {
+  if (!dlogits.is_bf16()) {  // fp32, or none
     cpu::crossentropy_forward_backward(losses, dlogits.as_f32(), logits, targets, N, V, Vp, dloss);
     return;
   }
