@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_backend.h"  // the converted one: gpt::CudaEmuBackend
 #include "model/gpt.h"
 #include "model/hidden_bf16_copies.h"
+#include "optim/adamw.h"
 #include "parallel/sharded_params.h"
 
 namespace {
@@ -21,23 +22,27 @@ namespace {
 using namespace gpt;
 
 struct Run {
-  float loss = 0.0f, eval = 0.0f;
-  std::vector<float> grads;       // the whole model's, host copy
-  int64_t step_allocations = 0;   // tracked allocations during the steps and the eval, after prepare
-  int64_t later_allocations = 0;  // those after the first step (zero3's pools fill in the first)
+  std::vector<float> losses;      // per step
+  float eval = 0.0f;              // after the steps
+  std::vector<float> grads;       // the first step's gradient of the local master region, host copy
+  std::vector<float> weights;     // the fp32 master weights after the steps
+  int64_t first_allocations = 0;  // tracked allocations in the first forward/backward, after prepare
+  int64_t later_allocations = 0;  // those after the first step (span tables and zero3's pools fill in it)
 };
 
 struct Setup {
   const char* ckpt = "none";
   int64_t head_rows = Gpt::kHeadRows;
-  DType param = DType::kF32;         // ShardingOptions::param_dtype
-  std::optional<DType> gemm_inputs;  // Gpt::set_gemm_input_dtype, else the compute dtype
-  bool hide_bf16 = false;
-  Strategy strategy = Strategy::kSingle;  // over one rank: zero3 gathers (and keeps bf16 copies of) each unit // the
-                                          // ParamSource's bf16 copies hidden (GEMMs cast the weights)
+  DType param = DType::kF32;              // ShardingOptions::param_dtype
+  std::optional<DType> gemm_inputs;       // Gpt::set_gemm_input_dtype, else the compute dtype
+  bool hide_bf16 = false;                 // the ParamSource's bf16 copies hidden (GEMMs cast the weights)
+  Strategy strategy = Strategy::kSingle;  // over one rank: zero3 gathers (and keeps bf16 copies of) each unit
 };
 
-// Two forward/backward steps of one micro-batch each and an eval, as the trainer runs them.
+constexpr float kLr = 1e-3f;
+
+// Two optimizer steps of one micro-batch each and an eval, as the trainer runs them: forward/backward, the
+// gradient norm, clipping and AdamW (the multi-tensor kernels, writing the bf16 copy under param_dtype bf16).
 Run run(Backend& be, const GptShape& shape, int B, int T, const Setup& s) {
   Gpt model(shape, be, *ActivationCheckpointing::parse(s.ckpt));
   model.set_head_rows(s.head_rows);
@@ -47,30 +52,38 @@ Run run(Backend& be, const GptShape& shape, int B, int T, const Setup& s) {
   options.param_dtype = s.param;
   ShardedParams params(model.layout(), be, *single, s.strategy, nullptr, options);
   params.init(shape, 9);
+  AdamW opt(be, model.layout(), params.regions(), params.local_numel(), AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f});
   model.prepare(B, T);
   testing::WithoutBf16Copies hidden(params);
   ParamSource& source = s.hide_bf16 ? static_cast<ParamSource&>(hidden) : params;
   const CounterRng rng(5, 5);
   std::vector<int32_t> inputs(B * T), targets(B * T);
   Run r;
-  const int64_t before = MemTracker::instance().stats().allocations;
-  int64_t after_first = before;
+  auto allocations = [] { return MemTracker::instance().stats().allocations; };
+  int64_t mark = allocations();
   for (int step = 0; step < 2; ++step) {
-    if (step == 1) after_first = MemTracker::instance().stats().allocations;
     for (int i = 0; i < B * T; ++i) {
       inputs[i] = static_cast<int32_t>(rng.u32(step * 1000 + i) % shape.vocab_size);
       targets[i] = static_cast<int32_t>(rng.u32(step * 1000 + 500 + i) % shape.vocab_size);
     }
     params.begin_micro_batch(true, true);
-    r.loss =
-        model.forward_backward(source, inputs.data(), targets.data(), 1.0f / (B * T), StepContext{3, step, 0, true});
+    r.losses.push_back(
+        model.forward_backward(source, inputs.data(), targets.data(), 1.0f / (B * T), StepContext{3, step, 0, true}));
     params.finish_grads();
+    if (step == 0) {
+      r.first_allocations = allocations() - mark;
+      r.grads.resize(params.local_numel());
+      be.to_host(r.grads.data(), params.local_grads(), r.grads.size() * sizeof(float));
+    }
+    const double norm = std::sqrt(params.grad_sq_norm());
+    opt.step(params.master(), params.local_grads(), kLr, norm > 0.5 ? static_cast<float>(0.5 / norm) : 1.0f,
+             params.master_lo(), params.rounding(opt.steps_taken() + 1));
+    params.publish(opt.steps_taken(), /*lo_written=*/true);
+    if (step == 0) mark = allocations();
   }
   r.eval = model.forward_loss(source, inputs.data(), targets.data(), StepContext{3, 0, 0, false});
-  r.step_allocations = MemTracker::instance().stats().allocations - before;
-  r.later_allocations = MemTracker::instance().stats().allocations - after_first;
-  r.grads.resize(params.local_numel());
-  be.to_host(r.grads.data(), params.local_grads(), r.grads.size() * sizeof(float));
+  r.later_allocations = allocations() - mark;
+  r.weights = params.gather_full_weights();
   return r;
 }
 
@@ -113,11 +126,30 @@ TEST_CASE("cuda_emu: the CUDA backend trains a whole GPT like the CPU (fp32 with
     s.ckpt = ckpt;
     s.head_rows = kHeadChunk;
     const Run want = run(*host, kShape, kB, kT, s), got = run(dev, kShape, kB, kT, s);
-    INFO("loss cpu " << want.loss << " cuda " << got.loss << "; eval cpu " << want.eval << " cuda " << got.eval);
-    CHECK(std::abs(got.loss - want.loss) <= 1e-4 * std::abs(want.loss));
-    CHECK(std::abs(got.eval - want.eval) <= 1e-4 * std::abs(want.eval));
+    INFO("losses cpu " << want.losses[0] << ", " << want.losses[1] << " cuda " << got.losses[0] << ", " << got.losses[1]
+                       << "; eval cpu " << want.eval << " cuda " << got.eval);
+    CHECK(std::abs(got.losses[0] - want.losses[0]) <= 1e-4 * std::abs(want.losses[0]));
     CHECK(rel_diff(got.grads, want.grads) < 1e-4);
-    CHECK(got.step_allocations == 0);  // Gpt::prepare reserved the backend's areas (ARCHITECTURE invariant 4)
+    // After AdamW steps: an update is about lr * sign(g) at first, so an element whose tiny gradient rounds to
+    // the other sign moves by up to 2 lr a step: at most a few elements (0.1%) may differ by more than lr / 10,
+    // none by more than 4 lr (a wrong optimizer moves them all).
+    CHECK(std::abs(got.losses[1] - want.losses[1]) <= 1e-4 * std::abs(want.losses[1]));
+    CHECK(std::abs(got.eval - want.eval) <= 1e-4 * std::abs(want.eval));
+    REQUIRE(got.weights.size() == want.weights.size());
+    double worst = 0.0;
+    size_t apart = 0;
+    for (size_t i = 0; i < got.weights.size(); ++i) {
+      const double d = std::abs(double{got.weights[i]} - want.weights[i]);
+      worst = std::max(worst, d);
+      apart += d > kLr / 10;
+    }
+    INFO("weights: max difference " << worst << ", " << apart << " of " << got.weights.size() << " beyond lr/10");
+    CHECK(worst <= 4 * kLr);
+    CHECK(apart <= got.weights.size() / 1000);
+    // Gpt::prepare reserved the backend's areas (ARCHITECTURE invariant 4); the optimizer's span tables and
+    // scratch come in the first step, nothing after it.
+    CHECK(got.first_allocations == 0);
+    CHECK(got.later_allocations == 0);
   }
 }
 
@@ -142,12 +174,14 @@ TEST_CASE("cuda_emu: bf16 compute on the CUDA backend: bf16 GEMM inputs and weig
     stored.gemm_inputs.reset();  // bf16, the compute dtype
     stored.hide_bf16 = false;    // the weights from ShardedParams' bf16 copy
     const Run got = run(dev, kShape, kB, kT, stored);
-    CHECK(got.loss == want.loss);
+    CHECK(same_bits(got.losses, want.losses));
     CHECK(got.eval == want.eval);
     CHECK(same_bits(got.grads, want.grads));
-    // The cast areas reserve sized are enough (single allocates nothing per step; zero3's gather pools fill in
-    // the first step).
-    CHECK((strategy == Strategy::kSingle ? got.step_allocations : got.later_allocations) == 0);
+    CHECK(same_bits(got.weights, want.weights));
+    // The cast areas reserve sized are enough (single's first forward/backward allocates nothing; zero3's gather
+    // pools fill in it), and nothing is allocated after the first step.
+    if (strategy == Strategy::kSingle) CHECK(got.first_allocations == 0);
+    CHECK(got.later_allocations == 0);
   }
   // And it is bf16 arithmetic, close to fp32: the loss within 2% of the CPU's fp32 run.
   auto host = cpu();
@@ -157,7 +191,7 @@ TEST_CASE("cuda_emu: bf16 compute on the CUDA backend: bf16 GEMM inputs and weig
   plain.head_rows = kHeadChunk;
   plain.param = DType::kBF16;
   const Run exact = run(*host, kShape, kB, kT, plain), lo = run(dev, kShape, kB, kT, plain);
-  INFO("fp32 cpu " << exact.loss << ", bf16 cuda " << lo.loss);
-  CHECK(lo.loss != exact.loss);
-  CHECK(std::abs(lo.loss - exact.loss) <= 2e-2 * std::abs(exact.loss));
+  INFO("fp32 cpu " << exact.losses[0] << ", bf16 cuda " << lo.losses[0]);
+  CHECK(lo.losses[0] != exact.losses[0]);
+  CHECK(std::abs(lo.losses[0] - exact.losses[0]) <= 2e-2 * std::abs(exact.losses[0]));
 }
