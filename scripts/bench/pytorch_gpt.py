@@ -244,14 +244,27 @@ def probe(args):
     t = args.threads
     candidates = args.candidates.split(",")
     rates = {c: 0.0 for c in candidates}
+    failed = {}  # a core type this CPU lacks the instructions for dies (SIGILL): it is not a candidate here
     for _ in range(2):  # two interleaved passes, best of each: a busy neighbour hurts one pass, not both
         for c in candidates:
-            out = subprocess.run([sys.executable, "-c", PROBE_CODE, str(t)], env=_probe_env(t, c, ""),
-                                 check=True, capture_output=True, text=True).stdout
-            rates[c] = max(rates[c], float(out.split()[-1]))
+            if c in failed:
+                continue
+            run = subprocess.run([sys.executable, "-c", PROBE_CODE, str(t)], env=_probe_env(t, c, ""),
+                                 capture_output=True, text=True)
+            if run.returncode != 0:
+                failed[c] = run.returncode
+                continue
+            rates[c] = max(rates[c], float(run.stdout.split()[-1]))
     for c in candidates:
-        print("  OPENBLAS_CORETYPE=%-10s torch.mm %6.1f GFLOP/s" % (c or "(default)", rates[c]), file=sys.stderr)
-    coretype = max(candidates, key=lambda c: rates[c])
+        if c in failed:
+            print("  OPENBLAS_CORETYPE=%-10s exit %d (not for this CPU)" % (c or "(default)", failed[c]),
+                  file=sys.stderr)
+        else:
+            print("  OPENBLAS_CORETYPE=%-10s torch.mm %6.1f GFLOP/s" % (c or "(default)", rates[c]), file=sys.stderr)
+    usable = [c for c in candidates if c not in failed]
+    if not usable:
+        sys.exit("probe: torch.mm failed under every OPENBLAS_CORETYPE candidate")
+    coretype = max(usable, key=lambda c: rates[c])
 
     cmd = [sys.executable, os.path.abspath(__file__), "--threads", str(t), "--steps", str(args.steps),
            "--warmup", str(args.warmup)]
