@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace gpt::cuda {
@@ -37,6 +38,26 @@ __device__ inline float warp_max(float v) {
 template <typename Mask>
 __device__ inline float dropped(float x, const Mask& drop, float keep, int64_t i) {
   return drop.rng.uniform(drop.base + static_cast<uint64_t>(i)) < drop.p ? 0.0f : __fmul_rn(x, keep);
+}
+
+// Four fp32 values rounded to bf16 (nearest even: the cast_to_bf16 rounding) and stored at p: one 8-byte store
+// when `vec` (the caller guarantees p is 8-byte aligned and all four lie inside), else one by one, those at or
+// past `left` skipped. The bf16 outputs of the kernels that write GEMM inputs.
+__device__ inline void store4_bf16(bf16* p, const float (&v)[4], bool vec, int left) {
+  uint16_t b[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) b[k] = bf16_bits_nearest(__float_as_uint(v[k]));
+  if (vec) {
+    uint2 packed;
+    packed.x = static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 16;
+    packed.y = static_cast<uint32_t>(b[2]) | static_cast<uint32_t>(b[3]) << 16;
+    *reinterpret_cast<uint2*>(p) = packed;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (k < left) p[k].bits = b[k];
+    }
+  }
 }
 
 // Sum over the block; every thread gets the result. REQUIRES: blockDim.x a multiple of 32, <= 1024;

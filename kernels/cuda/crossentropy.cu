@@ -45,23 +45,9 @@ __device__ inline void store4(float* p, int j, int n, bool vec, const float (&v)
   }
 }
 
-// The bf16 dlogits: v rounded to nearest even (the cast_to_bf16 rounding); one 8-byte store when p is 8-byte
-// aligned and the group lies below n.
+// The bf16 dlogits (vec: p 8-byte aligned).
 __device__ inline void store4(bf16* p, int j, int n, bool vec, const float (&v)[4]) {
-  uint16_t b[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) b[k] = bf16_bits_nearest(__float_as_uint(v[k]));
-  if (vec && j + 4 <= n) {
-    uint2 packed;
-    packed.x = static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 16;
-    packed.y = static_cast<uint32_t>(b[2]) | static_cast<uint32_t>(b[3]) << 16;
-    *reinterpret_cast<uint2*>(p + j) = packed;
-  } else {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (j + k < n) p[j + k].bits = b[k];
-    }
-  }
+  store4_bf16(p + j, v, vec && j + 4 <= n, n - j);
 }
 
 // logits and fp32 dlogits may be the same memory (no __restrict__): every logit a thread reads in the dlogits

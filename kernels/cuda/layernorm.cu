@@ -52,24 +52,10 @@ __device__ inline void store4(float* p, int j, int n, const float (&v)[4]) {
   }
 }
 
-// The bf16 output: v rounded to nearest even (the cast_to_bf16 rounding), kVec as one 8-byte store (the caller
-// guarantees p is 8-byte aligned and n % 4 == 0).
+// The bf16 output (kVec: p 8-byte aligned and n % 4 == 0).
 template <bool kVec>
 __device__ inline void store4(bf16* p, int j, int n, const float (&v)[4]) {
-  uint16_t b[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) b[k] = bf16_bits_nearest(__float_as_uint(v[k]));
-  if constexpr (kVec) {
-    uint2 packed;
-    packed.x = static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 16;
-    packed.y = static_cast<uint32_t>(b[2]) | static_cast<uint32_t>(b[3]) << 16;
-    *reinterpret_cast<uint2*>(p + j) = packed;
-  } else {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (j + k < n) p[j + k].bits = b[k];
-    }
-  }
+  store4_bf16(p + j, v, kVec, n - j);
 }
 
 // One warp per row: mean, then the variance around it (two passes, as the CPU), then the output.
