@@ -37,15 +37,16 @@ struct Gpt::Acts {
   float* x = nullptr;              // residual stream (L+1, B,T,C): x[0] embedding output, x[l+1] block l output
   std::vector<BlockActs> blocks;
   BlockActs recompute{};
-  float* proj_out = nullptr;   // (B,T,C) temporary
-  TensorPtr lnf;               // (B,T,C), a GEMM input
-  float* lnf_mean = nullptr;   // (B,T)
-  float* lnf_rstd = nullptr;   // (B,T)
-  float* logits = nullptr;     // (head rows, V): one chunk of the LM head's logits
-  TensorPtr dlogits;           // (head rows, V): their gradient, a GEMM input: in place over logits, or bf16
-  float* losses = nullptr;     // (B,T)
-  const float* wte = nullptr;  // embed unit's wte and head unit's params, acquired by forward()
-  ConstTensorPtr wte_gemm;     // wte as the LM head's GEMMs take it (BlockParams' *_gemm)
+  float* proj_out = nullptr;  // (B,T,C) temporary
+  TensorPtr lnf;              // (B,T,C), a GEMM input
+  float* lnf_mean = nullptr;  // (B,T)
+  float* lnf_rstd = nullptr;  // (B,T)
+  float* logits = nullptr;    // (head rows, V): one chunk of the LM head's logits
+  TensorPtr dlogits;          // (head rows, V): their gradient, a GEMM input: in place over logits, or bf16
+  float* losses = nullptr;    // (B,T)
+  // Set by forward(): the embed unit's wte as the tied LM head's GEMMs take it (BlockParams' *_gemm), and the
+  // head unit's parameters.
+  ConstTensorPtr wte_gemm;
   const float* head = nullptr;
   // gradient workspace
   float *dres = nullptr, *dtmp = nullptr, *dln = nullptr, *d4 = nullptr, *dqkv = nullptr, *datty = nullptr;
@@ -240,7 +241,6 @@ void Gpt::forward(ParamSource& params, const int32_t* inputs, const StepContext&
     params.release(unit);
   }
   const float* head = params.acquire(layout_.head_unit());
-  acts_->wte = wte;
   const bf16* embed_lo = gemm_weights(params, ModelLayout::kEmbedUnit);
   acts_->wte_gemm = embed_lo != nullptr ? ConstTensorPtr(embed_lo + eu.params[0].offset) : ConstTensorPtr(wte);
   acts_->head = head;
