@@ -64,7 +64,7 @@ struct Bf16Rounding {
 };
 
 // A pointer into backend memory with its element type, for the activations whose type follows the compute
-// dtype: the LayerNorm and GELU outputs, which only GEMMs read, are stored in bf16 under bf16 compute (half the
+// dtype: the LayerNorm, GELU and attention outputs, which GEMMs read, are stored in bf16 under bf16 compute (half the
 // memory and traffic, and no cast before their GEMMs), fp32 otherwise. Converts implicitly from float* and bf16*,
 // so fp32 callers read as before. at(i): the pointer i elements on.
 template <typename V>
@@ -167,12 +167,14 @@ class Backend {
   // for backward, attention_state_floats(B,T,NH) floats: the CPU keeps the softmax probabilities
   // (B,NH,T,T); the CUDA backend's fused kernel keeps only each row's log-sum-exp (B,NH,T). Attention
   // dropout (mask element ((b*NH + h)*T + t)*T + t2, offset by drop.base) applies to the probabilities in
-  // the product. Backward also reads forward's `out`.
+  // the product. Backward also reads forward's `out`. `out` is f32, or bf16 (rounded as layernorm_forward's: it is
+  // read by the projection's GEMMs); under bf16 compute the CUDA backward's D = rowsum(dout * out) takes out
+  // rounded to bf16 either way, so the dtype it is stored in changes no result.
   virtual int64_t attention_state_floats(int B, int T, int NH) const = 0;
-  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+  virtual void attention_forward(TensorPtr out, float* att, const float* qkv, int B, int T, int C, int NH,
                                  const DropoutMask& drop) = 0;
-  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att,
-                                  int B, int T, int C, int NH, const DropoutMask& drop) = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out,
+                                  const float* att, int B, int T, int C, int NH, const DropoutMask& drop) = 0;
 
   // GELU, tanh approximation. out f32, or bf16 (rounded as layernorm_forward's).
   virtual void gelu_forward(TensorPtr out, const float* inp, int64_t N) = 0;

@@ -9,14 +9,15 @@
 namespace gpt {
 
 // Per-block activations saved for backward. A block whose activations are recomputed points at the shared
-// scratch set; under `selective`, ln_1/ln_2/gelu outputs always point at scratch. The TensorPtr ones are read
-// only by GEMMs and stored in the GEMM input dtype (bf16 under bf16 compute).
+// scratch set; under `selective`, ln_1/ln_2/gelu outputs always point at scratch. The TensorPtr ones are GEMM
+// inputs, stored in the GEMM input dtype (bf16 under bf16 compute); the attention output is also read by the
+// attention backward (which takes it as bf16 under bf16 compute either way).
 struct BlockActs {
   TensorPtr ln1;       // (B,T,C)
   float* ln1_mean;     // (B,T)
   float* ln1_rstd;     // (B,T)
   float* qkv;          // (B,T,3C)
-  float* atty;         // (B,T,C)
+  TensorPtr atty;      // (B,T,C)
   float* att;          // attention state, Backend::attention_state_floats (CPU: (B,NH,T,T))
   float* res_mid;      // (B,T,C)  x + attention branch
   TensorPtr ln2;       // (B,T,C)
@@ -129,7 +130,7 @@ void Gpt::prepare(int B, int T) {
     a.ln1_mean = own(N, &BlockActs::ln1_mean, false);
     a.ln1_rstd = own(N, &BlockActs::ln1_rstd, false);
     a.qkv = own(3 * N * C, &BlockActs::qkv, false);
-    a.atty = own(N * C, &BlockActs::atty, false);
+    a.atty = own_lo(N * C, &BlockActs::atty, false);
     a.att = own(att, &BlockActs::att, false);
     a.res_mid = own(N * C, &BlockActs::res_mid, false);
     a.ln2 = own_lo(N * C, &BlockActs::ln2, true);

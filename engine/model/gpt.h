@@ -48,8 +48,8 @@ class Gpt {
   static int64_t head_rows(int64_t N, int64_t limit = kHeadRows) { return N < limit ? N : limit; }
   void set_head_rows(int64_t limit);
 
-  // The dtype of the activations only GEMMs read (the ln_1, ln_2 and ln_f outputs, the GELU output and the LM
-  // head's dlogits, which then get a buffer of their own instead of overwriting the logits): the
+  // The dtype of the activations GEMMs read (the ln_1, ln_2 and ln_f outputs, the attention and GELU outputs and
+  // the LM head's dlogits, which then get a buffer of their own instead of overwriting the logits): the
   // backend's compute dtype, so under bf16 compute they are stored in bf16, bit for bit what the GEMMs would
   // round fp32 copies to. set_gemm_input_dtype (before prepare) overrides it, for tests of exactly that.
   DType gemm_input_dtype() const;

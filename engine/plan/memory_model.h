@@ -38,10 +38,10 @@ ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const Acti
                                  bool fused_attention = false, DType gemm_inputs = DType::kF32);
 
 // The CUDA backend's own device memory (category workspace) over a training step: cuBLASLt's workspace, the
-// shared scratch area at the largest request of any op (embedding's cub sort storage estimated), the three bf16
-// cast areas under bf16 compute (GEMM input, weight, output gradient; a head chunk's rows x V output gradient
-// is usually the largest), and sum_squares' result. `local_numel`: the optimizer's local buffer; `spans`: an upper
-// bound of its spans (AdamW's runs).
+// shared scratch area at the largest request of any op (embedding's cub sort storage estimated), the bf16 cast
+// areas under bf16 compute (the weights, for ParamSources without a bf16 copy, and the fp32 output gradients of the
+// block's GEMMs; Gpt's GEMM input activations come in bf16), and sum_squares' result. `local_numel`: the optimizer's
+// local buffer; `spans`: an upper bound of its spans (AdamW's runs).
 int64_t cuda_backend_workspace_bytes(const GptShape& shape, int B, int T, bool bf16_compute, int64_t local_numel,
                                      int64_t spans);
 

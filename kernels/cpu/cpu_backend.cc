@@ -99,11 +99,13 @@ void CpuBackend::residual_layernorm_forward(float* res_out, TensorPtr out, float
   cpu::residual_layernorm_forward(res_out, result_area(out, N * C), mean, rstd, res, inp, weight, bias, N, C, drop);
   finish(out, N * C);
 }
-void CpuBackend::attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+void CpuBackend::attention_forward(TensorPtr out, float* att, const float* qkv, int B, int T, int C, int NH,
                                    const DropoutMask& drop) {
-  cpu::attention_forward(out, att, qkv, B, T, C, NH, drop);
+  cpu::attention_forward(result_area(out, static_cast<int64_t>(B) * T * C), att, qkv, B, T, C, NH, drop);
+  finish(out, static_cast<int64_t>(B) * T * C);
 }
-void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* /*out*/,
+// The probabilities in `att` give the backward; it does not read out.
+void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr /*out*/,
                                     const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
   cpu::attention_backward(dqkv, dout, qkv, att, B, T, C, NH, drop);
 }

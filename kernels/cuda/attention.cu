@@ -165,9 +165,9 @@ __device__ inline float dropout_factor(const DropoutMask& drop, float keep, uint
   return drop.rng.uniform(drop.base + i) < drop.p ? 0.0f : keep;
 }
 
-template <int D, class Cfg>
+template <int D, class Cfg, typename Out>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    attention_forward_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH, int hs, float scale,
+    attention_forward_kernel(Out* out, float* lse, const float* qkv, int T, int C, int NH, int hs, float scale,
                              DropoutMask drop, float keep) {
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, TY = Cfg::TY, NT = Cfg::kThreads;
   constexpr int LD = kLd<D>, LDP = kLdp<Cfg>;
@@ -241,18 +241,20 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     const int t = q0 + ty + TY * i;
     if (t >= T) continue;
     const float inv = 1.0f / l[i];
-    float* orow = out + (static_cast<int64_t>(b) * T + t) * C + static_cast<int64_t>(h) * hs;
+    Out* orow = out + (static_cast<int64_t>(b) * T + t) * C + static_cast<int64_t>(h) * hs;
 #pragma unroll
     for (int d = 0; d < MD; ++d) {
       const int c = tx + kTx * d;
-      if (c < hs) orow[c] = o[i][d] * inv;
+      if (c < hs) store_value(orow + c, o[i][d] * inv);
     }
     if (tx == 0) lse[static_cast<int64_t>(bh) * T + t] = m[i] + logf(l[i]);
   }
 }
 
-// Dv for every (b, h, t): one warp per row, lanes stride the channels, then a fixed-order warp sum.
-__global__ void attention_row_dot_kernel(float* dv, const float* dout, const float* out, int64_t rows, int T, int C,
+// Dv for every (b, h, t): one warp per row, lanes stride the channels, then a fixed-order warp sum. kRound: an
+// fp32 out rounded to bf16 first.
+template <typename In, bool kRound>
+__global__ void attention_row_dot_kernel(float* dv, const float* dout, const In* out, int64_t rows, int T, int C,
                                          int NH, int hs) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   if (row >= rows) return;  // whole warps leave together, so warp_sum below has all 32 lanes
@@ -261,7 +263,10 @@ __global__ void attention_row_dot_kernel(float* dv, const float* dout, const flo
   const int64_t bh = row / T, b = bh / NH, h = bh % NH;
   const int64_t off = (b * T + t) * C + h * hs;
   float acc = 0.0f;
-  for (int c = lane; c < hs; c += kWarp) acc = fmaf(dout[off + c], out[off + c], acc);
+  for (int c = lane; c < hs; c += kWarp) {
+    const float o = load_value(out + off + c);
+    acc = fmaf(dout[off + c], kRound ? round_bf16(o) : o, acc);
+  }
   acc = warp_sum(acc);
   if (lane == 0) dv[row] = acc;
 }
@@ -437,12 +442,12 @@ int head_size(int B, int T, int C, int NH) {
   return hs;
 }
 
-template <int D>
-void forward_impl(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
+template <int D, typename Out>
+void forward_impl(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
                   cudaStream_t stream) {
   using Cfg = typename Config<D>::Fwd;
   constexpr size_t smem = forward_smem_bytes<D, Cfg>();
-  const auto kernel = attention_forward_kernel<D, Cfg>;
+  const auto kernel = attention_forward_kernel<D, Cfg, Out>;
   set_smem(kernel, smem);
   const int hs = C / NH;
   const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
@@ -477,12 +482,9 @@ void backward_impl(float* dqkv, const float* dout, const float* qkv, const float
   }
 }
 
-}  // namespace
-
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
-                       cudaStream_t stream) {
-  const int hs = head_size(B, T, C, NH);
-  if (B == 0 || T == 0) return;
+template <typename Out>
+void forward_typed(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH, int hs, const DropoutMask& drop,
+                   cudaStream_t stream) {
   if (hs <= 32) {
     forward_impl<32>(out, lse, qkv, B, T, C, NH, drop, stream);
   } else if (hs <= 64) {
@@ -492,27 +494,50 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   }
 }
 
+}  // namespace
+
+void attention_forward(TensorPtr out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                       const DropoutMask& drop, cudaStream_t stream) {
+  const int hs = head_size(B, T, C, NH);
+  if (B == 0 || T == 0) return;
+  if (out.is_bf16()) {
+    forward_typed(out.as_bf16(), lse, qkv, B, T, C, NH, hs, drop, stream);
+  } else {
+    forward_typed(out.as_f32(), lse, qkv, B, T, C, NH, hs, drop, stream);
+  }
+}
+
 size_t attention_backward_scratch_bytes(int B, int T, int C, int NH) {
   (void)C;
   return cuda_workspace::attention_backward(B, T, NH);  // Dv(B,NH,T)
 }
 
-void attention_row_dot(float* dv, const float* dout, const float* out, int B, int T, int C, int NH,
+void attention_row_dot(float* dv, const float* dout, ConstTensorPtr out, bool round_out, int B, int T, int C, int NH,
                        cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(B) * NH * T;
   constexpr int kThreads = 256;
   constexpr int kRowsPerBlock = kThreads / kWarp;
-  attention_row_dot_kernel<<<static_cast<unsigned>(ceil_div(rows, kRowsPerBlock)), kThreads, 0, stream>>>(
-      dv, dout, out, rows, T, C, NH, C / NH);
+  const dim3 grid(static_cast<unsigned>(ceil_div(rows, kRowsPerBlock)));
+  if (out.is_bf16()) {
+    attention_row_dot_kernel<bf16, false>
+        <<<grid, kThreads, 0, stream>>>(dv, dout, out.as_bf16(), rows, T, C, NH, C / NH);
+  } else if (round_out) {
+    attention_row_dot_kernel<float, true>
+        <<<grid, kThreads, 0, stream>>>(dv, dout, out.as_f32(), rows, T, C, NH, C / NH);
+  } else {
+    attention_row_dot_kernel<float, false>
+        <<<grid, kThreads, 0, stream>>>(dv, dout, out.as_f32(), rows, T, C, NH, C / NH);
+  }
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream) {
+void attention_backward(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out, bool round_out,
+                        const float* lse, int B, int T, int C, int NH, const DropoutMask& drop, void* scratch,
+                        cudaStream_t stream) {
   const int hs = head_size(B, T, C, NH);
   if (B == 0 || T == 0) return;
   float* dvec = static_cast<float*>(scratch);
-  attention_row_dot(dvec, dout, out, B, T, C, NH, stream);
+  attention_row_dot(dvec, dout, out, round_out, B, T, C, NH, stream);
   if (hs <= 32) {
     backward_impl<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
   } else if (hs <= 64) {

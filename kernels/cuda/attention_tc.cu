@@ -133,7 +133,8 @@ __device__ inline void load_rows(float* dst, const float* src, int row0, int row
 }
 
 // A warp's fp32 tile of kRows rows x D channels (shared, stride LD) to global rows row0.. (stride ld), those
-// below `rows` only; float4 stores, consecutive lanes on consecutive channels.
+// below `rows` only; float4 stores (four bf16 in one 8-byte store for a bf16 dst, rounded to nearest even),
+// consecutive lanes on consecutive channels.
 template <int D, int LD>
 __device__ inline void store_rows(float* dst, int64_t ld, const float* tile, int row0, int rows, int lane) {
   constexpr int kVecs = D / 4;
@@ -142,6 +143,18 @@ __device__ inline void store_rows(float* dst, int64_t ld, const float* tile, int
     if (row0 + r < rows) {
       *reinterpret_cast<float4*>(dst + static_cast<int64_t>(row0 + r) * ld + c) =
           *reinterpret_cast<const float4*>(tile + r * LD + c);
+    }
+  }
+}
+template <int D, int LD>
+__device__ inline void store_rows(gpt::bf16* dst, int64_t ld, const float* tile, int row0, int rows, int lane) {
+  constexpr int kVecs = D / 4;
+  for (int i = lane; i < kRows * kVecs; i += kWarp) {
+    const int r = i / kVecs, c = (i % kVecs) * 4;
+    if (row0 + r < rows) {
+      const float4 x = *reinterpret_cast<const float4*>(tile + r * LD + c);
+      const float v[4] = {x.x, x.y, x.z, x.w};
+      store4_bf16(dst + static_cast<int64_t>(row0 + r) * ld + c, v, true, 4);
     }
   }
 }
@@ -160,9 +173,9 @@ __device__ inline float dropout_factor(const DropoutMask& drop, float keep, uint
   return drop.rng.uniform(drop.base + i) < drop.p ? 0.0f : keep;
 }
 
-template <int D>
+template <int D, typename Out>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_tc_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH, float scale,
+    attention_forward_tc_kernel(Out* out, float* lse, const float* qkv, int T, int C, int NH, float scale,
                                 DropoutMask drop, float keep) {
   using Cfg = FwdCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LDK = Cfg::LDK, LDS = Cfg::LDS, LDP = Cfg::LDP;
@@ -577,12 +590,12 @@ int check_shape(int B, int T, int C, int NH) {
   return C / NH;
 }
 
-template <int D>
-void forward_impl(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
+template <int D, typename Out>
+void forward_impl(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
                   cudaStream_t stream) {
   using Cfg = FwdCfg<D>;
   constexpr size_t smem = Cfg::kBytes;
-  const auto kernel = attention_forward_tc_kernel<D>;
+  const auto kernel = attention_forward_tc_kernel<D, Out>;
   set_smem(kernel, smem);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
   kernel<<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, C, NH, 1.0f / std::sqrt(static_cast<float>(D)), drop,
@@ -615,19 +628,9 @@ void backward_impl(float* dqkv, const float* dout, const float* qkv, const float
   }
 }
 
-}  // namespace
-
-bool attention_tc_supported(int C, int NH) {
-  if (NH <= 0 || C <= 0 || C % NH != 0) return false;
-  const int hs = C / NH;
-  return hs == 32 || hs == 64 || hs == 128;
-}
-
-void attention_forward_tc(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
-                          const DropoutMask& drop, cudaStream_t stream) {
-  const int hs = check_shape(B, T, C, NH);
-  if (B == 0 || T == 0) return;
-  GPT_CHECK(aligned16(out) && aligned16(qkv));  // float4 access
+template <typename Out>
+void forward_typed(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH, int hs, const DropoutMask& drop,
+                   cudaStream_t stream) {
   if (hs == 32) {
     forward_impl<32>(out, lse, qkv, B, T, C, NH, drop, stream);
   } else if (hs == 64) {
@@ -637,13 +640,34 @@ void attention_forward_tc(float* out, float* lse, const float* qkv, int B, int T
   }
 }
 
-void attention_backward_tc(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                           int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream) {
+}  // namespace
+
+bool attention_tc_supported(int C, int NH) {
+  if (NH <= 0 || C <= 0 || C % NH != 0) return false;
+  const int hs = C / NH;
+  return hs == 32 || hs == 64 || hs == 128;
+}
+
+void attention_forward_tc(TensorPtr out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                          const DropoutMask& drop, cudaStream_t stream) {
+  const int hs = check_shape(B, T, C, NH);
+  if (B == 0 || T == 0) return;
+  GPT_CHECK(aligned16(out.data) && aligned16(qkv));  // float4 access (8-byte stores for bf16)
+  if (out.is_bf16()) {
+    forward_typed(out.as_bf16(), lse, qkv, B, T, C, NH, hs, drop, stream);
+  } else {
+    forward_typed(out.as_f32(), lse, qkv, B, T, C, NH, hs, drop, stream);
+  }
+}
+
+void attention_backward_tc(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out, const float* lse,
+                           int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream) {
   const int hs = check_shape(B, T, C, NH);
   if (B == 0 || T == 0) return;
   GPT_CHECK(aligned16(dqkv) && aligned16(dout) && aligned16(qkv));  // float4 access
   float* dvec = static_cast<float*>(scratch);
-  attention_row_dot(dvec, dout, out, B, T, C, NH, stream);  // attention.cu's, the same D as the fp32 path
+  // attention.cu's, with O as bf16 (rounded when stored in fp32), as FlashAttention's bf16 O.
+  attention_row_dot(dvec, dout, out, /*round_out=*/true, B, T, C, NH, stream);
   if (hs == 32) {
     backward_impl<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
   } else if (hs == 64) {

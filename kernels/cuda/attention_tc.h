@@ -1,8 +1,9 @@
 // Tensor-core (bf16 WMMA, fp32 accumulate) fused causal attention: the fast path of attention.cu, with the same
-// arguments, layout, lse state, dropout mask and deterministic three-kernel backward. Inputs and outputs stay fp32
-// in global memory; q, k, v and dO are rounded to bf16 in shared memory, as are the probabilities P (times the
-// dropout factor) and dS before their products (as FlashAttention does). Softmax statistics, lse and
-// D = rowsum(dO * O) stay fp32. Results match attention.cu to bf16 precision (~1e-2 relative), not bitwise.
+// arguments, layout, lse state, dropout mask and deterministic three-kernel backward. qkv, dO and dqkv are fp32 in
+// global memory, the output O fp32 or bf16; q, k, v and dO are rounded to bf16 in shared memory, as are the
+// probabilities P (times the dropout factor) and dS before their products (as FlashAttention does). Softmax
+// statistics and lse stay fp32; D = rowsum(dO * O) sums in fp32 over O rounded to bf16 (FlashAttention's bf16 O).
+// Results match attention.cu to bf16 precision (~1e-2 relative), not bitwise.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,14 +17,15 @@ namespace gpt::cuda {
 // True when the tensor-core kernels handle this shape: head size C / NH of 32, 64 or 128.
 bool attention_tc_supported(int C, int NH);
 
-// out(B,T,C), lse(B,NH,T) from qkv(B,T,3C). REQUIRES attention_tc_supported(C, NH) and 16-byte aligned
-// out and qkv.
-void attention_forward_tc(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+// out(B,T,C) (f32, or bf16 rounded to nearest even at the store), lse(B,NH,T) from qkv(B,T,3C). REQUIRES
+// attention_tc_supported(C, NH) and 16-byte aligned out and qkv.
+void attention_forward_tc(TensorPtr out, float* lse, const float* qkv, int B, int T, int C, int NH,
                           const DropoutMask& drop, cudaStream_t stream);
 
 // dqkv(B,T,3C) (overwritten) from dout(B,T,C), forward's out and lse. REQUIRES attention_tc_supported(C, NH),
-// 16-byte aligned dqkv, dout, qkv, and scratch of attention_backward_scratch_bytes (the fp32 path's: the same D).
-void attention_backward_tc(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                           int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
+// 16-byte aligned dqkv, dout, qkv, and scratch of attention_backward_scratch_bytes (the fp32 path's D, from out
+// as bf16: an fp32 out is rounded, so the result does not depend on the dtype out is stored in).
+void attention_backward_tc(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out, const float* lse,
+                           int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
 
 }  // namespace gpt::cuda

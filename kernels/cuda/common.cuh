@@ -60,6 +60,17 @@ __device__ inline void store4_bf16(bf16* p, const float (&v)[4], bool vec, int l
   }
 }
 
+// One output element, fp32 or bf16 (rounded as store4_bf16), for kernels templated on their output type.
+__device__ inline void store_value(float* p, float v) { *p = v; }
+__device__ inline void store_value(bf16* p, float v) { p->bits = bf16_bits_nearest(__float_as_uint(v)); }
+// An input element as fp32.
+__device__ inline float load_value(const float* p) { return *p; }
+__device__ inline float load_value(const bf16* p) { return __uint_as_float(static_cast<uint32_t>(p->bits) << 16); }
+// v rounded to bf16 (nearest even) and back to fp32.
+__device__ inline float round_bf16(float v) {
+  return __uint_as_float(static_cast<uint32_t>(bf16_bits_nearest(__float_as_uint(v))) << 16);
+}
+
 // Sum over the block; every thread gets the result. REQUIRES: blockDim.x a multiple of 32, <= 1024;
 // called by all threads of the block. `shared` holds 32 T.
 template <typename T>

@@ -63,9 +63,9 @@ class CudaBackend final : public Backend {
   int64_t attention_state_floats(int B, int T, int NH) const override {
     return static_cast<int64_t>(B) * NH * T;  // each query row's log-sum-exp
   }
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+  void attention_forward(TensorPtr out, float* att, const float* qkv, int B, int T, int C, int NH,
                          const DropoutMask& drop) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att, int B,
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out, const float* att, int B,
                           int T, int C, int NH, const DropoutMask& drop) override;
   void gelu_forward(TensorPtr out, const float* inp, int64_t N) override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override;

@@ -40,15 +40,19 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         cudaStream_t stream);
 
 // attention.cu: fused causal attention (flash-style: online softmax, no T x T matrix in memory).
-// lse(B,NH,T) is each query row's log-sum-exp of the scaled scores. Head size C/NH <= 128.
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
-                       cudaStream_t stream);
+// lse(B,NH,T) is each query row's log-sum-exp of the scaled scores. Head size C/NH <= 128. out f32 or bf16
+// (rounded at the store).
+void attention_forward(TensorPtr out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                       const DropoutMask& drop, cudaStream_t stream);
 size_t attention_backward_scratch_bytes(int B, int T, int C, int NH);
 // D(B,NH,T) = rowsum(dout * out) per head, the first step of both attention backwards (attention_tc.cu's too).
-void attention_row_dot(float* dv, const float* dout, const float* out, int B, int T, int C, int NH,
+// `round_out`: an fp32 out is rounded to bf16 first (a bf16 one is read as it is), so that under bf16 compute D
+// does not depend on the dtype out was stored in.
+void attention_row_dot(float* dv, const float* dout, ConstTensorPtr out, bool round_out, int B, int T, int C, int NH,
                        cudaStream_t stream);
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out, bool round_out,
+                        const float* lse, int B, int T, int C, int NH, const DropoutMask& drop, void* scratch,
+                        cudaStream_t stream);
 
 // crossentropy.cu: one pass per row over the vocabulary in chunks (online max and sum), then dlogits: f32
 // (may be logits itself) or bf16 (rounded at the store; separate memory).

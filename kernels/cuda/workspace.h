@@ -72,7 +72,8 @@ inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedd
                         attention_backward(static_cast<int>(d.B), static_cast<int>(d.T), static_cast<int>(d.NH)),
                         sum_squares()});
   if (bf16_compute) {
-    a.cast[0] = N * C;  // the attention output, the one fp32 GEMM input (Gpt stores the others in bf16)
+    // Gpt stores every GEMM input activation in bf16: the input area is for fp32 callers only (grown on use).
+    a.cast[0] = 0;
     a.cast[1] = std::max(d.V * C, 4 * C * C);  // the LM head (tied wte) or the MLP's weights
     a.cast[2] = N * 4 * C;                     // the MLP's output gradient (the LM head's dlogits come in bf16)
   }

@@ -21,6 +21,32 @@ using gpt::CounterRng;
 using gpt::DropoutMask;
 namespace emu = gpt::cuda_emu;
 
+float bf(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+// lo holds f rounded to bf16 (nearest even) bit for bit.
+bool rounded_from(const Buf<gpt::bf16>& lo, const Buf<float>& f) {
+  for (size_t i = 0; i < f.n; ++i) {
+    if (lo[i].bits != gpt::f32_to_bf16(f[i]).bits) return false;
+  }
+  return true;
+}
+
+// The output stored in bf16 (the projection's GEMM input under bf16 compute): the fp32 output rounded, the same
+// lse; and the backward from it is bit for bit the backward from the fp32 output rounded (round_out), so the
+// dtype the output is stored in changes nothing.
+template <class Forward, class Backward>
+void check_bf16_out(Forward forward, Backward backward, const Buf<float>& out, const Buf<float>& lse, size_t nqkv) {
+  Buf<gpt::bf16> lo(out.n);
+  Buf<float> lo_lse(lse.n), lo_dqkv(nqkv), ref_dqkv(nqkv);
+  forward(gpt::TensorPtr(lo.p), lo_lse.p);
+  CHECK(rounded_from(lo, out));
+  CHECK(lo_lse.same(lse));
+  backward(lo_dqkv.p, gpt::ConstTensorPtr(lo.p), lo_lse.p);
+  backward(ref_dqkv.p, gpt::ConstTensorPtr(out.p), lse.p);
+  CHECK(lo_dqkv.same(ref_dqkv));
+  CHECK(count_nonfinite(lo_dqkv.p, nqkv) == 0);
+}
+
 DropoutMask make_drop(float p, uint64_t seed) {
   DropoutMask d;
   d.p = p;
@@ -69,11 +95,19 @@ void run_fp32(int B, int T, int C, int NH, float p) {
   for (int r = 0; r < 2; ++r) {
     Buf<float> scratch(emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float));
     emu::attention_forward(out[r].p, lse[r].p, qkv.p, B, T, C, NH, drop, nullptr);
-    emu::attention_backward(dqkv[r].p, dout.p, qkv.p, out[r].p, lse[r].p, B, T, C, NH, drop, scratch.p, nullptr);
+    emu::attention_backward(dqkv[r].p, dout.p, qkv.p, out[r].p, false, lse[r].p, B, T, C, NH, drop, scratch.p, nullptr);
   }
   CHECK(out[0].same(out[1]));
   CHECK(lse[0].same(lse[1]));
   CHECK(dqkv[0].same(dqkv[1]));
+  {
+    Buf<float> scratch(emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float));
+    check_bf16_out([&](gpt::TensorPtr o, float* l) { emu::attention_forward(o, l, qkv.p, B, T, C, NH, drop, nullptr); },
+                   [&](float* d, gpt::ConstTensorPtr o, const float* l) {
+                     emu::attention_backward(d, dout.p, qkv.p, o, true, l, B, T, C, NH, drop, scratch.p, nullptr);
+                   },
+                   out[0], lse[0], nqkv);
+  }
 
   std::vector<float> cout(nout, NAN), att(static_cast<size_t>(B) * NH * T * T, NAN), cdqkv(nqkv, 0.0f);
   gpt::cpu::attention_forward(cout.data(), att.data(), qkv.p, B, T, C, NH, drop);
@@ -89,8 +123,6 @@ void run_fp32(int B, int T, int C, int NH, float p) {
   CHECK(el.rel() < 1e-4);
   CHECK(ed.rel() < 1e-4);
 }
-
-float bf(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
 // attention_tc against (1) a double reference of the same bf16 math (roundings of q, k, v, dO, P and dS;
 // the 64-key tile schedule of the online softmax): max error 1e-3 of max, l2 1e-4; (2) the fp32 CPU twin:
@@ -119,6 +151,15 @@ void run_tc(int B, int NH, int hs, int T, float p) {
   CHECK(out[0].same(out[1]));
   CHECK(lse[0].same(lse[1]));
   CHECK(dqkv[0].same(dqkv[1]));
+  {
+    Buf<float> scratch(emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float));
+    check_bf16_out(
+        [&](gpt::TensorPtr o, float* l) { emu::attention_forward_tc(o, l, qkv.p, B, T, C, NH, drop, nullptr); },
+        [&](float* d, gpt::ConstTensorPtr o, const float* l) {
+          emu::attention_backward_tc(d, dout.p, qkv.p, o, l, B, T, C, NH, drop, scratch.p, nullptr);
+        },
+        out[0], lse[0], nqkv);
+  }
   const Buf<float>& o = out[0];
   const Buf<float>& L = lse[0];
 
@@ -164,10 +205,10 @@ void run_tc(int B, int NH, int hs, int T, float p) {
         for (int c = 0; c < hs; ++c) rout[obase + t * C + c] = acc[c] / l;
         rlse[(static_cast<int64_t>(b) * NH + h) * T + t] = m + std::log(l);
       }
-      // Backward from the kernel's out and lse (as the kernel reads them).
+      // Backward from the kernel's out (rounded to bf16 for D) and lse (as the kernel reads them).
       for (int t = 0; t < T; ++t) {
         double dv = 0;
-        for (int c = 0; c < hs; ++c) dv += static_cast<double>(dout[obase + t * C + c]) * o[obase + t * C + c];
+        for (int c = 0; c < hs; ++c) dv += static_cast<double>(dout[obase + t * C + c]) * bf(o[obase + t * C + c]);
         const double lt = L[(static_cast<int64_t>(b) * NH + h) * T + t];
         for (int t2 = 0; t2 <= t; ++t2) {
           double d = 0, e = 0;
