@@ -139,7 +139,9 @@ class Backend {
 
   // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias may be null. inp and weight f32, or either bf16 under
   // bf16 compute (taken as it is; an fp32 operand is rounded to bf16 first).
-  virtual void matmul_forward(float* out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N,
+  // out f32, or bf16 under bf16 compute: the fp32 product plus the bias rounded to bf16 (the bias epilogue of a
+  // bf16 GEMM output adds a bf16 bias), rounded once to nearest even at the store.
+  virtual void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N,
                               int C, int OC) = 0;
   // dinp(N,C) = dout @ weight (overwritten; skipped if null); dweight(OC,C) += dout^T @ inp; dbias += colsum
   // (of the fp32 dout). dout, inp and weight as inp in matmul_forward; a bf16 dout only without dbias.
@@ -177,8 +179,9 @@ class Backend {
                                   const float* att, int B, int T, int C, int NH, const DropoutMask& drop) = 0;
 
   // GELU, tanh approximation. out f32, or bf16 (rounded as layernorm_forward's).
-  virtual void gelu_forward(TensorPtr out, const float* inp, int64_t N) = 0;
-  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) = 0;
+  // inp f32, or bf16 (the MLP's fc output under bf16 compute), read as fp32.
+  virtual void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) = 0;
+  virtual void gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N) = 0;
 
   // out = res + dropout(inp) (out may alias res).
   virtual void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) = 0;

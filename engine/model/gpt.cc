@@ -11,7 +11,9 @@ namespace gpt {
 // Per-block activations saved for backward. A block whose activations are recomputed points at the shared
 // scratch set; under `selective`, ln_1/ln_2/gelu outputs always point at scratch. The TensorPtr ones are GEMM
 // inputs, stored in the GEMM input dtype (bf16 under bf16 compute); the attention output is also read by the
-// attention backward (which takes it as bf16 under bf16 compute either way).
+// attention backward (which takes it as bf16 under bf16 compute either way). The fc output is a GEMM output
+// stored in the compute dtype: under bf16 compute the GEMM rounds it once to bf16 (llm.c's bf16 activations), and
+// the GELU forward and backward read it so.
 struct BlockActs {
   TensorPtr ln1;       // (B,T,C)
   float* ln1_mean;     // (B,T)
@@ -23,7 +25,7 @@ struct BlockActs {
   TensorPtr ln2;       // (B,T,C)
   float* ln2_mean;     // (B,T)
   float* ln2_rstd;     // (B,T)
-  float* fch;          // (B,T,4C)
+  TensorPtr fch;       // (B,T,4C)  the fc GEMM's output, GELU's input: in the compute dtype
   TensorPtr fch_gelu;  // (B,T,4C)
 };
 
@@ -115,16 +117,17 @@ void Gpt::prepare(int B, int T) {
   const int64_t att = be_.attention_state_floats(B, T, shape_.n_head);
 
   // Lays out one block's set; tensors that are not `own`ed alias the scratch set.
-  const DType lo = gemm_input_dtype();
+  const DType lo = gemm_input_dtype(), out = be_.compute_dtype();
   auto carve_block = [&](Carver& c, const BlockActs* scratch, bool keep_all) {
     const bool sel = ckpt_.selective();
     auto aliased = [&](bool cheap) { return scratch != nullptr && (!keep_all || (sel && cheap)); };
     auto own = [&](int64_t n, float* BlockActs::*field, bool cheap) -> float* {
       return aliased(cheap) ? scratch->*field : c.take(n);
     };
-    auto own_lo = [&](int64_t n, TensorPtr BlockActs::*field, bool cheap) -> TensorPtr {
-      return aliased(cheap) ? scratch->*field : c.take(n, lo);
+    auto own_as = [&](int64_t n, TensorPtr BlockActs::*field, bool cheap, DType type) -> TensorPtr {
+      return aliased(cheap) ? scratch->*field : c.take(n, type);
     };
+    auto own_lo = [&](int64_t n, TensorPtr BlockActs::*field, bool cheap) { return own_as(n, field, cheap, lo); };
     BlockActs a{};
     a.ln1 = own_lo(N * C, &BlockActs::ln1, true);
     a.ln1_mean = own(N, &BlockActs::ln1_mean, false);
@@ -136,7 +139,7 @@ void Gpt::prepare(int B, int T) {
     a.ln2 = own_lo(N * C, &BlockActs::ln2, true);
     a.ln2_mean = own(N, &BlockActs::ln2_mean, false);
     a.ln2_rstd = own(N, &BlockActs::ln2_rstd, false);
-    a.fch = own(4 * N * C, &BlockActs::fch, false);
+    a.fch = own_as(4 * N * C, &BlockActs::fch, false, out);
     a.fch_gelu = own_lo(4 * N * C, &BlockActs::fch_gelu, true);
     return a;
   };

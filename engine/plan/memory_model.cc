@@ -18,19 +18,19 @@ int64_t carved(int64_t n, DType type = DType::kF32) {
 }  // namespace
 
 ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt,
-                                 bool fused_attention, DType gemm_inputs) {
+                                 bool fused_attention, DType gemm_inputs, std::optional<DType> compute) {
   const int64_t N = static_cast<int64_t>(B) * T, C = shape.n_embd, L = shape.n_layer, V = shape.vocab_size;
   const int64_t att = static_cast<int64_t>(B) * shape.n_head * T * (fused_attention ? 1 : T);
-  const DType f32 = DType::kF32, lo = gemm_inputs;
+  const DType f32 = DType::kF32, lo = gemm_inputs, out = compute.value_or(gemm_inputs);
   // One block's tensors in carve order: (elements, dtype, cheap: recomputed under `selective`). ln_1, the
-  // attention output, ln_2 and the GELU output are GEMM inputs.
+  // attention output, ln_2 and the GELU output are GEMM inputs; the fc output is in the compute dtype.
   const struct {
     int64_t n;
     DType type;
     bool cheap;
   } kBlock[] = {{N * C, lo, true},  {N, f32, false},   {N, f32, false},         {3 * N * C, f32, false},
                 {N * C, lo, false}, {att, f32, false}, {N * C, f32, false},     {N * C, lo, true},
-                {N, f32, false},    {N, f32, false},   {4 * N * C, f32, false}, {4 * N * C, lo, true}};
+                {N, f32, false},    {N, f32, false},   {4 * N * C, out, false}, {4 * N * C, lo, true}};
   auto block = [&](bool all, bool keep_all) {
     int64_t sum = 0;
     for (const auto& t : kBlock) {
@@ -64,7 +64,7 @@ int64_t cuda_backend_workspace_bytes(const GptShape& shape, int B, int T, bool b
   const int64_t tiles = ws::ceil_div(local_numel, ws::kOptimTile) + spans;
   const size_t scratch = std::max(a.scratch, ws::sum_squares_spans(tiles));
   return static_cast<int64_t>(ws::kCublasLtBytes + scratch + 2 * ws::span_table(spans)) + 8 +  // + sum_squares' double
-         2 * (a.cast[0] + a.cast[1] + a.cast[2]);
+         2 * (a.cast[0] + a.cast[1] + a.cast[2] + a.cast[3]);
 }
 
 UnitSizes unit_sizes(const ModelLayout& layout, Strategy strategy, int world_size) {

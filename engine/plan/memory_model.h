@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -32,10 +33,12 @@ struct ActivationBytes {
 };
 // Bytes Gpt::prepare(B, T) allocates.
 // `fused_attention`: the attention state is Backend::attention_state_floats of the CUDA backend (B,NH,T)
-// instead of the CPU's (B,NH,T,T). `gemm_inputs`: Gpt::gemm_input_dtype, the dtype of the activations only GEMMs
-// read (bf16 under bf16 compute).
+// instead of the CPU's (B,NH,T,T). `gemm_inputs`: Gpt::gemm_input_dtype, the dtype of the activations GEMMs
+// read (bf16 under bf16 compute); `compute`: the backend's compute dtype, that of the fc GEMM's output (the GELU's
+// input), by default gemm_inputs.
 ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt,
-                                 bool fused_attention = false, DType gemm_inputs = DType::kF32);
+                                 bool fused_attention = false, DType gemm_inputs = DType::kF32,
+                                 std::optional<DType> compute = std::nullopt);
 
 // The CUDA backend's own device memory (category workspace) over a training step: cuBLASLt's workspace, the
 // shared scratch area at the largest request of any op (embedding's cub sort storage estimated), the bf16 cast

@@ -44,8 +44,9 @@ struct PlanInput {
   // the CUDA backend's own workspaces (cuBLASLt, scratch, bf16 cast areas) count under workspace.
   bool fused_attention = false;
   // parallel.prefetch, reshard_after_forward, param_dtype and reduce_dtype. Master weights, optimizer state and
-  // gradient accumulation are fp32 whatever these say; activations too, but for the GEMM inputs (the LayerNorm
-  // and GELU outputs), bf16 when fused_attention (run.device cuda) and param_dtype bf16 (bf16 compute).
+  // gradient accumulation are fp32 whatever these say; activations too, but for the GEMM inputs (the LayerNorm,
+  // attention and GELU outputs) and the fc output, bf16 when fused_attention (run.device cuda) and param_dtype
+  // bf16 (bf16 compute).
   ShardingOptions sharding;
   // The trainer's compute dtype: bf16 on a GPU under param_dtype bf16 (the CPU computes in fp32).
   bool bf16_compute() const { return fused_attention && sharding.param_dtype == DType::kBF16; }

@@ -61,15 +61,18 @@ void CpuBackend::finish(TensorPtr out, int64_t n) {
   cast_to_bf16(out.as_bf16(), staging_[3].as<float>(), n);
 }
 
-void CpuBackend::matmul_forward(float* out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N,
+void CpuBackend::matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N,
                                 int C, int OC) {
   if (compute_dtype_ == DType::kF32) {
-    cpu::matmul_forward(out, inp.as_f32(), weight.as_f32(), bias, N, C, OC);
+    cpu::matmul_forward(out.as_f32(), inp.as_f32(), weight.as_f32(), bias, N, C, OC);
     return;
   }
   const float* a = bf16_operand(0, inp, N * C);
   const float* w = bf16_operand(1, weight, static_cast<int64_t>(OC) * C);
-  cpu::matmul_forward(out, a, w, bias, N, C, OC);
+  // A bf16 output takes the bias rounded to bf16, as the CUDA backend's bias epilogue does.
+  const float* b = out.is_bf16() && bias != nullptr ? bf16_operand(4, bias, OC) : bias;
+  cpu::matmul_forward(result_area(out, N * OC), a, w, b, N, C, OC);
+  finish(out, N * OC);
 }
 void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                                  ConstTensorPtr weight, int64_t N, int C, int OC) {
@@ -109,12 +112,13 @@ void CpuBackend::attention_backward(float* dqkv, const float* dout, const float*
                                     const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
   cpu::attention_backward(dqkv, dout, qkv, att, B, T, C, NH, drop);
 }
-void CpuBackend::gelu_forward(TensorPtr out, const float* inp, int64_t N) {
-  cpu::gelu_forward(result_area(out, N), inp, N);
+void CpuBackend::gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) {
+  const float* x = inp.is_bf16() ? bf16_operand(0, inp, N) : inp.as_f32();
+  cpu::gelu_forward(result_area(out, N), x, N);
   finish(out, N);
 }
-void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {
-  cpu::gelu_backward(dinp, inp, dout, N);
+void CpuBackend::gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N) {
+  cpu::gelu_backward(dinp, inp.is_bf16() ? bf16_operand(0, inp, N) : inp.as_f32(), dout, N);
 }
 void CpuBackend::residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) {
   cpu::residual_forward(out, res, inp, N, drop);

@@ -22,7 +22,7 @@ class CpuBackend final : public Backend {
                          int C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                           int C) override;
-  void matmul_forward(float* out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N, int C,
+  void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N, int C,
                       int OC) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                        ConstTensorPtr weight, int64_t N, int C, int OC) override;
@@ -40,8 +40,8 @@ class CpuBackend final : public Backend {
                          const DropoutMask& drop) override;
   void attention_backward(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out, const float* att, int B,
                           int T, int C, int NH, const DropoutMask& drop) override;
-  void gelu_forward(TensorPtr out, const float* inp, int64_t N) override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override;
+  void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override;
+  void gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N) override;
   void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override;
   void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) override;
   void dropout_forward(float* x, int64_t N, const DropoutMask& drop) override;
@@ -62,7 +62,8 @@ class CpuBackend final : public Backend {
   void copy(float* dst, const float* src, int64_t n) override;
 
  private:
-  // Staging buffer `slot` of at least n floats (0: GEMM input, 1: weight, 2: output gradient, 3: an output).
+  // Staging buffer `slot` of at least n floats (0: GEMM input, 1: weight, 2: output gradient, 3: an output,
+  // 4: a bias).
   float* staging(int slot, int64_t n);
   // x's values as a bf16 GEMM reads them (bf16 expanded, or fp32 rounded to bf16), as fp32 in staging `slot`.
   const float* bf16_operand(int slot, ConstTensorPtr x, int64_t n);
@@ -71,7 +72,7 @@ class CpuBackend final : public Backend {
   void finish(TensorPtr out, int64_t n);
 
   DType compute_dtype_ = DType::kF32;
-  Buffer staging_[4];  // workspace
+  Buffer staging_[5];  // workspace
 };
 
 }  // namespace gpt

@@ -129,7 +129,7 @@ void CudaBackend::reserve(int B, int T, int C, int NH, int V, int64_t head_rows)
   const cuda_workspace::StepAreas a = cuda_workspace::step_areas(
       {B, T, C, NH, V, head_rows}, compute_dtype_ == DType::kBF16, cuda::embedding_backward_scratch_bytes(B, T));
   scratch(a.scratch);
-  for (int slot = 0; slot < 3; ++slot) {
+  for (int slot = 0; slot < 4; ++slot) {
     if (a.cast[slot] > 0) cast_area(slot, a.cast[slot]);
   }
 }
@@ -218,16 +218,19 @@ const bf16* CudaBackend::gemm_input(int slot, ConstTensorPtr x, int64_t n) {
   cuda::cast_to_bf16(area, x.as_f32(), n, stream_);
   return area;
 }
-void CudaBackend::matmul_forward(float* out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N,
+void CudaBackend::matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N,
                                  int C, int OC) {
   const OpTimer timed = time_op("matmul_forward");
   if (compute_dtype_ == DType::kF32) {
-    matmul_->forward(out, inp.as_f32(), weight.as_f32(), DType::kF32, bias, N, C, OC);
+    matmul_->forward(out.as_f32(), DType::kF32, inp.as_f32(), weight.as_f32(), DType::kF32, bias, N, C, OC);
     return;
   }
   const bf16* a = gemm_input(0, inp, N * C);
   const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
-  matmul_->forward(out, a, w, DType::kBF16, bias, N, C, OC);
+  // A bf16 output's bias epilogue adds a bf16 bias: the fp32 one rounded into its own (aligned) area.
+  const void* b = bias;
+  if (out.is_bf16() && bias != nullptr) b = gemm_input(3, ConstTensorPtr(bias), OC);
+  matmul_->forward(out.data, out.dtype, a, w, DType::kBF16, b, N, C, OC);
 }
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                                   ConstTensorPtr weight, int64_t N, int C, int OC) {
@@ -291,11 +294,11 @@ void CudaBackend::attention_backward(float* dqkv, const float* dout, const float
     cuda::attention_backward(dqkv, dout, qkv, out, compute_dtype_ == DType::kBF16, att, B, T, C, NH, drop, s, stream_);
   }
 }
-void CudaBackend::gelu_forward(TensorPtr out, const float* inp, int64_t N) {
+void CudaBackend::gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) {
   const OpTimer timed = time_op("gelu_forward");
   cuda::gelu_forward(out, inp, N, stream_);
 }
-void CudaBackend::gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {
+void CudaBackend::gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N) {
   const OpTimer timed = time_op("gelu_backward");
   cuda::gelu_backward(dinp, inp, dout, N, stream_);
 }

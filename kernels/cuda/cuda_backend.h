@@ -49,7 +49,7 @@ class CudaBackend final : public Backend {
                          int C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                           int C) override;
-  void matmul_forward(float* out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N, int C,
+  void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N, int C,
                       int OC) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                        ConstTensorPtr weight, int64_t N, int C, int OC) override;
@@ -67,8 +67,8 @@ class CudaBackend final : public Backend {
                          const DropoutMask& drop) override;
   void attention_backward(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out, const float* att, int B,
                           int T, int C, int NH, const DropoutMask& drop) override;
-  void gelu_forward(TensorPtr out, const float* inp, int64_t N) override;
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override;
+  void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override;
+  void gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N) override;
   void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override;
   void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) override;
   void dropout_forward(float* x, int64_t N, const DropoutMask& drop) override;
@@ -106,7 +106,7 @@ class CudaBackend final : public Backend {
   OpTimer time_op(const char* op) { return OpTimer(profile_ ? this : nullptr, op); }
   void* scratch(size_t bytes);
   const cuda::SpanTable& span_table(const std::vector<OptimSpan>& spans);
-  // bf16 copies of a GEMM's fp32 inputs: slot 0 inp, 1 weight, 2 dout.
+  // bf16 copies of a GEMM's fp32 inputs: slot 0 inp, 1 weight, 2 dout, 3 the bias of a bf16 output.
   bf16* cast_area(int slot, int64_t n);
   // A bf16 GEMM operand of n elements: x itself when bf16, else x cast into cast area `slot`.
   const bf16* gemm_input(int slot, ConstTensorPtr x, int64_t n);
@@ -117,7 +117,7 @@ class CudaBackend final : public Backend {
   Buffer cublas_workspace_;  // cuBLASLt's (workspace), before matmul_ so that it outlives it
   std::unique_ptr<cuda::Matmul> matmul_;
   Buffer scratch_;  // shared temporaries (workspace), grown to the largest request
-  Buffer cast_[3];  // bf16 GEMM inputs (workspace), grown to the largest request
+  Buffer cast_[4];  // bf16 GEMM inputs (workspace), grown to the largest request
   struct SpanTableEntry {
     std::vector<OptimSpan> spans;
     Buffer memory;  // workspace

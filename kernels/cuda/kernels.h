@@ -59,9 +59,9 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, ConstT
 void crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits, const int32_t* targets,
                                    int64_t N, int V, int Vp, float dloss, cudaStream_t stream);
 
-// gelu.cu. out f32 or bf16 (rounded at the store).
-void gelu_forward(TensorPtr out, const float* inp, int64_t N, cudaStream_t stream);
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N, cudaStream_t stream);
+// gelu.cu. inp f32 or bf16; out f32 or bf16 (rounded at the store).
+void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N, cudaStream_t stream);
+void gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N, cudaStream_t stream);
 
 // elementwise.cu
 void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop,
@@ -97,19 +97,21 @@ void round_to_bf16_spans(bf16* dst, const float* src, const SpanTable& t, const 
 size_t sum_squares_spans_scratch_bytes(const SpanTable& t);
 void sum_squares_spans(double* result, const float* x, const SpanTable& t, void* scratch, cudaStream_t stream);
 
-// matmul.cu: cuBLASLt GEMMs with fp32 accumulation and fp32 outputs; inputs fp32 (no TF32, so results match
-// the CPU to fp32 rounding) or bf16 (tensor cores; the caller casts). dbias is a deterministic column sum of
-// the fp32 dout. Matmul holds the cuBLASLt handle; its workspace (cuda_workspace::kCublasLtBytes of device
-// memory, allocated once by the owner so that it is counted) must outlive it.
+// matmul.cu: cuBLASLt GEMMs with fp32 accumulation and fp32 outputs (the forward's may be bf16); inputs fp32 (no
+// TF32, so results match the CPU to fp32 rounding) or bf16 (tensor cores; the caller casts). dbias is a deterministic
+// column sum of the fp32 dout. Matmul holds the cuBLASLt handle; its workspace (cuda_workspace::kCublasLtBytes of
+// device memory, allocated once by the owner so that it is counted) must outlive it.
 class Matmul {
  public:
   Matmul(cudaStream_t stream, void* workspace);
   ~Matmul();
   Matmul(const Matmul&) = delete;
   Matmul& operator=(const Matmul&) = delete;
-  // out(N,OC) = inp(N,C) weight(OC,C)^T + bias; inp and weight of `type` (f32 or bf16).
-  void forward(float* out, const void* inp, const void* weight, DType type, const float* bias, int64_t N, int C,
-               int OC);
+  // out(N,OC) = inp(N,C) weight(OC,C)^T + bias; inp and weight of `type` (f32 or bf16). out of out_type: f32, or
+  // bf16 (with bf16 inputs; then the bias, if any, is bf16 and 16-byte aligned: cuBLASLt's bias epilogue for a
+  // bf16 output takes a bf16 bias); bias f32 otherwise.
+  void forward(void* out, DType out_type, const void* inp, const void* weight, DType type, const void* bias, int64_t N,
+               int C, int OC);
   static size_t backward_scratch_bytes(int64_t N, int OC);
   // dout is fp32 (for dbias); dout_in, inp and weight are the GEMM inputs of `type` (dout_in == dout for f32).
   void backward(float* dinp, float* dweight, float* dbias, const float* dout, const void* dout_in, const void* inp,
@@ -117,7 +119,7 @@ class Matmul {
 
  private:
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
-            int64_t ldb, DType ab_type, float* c, int64_t ldc, float beta, const float* bias);
+            int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc, float beta, const void* bias);
   cudaStream_t stream_;
   void* handle_ = nullptr;     // cublasLtHandle_t
   void* workspace_ = nullptr;  // kWorkspaceBytes of device memory, the owner's

@@ -93,7 +93,7 @@ struct Matmul::AlgoCache {
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  std::map<std::array<int64_t, 13>, Plan> plans;
+  std::map<std::array<int64_t, 14>, Plan> plans;
   ~AlgoCache() {
     for (auto& [key, p] : plans) {
       cublasLtMatrixLayoutDestroy(p.lc);
@@ -116,18 +116,26 @@ Matmul::~Matmul() {
   if (handle_ != nullptr) cublasLtDestroy(lt(handle_));
 }
 
-// Column-major C(m,n) = op(A) op(B) + beta C [+ bias(m) broadcast over columns].
+// Column-major C(m,n) = op(A) op(B) + beta C [+ bias(m) broadcast over columns]; C fp32, or bf16 (beta 0, and a bias
+// only through the epilogue: the bf16 result is rounded once, from the fp32 sum with the bias).
 void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
-                  const void* b, int64_t ldb, DType ab_type, float* c, int64_t ldc, float beta, const float* bias) {
+                  const void* b, int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc, float beta,
+                  const void* bias) {
   // The bias epilogue wants a 16-byte aligned vector; parameters sit at any float offset in their unit's flat
-  // buffer, so an unaligned bias is added by a kernel after the GEMM instead.
+  // buffer, so an unaligned fp32 bias is added by a kernel after the GEMM instead.
   const bool bias_epilogue = bias != nullptr && alignment(bias) >= 16;
+  const bool c_bf16 = c_type == DType::kBF16;
+  GPT_CHECK(!c_bf16 || (ab_type == DType::kBF16 && beta == 0.0f && (bias == nullptr || bias_epilogue)));
   // cuBLASLt assumes 256-byte aligned matrices unless told otherwise; ours are offsets into flat buffers.
   const uint32_t align_a = alignment(a), align_b = alignment(b), align_c = alignment(c);
   // Every input of the heuristic: transposes, sizes, leading dimensions, input type, epilogue and alignments.
-  const std::array<int64_t, 13> key = {
-      trans_a,       trans_b, m,       n,      k, lda, ldb, ldc, static_cast<int64_t>(ab_type),
-      bias_epilogue, align_a, align_b, align_c};
+  const std::array<int64_t, 14> key = {trans_a, trans_b,
+                                       m,       n,
+                                       k,       lda,
+                                       ldb,     ldc,
+                                       c_bf16,  bias_epilogue,
+                                       align_a, align_b,
+                                       align_c, static_cast<int64_t>(ab_type)};
   auto it = algos_->plans.find(key);
   if (it == algos_->plans.end()) {
     AlgoCache::Plan p;
@@ -143,7 +151,8 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
     }
     GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, ab, trans_a ? k : m, trans_a ? m : k, lda));
     GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, ab, trans_b ? n : k, trans_b ? k : n, ldb));
-    GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lc, CUDA_R_32F, m, n, ldc));
+    // For a bf16 C the bias epilogue's vector is bf16 too (cuBLASLt's default: D's type).
+    GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lc, c_bf16 ? CUDA_R_16BF : CUDA_R_32F, m, n, ldc));
     cublasLtMatmulPreference_t pref = nullptr;
     GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = kWorkspaceBytes;
@@ -177,15 +186,16 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
   GPT_CUBLAS_CHECK(cublasLtMatmul(lt(handle_), p.op, &alpha, a, p.la, b, p.lb, &beta, c, p.lc, c, p.lc, &p.algo,
                                   workspace_, kWorkspaceBytes, stream_));
   if (bias != nullptr && !bias_epilogue) {
-    add_bias_kernel<<<grid_for(m * n, 256), 256, 0, stream_>>>(c, bias, m, n, ldc);
+    add_bias_kernel<<<grid_for(m * n, 256), 256, 0, stream_>>>(static_cast<float*>(c), static_cast<const float*>(bias),
+                                                               m, n, ldc);
     GPT_CUDA_CHECK_LAUNCH();
   }
 }
 
-void Matmul::forward(float* out, const void* inp, const void* weight, DType type, const float* bias, int64_t N, int C,
-                     int OC) {
+void Matmul::forward(void* out, DType out_type, const void* inp, const void* weight, DType type, const void* bias,
+                     int64_t N, int C, int OC) {
   GPT_CHECK(N > 0 && C > 0 && OC > 0);
-  gemm(true, false, OC, N, C, weight, C, inp, C, type, out, OC, 0.0f, bias);
+  gemm(true, false, OC, N, C, weight, C, inp, C, type, out, out_type, OC, 0.0f, bias);
 }
 
 size_t Matmul::backward_scratch_bytes(int64_t N, int OC) { return cuda_workspace::matmul_backward(N, OC); }
@@ -193,8 +203,12 @@ size_t Matmul::backward_scratch_bytes(int64_t N, int OC) { return cuda_workspace
 void Matmul::backward(float* dinp, float* dweight, float* dbias, const float* dout, const void* dout_in,
                       const void* inp, const void* weight, DType type, int64_t N, int C, int OC, void* scratch) {
   GPT_CHECK(N > 0 && C > 0 && OC > 0);
-  if (dinp != nullptr) gemm(false, false, C, N, OC, weight, C, dout_in, OC, type, dinp, C, 0.0f, nullptr);
-  if (dweight != nullptr) gemm(false, true, C, OC, N, inp, C, dout_in, OC, type, dweight, C, 1.0f, nullptr);
+  if (dinp != nullptr) {
+    gemm(false, false, C, N, OC, weight, C, dout_in, OC, type, dinp, DType::kF32, C, 0.0f, nullptr);
+  }
+  if (dweight != nullptr) {
+    gemm(false, true, C, OC, N, inp, C, dout_in, OC, type, dweight, DType::kF32, C, 1.0f, nullptr);
+  }
   if (dbias != nullptr) {
     auto* partial = static_cast<float*>(scratch);
     const int64_t chunks = dbias_chunks(N);

@@ -62,7 +62,7 @@ struct ModelDims {
 // (elements; 0 under fp32 compute). The gradient norm's per-tile partials (sum_squares_spans) may ask more.
 struct StepAreas {
   size_t scratch = 0;
-  int64_t cast[3] = {0, 0, 0};  // GEMM input, weight, output gradient
+  int64_t cast[4] = {0, 0, 0, 0};  // GEMM input, weight, output gradient, bias of a bf16 output
 };
 inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedding_scratch) {
   const int64_t N = d.N(), C = d.C;
@@ -76,6 +76,7 @@ inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedd
     a.cast[0] = 0;
     a.cast[1] = std::max(d.V * C, 4 * C * C);  // the LM head (tied wte) or the MLP's weights
     a.cast[2] = N * 4 * C;                     // the MLP's output gradient (the LM head's dlogits come in bf16)
+    a.cast[3] = 4 * C;                         // the fc GEMM's bias (its bf16 output: the GELU's input)
   }
   return a;
 }

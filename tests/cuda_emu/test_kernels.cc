@@ -317,6 +317,19 @@ void run_gelu(int64_t n) {
   CHECK(fo.rel() < 2e-6);
   CHECK(bo.rel() < 2e-6);
   CHECK(d.same(d2));
+  // A bf16 input (the fc GEMM's bf16 output): bit for bit the fp32 kernels on the widened values.
+  Buf<gpt::bf16> xh(n);
+  Buf<float> xw(n), oh(n), ow(n), dh(n), dw(n);
+  for (int64_t i = 0; i < n; ++i) xh[i] = gpt::f32_to_bf16(x[i]), xw[i] = gpt::bf16_to_f32(xh[i]);
+  emu::gelu_forward(oh.p, gpt::ConstTensorPtr(xh.p), n, nullptr);
+  emu::gelu_forward(ow.p, xw.p, n, nullptr);
+  CHECK(oh.same(ow));
+  emu::gelu_backward(dh.p, gpt::ConstTensorPtr(xh.p), dout.p, n, nullptr);
+  emu::gelu_backward(dw.p, xw.p, dout.p, n, nullptr);
+  CHECK(dh.same(dw));
+  Buf<gpt::bf16> loh(n);
+  emu::gelu_forward(loh.p, gpt::ConstTensorPtr(xh.p), n, nullptr);
+  CHECK(rounded_from(loh, ow));
 }
 
 void run_adamw(int64_t n, bool sum_squares) {
@@ -438,7 +451,7 @@ void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs) {
   Buf<unsigned char> cublas_ws(gpt::cuda_workspace::kCublasLtBytes);
   emu::Matmul mm(nullptr, cublas_ws.p);
   Buf<float> out(N * OC, off), cout(N * OC);
-  mm.forward(out.p, inp_in, w_in, type, bias.p, N, C, OC);
+  mm.forward(out.p, gpt::DType::kF32, inp_in, w_in, type, bias.p, N, C, OC);
   cpu::matmul_forward(cout.p, inp.p, w.p, bias.p, N, C, OC);
   const Cmp eo = compare(out.p, cout.p, out.n);
   CHECK(eo.nonfinite == 0);
@@ -446,9 +459,28 @@ void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs) {
   // The same shape again with another bias (the cached plan must take the new bias pointer).
   Buf<float> bias2(OC, off), out2(N * OC, off), cout2(N * OC);
   for (int j = 0; j < OC; ++j) bias2[j] = bias[j] + 1.0f;
-  mm.forward(out2.p, inp_in, w_in, type, bias2.p, N, C, OC);
+  mm.forward(out2.p, gpt::DType::kF32, inp_in, w_in, type, bias2.p, N, C, OC);
   cpu::matmul_forward(cout2.p, inp.p, w.p, bias2.p, N, C, OC);
   CHECK(compare(out2.p, cout2.p, out2.n).rel() < 1e-5);
+  if (bf16_inputs) {
+    // A bf16 output (the fc GEMM's under bf16 compute) with a bf16 bias (aligned: the backend's bias area) and
+    // without: the fp32 sum, bias included, rounded once. The CPU twin's fp32 result with the bf16 bias, rounded,
+    // may differ in the last bf16 place where the two sums round to either side of a tie.
+    Buf<gpt::bf16> bias_h(OC), out_h(N * OC, off);
+    Buf<float> bias_r(OC), cout_h(N * OC);
+    for (int j = 0; j < OC; ++j) bias_h[j] = gpt::f32_to_bf16(bias[j]), bias_r[j] = gpt::bf16_to_f32(bias_h[j]);
+    for (const bool with_bias : {true, false}) {
+      CAPTURE(with_bias);
+      mm.forward(out_h.p, gpt::DType::kBF16, inp_in, w_in, type, with_bias ? bias_h.p : nullptr, N, C, OC);
+      cpu::matmul_forward(cout_h.p, inp.p, w.p, with_bias ? bias_r.p : nullptr, N, C, OC);
+      double worst = 0.0;
+      for (size_t i = 0; i < out_h.n; ++i) {
+        const double got = gpt::bf16_to_f32(out_h[i]), want = gpt::bf16_to_f32(gpt::f32_to_bf16(cout_h[i]));
+        worst = std::max(worst, std::abs(got - want) / std::max(std::abs(want), 1e-3));
+      }
+      CHECK(worst <= 1.0 / 128);  // one bf16 place (2^-8 relative) at most
+    }
+  }
 
   Buf<float> dw0(w.n), db0(OC);
   randn(dw0), randn(db0);

@@ -203,6 +203,20 @@ TEST_CASE("parity: bf16 matmul equals the fp32 matmul of bf16-rounded inputs", "
     expect_close("bf16 matmul dinp", dinp, g_dinp.read(), kReduction);
     expect_close("bf16 matmul dweight", c_dw, g_dw.read(), kReduction);
     expect_close("bf16 matmul dbias", c_db, g_db.read(), kReduction);
+    // A bf16 output (the fc GEMM's): the same fp32 sum with the bias rounded to bf16, rounded once at the store;
+    // against the CPU's result of the same, rounded, at most one bf16 place apart (where the two fp32 sums round
+    // to either side of a tie or a bf16 boundary).
+    std::vector<float> out_lo(out.size());
+    cpu().matmul_forward(out_lo.data(), inp16.data(), w16.data(), round_bf16(b).data(), N, C, OC);
+    Dev<bf16> g_lo(*gpu, out.size());
+    gpu->matmul_forward(g_lo.p(), g_inp.p(), g_w.p(), g_b.p(), N, C, OC);
+    const std::vector<bf16> got = g_lo.read();
+    double worst = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double want = bf16_to_f32(f32_to_bf16(out_lo[i]));
+      worst = std::max(worst, std::abs(bf16_to_f32(got[i]) - want) / std::max(std::abs(want), 1e-3));
+    }
+    CHECK(worst <= 1.0 / 128);
   }
   gpu->set_compute_dtype(DType::kF32);
 }
@@ -366,6 +380,20 @@ TEST_CASE("parity: gelu, residual, dropout", "[cuda]") {
   cpu().gelu_backward(y.data(), x.data(), d.data(), n);
   gpu->gelu_backward(gy.p(), gx.p(), gd.p(), n);
   expect_close("gelu backward", y, gy.read(), kElementwise);
+  {  // a bf16 input (the fc GEMM's bf16 output) reads as its fp32 widening, bit for bit
+    std::vector<bf16> xh(n);
+    cpu().cast_to_bf16(xh.data(), x.data(), n);
+    std::vector<float> xw(n);
+    cpu().cast_from_bf16(xw.data(), xh.data(), n);
+    Dev<bf16> gxh(*gpu, xh);
+    Dev<float> gxw(*gpu, xw), ga(*gpu, n), gb(*gpu, n);
+    gpu->gelu_forward(ga.p(), gxh.p(), n);
+    gpu->gelu_forward(gb.p(), gxw.p(), n);
+    CHECK(ga.read() == gb.read());
+    gpu->gelu_backward(ga.p(), gxh.p(), gd.p(), n);
+    gpu->gelu_backward(gb.p(), gxw.p(), gd.p(), n);
+    CHECK(ga.read() == gb.read());
+  }
   for (float p : {0.0f, 0.3f}) {
     CAPTURE(p);
     const DropoutMask drop = mask(p, 77);

@@ -242,7 +242,7 @@ TEST_CASE("bf16 compute: GEMM inputs stored in bf16 compute bit for bit what fp3
       // layouts.
       const ActivationCheckpointing ckpt = *ActivationCheckpointing::parse(mode);
       for (const auto& [r, type] : {std::pair{&f32, DType::kF32}, std::pair{&lo, DType::kBF16}}) {
-        const ActivationBytes planned = activation_bytes(shape, B, T, ckpt, false, type);
+        const ActivationBytes planned = activation_bytes(shape, B, T, ckpt, false, type, DType::kBF16);
         if (rows == B * T) CHECK(r->act_bytes == planned.stored + planned.scratch + planned.tokens);
       }
       CHECK(lo.act_bytes < f32.act_bytes);

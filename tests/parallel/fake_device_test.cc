@@ -66,7 +66,7 @@ class FakeDeviceBackend final : public Backend {
                           int C) override {
     cpu_->embedding_backward(real(dwte), real(dwpe), real(dout), real(tokens), B, T, C);
   }
-  void matmul_forward(float* out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N, int C,
+  void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N, int C,
                       int OC) override {
     cpu_->matmul_forward(real(out), real(inp), real(weight), real(bias), N, C, OC);
   }
@@ -98,10 +98,10 @@ class FakeDeviceBackend final : public Backend {
                           int T, int C, int NH, const DropoutMask& drop) override {
     cpu_->attention_backward(real(dqkv), real(dout), real(qkv), real(out), real(att), B, T, C, NH, drop);
   }
-  void gelu_forward(TensorPtr out, const float* inp, int64_t N) override {
+  void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override {
     cpu_->gelu_forward(real(out), real(inp), N);
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) override {
+  void gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N) override {
     cpu_->gelu_backward(real(dinp), real(inp), real(dout), N);
   }
   void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override {

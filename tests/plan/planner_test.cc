@@ -184,22 +184,22 @@ TEST_CASE("run.device cuda counts the CUDA backend's workspaces; bf16 compute ad
   CHECK(extra == cuda_backend_workspace_bytes(s, B, T, false, local, spans));
   CHECK(extra >= static_cast<int64_t>(cuda_workspace::kCublasLtBytes));
   // bf16: the cast areas for fp32 GEMM operands: a weight (wte or the MLP's, where the ParamSource has no bf16
-  // copy) and an output gradient (the MLP's; the LM head's dlogits come in bf16). None for the GEMM inputs: Gpt
-  // stores them all in bf16.
+  // copy), an output gradient (the MLP's; the LM head's dlogits come in bf16) and the fc GEMM's bias (its output
+  // is bf16). None for the GEMM inputs: Gpt stores them all in bf16.
   const int64_t N = static_cast<int64_t>(B) * T, C = s.n_embd, V = s.vocab_size;
   CHECK(cuda_backend_workspace_bytes(s, B, T, true, local, spans) -
             cuda_backend_workspace_bytes(s, B, T, false, local, spans) ==
-        2 * (std::max(V * C, 4 * C * C) + N * 4 * C));
+        2 * (std::max(V * C, 4 * C * C) + N * 4 * C + 4 * C));
   // GPT-2 124M at micro-batch 16, T 1024: the MLP's output gradient cast area (16384 x 3072 bf16, 101 MB) and
   // wte's (77 MB), which a plan must not miss.
   const GptShape gpt2{12, 12, 768, 1024, 50304, 0.0f};
   const int64_t big = cuda_backend_workspace_bytes(gpt2, 16, 1024, true, 124'000'000, 200);
-  const int64_t casts = 2 * (int64_t{16384} * 3072 + int64_t{50304} * 768);
+  const int64_t casts = 2 * (int64_t{16384} * 3072 + int64_t{50304} * 768 + 3072);
   CHECK(big > casts + static_cast<int64_t>(cuda_workspace::kCublasLtBytes));
   CHECK(big < casts + (int64_t{64} << 20));
 }
 
-TEST_CASE("run.device cuda under bf16 stores the GEMM inputs (ln, attention, GELU outputs, dlogits) in bf16",
+TEST_CASE("run.device cuda under bf16 stores the GEMM inputs (ln, attention, GELU outputs, dlogits) and fc in bf16",
           "[plan]") {
   for (const char* mode : {"none", "selective", "full"}) {
     CAPTURE(mode);
@@ -209,20 +209,20 @@ TEST_CASE("run.device cuda under bf16 stores the GEMM inputs (ln, attention, GEL
     const GptShape& s = f32.shape;
     const int64_t N = static_cast<int64_t>(f32.micro_batch) * s.block_size, C = s.n_embd;
     auto carved = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
-    // Per block set: ln_1 and ln_2 (N x C) and the GELU output (N x 4C), 4 bytes -> 2; so is the attention
-    // output (N x C), which selective checkpointing keeps.
+    // Per block set: ln_1 and ln_2 (N x C) and the GELU output (N x 4C), 4 bytes -> 2; so are the attention
+    // output (N x C) and the fc output (N x 4C, the GELU's input), which selective checkpointing keeps.
     const int64_t per_set = 2 * (carved(4 * N * C) - carved(2 * N * C)) + carved(16 * N * C) - carved(8 * N * C);
-    const int64_t per_atty = carved(4 * N * C) - carved(2 * N * C);
+    const int64_t per_kept = carved(4 * N * C) - carved(2 * N * C) + carved(16 * N * C) - carved(8 * N * C);
     // ln_f's output, 4 bytes -> 2; the LM head's dlogits get a bf16 buffer of their own (else in place).
     const int64_t head = Gpt::head_rows(N) * s.vocab_size;
     const int64_t rest = carved(4 * N * C) - carved(2 * N * C) - carved(2 * head);
     // none: every block keeps its set; selective: ln/GELU outputs live in the recompute set only, the attention
-    // outputs in every block and the recompute set; full: one recompute set.
+    // and fc outputs in every block and the recompute set; full: one recompute set.
     const std::string m = mode;
     const int64_t sets = m == "none" ? s.n_layer : 1;
-    const int64_t attys = m == "none" ? s.n_layer : m == "selective" ? s.n_layer + 1 : 1;
+    const int64_t kept = m == "none" ? s.n_layer : m == "selective" ? s.n_layer + 1 : 1;
     CHECK(plan_all(f32).front().activations - plan_all(lo).front().activations ==
-          sets * per_set + attys * per_atty + rest);
+          sets * per_set + kept * per_kept + rest);
   }
   // The CPU computes in fp32 whatever param_dtype says (Trainer), so its plan keeps fp32 activations.
   PlanInput cpu = small_input(1), cpu_lo = small_input(1);

@@ -1,12 +1,14 @@
 // Emulated cuBLASLt: just what matmul.cu calls. cublasLtMatmul computes D = alpha op(A) op(B) + beta C
 // (+ bias over D's rows with the BIAS epilogue) on the host, column-major as cuBLASLt, accumulating in double,
-// with fp32 or bf16 A/B and fp32 C/D. It checks what cuBLASLt would reject (leading dimensions, C == D) and
-// the alignment promises matmul.cu makes through the MIN_ALIGNMENT preferences, so the emulated test checks
+// with fp32 or bf16 A/B and fp32 C/D, or bf16 C/D (bf16 A/B, beta 0) with a bf16 bias (cuBLASLt's bias type
+// defaults to D's), the result rounded once to nearest even. It checks what cuBLASLt would reject (leading dimensions,
+// C == D) and the alignment promises matmul.cu makes through the MIN_ALIGNMENT preferences, so the emulated test checks
 // matmul.cu's row-major <-> column-major mapping, its transposes, leading dimensions and bias handling.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+
 #include "cuda_bf16.h"
 #include "cuda_runtime.h"
 typedef int cublasStatus_t;
@@ -32,7 +34,7 @@ struct EmuLtHandle {};
 struct EmuLtDesc {
   cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-  const float* bias = nullptr;
+  const void* bias = nullptr;
 };
 struct EmuLtLayout {
   cudaDataType_t type;
@@ -46,34 +48,70 @@ typedef EmuLtHandle* cublasLtHandle_t;
 typedef EmuLtDesc* cublasLtMatmulDesc_t;
 typedef EmuLtLayout* cublasLtMatrixLayout_t;
 typedef EmuLtPref* cublasLtMatmulPreference_t;
-struct cublasLtMatmulAlgo_t { uint32_t align[4]; };  // the alignments the heuristic was promised (A, B, C, D)
-struct cublasLtMatmulHeuristicResult_t { cublasLtMatmulAlgo_t algo; };
+struct cublasLtMatmulAlgo_t {
+  uint32_t align[4];
+};  // the alignments the heuristic was promised (A, B, C, D)
+struct cublasLtMatmulHeuristicResult_t {
+  cublasLtMatmulAlgo_t algo;
+};
 inline const char* cublasLtGetStatusString(int) { return "emu"; }
-inline int cublasLtCreate(cublasLtHandle_t* h) { *h = new EmuLtHandle; return 0; }
-inline int cublasLtDestroy(cublasLtHandle_t h) { delete h; return 0; }
+inline int cublasLtCreate(cublasLtHandle_t* h) {
+  *h = new EmuLtHandle;
+  return 0;
+}
+inline int cublasLtDestroy(cublasLtHandle_t h) {
+  delete h;
+  return 0;
+}
 inline int cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t, cudaDataType_t scale) {
   if (scale != CUDA_R_32F) emu_fail("cublasLt: scale type must be fp32");
   *d = new EmuLtDesc;
   return 0;
 }
-inline int cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete d; return 0; }
-inline int cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void* v, size_t n) {
+inline int cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  delete d;
+  return 0;
+}
+inline int cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void* v,
+                                          size_t n) {
   switch (a) {
-    case CUBLASLT_MATMUL_DESC_TRANSA: if (n != sizeof(d->ta)) emu_fail("cublasLt: attribute size"); std::memcpy(&d->ta, v, n); break;
-    case CUBLASLT_MATMUL_DESC_TRANSB: if (n != sizeof(d->tb)) emu_fail("cublasLt: attribute size"); std::memcpy(&d->tb, v, n); break;
-    case CUBLASLT_MATMUL_DESC_EPILOGUE: if (n != sizeof(d->epi)) emu_fail("cublasLt: attribute size"); std::memcpy(&d->epi, v, n); break;
-    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: if (n != sizeof(d->bias)) emu_fail("cublasLt: attribute size"); std::memcpy(&d->bias, v, n); break;
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+      if (n != sizeof(d->ta)) emu_fail("cublasLt: attribute size");
+      std::memcpy(&d->ta, v, n);
+      break;
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      if (n != sizeof(d->tb)) emu_fail("cublasLt: attribute size");
+      std::memcpy(&d->tb, v, n);
+      break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      if (n != sizeof(d->epi)) emu_fail("cublasLt: attribute size");
+      std::memcpy(&d->epi, v, n);
+      break;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      if (n != sizeof(d->bias)) emu_fail("cublasLt: attribute size");
+      std::memcpy(&d->bias, v, n);
+      break;
   }
   return 0;
 }
-inline int cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld) {
+inline int cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType_t t, uint64_t rows, uint64_t cols,
+                                      int64_t ld) {
   if (ld < static_cast<int64_t>(rows) || ld < 1) emu_fail("cublasLt: leading dimension smaller than the rows");
   *l = new EmuLtLayout{t, static_cast<int64_t>(rows), static_cast<int64_t>(cols), ld};
   return 0;
 }
-inline int cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete l; return 0; }
-inline int cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) { *p = new EmuLtPref; return 0; }
-inline int cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { delete p; return 0; }
+inline int cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  delete l;
+  return 0;
+}
+inline int cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
+  *p = new EmuLtPref;
+  return 0;
+}
+inline int cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  delete p;
+  return 0;
+}
 inline int cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a,
                                                 const void* v, size_t n) {
   if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) {
@@ -89,7 +127,8 @@ inline int cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cu
 // cublasLtMatmul checks the matrices against the algo it is given.
 inline int cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
                                           cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                                          cublasLtMatmulPreference_t p, int, cublasLtMatmulHeuristicResult_t* r, int* found) {
+                                          cublasLtMatmulPreference_t p, int, cublasLtMatmulHeuristicResult_t* r,
+                                          int* found) {
   std::memcpy(r->algo.align, p->align, sizeof r->algo.align);
   *found = 1;
   return 0;
@@ -102,12 +141,16 @@ inline int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* 
                           const void* c, cublasLtMatrixLayout_t lc, void* dd, cublasLtMatrixLayout_t ld,
                           const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspace_bytes, cudaStream_t) {
   if (algo == nullptr) emu_fail("cublasLt: no algo (matmul.cu always passes the heuristic's)");
-  if (c != dd || lc->ld != ld->ld || lc->rows != ld->rows || lc->cols != ld->cols) emu_fail("cublasLt: emulated only for C == D");
-  if (lc->type != CUDA_R_32F || la->type != lb->type) emu_fail("cublasLt: unsupported types");
+  if (c != dd || lc->ld != ld->ld || lc->rows != ld->rows || lc->cols != ld->cols)
+    emu_fail("cublasLt: emulated only for C == D");
+  if (la->type != lb->type) emu_fail("cublasLt: unsupported types");
+  const bool d_bf16 = lc->type == CUDA_R_16BF;
+  if (d_bf16 && la->type != CUDA_R_16BF) emu_fail("cublasLt: a bf16 D needs bf16 A and B here");
   if (workspace_bytes > 0 && workspace == nullptr) emu_fail("cublasLt: null workspace");
   const void* ptrs[4] = {a, b, c, dd};
   for (int i = 0; i < 4; ++i)
-    if (reinterpret_cast<uintptr_t>(ptrs[i]) % algo->align[i] != 0) emu_fail("cublasLt: matrix less aligned than promised");
+    if (reinterpret_cast<uintptr_t>(ptrs[i]) % algo->align[i] != 0)
+      emu_fail("cublasLt: matrix less aligned than promised");
   const int64_t m = ld->rows, n = ld->cols;
   const int64_t k = d->ta == CUBLAS_OP_N ? la->cols : la->rows;
   if ((d->ta == CUBLAS_OP_N ? la->rows : la->cols) != m || (d->tb == CUBLAS_OP_N ? lb->rows : lb->cols) != k ||
@@ -116,7 +159,9 @@ inline int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* 
   if (d->epi == CUBLASLT_EPILOGUE_BIAS && (d->bias == nullptr || reinterpret_cast<uintptr_t>(d->bias) % 16 != 0))
     emu_fail("cublasLt: bias epilogue needs a 16-byte aligned bias");
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  if (d_bf16 && be != 0.0f) emu_fail("cublasLt: emulated bf16 D only with beta 0");
   float* out = static_cast<float*>(dd);
+  __nv_bfloat16* out_h = static_cast<__nv_bfloat16*>(dd);
   for (int64_t j = 0; j < n; ++j)
     for (int64_t i = 0; i < m; ++i) {
       double s = 0;
@@ -127,8 +172,12 @@ inline int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* 
       }
       double r = al * s;
       if (be != 0.0f) r += static_cast<double>(be) * out[i + j * ld->ld];
-      if (d->epi == CUBLASLT_EPILOGUE_BIAS) r += d->bias[i];
-      out[i + j * ld->ld] = static_cast<float>(r);
+      if (d->epi == CUBLASLT_EPILOGUE_BIAS) r += emu_lt_load(d->bias, lc->type, i);  // the bias has D's type
+      if (d_bf16) {
+        out_h[i + j * ld->ld] = __float2bfloat16(static_cast<float>(r));
+      } else {
+        out[i + j * ld->ld] = static_cast<float>(r);
+      }
     }
   return 0;
 }
