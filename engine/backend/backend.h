@@ -165,7 +165,8 @@ class Backend {
     layernorm_forward(out, mean, rstd, res_out, weight, bias, N, C);
   }
 
-  // Causal multi-head attention. qkv(B,T,3C) holds q|k|v; out(B,T,C). `att` is the state forward saves
+  // Causal multi-head attention. qkv(B,T,3C) holds q|k|v (f32, or bf16: the qkv GEMM's output under bf16
+  // compute, read as fp32); out(B,T,C). `att` is the state forward saves
   // for backward, attention_state_floats(B,T,NH) floats: the CPU keeps the softmax probabilities
   // (B,NH,T,T); the CUDA backend's fused kernel keeps only each row's log-sum-exp (B,NH,T). Attention
   // dropout (mask element ((b*NH + h)*T + t)*T + t2, offset by drop.base) applies to the probabilities in
@@ -173,9 +174,9 @@ class Backend {
   // read by the projection's GEMMs); under bf16 compute the CUDA backward's D = rowsum(dout * out) takes out
   // rounded to bf16 either way, so the dtype it is stored in changes no result.
   virtual int64_t attention_state_floats(int B, int T, int NH) const = 0;
-  virtual void attention_forward(TensorPtr out, float* att, const float* qkv, int B, int T, int C, int NH,
+  virtual void attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                                  const DropoutMask& drop) = 0;
-  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out,
+  virtual void attention_backward(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out,
                                   const float* att, int B, int T, int C, int NH, const DropoutMask& drop) = 0;
 
   // GELU, tanh approximation. out f32, or bf16 (rounded as layernorm_forward's).

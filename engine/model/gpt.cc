@@ -11,14 +11,14 @@ namespace gpt {
 // Per-block activations saved for backward. A block whose activations are recomputed points at the shared
 // scratch set; under `selective`, ln_1/ln_2/gelu outputs always point at scratch. The TensorPtr ones are GEMM
 // inputs, stored in the GEMM input dtype (bf16 under bf16 compute); the attention output is also read by the
-// attention backward (which takes it as bf16 under bf16 compute either way). The fc output is a GEMM output
-// stored in the compute dtype: under bf16 compute the GEMM rounds it once to bf16 (llm.c's bf16 activations), and
-// the GELU forward and backward read it so.
+// attention backward (which takes it as bf16 under bf16 compute either way). The qkv and fc outputs are GEMM
+// outputs stored in the compute dtype: under bf16 compute the GEMM rounds them once to bf16 (llm.c's bf16
+// activations), and the attention and GELU forward and backward read them so.
 struct BlockActs {
   TensorPtr ln1;       // (B,T,C)
   float* ln1_mean;     // (B,T)
   float* ln1_rstd;     // (B,T)
-  float* qkv;          // (B,T,3C)
+  TensorPtr qkv;       // (B,T,3C)  the qkv GEMM's output, attention's input: in the compute dtype
   TensorPtr atty;      // (B,T,C)
   float* att;          // attention state, Backend::attention_state_floats (CPU: (B,NH,T,T))
   float* res_mid;      // (B,T,C)  x + attention branch
@@ -132,7 +132,7 @@ void Gpt::prepare(int B, int T) {
     a.ln1 = own_lo(N * C, &BlockActs::ln1, true);
     a.ln1_mean = own(N, &BlockActs::ln1_mean, false);
     a.ln1_rstd = own(N, &BlockActs::ln1_rstd, false);
-    a.qkv = own(3 * N * C, &BlockActs::qkv, false);
+    a.qkv = own_as(3 * N * C, &BlockActs::qkv, false, out);
     a.atty = own_lo(N * C, &BlockActs::atty, false);
     a.att = own(att, &BlockActs::att, false);
     a.res_mid = own(N * C, &BlockActs::res_mid, false);

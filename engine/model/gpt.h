@@ -52,7 +52,8 @@ class Gpt {
   // the LM head's dlogits, which then get a buffer of their own instead of overwriting the logits): the
   // backend's compute dtype, so under bf16 compute they are stored in bf16, bit for bit what the GEMMs would
   // round fp32 copies to. set_gemm_input_dtype (before prepare) overrides it, for tests of exactly that.
-  // (The fc GEMM's output, which the GELU reads, is stored in the compute dtype whatever this says.)
+  // (The qkv and fc GEMMs' outputs, which attention and the GELU read, are stored in the compute dtype whatever
+  // this says.)
   DType gemm_input_dtype() const;
   void set_gemm_input_dtype(DType type);
 

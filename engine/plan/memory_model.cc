@@ -23,12 +23,12 @@ ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const Acti
   const int64_t att = static_cast<int64_t>(B) * shape.n_head * T * (fused_attention ? 1 : T);
   const DType f32 = DType::kF32, lo = gemm_inputs, out = compute.value_or(gemm_inputs);
   // One block's tensors in carve order: (elements, dtype, cheap: recomputed under `selective`). ln_1, the
-  // attention output, ln_2 and the GELU output are GEMM inputs; the fc output is in the compute dtype.
+  // attention output, ln_2 and the GELU output are GEMM inputs; the qkv and fc outputs are in the compute dtype.
   const struct {
     int64_t n;
     DType type;
     bool cheap;
-  } kBlock[] = {{N * C, lo, true},  {N, f32, false},   {N, f32, false},         {3 * N * C, f32, false},
+  } kBlock[] = {{N * C, lo, true},  {N, f32, false},   {N, f32, false},         {3 * N * C, out, false},
                 {N * C, lo, false}, {att, f32, false}, {N * C, f32, false},     {N * C, lo, true},
                 {N, f32, false},    {N, f32, false},   {4 * N * C, out, false}, {4 * N * C, lo, true}};
   auto block = [&](bool all, bool keep_all) {

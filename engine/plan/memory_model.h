@@ -34,8 +34,8 @@ struct ActivationBytes {
 // Bytes Gpt::prepare(B, T) allocates.
 // `fused_attention`: the attention state is Backend::attention_state_floats of the CUDA backend (B,NH,T)
 // instead of the CPU's (B,NH,T,T). `gemm_inputs`: Gpt::gemm_input_dtype, the dtype of the activations GEMMs
-// read (bf16 under bf16 compute); `compute`: the backend's compute dtype, that of the fc GEMM's output (the GELU's
-// input), by default gemm_inputs.
+// read (bf16 under bf16 compute); `compute`: the backend's compute dtype, that of the qkv and fc GEMMs' outputs
+// (attention's and the GELU's inputs), by default gemm_inputs.
 ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt,
                                  bool fused_attention = false, DType gemm_inputs = DType::kF32,
                                  std::optional<DType> compute = std::nullopt);

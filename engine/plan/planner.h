@@ -45,7 +45,7 @@ struct PlanInput {
   bool fused_attention = false;
   // parallel.prefetch, reshard_after_forward, param_dtype and reduce_dtype. Master weights, optimizer state and
   // gradient accumulation are fp32 whatever these say; activations too, but for the GEMM inputs (the LayerNorm,
-  // attention and GELU outputs) and the fc output, bf16 when fused_attention (run.device cuda) and param_dtype
+  // attention and GELU outputs) and the qkv and fc outputs, bf16 when fused_attention (run.device cuda) and param_dtype
   // bf16 (bf16 compute).
   ShardingOptions sharding;
   // The trainer's compute dtype: bf16 on a GPU under param_dtype bf16 (the CPU computes in fp32).

@@ -102,15 +102,18 @@ void CpuBackend::residual_layernorm_forward(float* res_out, TensorPtr out, float
   cpu::residual_layernorm_forward(res_out, result_area(out, N * C), mean, rstd, res, inp, weight, bias, N, C, drop);
   finish(out, N * C);
 }
-void CpuBackend::attention_forward(TensorPtr out, float* att, const float* qkv, int B, int T, int C, int NH,
+void CpuBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                                    const DropoutMask& drop) {
-  cpu::attention_forward(result_area(out, static_cast<int64_t>(B) * T * C), att, qkv, B, T, C, NH, drop);
-  finish(out, static_cast<int64_t>(B) * T * C);
+  const int64_t n = static_cast<int64_t>(B) * T * C;
+  const float* x = qkv.is_bf16() ? bf16_operand(0, qkv, 3 * n) : qkv.as_f32();
+  cpu::attention_forward(result_area(out, n), att, x, B, T, C, NH, drop);
+  finish(out, n);
 }
 // The probabilities in `att` give the backward; it does not read out.
-void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr /*out*/,
+void CpuBackend::attention_backward(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr /*out*/,
                                     const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
-  cpu::attention_backward(dqkv, dout, qkv, att, B, T, C, NH, drop);
+  const float* x = qkv.is_bf16() ? bf16_operand(0, qkv, static_cast<int64_t>(B) * T * 3 * C) : qkv.as_f32();
+  cpu::attention_backward(dqkv, dout, x, att, B, T, C, NH, drop);
 }
 void CpuBackend::gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) {
   const float* x = inp.is_bf16() ? bf16_operand(0, inp, N) : inp.as_f32();

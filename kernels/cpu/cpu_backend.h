@@ -36,10 +36,10 @@ class CpuBackend final : public Backend {
   int64_t attention_state_floats(int B, int T, int NH) const override {
     return static_cast<int64_t>(B) * NH * T * T;  // the probabilities
   }
-  void attention_forward(TensorPtr out, float* att, const float* qkv, int B, int T, int C, int NH,
+  void attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                          const DropoutMask& drop) override;
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out, const float* att, int B,
-                          int T, int C, int NH, const DropoutMask& drop) override;
+  void attention_backward(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
+                          int B, int T, int C, int NH, const DropoutMask& drop) override;
   void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override;
   void gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N) override;
   void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override;

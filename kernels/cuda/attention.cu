@@ -76,12 +76,13 @@ constexpr size_t backward_smem_bytes(int score_tiles) {  // Q, dO, K, V tiles + 
 
 // Rows [row0, row0 + ROWS) x channels [0, D) of a global matrix with row stride ld, of which the first `rows`
 // rows and `hs` channels are real, into a shared tile of stride D + 1. The padding is zero-filled so it adds
-// nothing to the dot products. Consecutive threads read consecutive channels (coalesced).
-template <int ROWS, int D, int NT>
-__device__ inline void load_tile(float* dst, const float* src, int64_t ld, int row0, int rows, int hs) {
+// nothing to the dot products. Consecutive threads read consecutive channels (coalesced). In: float, or bf16
+// (qkv stored in bf16 under bf16 compute), widened to fp32.
+template <int ROWS, int D, int NT, typename In>
+__device__ inline void load_tile(float* dst, const In* src, int64_t ld, int row0, int rows, int hs) {
   for (int idx = threadIdx.x; idx < ROWS * D; idx += NT) {
     const int r = idx / D, c = idx % D, row = row0 + r;
-    dst[r * kLd<D> + c] = row < rows && c < hs ? src[static_cast<int64_t>(row) * ld + c] : 0.0f;
+    dst[r * kLd<D> + c] = row < rows && c < hs ? load_value(src + static_cast<int64_t>(row) * ld + c) : 0.0f;
   }
 }
 
@@ -165,9 +166,9 @@ __device__ inline float dropout_factor(const DropoutMask& drop, float keep, uint
   return drop.rng.uniform(drop.base + i) < drop.p ? 0.0f : keep;
 }
 
-template <int D, class Cfg, typename Out>
+template <int D, class Cfg, typename In, typename Out>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    attention_forward_kernel(Out* out, float* lse, const float* qkv, int T, int C, int NH, int hs, float scale,
+    attention_forward_kernel(Out* out, float* lse, const In* qkv, int T, int C, int NH, int hs, float scale,
                              DropoutMask drop, float keep) {
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, TY = Cfg::TY, NT = Cfg::kThreads;
   constexpr int LD = kLd<D>, LDP = kLdp<Cfg>;
@@ -182,9 +183,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query tiles have the most keys: start them first
   const int64_t C3 = 3 * static_cast<int64_t>(C);
-  const float* q = qkv + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * hs;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
+  const In* q = qkv + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * hs;
+  const In* k = q + C;
+  const In* v = q + 2 * C;
   const uint64_t first = static_cast<uint64_t>(bh) * T * T;
 
   load_tile<BQ, D, NT>(sq, q, C3, q0, T, hs);
@@ -301,9 +302,9 @@ __device__ inline void score_grads(float* sp, float* sds, const float* sq, const
 }
 
 // dK, dV for one key tile of one (b, h): sums over query tiles in ascending order, each in ascending row order.
-template <int D, class Cfg>
+template <int D, class Cfg, typename In>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    attention_backward_kv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* dvec,
+    attention_backward_kv_kernel(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec,
                                  int T, int C, int NH, int hs, float scale, DropoutMask drop, float keep) {
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, TY = Cfg::TY, NT = Cfg::kThreads;
   constexpr int LD = kLd<D>, LDP = kLdp<Cfg>;
@@ -323,9 +324,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int k0 = blockIdx.x * BK;  // the first key tiles see the most queries: start them first
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * hs;
-  const float* q = qkv + qkv_off;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
+  const In* q = qkv + qkv_off;
+  const In* k = q + C;
+  const In* v = q + 2 * C;
   const float* dO = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * hs;
   const float* lse_bh = lse + static_cast<int64_t>(bh) * T;
   const float* dvec_bh = dvec + static_cast<int64_t>(bh) * T;
@@ -367,9 +368,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 }
 
 // dQ for one query tile of one (b, h): sums over key tiles in ascending order.
-template <int D, class Cfg>
+template <int D, class Cfg, typename In>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    attention_backward_q_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* dvec,
+    attention_backward_q_kernel(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec,
                                 int T, int C, int NH, int hs, float scale, DropoutMask drop, float keep) {
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, TY = Cfg::TY, NT = Cfg::kThreads;
   constexpr int LD = kLd<D>, LDP = kLdp<Cfg>;
@@ -388,9 +389,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query tiles have the most keys: start them first
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * hs;
-  const float* q = qkv + qkv_off;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
+  const In* q = qkv + qkv_off;
+  const In* k = q + C;
+  const In* v = q + 2 * C;
   const float* dO = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * hs;
   const uint64_t first = static_cast<uint64_t>(bh) * T * T;
 
@@ -442,12 +443,12 @@ int head_size(int B, int T, int C, int NH) {
   return hs;
 }
 
-template <int D, typename Out>
-void forward_impl(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
+template <int D, typename In, typename Out>
+void forward_impl(Out* out, float* lse, const In* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
                   cudaStream_t stream) {
   using Cfg = typename Config<D>::Fwd;
   constexpr size_t smem = forward_smem_bytes<D, Cfg>();
-  const auto kernel = attention_forward_kernel<D, Cfg, Out>;
+  const auto kernel = attention_forward_kernel<D, Cfg, In, Out>;
   set_smem(kernel, smem);
   const int hs = C / NH;
   const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
@@ -456,8 +457,8 @@ void forward_impl(Out* out, float* lse, const float* qkv, int B, int T, int C, i
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-template <int D>
-void backward_impl(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* dvec, int B, int T,
+template <int D, typename In>
+void backward_impl(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T,
                    int C, int NH, const DropoutMask& drop, cudaStream_t stream) {
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -465,7 +466,7 @@ void backward_impl(float* dqkv, const float* dout, const float* qkv, const float
   {
     using Cfg = typename Config<D>::BwdKv;
     constexpr size_t smem = backward_smem_bytes<D, Cfg>(2);
-    const auto kernel = attention_backward_kv_kernel<D, Cfg>;
+    const auto kernel = attention_backward_kv_kernel<D, Cfg, In>;
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BK)), static_cast<unsigned>(B * NH));
     kernel<<<grid, Cfg::kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, hs, scale, drop, keep);
@@ -474,7 +475,7 @@ void backward_impl(float* dqkv, const float* dout, const float* qkv, const float
   {
     using Cfg = typename Config<D>::BwdQ;
     constexpr size_t smem = backward_smem_bytes<D, Cfg>(1);
-    const auto kernel = attention_backward_q_kernel<D, Cfg>;
+    const auto kernel = attention_backward_q_kernel<D, Cfg, In>;
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
     kernel<<<grid, Cfg::kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, hs, scale, drop, keep);
@@ -482,8 +483,8 @@ void backward_impl(float* dqkv, const float* dout, const float* qkv, const float
   }
 }
 
-template <typename Out>
-void forward_typed(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH, int hs, const DropoutMask& drop,
+template <typename In, typename Out>
+void forward_typed(Out* out, float* lse, const In* qkv, int B, int T, int C, int NH, int hs, const DropoutMask& drop,
                    cudaStream_t stream) {
   if (hs <= 32) {
     forward_impl<32>(out, lse, qkv, B, T, C, NH, drop, stream);
@@ -494,16 +495,35 @@ void forward_typed(Out* out, float* lse, const float* qkv, int B, int T, int C, 
   }
 }
 
+template <typename In>
+void backward_typed(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T,
+                    int C, int NH, int hs, const DropoutMask& drop, cudaStream_t stream) {
+  if (hs <= 32) {
+    backward_impl<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
+  } else if (hs <= 64) {
+    backward_impl<64>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
+  } else {
+    backward_impl<128>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
+  }
+}
+
 }  // namespace
 
-void attention_forward(TensorPtr out, float* lse, const float* qkv, int B, int T, int C, int NH,
+void attention_forward(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
                        const DropoutMask& drop, cudaStream_t stream) {
   const int hs = head_size(B, T, C, NH);
   if (B == 0 || T == 0) return;
+  auto run = [&](auto* o) {
+    if (qkv.is_bf16()) {
+      forward_typed(o, lse, qkv.as_bf16(), B, T, C, NH, hs, drop, stream);
+    } else {
+      forward_typed(o, lse, qkv.as_f32(), B, T, C, NH, hs, drop, stream);
+    }
+  };
   if (out.is_bf16()) {
-    forward_typed(out.as_bf16(), lse, qkv, B, T, C, NH, hs, drop, stream);
+    run(out.as_bf16());
   } else {
-    forward_typed(out.as_f32(), lse, qkv, B, T, C, NH, hs, drop, stream);
+    run(out.as_f32());
   }
 }
 
@@ -531,19 +551,17 @@ void attention_row_dot(float* dv, const float* dout, ConstTensorPtr out, bool ro
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out, bool round_out,
+void attention_backward(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, bool round_out,
                         const float* lse, int B, int T, int C, int NH, const DropoutMask& drop, void* scratch,
                         cudaStream_t stream) {
   const int hs = head_size(B, T, C, NH);
   if (B == 0 || T == 0) return;
   float* dvec = static_cast<float*>(scratch);
   attention_row_dot(dvec, dout, out, round_out, B, T, C, NH, stream);
-  if (hs <= 32) {
-    backward_impl<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
-  } else if (hs <= 64) {
-    backward_impl<64>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
+  if (qkv.is_bf16()) {
+    backward_typed(dqkv, dout, qkv.as_bf16(), lse, dvec, B, T, C, NH, hs, drop, stream);
   } else {
-    backward_impl<128>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
+    backward_typed(dqkv, dout, qkv.as_f32(), lse, dvec, B, T, C, NH, hs, drop, stream);
   }
 }
 

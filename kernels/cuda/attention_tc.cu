@@ -126,6 +126,19 @@ __device__ inline void load_tile_bf16(bf16* dst, const float* src, int64_t ld, i
   }
 }
 
+// The same from a bf16 matrix (qkv stored in bf16 under bf16 compute): four elements (8 bytes) at a time, as they
+// are; what the fp32 loader gives for the widened values, bit for bit.
+template <int ROWS, int D, int LD>
+__device__ inline void load_tile_bf16(bf16* dst, const gpt::bf16* src, int64_t ld, int row0, int rows) {
+  constexpr int kVecs = D / 4;
+  for (int i = threadIdx.x; i < ROWS * kVecs; i += kThreads) {
+    const int r = i / kVecs, c = (i % kVecs) * 4, row = row0 + r;
+    uint2 x{0u, 0u};
+    if (row < rows) x = *reinterpret_cast<const uint2*>(src + static_cast<int64_t>(row) * ld + c);
+    *reinterpret_cast<uint2*>(dst + r * LD + c) = x;
+  }
+}
+
 // src[row0 + r] for r < ROWS (0 past `rows`).
 template <int ROWS>
 __device__ inline void load_rows(float* dst, const float* src, int row0, int rows) {
@@ -173,9 +186,9 @@ __device__ inline float dropout_factor(const DropoutMask& drop, float keep, uint
   return drop.rng.uniform(drop.base + i) < drop.p ? 0.0f : keep;
 }
 
-template <int D, typename Out>
+template <int D, typename In, typename Out>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_tc_kernel(Out* out, float* lse, const float* qkv, int T, int C, int NH, float scale,
+    attention_forward_tc_kernel(Out* out, float* lse, const In* qkv, int T, int C, int NH, float scale,
                                 DropoutMask drop, float keep) {
   using Cfg = FwdCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LDK = Cfg::LDK, LDS = Cfg::LDS, LDP = Cfg::LDP;
@@ -192,9 +205,9 @@ __global__ void __launch_bounds__(kThreads)
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query tiles have the most keys: start them first
   const int64_t C3 = 3 * static_cast<int64_t>(C);
-  const float* q = qkv + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
+  const In* q = qkv + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
+  const In* k = q + C;
+  const In* v = q + 2 * C;
   const uint64_t first = static_cast<uint64_t>(bh) * T * T;
 
   AccFrag idx;
@@ -306,11 +319,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // dK, dV for one key tile of one (b, h); warp w owns keys k0 + 16w.. and sums over the query tiles in ascending
 // order. Works on transposed scores: S^T = K Q^T (keys x queries).
-template <int D>
+template <int D, typename In>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_kv_tc_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                                    const float* dvec, int T, int C, int NH, float scale, DropoutMask drop,
-                                    float keep) {
+    attention_backward_kv_tc_kernel(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec,
+                                    int T, int C, int NH, float scale, DropoutMask drop, float keep) {
   using Cfg = BwdKvCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LDK = Cfg::LDK, LDB = Cfg::LDB;
   constexpr int KD = D / 16, NBQ = BQ / 16;
@@ -330,9 +342,9 @@ __global__ void __launch_bounds__(kThreads)
   const int k0 = blockIdx.x * BK;  // the first key tiles see the most queries: start them first
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
-  const float* q = qkv + qkv_off;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
+  const In* q = qkv + qkv_off;
+  const In* k = q + C;
+  const In* v = q + 2 * C;
   const float* dO = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
   const float* lse_bh = lse + static_cast<int64_t>(bh) * T;
   const float* dvec_bh = dvec + static_cast<int64_t>(bh) * T;
@@ -448,10 +460,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // dQ for one query tile of one (b, h); warp w owns queries q0 + 16w.. and sums over the key tiles in ascending
 // order.
-template <int D>
+template <int D, typename In>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_q_tc_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                                   const float* dvec, int T, int C, int NH, float scale, DropoutMask drop, float keep) {
+    attention_backward_q_tc_kernel(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec,
+                                   int T, int C, int NH, float scale, DropoutMask drop, float keep) {
   using Cfg = BwdQCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LDK = Cfg::LDK, LDB = Cfg::LDB;
   constexpr int KD = D / 16, NBK = BK / 16;
@@ -470,9 +482,9 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query tiles have the most keys: start them first
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
-  const float* q = qkv + qkv_off;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
+  const In* q = qkv + qkv_off;
+  const In* k = q + C;
+  const In* v = q + 2 * C;
   const float* dO = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
   const uint64_t first = static_cast<uint64_t>(bh) * T * T;
 
@@ -590,12 +602,12 @@ int check_shape(int B, int T, int C, int NH) {
   return C / NH;
 }
 
-template <int D, typename Out>
-void forward_impl(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
+template <int D, typename In, typename Out>
+void forward_impl(Out* out, float* lse, const In* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
                   cudaStream_t stream) {
   using Cfg = FwdCfg<D>;
   constexpr size_t smem = Cfg::kBytes;
-  const auto kernel = attention_forward_tc_kernel<D, Out>;
+  const auto kernel = attention_forward_tc_kernel<D, In, Out>;
   set_smem(kernel, smem);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
   kernel<<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, C, NH, 1.0f / std::sqrt(static_cast<float>(D)), drop,
@@ -603,15 +615,15 @@ void forward_impl(Out* out, float* lse, const float* qkv, int B, int T, int C, i
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-template <int D>
-void backward_impl(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* dvec, int B, int T,
+template <int D, typename In>
+void backward_impl(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T,
                    int C, int NH, const DropoutMask& drop, cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const float keep = keep_scale(drop);
   {
     using Cfg = BwdKvCfg<D>;
     constexpr size_t smem = Cfg::kBytes;
-    const auto kernel = attention_backward_kv_tc_kernel<D>;
+    const auto kernel = attention_backward_kv_tc_kernel<D, In>;
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BK)), static_cast<unsigned>(B * NH));
     kernel<<<grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, drop, keep);
@@ -620,7 +632,7 @@ void backward_impl(float* dqkv, const float* dout, const float* qkv, const float
   {
     using Cfg = BwdQCfg<D>;
     constexpr size_t smem = Cfg::kBytes;
-    const auto kernel = attention_backward_q_tc_kernel<D>;
+    const auto kernel = attention_backward_q_tc_kernel<D, In>;
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
     kernel<<<grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, drop, keep);
@@ -628,8 +640,8 @@ void backward_impl(float* dqkv, const float* dout, const float* qkv, const float
   }
 }
 
-template <typename Out>
-void forward_typed(Out* out, float* lse, const float* qkv, int B, int T, int C, int NH, int hs, const DropoutMask& drop,
+template <typename In, typename Out>
+void forward_typed(Out* out, float* lse, const In* qkv, int B, int T, int C, int NH, int hs, const DropoutMask& drop,
                    cudaStream_t stream) {
   if (hs == 32) {
     forward_impl<32>(out, lse, qkv, B, T, C, NH, drop, stream);
@@ -637,6 +649,18 @@ void forward_typed(Out* out, float* lse, const float* qkv, int B, int T, int C, 
     forward_impl<64>(out, lse, qkv, B, T, C, NH, drop, stream);
   } else {
     forward_impl<128>(out, lse, qkv, B, T, C, NH, drop, stream);
+  }
+}
+
+template <typename In>
+void backward_typed(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T,
+                    int C, int NH, int hs, const DropoutMask& drop, cudaStream_t stream) {
+  if (hs == 32) {
+    backward_impl<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
+  } else if (hs == 64) {
+    backward_impl<64>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
+  } else {
+    backward_impl<128>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
   }
 }
 
@@ -648,32 +672,37 @@ bool attention_tc_supported(int C, int NH) {
   return hs == 32 || hs == 64 || hs == 128;
 }
 
-void attention_forward_tc(TensorPtr out, float* lse, const float* qkv, int B, int T, int C, int NH,
+void attention_forward_tc(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
                           const DropoutMask& drop, cudaStream_t stream) {
   const int hs = check_shape(B, T, C, NH);
   if (B == 0 || T == 0) return;
-  GPT_CHECK(aligned16(out.data) && aligned16(qkv));  // float4 access (8-byte stores for bf16)
+  GPT_CHECK(aligned16(out.data) && aligned16(qkv.data));  // float4 access (8-byte for bf16)
+  auto run = [&](auto* o) {
+    if (qkv.is_bf16()) {
+      forward_typed(o, lse, qkv.as_bf16(), B, T, C, NH, hs, drop, stream);
+    } else {
+      forward_typed(o, lse, qkv.as_f32(), B, T, C, NH, hs, drop, stream);
+    }
+  };
   if (out.is_bf16()) {
-    forward_typed(out.as_bf16(), lse, qkv, B, T, C, NH, hs, drop, stream);
+    run(out.as_bf16());
   } else {
-    forward_typed(out.as_f32(), lse, qkv, B, T, C, NH, hs, drop, stream);
+    run(out.as_f32());
   }
 }
 
-void attention_backward_tc(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out, const float* lse,
+void attention_backward_tc(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
                            int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream) {
   const int hs = check_shape(B, T, C, NH);
   if (B == 0 || T == 0) return;
-  GPT_CHECK(aligned16(dqkv) && aligned16(dout) && aligned16(qkv));  // float4 access
+  GPT_CHECK(aligned16(dqkv) && aligned16(dout) && aligned16(qkv.data));  // float4 access
   float* dvec = static_cast<float*>(scratch);
   // attention.cu's, with O as bf16 (rounded when stored in fp32), as FlashAttention's bf16 O.
   attention_row_dot(dvec, dout, out, /*round_out=*/true, B, T, C, NH, stream);
-  if (hs == 32) {
-    backward_impl<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
-  } else if (hs == 64) {
-    backward_impl<64>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
+  if (qkv.is_bf16()) {
+    backward_typed(dqkv, dout, qkv.as_bf16(), lse, dvec, B, T, C, NH, hs, drop, stream);
   } else {
-    backward_impl<128>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
+    backward_typed(dqkv, dout, qkv.as_f32(), lse, dvec, B, T, C, NH, hs, drop, stream);
   }
 }
 

@@ -274,21 +274,21 @@ bool CudaBackend::tensor_core_attention(int C, int NH, std::initializer_list<con
   }
   return true;
 }
-void CudaBackend::attention_forward(TensorPtr out, float* att, const float* qkv, int B, int T, int C, int NH,
+void CudaBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                                     const DropoutMask& drop) {
   const OpTimer timed = time_op("attention_forward");
-  if (tensor_core_attention(C, NH, {out.data, qkv})) {
+  if (tensor_core_attention(C, NH, {out.data, qkv.data})) {
     cuda::attention_forward_tc(out, att, qkv, B, T, C, NH, drop, stream_);
   } else {
     cuda::attention_forward(out, att, qkv, B, T, C, NH, drop, stream_);
   }
 }
 // Under bf16 compute D takes out as bf16 on both paths (Backend::attention_backward).
-void CudaBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out,
+void CudaBackend::attention_backward(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out,
                                      const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
   const OpTimer timed = time_op("attention_backward");
   void* s = scratch(cuda::attention_backward_scratch_bytes(B, T, C, NH));
-  if (tensor_core_attention(C, NH, {dqkv, dout, qkv, out.data})) {
+  if (tensor_core_attention(C, NH, {dqkv, dout, qkv.data, out.data})) {
     cuda::attention_backward_tc(dqkv, dout, qkv, out, att, B, T, C, NH, drop, s, stream_);
   } else {
     cuda::attention_backward(dqkv, dout, qkv, out, compute_dtype_ == DType::kBF16, att, B, T, C, NH, drop, s, stream_);

@@ -40,9 +40,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         cudaStream_t stream);
 
 // attention.cu: fused causal attention (flash-style: online softmax, no T x T matrix in memory).
-// lse(B,NH,T) is each query row's log-sum-exp of the scaled scores. Head size C/NH <= 128. out f32 or bf16
-// (rounded at the store).
-void attention_forward(TensorPtr out, float* lse, const float* qkv, int B, int T, int C, int NH,
+// lse(B,NH,T) is each query row's log-sum-exp of the scaled scores. Head size C/NH <= 128. qkv f32 or bf16 (the
+// qkv GEMM's bf16 output under bf16 compute; read as fp32), out f32 or bf16 (rounded at the store).
+void attention_forward(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
                        const DropoutMask& drop, cudaStream_t stream);
 size_t attention_backward_scratch_bytes(int B, int T, int C, int NH);
 // D(B,NH,T) = rowsum(dout * out) per head, the first step of both attention backwards (attention_tc.cu's too).
@@ -50,7 +50,7 @@ size_t attention_backward_scratch_bytes(int B, int T, int C, int NH);
 // does not depend on the dtype out was stored in.
 void attention_row_dot(float* dv, const float* dout, ConstTensorPtr out, bool round_out, int B, int T, int C, int NH,
                        cudaStream_t stream);
-void attention_backward(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out, bool round_out,
+void attention_backward(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, bool round_out,
                         const float* lse, int B, int T, int C, int NH, const DropoutMask& drop, void* scratch,
                         cudaStream_t stream);
 

@@ -47,6 +47,23 @@ void check_bf16_out(Forward forward, Backward backward, const Buf<float>& out, c
   CHECK(count_nonfinite(lo_dqkv.p, nqkv) == 0);
 }
 
+// qkv stored in bf16 (the qkv GEMM's output under bf16 compute): out, lse and dqkv bit for bit those from the
+// fp32 qkv of the same (widened) values. run(qkv, out, lse, dqkv) runs forward and backward.
+template <class Run>
+void check_bf16_qkv(Run run, const Buf<float>& qkv, size_t nout, size_t nlse) {
+  Buf<gpt::bf16> qh(qkv.n);
+  Buf<float> qw(qkv.n);
+  for (size_t i = 0; i < qkv.n; ++i) qh[i] = gpt::f32_to_bf16(qkv[i]), qw[i] = gpt::bf16_to_f32(qh[i]);
+  Buf<float> out[2] = {Buf<float>(nout), Buf<float>(nout)}, lse[2] = {Buf<float>(nlse), Buf<float>(nlse)},
+             dqkv[2] = {Buf<float>(qkv.n), Buf<float>(qkv.n)};
+  run(gpt::ConstTensorPtr(qh.p), out[0].p, lse[0].p, dqkv[0].p);
+  run(gpt::ConstTensorPtr(qw.p), out[1].p, lse[1].p, dqkv[1].p);
+  CHECK(out[0].same(out[1]));
+  CHECK(lse[0].same(lse[1]));
+  CHECK(dqkv[0].same(dqkv[1]));
+  CHECK(count_nonfinite(dqkv[0].p, qkv.n) == 0);
+}
+
 DropoutMask make_drop(float p, uint64_t seed) {
   DropoutMask d;
   d.p = p;
@@ -107,6 +124,12 @@ void run_fp32(int B, int T, int C, int NH, float p) {
                      emu::attention_backward(d, dout.p, qkv.p, o, true, l, B, T, C, NH, drop, scratch.p, nullptr);
                    },
                    out[0], lse[0], nqkv);
+    check_bf16_qkv(
+        [&](gpt::ConstTensorPtr q, float* o, float* l, float* d) {
+          emu::attention_forward(o, l, q, B, T, C, NH, drop, nullptr);
+          emu::attention_backward(d, dout.p, q, o, true, l, B, T, C, NH, drop, scratch.p, nullptr);
+        },
+        qkv, nout, nlse);
   }
 
   std::vector<float> cout(nout, NAN), att(static_cast<size_t>(B) * NH * T * T, NAN), cdqkv(nqkv, 0.0f);
@@ -159,6 +182,12 @@ void run_tc(int B, int NH, int hs, int T, float p) {
           emu::attention_backward_tc(d, dout.p, qkv.p, o, l, B, T, C, NH, drop, scratch.p, nullptr);
         },
         out[0], lse[0], nqkv);
+    check_bf16_qkv(
+        [&](gpt::ConstTensorPtr q, float* o, float* l, float* d) {
+          emu::attention_forward_tc(o, l, q, B, T, C, NH, drop, nullptr);
+          emu::attention_backward_tc(d, dout.p, q, o, l, B, T, C, NH, drop, scratch.p, nullptr);
+        },
+        qkv, nout, nlse);
   }
   const Buf<float>& o = out[0];
   const Buf<float>& L = lse[0];

@@ -356,6 +356,32 @@ TEST_CASE("parity: tensor-core attention (bf16 compute) against the CPU's fp32",
       compare_attention(*gpu, s, mask(p, 987654321), 32, 2e-2, "tc attention");
     }
   }
+  // qkv and the output in bf16 (the model's storage under bf16 compute), on both kernels (head size 16 takes the
+  // fp32 one): bit for bit the fp32 tensors of the same values (qkv widened, the output rounded).
+  for (const Shape s : {Shape{2, 65, 128, 2}, Shape{2, 33, 64, 4}}) {
+    CAPTURE(s.B, s.T, s.C, s.NH);
+    const int64_t nq = int64_t{s.B} * s.T * 3 * s.C, no = int64_t{s.B} * s.T * s.C;
+    const DropoutMask drop = mask(0.1f, 4242);
+    std::vector<bf16> qh(nq);
+    cpu().cast_to_bf16(qh.data(), randn(nq, 90).data(), nq);
+    std::vector<float> qw(nq);
+    cpu().cast_from_bf16(qw.data(), qh.data(), nq);
+    const auto dout = randn(no, 91);
+    const int64_t na = gpu->attention_state_floats(s.B, s.T, s.NH);
+    Dev<bf16> g_qh(*gpu, qh), g_oh(*gpu, no);
+    Dev<float> g_qw(*gpu, qw), g_ow(*gpu, no), g_dout(*gpu, dout),
+        g_att[2] = {Dev<float>(*gpu, na), Dev<float>(*gpu, na)}, g_d[2] = {Dev<float>(*gpu, nq), Dev<float>(*gpu, nq)};
+    gpu->attention_forward(g_oh.p(), g_att[0].p(), g_qh.p(), s.B, s.T, s.C, s.NH, drop);
+    gpu->attention_forward(g_ow.p(), g_att[1].p(), g_qw.p(), s.B, s.T, s.C, s.NH, drop);
+    std::vector<bf16> want(no);
+    cpu().cast_to_bf16(want.data(), g_ow.read().data(), no);
+    const std::vector<bf16> got = g_oh.read();
+    CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(bf16)) == 0);
+    CHECK(g_att[0].read() == g_att[1].read());
+    gpu->attention_backward(g_d[0].p(), g_dout.p(), g_qh.p(), g_oh.p(), g_att[0].p(), s.B, s.T, s.C, s.NH, drop);
+    gpu->attention_backward(g_d[1].p(), g_dout.p(), g_qw.p(), g_ow.p(), g_att[1].p(), s.B, s.T, s.C, s.NH, drop);
+    CHECK(g_d[0].read() == g_d[1].read());
+  }
   gpu->set_compute_dtype(DType::kF32);
 }
 

@@ -90,12 +90,12 @@ class FakeDeviceBackend final : public Backend {
                                      real(weight), real(bias), N, C, drop);
   }
   int64_t attention_state_floats(int B, int T, int NH) const override { return cpu_->attention_state_floats(B, T, NH); }
-  void attention_forward(TensorPtr out, float* att, const float* qkv, int B, int T, int C, int NH,
+  void attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                          const DropoutMask& drop) override {
     cpu_->attention_forward(real(out), real(att), real(qkv), B, T, C, NH, drop);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, ConstTensorPtr out, const float* att, int B,
-                          int T, int C, int NH, const DropoutMask& drop) override {
+  void attention_backward(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
+                          int B, int T, int C, int NH, const DropoutMask& drop) override {
     cpu_->attention_backward(real(dqkv), real(dout), real(qkv), real(out), real(att), B, T, C, NH, drop);
   }
   void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override {

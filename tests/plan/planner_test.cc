@@ -199,7 +199,7 @@ TEST_CASE("run.device cuda counts the CUDA backend's workspaces; bf16 compute ad
   CHECK(big < casts + (int64_t{64} << 20));
 }
 
-TEST_CASE("run.device cuda under bf16 stores the GEMM inputs (ln, attention, GELU outputs, dlogits) and fc in bf16",
+TEST_CASE("run.device cuda under bf16 stores GEMM inputs (ln, attention, GELU outputs, dlogits), qkv and fc in bf16",
           "[plan]") {
   for (const char* mode : {"none", "selective", "full"}) {
     CAPTURE(mode);
@@ -209,15 +209,16 @@ TEST_CASE("run.device cuda under bf16 stores the GEMM inputs (ln, attention, GEL
     const GptShape& s = f32.shape;
     const int64_t N = static_cast<int64_t>(f32.micro_batch) * s.block_size, C = s.n_embd;
     auto carved = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
-    // Per block set: ln_1 and ln_2 (N x C) and the GELU output (N x 4C), 4 bytes -> 2; so are the attention
-    // output (N x C) and the fc output (N x 4C, the GELU's input), which selective checkpointing keeps.
+    // Per block set: ln_1 and ln_2 (N x C) and the GELU output (N x 4C), 4 bytes -> 2; so are the qkv output
+    // (N x 3C), the attention output (N x C) and the fc output (N x 4C), which selective checkpointing keeps.
     const int64_t per_set = 2 * (carved(4 * N * C) - carved(2 * N * C)) + carved(16 * N * C) - carved(8 * N * C);
-    const int64_t per_kept = carved(4 * N * C) - carved(2 * N * C) + carved(16 * N * C) - carved(8 * N * C);
+    const int64_t per_kept = carved(12 * N * C) - carved(6 * N * C) + carved(4 * N * C) - carved(2 * N * C) +
+                             carved(16 * N * C) - carved(8 * N * C);
     // ln_f's output, 4 bytes -> 2; the LM head's dlogits get a bf16 buffer of their own (else in place).
     const int64_t head = Gpt::head_rows(N) * s.vocab_size;
     const int64_t rest = carved(4 * N * C) - carved(2 * N * C) - carved(2 * head);
-    // none: every block keeps its set; selective: ln/GELU outputs live in the recompute set only, the attention
-    // and fc outputs in every block and the recompute set; full: one recompute set.
+    // none: every block keeps its set; selective: ln/GELU outputs live in the recompute set only, the qkv,
+    // attention and fc outputs in every block and the recompute set; full: one recompute set.
     const std::string m = mode;
     const int64_t sets = m == "none" ? s.n_layer : 1;
     const int64_t kept = m == "none" ? s.n_layer : m == "selective" ? s.n_layer + 1 : 1;
