@@ -144,7 +144,8 @@ class Backend {
   virtual void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N,
                               int C, int OC) = 0;
   // dinp(N,C) = dout @ weight (overwritten; skipped if null); dweight(OC,C) += dout^T @ inp; dbias += colsum
-  // (of the fp32 dout). dout, inp and weight as inp in matmul_forward; a bf16 dout only without dbias.
+  // of dout as the GEMMs take it (under bf16 compute its bf16 values, summed in fp32). dout, inp and weight as inp
+  // in matmul_forward.
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                                ConstTensorPtr weight, int64_t N, int C, int OC) = 0;
 
@@ -165,24 +166,24 @@ class Backend {
     layernorm_forward(out, mean, rstd, res_out, weight, bias, N, C);
   }
 
-  // Causal multi-head attention. qkv(B,T,3C) holds q|k|v (f32, or bf16: the qkv GEMM's output under bf16
-  // compute, read as fp32); out(B,T,C). `att` is the state forward saves
+  // Causal multi-head attention. qkv(B,T,3C) holds q|k|v; out(B,T,C). `att` is the state forward saves
   // for backward, attention_state_floats(B,T,NH) floats: the CPU keeps the softmax probabilities
   // (B,NH,T,T); the CUDA backend's fused kernel keeps only each row's log-sum-exp (B,NH,T). Attention
   // dropout (mask element ((b*NH + h)*T + t)*T + t2, offset by drop.base) applies to the probabilities in
-  // the product. Backward also reads forward's `out`. `out` is f32, or bf16 (rounded as layernorm_forward's: it is
-  // read by the projection's GEMMs); under bf16 compute the CUDA backward's D = rowsum(dout * out) takes out
-  // rounded to bf16 either way, so the dtype it is stored in changes no result.
+  // the product. Backward also reads forward's `out`. qkv, out and dqkv share one dtype: f32, or bf16 (the model's
+  // under bf16 compute: read as fp32, written rounded as layernorm_forward's); the tensor-core backward's
+  // D = rowsum(dout * out) takes out as bf16 either way.
   virtual int64_t attention_state_floats(int B, int T, int NH) const = 0;
   virtual void attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                                  const DropoutMask& drop) = 0;
-  virtual void attention_backward(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out,
+  virtual void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out,
                                   const float* att, int B, int T, int C, int NH, const DropoutMask& drop) = 0;
 
   // GELU, tanh approximation. out f32, or bf16 (rounded as layernorm_forward's).
-  // inp f32, or bf16 (the MLP's fc output under bf16 compute), read as fp32.
+  // inp f32, or bf16 (the MLP's fc output under bf16 compute), read as fp32. dinp f32 (may alias dout), or bf16
+  // (rounded as layernorm_forward's; the fc GEMM's output gradient under bf16 compute).
   virtual void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) = 0;
-  virtual void gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N) = 0;
+  virtual void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N) = 0;
 
   // out = res + dropout(inp) (out may alias res).
   virtual void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) = 0;

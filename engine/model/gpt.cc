@@ -9,17 +9,17 @@
 namespace gpt {
 
 // Per-block activations saved for backward. A block whose activations are recomputed points at the shared
-// scratch set; under `selective`, ln_1/ln_2/gelu outputs always point at scratch. The TensorPtr ones are GEMM
-// inputs, stored in the GEMM input dtype (bf16 under bf16 compute); the attention output is also read by the
-// attention backward (which takes it as bf16 under bf16 compute either way). The qkv and fc outputs are GEMM
-// outputs stored in the compute dtype: under bf16 compute the GEMM rounds them once to bf16 (llm.c's bf16
-// activations), and the attention and GELU forward and backward read them so.
+// scratch set; under `selective`, ln_1/ln_2/gelu outputs always point at scratch. ln_1, ln_2 and the GELU output
+// are read only by GEMMs and stored in the GEMM input dtype (bf16 under bf16 compute: what the GEMMs would round
+// fp32 copies to). qkv, the attention output and the fc output are stored in the compute dtype: the qkv and fc
+// GEMMs round their outputs once to bf16 under bf16 compute (llm.c's bf16 activations), attention and the GELU
+// read them so, and attention writes its output (the projection's GEMM input) in qkv's dtype.
 struct BlockActs {
   TensorPtr ln1;       // (B,T,C)
   float* ln1_mean;     // (B,T)
   float* ln1_rstd;     // (B,T)
   TensorPtr qkv;       // (B,T,3C)  the qkv GEMM's output, attention's input: in the compute dtype
-  TensorPtr atty;      // (B,T,C)
+  TensorPtr atty;      // (B,T,C)   in qkv's dtype
   float* att;          // attention state, Backend::attention_state_floats (CPU: (B,NH,T,T))
   float* res_mid;      // (B,T,C)  x + attention branch
   TensorPtr ln2;       // (B,T,C)
@@ -51,8 +51,10 @@ struct Gpt::Acts {
   // head unit's parameters.
   ConstTensorPtr wte_gemm;
   const float* head = nullptr;
-  // gradient workspace
-  float *dres = nullptr, *dtmp = nullptr, *dln = nullptr, *d4 = nullptr, *dqkv = nullptr, *datty = nullptr;
+  // gradient workspace. d4_lo: the GELU backward's output, the fc GEMM's output gradient (a GEMM input, bf16
+  // under bf16 compute; else d4 itself, in place); dqkv in qkv's dtype (the compute dtype).
+  float *dres = nullptr, *dtmp = nullptr, *dln = nullptr, *d4 = nullptr, *datty = nullptr;
+  TensorPtr d4_lo, dqkv;
 };
 
 // Parameter (or gradient) pointers of one block, in layout order.
@@ -133,7 +135,7 @@ void Gpt::prepare(int B, int T) {
     a.ln1_mean = own(N, &BlockActs::ln1_mean, false);
     a.ln1_rstd = own(N, &BlockActs::ln1_rstd, false);
     a.qkv = own_as(3 * N * C, &BlockActs::qkv, false, out);
-    a.atty = own_lo(N * C, &BlockActs::atty, false);
+    a.atty = own_as(N * C, &BlockActs::atty, false, out);
     a.att = own(att, &BlockActs::att, false);
     a.res_mid = own(N * C, &BlockActs::res_mid, false);
     a.ln2 = own_lo(N * C, &BlockActs::ln2, true);
@@ -167,7 +169,8 @@ void Gpt::prepare(int B, int T) {
     acts_->dtmp = gr.take(N * C);
     acts_->dln = gr.take(N * C);
     acts_->d4 = gr.take(4 * N * C);
-    acts_->dqkv = gr.take(3 * N * C);
+    acts_->d4_lo = lo == DType::kBF16 ? gr.take(4 * N * C, lo) : TensorPtr(acts_->d4);
+    acts_->dqkv = gr.take(3 * N * C, out);
     acts_->datty = gr.take(N * C);
     if (pass == 0) {
       acts_->scratch = be_.alloc(sc.used(), MemCategory::kActivations);
@@ -352,8 +355,8 @@ void Gpt::block_backward(int l, const BlockParams& p, const BlockParams& g, cons
   float* dres = acts_->dres;
   const float* dmlp = dropout_grad(dres, dropout(kSiteMlpResid, l, ctx, static_cast<uint64_t>(T_) * C));
   be_.matmul_backward(acts_->d4, gw(g.fcprojw), gw(g.fcprojb), dmlp, a.fch_gelu, p.fcprojw_gemm, N, 4 * C, C);
-  be_.gelu_backward(acts_->d4, a.fch, acts_->d4, N * 4 * C);
-  be_.matmul_backward(acts_->dln, gw(g.fcw), gw(g.fcb), acts_->d4, a.ln2, p.fcw_gemm, N, C, 4 * C);
+  be_.gelu_backward(acts_->d4_lo, a.fch, acts_->d4, N * 4 * C);
+  be_.matmul_backward(acts_->dln, gw(g.fcw), gw(g.fcb), acts_->d4_lo, a.ln2, p.fcw_gemm, N, C, 4 * C);
   be_.layernorm_backward(dres, gw(g.ln2w), gw(g.ln2b), acts_->dln, a.res_mid, p.ln2w, a.ln2_mean, a.ln2_rstd, N, C);
   const float* dattn = dropout_grad(dres, dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C));
   be_.matmul_backward(acts_->datty, gw(g.projw), gw(g.projb), dattn, a.atty, p.projw_gemm, N, C, C);

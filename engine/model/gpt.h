@@ -48,12 +48,12 @@ class Gpt {
   static int64_t head_rows(int64_t N, int64_t limit = kHeadRows) { return N < limit ? N : limit; }
   void set_head_rows(int64_t limit);
 
-  // The dtype of the activations GEMMs read (the ln_1, ln_2 and ln_f outputs, the attention and GELU outputs and
-  // the LM head's dlogits, which then get a buffer of their own instead of overwriting the logits): the
+  // The dtype of the activations only GEMMs read (the ln_1, ln_2 and ln_f outputs, the GELU output, its gradient
+  // and the LM head's dlogits, which then get buffers of their own instead of overwriting fp32 ones): the
   // backend's compute dtype, so under bf16 compute they are stored in bf16, bit for bit what the GEMMs would
   // round fp32 copies to. set_gemm_input_dtype (before prepare) overrides it, for tests of exactly that.
-  // (The qkv and fc GEMMs' outputs, which attention and the GELU read, are stored in the compute dtype whatever
-  // this says.)
+  // (qkv, the attention output, its gradient dqkv and the fc output, which attention and the GELU also read, are
+  // stored in the compute dtype whatever this says.)
   DType gemm_input_dtype() const;
   void set_gemm_input_dtype(DType type);
 

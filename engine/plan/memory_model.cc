@@ -22,15 +22,15 @@ ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const Acti
   const int64_t N = static_cast<int64_t>(B) * T, C = shape.n_embd, L = shape.n_layer, V = shape.vocab_size;
   const int64_t att = static_cast<int64_t>(B) * shape.n_head * T * (fused_attention ? 1 : T);
   const DType f32 = DType::kF32, lo = gemm_inputs, out = compute.value_or(gemm_inputs);
-  // One block's tensors in carve order: (elements, dtype, cheap: recomputed under `selective`). ln_1, the
-  // attention output, ln_2 and the GELU output are GEMM inputs; the qkv and fc outputs are in the compute dtype.
+  // One block's tensors in carve order: (elements, dtype, cheap: recomputed under `selective`). ln_1, ln_2 and the
+  // GELU output are GEMM-only inputs; qkv, the attention output and the fc output are in the compute dtype.
   const struct {
     int64_t n;
     DType type;
     bool cheap;
-  } kBlock[] = {{N * C, lo, true},  {N, f32, false},   {N, f32, false},         {3 * N * C, out, false},
-                {N * C, lo, false}, {att, f32, false}, {N * C, f32, false},     {N * C, lo, true},
-                {N, f32, false},    {N, f32, false},   {4 * N * C, out, false}, {4 * N * C, lo, true}};
+  } kBlock[] = {{N * C, lo, true},   {N, f32, false},   {N, f32, false},         {3 * N * C, out, false},
+                {N * C, out, false}, {att, f32, false}, {N * C, f32, false},     {N * C, lo, true},
+                {N, f32, false},     {N, f32, false},   {4 * N * C, out, false}, {4 * N * C, lo, true}};
   auto block = [&](bool all, bool keep_all) {
     int64_t sum = 0;
     for (const auto& t : kBlock) {
@@ -48,7 +48,9 @@ ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const Acti
   const int64_t head = Gpt::head_rows(N) * V;
   a.stored += carved(N * C, lo) + 2 * carved(N) + carved(head) + (lo == f32 ? 0 : carved(head, lo)) + carved(N);
   a.tokens = 2 * N * 4;  // the int32 inputs and targets, copied to the backend
-  a.workspace = 4 * carved(N * C) + carved(4 * N * C) + carved(3 * N * C);
+  // dres, dtmp, dln, d4, the GELU's bf16 output gradient (else in place in d4), dqkv (compute dtype), datty
+  a.workspace =
+      4 * carved(N * C) + carved(4 * N * C) + (lo == f32 ? 0 : carved(4 * N * C, lo)) + carved(3 * N * C, out);
   return a;
 }
 

@@ -83,9 +83,7 @@ void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, Cons
   const float* a = bf16_operand(0, inp, N * C);
   const float* w = bf16_operand(1, weight, static_cast<int64_t>(OC) * C);
   const float* d = bf16_operand(2, dout, N * OC);
-  cpu::matmul_backward(dinp, dweight, nullptr, d, a, w, N, C, OC);
-  // dbias sums the fp32 dout, as the CUDA backend's does.
-  if (dbias != nullptr) cpu::matmul_backward(nullptr, nullptr, dbias, dout.as_f32(), nullptr, nullptr, N, C, OC);
+  cpu::matmul_backward(dinp, dweight, dbias, d, a, w, N, C, OC);  // dbias from the bf16 values, as on CUDA
 }
 void CpuBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
                                    const float* bias, int64_t N, int C) {
@@ -110,18 +108,21 @@ void CpuBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv
   finish(out, n);
 }
 // The probabilities in `att` give the backward; it does not read out.
-void CpuBackend::attention_backward(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr /*out*/,
+void CpuBackend::attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr /*out*/,
                                     const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
-  const float* x = qkv.is_bf16() ? bf16_operand(0, qkv, static_cast<int64_t>(B) * T * 3 * C) : qkv.as_f32();
-  cpu::attention_backward(dqkv, dout, x, att, B, T, C, NH, drop);
+  const int64_t n = static_cast<int64_t>(B) * T * 3 * C;
+  const float* x = qkv.is_bf16() ? bf16_operand(0, qkv, n) : qkv.as_f32();
+  cpu::attention_backward(result_area(dqkv, n), dout, x, att, B, T, C, NH, drop);
+  finish(dqkv, n);
 }
 void CpuBackend::gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) {
   const float* x = inp.is_bf16() ? bf16_operand(0, inp, N) : inp.as_f32();
   cpu::gelu_forward(result_area(out, N), x, N);
   finish(out, N);
 }
-void CpuBackend::gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N) {
-  cpu::gelu_backward(dinp, inp.is_bf16() ? bf16_operand(0, inp, N) : inp.as_f32(), dout, N);
+void CpuBackend::gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N) {
+  cpu::gelu_backward(result_area(dinp, N), inp.is_bf16() ? bf16_operand(0, inp, N) : inp.as_f32(), dout, N);
+  finish(dinp, N);
 }
 void CpuBackend::residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) {
   cpu::residual_forward(out, res, inp, N, drop);

@@ -38,10 +38,10 @@ class CpuBackend final : public Backend {
   }
   void attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                          const DropoutMask& drop) override;
-  void attention_backward(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
+  void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
                           int B, int T, int C, int NH, const DropoutMask& drop) override;
   void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override;
-  void gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N) override;
+  void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N) override;
   void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override;
   void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) override;
   void dropout_forward(float* x, int64_t N, const DropoutMask& drop) override;

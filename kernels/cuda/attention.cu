@@ -304,8 +304,8 @@ __device__ inline void score_grads(float* sp, float* sds, const float* sq, const
 // dK, dV for one key tile of one (b, h): sums over query tiles in ascending order, each in ascending row order.
 template <int D, class Cfg, typename In>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    attention_backward_kv_kernel(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec,
-                                 int T, int C, int NH, int hs, float scale, DropoutMask drop, float keep) {
+    attention_backward_kv_kernel(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int T,
+                                 int C, int NH, int hs, float scale, DropoutMask drop, float keep) {
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, TY = Cfg::TY, NT = Cfg::kThreads;
   constexpr int LD = kLd<D>, LDP = kLdp<Cfg>;
   constexpr int MK = BK / TY, MD = D / kTx;
@@ -354,14 +354,14 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   for (int i = 0; i < MK; ++i) {
     const int t2 = k0 + ty + TY * i;
     if (t2 >= T) continue;
-    float* dk_row = dqkv + qkv_off + static_cast<int64_t>(t2) * C3 + C;
-    float* dv_row = dk_row + C;
+    In* dk_row = dqkv + qkv_off + static_cast<int64_t>(t2) * C3 + C;
+    In* dv_row = dk_row + C;
 #pragma unroll
     for (int d = 0; d < MD; ++d) {
       const int c = tx + kTx * d;
       if (c < hs) {
-        dk_row[c] = dk[i][d] * scale;
-        dv_row[c] = dv[i][d];
+        store_value(dk_row + c, dk[i][d] * scale);
+        store_value(dv_row + c, dv[i][d]);
       }
     }
   }
@@ -370,8 +370,8 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 // dQ for one query tile of one (b, h): sums over key tiles in ascending order.
 template <int D, class Cfg, typename In>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    attention_backward_q_kernel(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec,
-                                int T, int C, int NH, int hs, float scale, DropoutMask drop, float keep) {
+    attention_backward_q_kernel(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int T,
+                                int C, int NH, int hs, float scale, DropoutMask drop, float keep) {
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, TY = Cfg::TY, NT = Cfg::kThreads;
   constexpr int LD = kLd<D>, LDP = kLdp<Cfg>;
   constexpr int MI = BQ / TY, MD = D / kTx;
@@ -416,11 +416,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   for (int i = 0; i < MI; ++i) {
     const int t = q0 + ty + TY * i;
     if (t >= T) continue;
-    float* dq_row = dqkv + qkv_off + static_cast<int64_t>(t) * C3;
+    In* dq_row = dqkv + qkv_off + static_cast<int64_t>(t) * C3;
 #pragma unroll
     for (int d = 0; d < MD; ++d) {
       const int c = tx + kTx * d;
-      if (c < hs) dq_row[c] = dq[i][d] * scale;
+      if (c < hs) store_value(dq_row + c, dq[i][d] * scale);
     }
   }
 }
@@ -458,8 +458,8 @@ void forward_impl(Out* out, float* lse, const In* qkv, int B, int T, int C, int 
 }
 
 template <int D, typename In>
-void backward_impl(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T,
-                   int C, int NH, const DropoutMask& drop, cudaStream_t stream) {
+void backward_impl(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T, int C,
+                   int NH, const DropoutMask& drop, cudaStream_t stream) {
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const float keep = keep_scale(drop);
@@ -496,7 +496,7 @@ void forward_typed(Out* out, float* lse, const In* qkv, int B, int T, int C, int
 }
 
 template <typename In>
-void backward_typed(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T,
+void backward_typed(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T,
                     int C, int NH, int hs, const DropoutMask& drop, cudaStream_t stream) {
   if (hs <= 32) {
     backward_impl<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
@@ -512,18 +512,12 @@ void backward_typed(float* dqkv, const float* dout, const In* qkv, const float* 
 void attention_forward(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
                        const DropoutMask& drop, cudaStream_t stream) {
   const int hs = head_size(B, T, C, NH);
+  GPT_CHECK(out.dtype == qkv.dtype);
   if (B == 0 || T == 0) return;
-  auto run = [&](auto* o) {
-    if (qkv.is_bf16()) {
-      forward_typed(o, lse, qkv.as_bf16(), B, T, C, NH, hs, drop, stream);
-    } else {
-      forward_typed(o, lse, qkv.as_f32(), B, T, C, NH, hs, drop, stream);
-    }
-  };
-  if (out.is_bf16()) {
-    run(out.as_bf16());
+  if (qkv.is_bf16()) {
+    forward_typed(out.as_bf16(), lse, qkv.as_bf16(), B, T, C, NH, hs, drop, stream);
   } else {
-    run(out.as_f32());
+    forward_typed(out.as_f32(), lse, qkv.as_f32(), B, T, C, NH, hs, drop, stream);
   }
 }
 
@@ -551,17 +545,17 @@ void attention_row_dot(float* dv, const float* dout, ConstTensorPtr out, bool ro
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-void attention_backward(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, bool round_out,
-                        const float* lse, int B, int T, int C, int NH, const DropoutMask& drop, void* scratch,
-                        cudaStream_t stream) {
+void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
+                        int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream) {
   const int hs = head_size(B, T, C, NH);
+  GPT_CHECK(dqkv.dtype == qkv.dtype && out.dtype == qkv.dtype);
   if (B == 0 || T == 0) return;
   float* dvec = static_cast<float*>(scratch);
-  attention_row_dot(dvec, dout, out, round_out, B, T, C, NH, stream);
+  attention_row_dot(dvec, dout, out, false, B, T, C, NH, stream);
   if (qkv.is_bf16()) {
-    backward_typed(dqkv, dout, qkv.as_bf16(), lse, dvec, B, T, C, NH, hs, drop, stream);
+    backward_typed(dqkv.as_bf16(), dout, qkv.as_bf16(), lse, dvec, B, T, C, NH, hs, drop, stream);
   } else {
-    backward_typed(dqkv, dout, qkv.as_f32(), lse, dvec, B, T, C, NH, hs, drop, stream);
+    backward_typed(dqkv.as_f32(), dout, qkv.as_f32(), lse, dvec, B, T, C, NH, hs, drop, stream);
   }
 }
 

@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kThreads)
 // order. Works on transposed scores: S^T = K Q^T (keys x queries).
 template <int D, typename In>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_kv_tc_kernel(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec,
+    attention_backward_kv_tc_kernel(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec,
                                     int T, int C, int NH, float scale, DropoutMask drop, float keep) {
   using Cfg = BwdKvCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LDK = Cfg::LDK, LDB = Cfg::LDB;
@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int LDO = D + 4;
   float* so = reinterpret_cast<float*>(smem_raw) + warp * kRows * LDO;
   if (active) {
-    float* dk_out = dqkv + qkv_off + C;
+    In* dk_out = dqkv + qkv_off + C;
 #pragma unroll
     for (int d = 0; d < KD; ++d) {
 #pragma unroll
@@ -462,7 +462,7 @@ __global__ void __launch_bounds__(kThreads)
 // order.
 template <int D, typename In>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_q_tc_kernel(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec,
+    attention_backward_q_tc_kernel(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec,
                                    int T, int C, int NH, float scale, DropoutMask drop, float keep) {
   using Cfg = BwdQCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LDK = Cfg::LDK, LDB = Cfg::LDB;
@@ -616,8 +616,8 @@ void forward_impl(Out* out, float* lse, const In* qkv, int B, int T, int C, int 
 }
 
 template <int D, typename In>
-void backward_impl(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T,
-                   int C, int NH, const DropoutMask& drop, cudaStream_t stream) {
+void backward_impl(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T, int C,
+                   int NH, const DropoutMask& drop, cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const float keep = keep_scale(drop);
   {
@@ -653,7 +653,7 @@ void forward_typed(Out* out, float* lse, const In* qkv, int B, int T, int C, int
 }
 
 template <typename In>
-void backward_typed(float* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T,
+void backward_typed(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T,
                     int C, int NH, int hs, const DropoutMask& drop, cudaStream_t stream) {
   if (hs == 32) {
     backward_impl<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
@@ -675,34 +675,29 @@ bool attention_tc_supported(int C, int NH) {
 void attention_forward_tc(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
                           const DropoutMask& drop, cudaStream_t stream) {
   const int hs = check_shape(B, T, C, NH);
+  GPT_CHECK(out.dtype == qkv.dtype);
   if (B == 0 || T == 0) return;
   GPT_CHECK(aligned16(out.data) && aligned16(qkv.data));  // float4 access (8-byte for bf16)
-  auto run = [&](auto* o) {
-    if (qkv.is_bf16()) {
-      forward_typed(o, lse, qkv.as_bf16(), B, T, C, NH, hs, drop, stream);
-    } else {
-      forward_typed(o, lse, qkv.as_f32(), B, T, C, NH, hs, drop, stream);
-    }
-  };
-  if (out.is_bf16()) {
-    run(out.as_bf16());
+  if (qkv.is_bf16()) {
+    forward_typed(out.as_bf16(), lse, qkv.as_bf16(), B, T, C, NH, hs, drop, stream);
   } else {
-    run(out.as_f32());
+    forward_typed(out.as_f32(), lse, qkv.as_f32(), B, T, C, NH, hs, drop, stream);
   }
 }
 
-void attention_backward_tc(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
+void attention_backward_tc(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
                            int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream) {
   const int hs = check_shape(B, T, C, NH);
+  GPT_CHECK(dqkv.dtype == qkv.dtype && out.dtype == qkv.dtype);
   if (B == 0 || T == 0) return;
-  GPT_CHECK(aligned16(dqkv) && aligned16(dout) && aligned16(qkv.data));  // float4 access
+  GPT_CHECK(aligned16(dqkv.data) && aligned16(dout) && aligned16(qkv.data));  // float4 access
   float* dvec = static_cast<float*>(scratch);
   // attention.cu's, with O as bf16 (rounded when stored in fp32), as FlashAttention's bf16 O.
   attention_row_dot(dvec, dout, out, /*round_out=*/true, B, T, C, NH, stream);
   if (qkv.is_bf16()) {
-    backward_typed(dqkv, dout, qkv.as_bf16(), lse, dvec, B, T, C, NH, hs, drop, stream);
+    backward_typed(dqkv.as_bf16(), dout, qkv.as_bf16(), lse, dvec, B, T, C, NH, hs, drop, stream);
   } else {
-    backward_typed(dqkv, dout, qkv.as_f32(), lse, dvec, B, T, C, NH, hs, drop, stream);
+    backward_typed(dqkv.as_f32(), dout, qkv.as_f32(), lse, dvec, B, T, C, NH, hs, drop, stream);
   }
 }
 

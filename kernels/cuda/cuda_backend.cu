@@ -237,16 +237,13 @@ void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, Con
   const OpTimer timed = time_op("matmul_backward");
   void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
   if (compute_dtype_ == DType::kF32) {
-    matmul_->backward(dinp, dweight, dbias, dout.as_f32(), dout.as_f32(), inp.as_f32(), weight.as_f32(), DType::kF32, N,
-                      C, OC, s);
+    matmul_->backward(dinp, dweight, dbias, dout.as_f32(), inp.as_f32(), weight.as_f32(), DType::kF32, N, C, OC, s);
     return;
   }
   const bf16* a = gemm_input(0, inp, N * C);
   const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
   const bf16* d = gemm_input(2, dout, N * OC);
-  // dbias sums the fp32 dout (a bf16 one comes without dbias: the LM head's dlogits).
-  matmul_->backward(dinp, dweight, dbias, dbias != nullptr ? dout.as_f32() : nullptr, d, a, w, DType::kBF16, N, C, OC,
-                    s);
+  matmul_->backward(dinp, dweight, dbias, d, a, w, DType::kBF16, N, C, OC, s);  // dbias sums the bf16 d
 }
 void CudaBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
                                     const float* bias, int64_t N, int C) {
@@ -283,22 +280,21 @@ void CudaBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qk
     cuda::attention_forward(out, att, qkv, B, T, C, NH, drop, stream_);
   }
 }
-// Under bf16 compute D takes out as bf16 on both paths (Backend::attention_backward).
-void CudaBackend::attention_backward(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out,
+void CudaBackend::attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out,
                                      const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
   const OpTimer timed = time_op("attention_backward");
   void* s = scratch(cuda::attention_backward_scratch_bytes(B, T, C, NH));
-  if (tensor_core_attention(C, NH, {dqkv, dout, qkv.data, out.data})) {
+  if (tensor_core_attention(C, NH, {dqkv.data, dout, qkv.data, out.data})) {
     cuda::attention_backward_tc(dqkv, dout, qkv, out, att, B, T, C, NH, drop, s, stream_);
   } else {
-    cuda::attention_backward(dqkv, dout, qkv, out, compute_dtype_ == DType::kBF16, att, B, T, C, NH, drop, s, stream_);
+    cuda::attention_backward(dqkv, dout, qkv, out, att, B, T, C, NH, drop, s, stream_);
   }
 }
 void CudaBackend::gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) {
   const OpTimer timed = time_op("gelu_forward");
   cuda::gelu_forward(out, inp, N, stream_);
 }
-void CudaBackend::gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N) {
+void CudaBackend::gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N) {
   const OpTimer timed = time_op("gelu_backward");
   cuda::gelu_backward(dinp, inp, dout, N, stream_);
 }

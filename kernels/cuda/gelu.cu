@@ -25,17 +25,22 @@ void launch_forward(Out* out, const In* inp, int64_t n, cudaStream_t stream) {
   gelu_forward_kernel<In, Out><<<grid_for(n, kThreads), kThreads, 0, stream>>>(out, inp, n);
 }
 
-// dinp may alias dout (the model does that).
-template <typename In>
-__global__ void gelu_backward_kernel(float* dinp, const In* inp, const float* dout, int64_t n) {
+// dinp may alias dout when both are fp32 (the model does that under fp32 compute).
+template <typename In, typename Out>
+__global__ void gelu_backward_kernel(Out* dinp, const In* inp, const float* dout, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float x = load_value(inp + i);
     const float th = tanhf(kScale * (x + kCube * x * x * x));
     const float sech2 = 1.0f - th * th;
     const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kScale * (1.0f + 3.0f * kCube * x * x);
-    dinp[i] = grad * dout[i];
+    store_value(dinp + i, grad * dout[i]);
   }
+}
+
+template <typename In, typename Out>
+void launch_backward(Out* dinp, const In* inp, const float* dout, int64_t n, cudaStream_t stream) {
+  gelu_backward_kernel<In, Out><<<grid_for(n, kThreads), kThreads, 0, stream>>>(dinp, inp, dout, n);
 }
 
 }  // namespace
@@ -56,12 +61,18 @@ void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N, cudaStream_t str
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-void gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N, cudaStream_t stream) {
+void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N, cudaStream_t stream) {
   if (N == 0) return;
   if (inp.is_bf16()) {
-    gelu_backward_kernel<bf16><<<grid_for(N, kThreads), kThreads, 0, stream>>>(dinp, inp.as_bf16(), dout, N);
+    if (dinp.is_bf16()) {
+      launch_backward(dinp.as_bf16(), inp.as_bf16(), dout, N, stream);
+    } else {
+      launch_backward(dinp.as_f32(), inp.as_bf16(), dout, N, stream);
+    }
+  } else if (dinp.is_bf16()) {
+    launch_backward(dinp.as_bf16(), inp.as_f32(), dout, N, stream);
   } else {
-    gelu_backward_kernel<float><<<grid_for(N, kThreads), kThreads, 0, stream>>>(dinp, inp.as_f32(), dout, N);
+    launch_backward(dinp.as_f32(), inp.as_f32(), dout, N, stream);
   }
   GPT_CUDA_CHECK_LAUNCH();
 }

@@ -40,19 +40,18 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         cudaStream_t stream);
 
 // attention.cu: fused causal attention (flash-style: online softmax, no T x T matrix in memory).
-// lse(B,NH,T) is each query row's log-sum-exp of the scaled scores. Head size C/NH <= 128. qkv f32 or bf16 (the
-// qkv GEMM's bf16 output under bf16 compute; read as fp32), out f32 or bf16 (rounded at the store).
+// lse(B,NH,T) is each query row's log-sum-exp of the scaled scores. Head size C/NH <= 128. qkv, out and dqkv share
+// one dtype: f32, or bf16 (the model's under bf16 compute: read as fp32, written rounded to nearest even).
 void attention_forward(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
                        const DropoutMask& drop, cudaStream_t stream);
 size_t attention_backward_scratch_bytes(int B, int T, int C, int NH);
 // D(B,NH,T) = rowsum(dout * out) per head, the first step of both attention backwards (attention_tc.cu's too).
-// `round_out`: an fp32 out is rounded to bf16 first (a bf16 one is read as it is), so that under bf16 compute D
+// `round_out`: an fp32 out is rounded to bf16 first (a bf16 one is read as it is): the tensor-core backward's D
 // does not depend on the dtype out was stored in.
 void attention_row_dot(float* dv, const float* dout, ConstTensorPtr out, bool round_out, int B, int T, int C, int NH,
                        cudaStream_t stream);
-void attention_backward(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, bool round_out,
-                        const float* lse, int B, int T, int C, int NH, const DropoutMask& drop, void* scratch,
-                        cudaStream_t stream);
+void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
+                        int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
 
 // crossentropy.cu: one pass per row over the vocabulary in chunks (online max and sum), then dlogits: f32
 // (may be logits itself) or bf16 (rounded at the store; separate memory).
@@ -61,7 +60,7 @@ void crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float
 
 // gelu.cu. inp f32 or bf16; out f32 or bf16 (rounded at the store).
 void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N, cudaStream_t stream);
-void gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N, cudaStream_t stream);
+void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N, cudaStream_t stream);
 
 // elementwise.cu
 void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop,
@@ -99,8 +98,8 @@ void sum_squares_spans(double* result, const float* x, const SpanTable& t, void*
 
 // matmul.cu: cuBLASLt GEMMs with fp32 accumulation and fp32 outputs (the forward's may be bf16); inputs fp32 (no
 // TF32, so results match the CPU to fp32 rounding) or bf16 (tensor cores; the caller casts). dbias is a deterministic
-// column sum of the fp32 dout. Matmul holds the cuBLASLt handle; its workspace (cuda_workspace::kCublasLtBytes of
-// device memory, allocated once by the owner so that it is counted) must outlive it.
+// fp32 column sum of dout as the GEMMs take it. Matmul holds the cuBLASLt handle; its workspace
+// (cuda_workspace::kCublasLtBytes of device memory, allocated once by the owner so that it is counted) must outlive it.
 class Matmul {
  public:
   Matmul(cudaStream_t stream, void* workspace);
@@ -113,9 +112,9 @@ class Matmul {
   void forward(void* out, DType out_type, const void* inp, const void* weight, DType type, const void* bias, int64_t N,
                int C, int OC);
   static size_t backward_scratch_bytes(int64_t N, int OC);
-  // dout is fp32 (for dbias); dout_in, inp and weight are the GEMM inputs of `type` (dout_in == dout for f32).
-  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const void* dout_in, const void* inp,
-                const void* weight, DType type, int64_t N, int C, int OC, void* scratch);
+  // dout, inp and weight are the GEMM inputs of `type`; dbias sums dout's values (bf16 ones in fp32).
+  void backward(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
+                DType type, int64_t N, int C, int OC, void* scratch);
 
  private:
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b,

@@ -6,9 +6,10 @@
 //   dweight(OC,C)       += dout^T inp               <=>  dweight^T(C,OC) += inp^T(C,N) dout(N,OC)
 // fp32 compute without TF32 (CUBLAS_COMPUTE_32F), so results match the CPU to fp32 rounding. With bf16
 // inputs (the mixed-precision policy) A and B are bf16 and the tensor cores multiply them, still
-// accumulating and writing fp32; the only difference from fp32 is the rounding of the inputs. dbias gets a
-// deterministic column sum (partials over fixed row chunks, then added in chunk order): cuBLASLt's BGRAD
-// epilogue overwrites instead of accumulating across micro-batches.
+// accumulating and writing fp32 (or, for the forward, a bf16 output rounded once); the only difference from fp32
+// is the rounding of the inputs. dbias gets a deterministic fp32 column sum of dout as the GEMMs take it (partials over
+// fixed row chunks, then added in chunk order): cuBLASLt's BGRAD epilogue overwrites instead of accumulating across
+// micro-batches.
 #include <cublasLt.h>
 
 #include <array>
@@ -37,15 +38,17 @@ constexpr int kRowsPerChunk = cuda_workspace::kDbiasRows;
 int64_t dbias_chunks(int64_t N) { return ceil_div(N, kRowsPerChunk); }
 
 // partial[chunk, oc] = sum of dout[n, oc] over the chunk's rows, in row order. Block: 32 columns x 8 rows
-// of threads; each thread sums a strided subset of the chunk's rows, then the 8 are added in order.
-__global__ void dbias_partial_kernel(float* partial, const float* dout, int64_t N, int OC) {
+// of threads; each thread sums a strided subset of the chunk's rows, then the 8 are added in order. In: float or
+// bf16 (read as fp32).
+template <typename In>
+__global__ void dbias_partial_kernel(float* partial, const In* dout, int64_t N, int OC) {
   __shared__ float sums[8][kColsPerBlock];
   const int oc = blockIdx.x * kColsPerBlock + threadIdx.x;
   const int64_t lo = static_cast<int64_t>(blockIdx.y) * kRowsPerChunk;
   const int64_t hi = min(N, lo + kRowsPerChunk);
   float s = 0.0f;
   if (oc < OC) {
-    for (int64_t n = lo + threadIdx.y; n < hi; n += blockDim.y) s += dout[n * OC + oc];
+    for (int64_t n = lo + threadIdx.y; n < hi; n += blockDim.y) s += load_value(dout + n * OC + oc);
   }
   sums[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
@@ -200,21 +203,27 @@ void Matmul::forward(void* out, DType out_type, const void* inp, const void* wei
 
 size_t Matmul::backward_scratch_bytes(int64_t N, int OC) { return cuda_workspace::matmul_backward(N, OC); }
 
-void Matmul::backward(float* dinp, float* dweight, float* dbias, const float* dout, const void* dout_in,
-                      const void* inp, const void* weight, DType type, int64_t N, int C, int OC, void* scratch) {
+void Matmul::backward(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
+                      DType type, int64_t N, int C, int OC, void* scratch) {
   GPT_CHECK(N > 0 && C > 0 && OC > 0);
   if (dinp != nullptr) {
-    gemm(false, false, C, N, OC, weight, C, dout_in, OC, type, dinp, DType::kF32, C, 0.0f, nullptr);
+    gemm(false, false, C, N, OC, weight, C, dout, OC, type, dinp, DType::kF32, C, 0.0f, nullptr);
   }
   if (dweight != nullptr) {
-    gemm(false, true, C, OC, N, inp, C, dout_in, OC, type, dweight, DType::kF32, C, 1.0f, nullptr);
+    gemm(false, true, C, OC, N, inp, C, dout, OC, type, dweight, DType::kF32, C, 1.0f, nullptr);
   }
   if (dbias != nullptr) {
     auto* partial = static_cast<float*>(scratch);
     const int64_t chunks = dbias_chunks(N);
     GPT_CHECK_MSG(chunks <= 65535, "matmul_backward: too many rows for the dbias grid");
-    dbias_partial_kernel<<<dim3(static_cast<unsigned>(ceil_div(OC, kColsPerBlock)), static_cast<unsigned>(chunks)),
-                           dim3(kColsPerBlock, 8), 0, stream_>>>(partial, dout, N, OC);
+    const dim3 grid(static_cast<unsigned>(ceil_div(OC, kColsPerBlock)), static_cast<unsigned>(chunks));
+    if (type == DType::kBF16) {
+      dbias_partial_kernel<bf16>
+          <<<grid, dim3(kColsPerBlock, 8), 0, stream_>>>(partial, static_cast<const bf16*>(dout), N, OC);
+    } else {
+      dbias_partial_kernel<float>
+          <<<grid, dim3(kColsPerBlock, 8), 0, stream_>>>(partial, static_cast<const float*>(dout), N, OC);
+    }
     GPT_CUDA_CHECK_LAUNCH();
     dbias_sum_kernel<<<static_cast<unsigned>(ceil_div(OC, 256)), 256, 0, stream_>>>(dbias, partial, chunks, OC);
     GPT_CUDA_CHECK_LAUNCH();

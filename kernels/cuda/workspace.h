@@ -75,8 +75,9 @@ inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedd
     // Gpt stores every GEMM input activation in bf16: the input area is for fp32 callers only (grown on use).
     a.cast[0] = 0;
     a.cast[1] = std::max(d.V * C, 4 * C * C);  // the LM head (tied wte) or the MLP's weights
-    a.cast[2] = N * 4 * C;                     // the MLP's output gradient (the LM head's dlogits come in bf16)
-    a.cast[3] = 4 * C;                         // the fc GEMM's bias (its bf16 output: the GELU's input)
+    a.cast[2] = N * C;  // the residual stream's gradient into the projections (dqkv, the GELU's and the LM head's
+                        // output gradients come in bf16)
+    a.cast[3] = 4 * C;  // the fc GEMM's bias (its bf16 output: the GELU's input)
   }
   return a;
 }

@@ -31,37 +31,29 @@ bool rounded_from(const Buf<gpt::bf16>& lo, const Buf<float>& f) {
   return true;
 }
 
-// The output stored in bf16 (the projection's GEMM input under bf16 compute): the fp32 output rounded, the same
-// lse; and the backward from it is bit for bit the backward from the fp32 output rounded (round_out), so the
-// dtype the output is stored in changes nothing.
+// qkv, the output and dqkv stored in bf16 (the model's storage under bf16 compute): the forward from a bf16 qkv
+// gives the fp32 forward's output (from the widened qkv) rounded, and the same lse; the backward from the bf16
+// tensors gives the rounded fp32 backward from the widened qkv and output. With `round_out` (the tensor-core
+// kernel, whose D takes the output as bf16) the fp32 backward from the unrounded output is that one too.
+// forward(qkv, out, lse) and backward(dqkv, qkv, out, lse) run the kernel under test.
 template <class Forward, class Backward>
-void check_bf16_out(Forward forward, Backward backward, const Buf<float>& out, const Buf<float>& lse, size_t nqkv) {
-  Buf<gpt::bf16> lo(out.n);
-  Buf<float> lo_lse(lse.n), lo_dqkv(nqkv), ref_dqkv(nqkv);
-  forward(gpt::TensorPtr(lo.p), lo_lse.p);
-  CHECK(rounded_from(lo, out));
-  CHECK(lo_lse.same(lse));
-  backward(lo_dqkv.p, gpt::ConstTensorPtr(lo.p), lo_lse.p);
-  backward(ref_dqkv.p, gpt::ConstTensorPtr(out.p), lse.p);
-  CHECK(lo_dqkv.same(ref_dqkv));
-  CHECK(count_nonfinite(lo_dqkv.p, nqkv) == 0);
-}
-
-// qkv stored in bf16 (the qkv GEMM's output under bf16 compute): out, lse and dqkv bit for bit those from the
-// fp32 qkv of the same (widened) values. run(qkv, out, lse, dqkv) runs forward and backward.
-template <class Run>
-void check_bf16_qkv(Run run, const Buf<float>& qkv, size_t nout, size_t nlse) {
-  Buf<gpt::bf16> qh(qkv.n);
-  Buf<float> qw(qkv.n);
+void check_bf16(Forward forward, Backward backward, const Buf<float>& qkv, size_t nout, size_t nlse, bool round_out) {
+  Buf<gpt::bf16> qh(qkv.n), oh(nout), dh(qkv.n);
+  Buf<float> qw(qkv.n), ow(nout), ow2(nout), lh(nlse), lw(nlse), dw(qkv.n), dw2(qkv.n);
   for (size_t i = 0; i < qkv.n; ++i) qh[i] = gpt::f32_to_bf16(qkv[i]), qw[i] = gpt::bf16_to_f32(qh[i]);
-  Buf<float> out[2] = {Buf<float>(nout), Buf<float>(nout)}, lse[2] = {Buf<float>(nlse), Buf<float>(nlse)},
-             dqkv[2] = {Buf<float>(qkv.n), Buf<float>(qkv.n)};
-  run(gpt::ConstTensorPtr(qh.p), out[0].p, lse[0].p, dqkv[0].p);
-  run(gpt::ConstTensorPtr(qw.p), out[1].p, lse[1].p, dqkv[1].p);
-  CHECK(out[0].same(out[1]));
-  CHECK(lse[0].same(lse[1]));
-  CHECK(dqkv[0].same(dqkv[1]));
-  CHECK(count_nonfinite(dqkv[0].p, qkv.n) == 0);
+  forward(gpt::ConstTensorPtr(qh.p), gpt::TensorPtr(oh.p), lh.p);
+  forward(gpt::ConstTensorPtr(qw.p), gpt::TensorPtr(ow.p), lw.p);
+  CHECK(rounded_from(oh, ow));
+  CHECK(lh.same(lw));
+  for (size_t i = 0; i < nout; ++i) ow2[i] = gpt::bf16_to_f32(oh[i]);
+  backward(gpt::TensorPtr(dh.p), gpt::ConstTensorPtr(qh.p), gpt::ConstTensorPtr(oh.p), lh.p);
+  backward(gpt::TensorPtr(dw.p), gpt::ConstTensorPtr(qw.p), gpt::ConstTensorPtr(ow2.p), lw.p);
+  CHECK(rounded_from(dh, dw));
+  CHECK(count_nonfinite(dw.p, qkv.n) == 0);
+  if (round_out) {
+    backward(gpt::TensorPtr(dw2.p), gpt::ConstTensorPtr(qw.p), gpt::ConstTensorPtr(ow.p), lw.p);
+    CHECK(dw2.same(dw));
+  }
 }
 
 DropoutMask make_drop(float p, uint64_t seed) {
@@ -112,24 +104,19 @@ void run_fp32(int B, int T, int C, int NH, float p) {
   for (int r = 0; r < 2; ++r) {
     Buf<float> scratch(emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float));
     emu::attention_forward(out[r].p, lse[r].p, qkv.p, B, T, C, NH, drop, nullptr);
-    emu::attention_backward(dqkv[r].p, dout.p, qkv.p, out[r].p, false, lse[r].p, B, T, C, NH, drop, scratch.p, nullptr);
+    emu::attention_backward(dqkv[r].p, dout.p, qkv.p, out[r].p, lse[r].p, B, T, C, NH, drop, scratch.p, nullptr);
   }
   CHECK(out[0].same(out[1]));
   CHECK(lse[0].same(lse[1]));
   CHECK(dqkv[0].same(dqkv[1]));
   {
     Buf<float> scratch(emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float));
-    check_bf16_out([&](gpt::TensorPtr o, float* l) { emu::attention_forward(o, l, qkv.p, B, T, C, NH, drop, nullptr); },
-                   [&](float* d, gpt::ConstTensorPtr o, const float* l) {
-                     emu::attention_backward(d, dout.p, qkv.p, o, true, l, B, T, C, NH, drop, scratch.p, nullptr);
-                   },
-                   out[0], lse[0], nqkv);
-    check_bf16_qkv(
-        [&](gpt::ConstTensorPtr q, float* o, float* l, float* d) {
-          emu::attention_forward(o, l, q, B, T, C, NH, drop, nullptr);
-          emu::attention_backward(d, dout.p, q, o, true, l, B, T, C, NH, drop, scratch.p, nullptr);
-        },
-        qkv, nout, nlse);
+    check_bf16([&](gpt::ConstTensorPtr q, gpt::TensorPtr o,
+                   float* l) { emu::attention_forward(o, l, q, B, T, C, NH, drop, nullptr); },
+               [&](gpt::TensorPtr d, gpt::ConstTensorPtr q, gpt::ConstTensorPtr o, const float* l) {
+                 emu::attention_backward(d, dout.p, q, o, l, B, T, C, NH, drop, scratch.p, nullptr);
+               },
+               qkv, nout, nlse, false);
   }
 
   std::vector<float> cout(nout, NAN), att(static_cast<size_t>(B) * NH * T * T, NAN), cdqkv(nqkv, 0.0f);
@@ -176,18 +163,12 @@ void run_tc(int B, int NH, int hs, int T, float p) {
   CHECK(dqkv[0].same(dqkv[1]));
   {
     Buf<float> scratch(emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float));
-    check_bf16_out(
-        [&](gpt::TensorPtr o, float* l) { emu::attention_forward_tc(o, l, qkv.p, B, T, C, NH, drop, nullptr); },
-        [&](float* d, gpt::ConstTensorPtr o, const float* l) {
-          emu::attention_backward_tc(d, dout.p, qkv.p, o, l, B, T, C, NH, drop, scratch.p, nullptr);
-        },
-        out[0], lse[0], nqkv);
-    check_bf16_qkv(
-        [&](gpt::ConstTensorPtr q, float* o, float* l, float* d) {
-          emu::attention_forward_tc(o, l, q, B, T, C, NH, drop, nullptr);
-          emu::attention_backward_tc(d, dout.p, q, o, l, B, T, C, NH, drop, scratch.p, nullptr);
-        },
-        qkv, nout, nlse);
+    check_bf16([&](gpt::ConstTensorPtr q, gpt::TensorPtr o,
+                   float* l) { emu::attention_forward_tc(o, l, q, B, T, C, NH, drop, nullptr); },
+               [&](gpt::TensorPtr d, gpt::ConstTensorPtr q, gpt::ConstTensorPtr o, const float* l) {
+                 emu::attention_backward_tc(d, dout.p, q, o, l, B, T, C, NH, drop, scratch.p, nullptr);
+               },
+               qkv, nout, nlse, true);
   }
   const Buf<float>& o = out[0];
   const Buf<float>& L = lse[0];

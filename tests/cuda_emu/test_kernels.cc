@@ -327,6 +327,10 @@ void run_gelu(int64_t n) {
   emu::gelu_backward(dh.p, gpt::ConstTensorPtr(xh.p), dout.p, n, nullptr);
   emu::gelu_backward(dw.p, xw.p, dout.p, n, nullptr);
   CHECK(dh.same(dw));
+  // A bf16 output gradient (the fc GEMM's, a GEMM input under bf16 compute): the fp32 one rounded.
+  Buf<gpt::bf16> dlo(n);
+  emu::gelu_backward(dlo.p, gpt::ConstTensorPtr(xh.p), dout.p, n, nullptr);
+  CHECK(rounded_from(dlo, dh));
   Buf<gpt::bf16> loh(n);
   emu::gelu_forward(loh.p, gpt::ConstTensorPtr(xh.p), n, nullptr);
   CHECK(rounded_from(loh, ow));
@@ -489,13 +493,14 @@ void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs) {
   cpu::matmul_backward(cdinp.p, cdw.p, nullptr, dout_r.p, inp.p, w.p, N, C, OC);
   Buf<float> dummy(inp.n), dummy_w(w.n);
   dummy_w.fill(0.0f);
-  cpu::matmul_backward(dummy.p, dummy_w.p, cdb_only.p, dout.p, inp.p, w.p, N, C, OC);  // dbias from fp32 dout
+  cpu::matmul_backward(dummy.p, dummy_w.p, cdb_only.p, dout_r.p, inp.p, w.p, N, C,
+                       OC);  // dbias: dout as the GEMMs see it
   Buf<float> dinp[2] = {Buf<float>(inp.n, off), Buf<float>(inp.n, off)},
              dw[2] = {Buf<float>(w.n, off), Buf<float>(w.n, off)}, db[2] = {Buf<float>(OC, off), Buf<float>(OC, off)};
   for (int r = 0; r < 2; ++r) {
     Buf<float> scratch(emu::Matmul::backward_scratch_bytes(N, OC) / sizeof(float));
     dw[r].copy_from(dw0), db[r].copy_from(db0);
-    mm.backward(dinp[r].p, dw[r].p, db[r].p, dout.p, dout_in, inp_in, w_in, type, N, C, OC, scratch.p);
+    mm.backward(dinp[r].p, dw[r].p, db[r].p, dout_in, inp_in, w_in, type, N, C, OC, scratch.p);
   }
   CHECK(dinp[0].same(dinp[1]));
   CHECK(dw[0].same(dw[1]));

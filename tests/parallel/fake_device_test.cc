@@ -94,14 +94,14 @@ class FakeDeviceBackend final : public Backend {
                          const DropoutMask& drop) override {
     cpu_->attention_forward(real(out), real(att), real(qkv), B, T, C, NH, drop);
   }
-  void attention_backward(float* dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
+  void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
                           int B, int T, int C, int NH, const DropoutMask& drop) override {
     cpu_->attention_backward(real(dqkv), real(dout), real(qkv), real(out), real(att), B, T, C, NH, drop);
   }
   void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override {
     cpu_->gelu_forward(real(out), real(inp), N);
   }
-  void gelu_backward(float* dinp, ConstTensorPtr inp, const float* dout, int64_t N) override {
+  void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N) override {
     cpu_->gelu_backward(real(dinp), real(inp), real(dout), N);
   }
   void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override {
