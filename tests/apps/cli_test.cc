@@ -37,7 +37,7 @@ std::string tiny_config(const std::string& data_dir, const std::string& out_dir,
          extra;
 }
 
-TEST_CASE("prepare, train and sample end to end; resolved config and metrics are saved", "[apps]") {
+TEST_CASE("prepare, train and sample end to end, resolved config and metrics are saved", "[apps]") {
   TempDir dir;
   const std::string data = prepare_corpus(dir);
   const std::string out = dir.file("run");

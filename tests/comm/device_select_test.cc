@@ -8,7 +8,7 @@
 namespace gpt {
 namespace {
 
-TEST_CASE("Each rank takes the GPU of its local rank; too many ranks per node is an error", "[comm]") {
+TEST_CASE("Each rank takes the GPU of its local rank, too many ranks per node is an error", "[comm]") {
   CHECK(device_for_local_rank(0, 4, 4).value() == 0);
   CHECK(device_for_local_rank(3, 4, 8).value() == 3);
   auto too_many = device_for_local_rank(2, 8, 4);

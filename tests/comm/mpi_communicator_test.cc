@@ -26,7 +26,7 @@ TEST_CASE("all_reduce sums f32 and bf16 across ranks, in place", "[mpi]") {
   for (int i = 0; i < 64; ++i) REQUIRE(bf16_to_f32(y[i]) == static_cast<float>(n * (i % 8) + n * (n - 1) / 2));
 }
 
-TEST_CASE("reduce_scatter gives each rank the sum of its block; all_gather concatenates", "[mpi]") {
+TEST_CASE("reduce_scatter gives each rank the sum of its block, all_gather concatenates", "[mpi]") {
   auto world = g_mpi->make_world();
   const int n = world->size(), r = world->rank();
   const int block = 37;  // deliberately odd

@@ -73,7 +73,8 @@ TEST_CASE("Loader errors name file:line:column, the key and what was expected", 
         "dropout, tied_embeddings");
   CHECK(load_error("run: {}\nmodle:\n  n_head: 4\n") == "x.yaml:2:1: unknown section 'modle'; did you mean 'model'?");
   CHECK(load_error("optimizer: {}\n") ==
-        "x.yaml:1:1: unknown section 'optimizer'; sections are run, model, data, training, parallel, checkpoint, comm, logging");
+        "x.yaml:1:1: unknown section 'optimizer'; sections are run, model, data, training, parallel, checkpoint, comm, "
+        "logging");
   CHECK(load_error("model:\n  n_head:  four\n") == "x.yaml:2:12: model.n_head: expected an integer, got 'four'");
   CHECK(load_error("model:\n  n_head: [4]\n") ==
         "x.yaml:2:11: model.n_head: expected a single int value, got a sequence");
@@ -86,7 +87,8 @@ TEST_CASE("Loader errors name file:line:column, the key and what was expected", 
   CHECK(load_error("training:\n  beta2: 1\n") == "x.yaml:2:10: training.beta2: must be in [0, 1), got 1");
   CHECK(load_error("model: 5\n") == "x.yaml:1:8: section 'model' must be a map of key: value, got '5'");
   CHECK(load_error("- run\n") ==
-        "x.yaml:1:1: expected a map of sections (run, model, data, training, parallel, checkpoint, comm, logging), got a sequence");
+        "x.yaml:1:1: expected a map of sections (run, model, data, training, parallel, checkpoint, comm, logging), got "
+        "a sequence");
   CHECK(load_error("model:\n  n_head: 4\n  n_head: 8\n") ==
         "x.yaml:3:3: duplicate key 'model.n_head' (first at x.yaml:2:11)");
   CHECK(load_error("model: {}\nmodel: {}\n") == "x.yaml:2:1: duplicate section 'model' (first at x.yaml:1:1)");
@@ -163,7 +165,7 @@ TEST_CASE("to_yaml writes every key and reads back to the same config", "[config
   CHECK(to_yaml(back) == to_yaml(cfg));
 }
 
-TEST_CASE("Loading a file: positions use the path; a missing file is named", "[config]") {
+TEST_CASE("Loading a file: positions use the path, a missing file is named", "[config]") {
   const auto dir = std::filesystem::temp_directory_path() / "gpt_config_test";
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "run.yaml").string();

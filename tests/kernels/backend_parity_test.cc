@@ -161,7 +161,7 @@ TEST_CASE("parity: matmul forward and backward", "[cuda]") {
   }
 }
 
-TEST_CASE("backend registry: errors name the device; the CPU has no device communicator", "[backend]") {
+TEST_CASE("backend registry: errors name the device, the CPU has no device communicator", "[backend]") {
   auto bad = make_backend("tpu");
   REQUIRE_FALSE(bad.has_value());
   CHECK(bad.status().message().find("'tpu'") != std::string::npos);
@@ -596,7 +596,7 @@ class FlatParams final : public ParamSource {
 // relative, and a forward and backward pass through 3 blocks compounds a few dozen of them, so the loss is held to 1e-2
 // relative and each gradient tensor to 5e-2 of its largest element: enough to catch a wrong transpose or a missing term
 // (errors of order 1), not the rounding.
-TEST_CASE("parity: a whole GPT forward and backward on CUDA matches the CPU (fp32 within 1e-4; bf16)", "[cuda]") {
+TEST_CASE("parity: a whole GPT forward and backward on CUDA matches the CPU (fp32 within 1e-4, bf16)", "[cuda]") {
   Backend* gpu = cuda_or_skip("GPT step");
   if (!gpu) return;
   for (const auto& [dropout, matmul] :

@@ -80,21 +80,21 @@ TEST_CASE("CpuBackend: bf16 outputs of layernorm, residual + layernorm, gelu and
   }
 }
 
-TEST_CASE("CpuBackend bf16 compute: GEMMs multiply bf16-rounded inputs in fp32; bf16 inputs are taken as they are",
+TEST_CASE("CpuBackend bf16 compute: GEMMs multiply bf16-rounded inputs in fp32, bf16 inputs are taken as they are",
           "[kernels]") {
   auto be = cpu();
   const int N = 6, C = 12, OC = 10;
   const auto inp = randn(N * C, 1), weight = randn(OC * C, 2), bias = randn(OC, 3), dout = randn(N * OC, 4);
   const std::vector<bf16> inp_lo = to_bf16(inp);
 
-  // The reference: fp32 compute on the rounded operands (dbias from the fp32 dout).
+  // The reference: fp32 compute on the rounded operands (dbias from the rounded dout too: the GEMMs' view of it).
   be->set_compute_dtype(DType::kF32);
   std::vector<float> want(N * OC), want_dinp(N * C), want_dw(OC * C, 0.5f), want_db(OC, 0.25f), unused_db(OC);
   be->matmul_forward(want.data(), rounded(inp).data(), rounded(weight).data(), bias.data(), N, C, OC);
   be->matmul_backward(want_dinp.data(), want_dw.data(), unused_db.data(), rounded(dout).data(), rounded(inp).data(),
                       rounded(weight).data(), N, C, OC);
   std::vector<float> no_dw(OC * C);
-  be->matmul_backward(nullptr, no_dw.data(), want_db.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
+  be->matmul_backward(nullptr, no_dw.data(), want_db.data(), rounded(dout).data(), inp.data(), weight.data(), N, C, OC);
 
   be->set_compute_dtype(DType::kBF16);
   const std::vector<bf16> weight_lo = to_bf16(weight), dout_lo = to_bf16(dout);
@@ -110,11 +110,12 @@ TEST_CASE("CpuBackend bf16 compute: GEMMs multiply bf16-rounded inputs in fp32; 
     CHECK(same_bits(dinp, want_dinp));
     CHECK(same_bits(dw, want_dw));  // accumulated into (+=), as under fp32
     CHECK(same_bits(db, want_db));
-    // A bf16 output gradient (the LM head's dlogits; no bias then).
-    std::vector<float> dinp2(N * C), dw2(OC * C, 0.5f);
-    be->matmul_backward(dinp2.data(), dw2.data(), nullptr, dout_lo.data(), x, wt, N, C, OC);
+    // A bf16 output gradient (dqkv, the GELU's, the LM head's dlogits): the same, dbias included.
+    std::vector<float> dinp2(N * C), dw2(OC * C, 0.5f), db2(OC, 0.25f);
+    be->matmul_backward(dinp2.data(), dw2.data(), db2.data(), dout_lo.data(), x, wt, N, C, OC);
     CHECK(same_bits(dinp2, want_dinp));
     CHECK(same_bits(dw2, want_dw));
+    CHECK(same_bits(db2, want_db));
   }
   // The rounding is real: fp32 compute on the unrounded inputs differs.
   be->set_compute_dtype(DType::kF32);

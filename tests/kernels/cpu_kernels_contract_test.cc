@@ -55,7 +55,7 @@ void require_repeatable(const char* op, F run) {
   for (size_t i = 0; i < a.size(); ++i) REQUIRE(bitwise_equal(a[i], b[i]));
 }
 
-TEST_CASE("parameter gradients and layernorm's dinp accumulate; other outputs are overwritten", "[kernels]") {
+TEST_CASE("parameter gradients and layernorm's dinp accumulate, other outputs are overwritten", "[kernels]") {
   const int B = 2, T = 4, C = 8, NH = 2, N = B * T, OC = 5, V = 6, Vp = 8;
   const auto inp = randn(N * C, 1), dout = randn(N * C, 2);
   SECTION("matmul: dinp overwritten, dweight and dbias accumulated") {

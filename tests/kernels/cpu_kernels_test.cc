@@ -150,7 +150,7 @@ TEST_CASE("dropout_backward is the gradient of dropout_forward", "[kernels]") {
   }
 }
 
-TEST_CASE("crossentropy gradient matches finite differences; padded columns get zero", "[kernels]") {
+TEST_CASE("crossentropy gradient matches finite differences, padded columns get zero", "[kernels]") {
   const int N = 4, V = 5, Vp = 8;
   const float dloss = 0.37f;
   auto logits = randn(N * Vp, 1, 2.0f);

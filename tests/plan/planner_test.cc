@@ -171,7 +171,7 @@ TEST_CASE("fused attention (run.device cuda) keeps a log-sum-exp per row instead
         (carved(B * NH * T * T) - carved(B * NH * T)) * 4);
 }
 
-TEST_CASE("run.device cuda counts the CUDA backend's workspaces; bf16 compute adds the cast areas", "[plan]") {
+TEST_CASE("run.device cuda counts the CUDA backend's workspaces, bf16 compute adds the cast areas", "[plan]") {
   PlanInput cpu = small_input(1), cuda = small_input(1);
   cuda.fused_attention = true;
   const int64_t extra = plan_all(cuda).front().workspace - plan_all(cpu).front().workspace;
@@ -315,7 +315,7 @@ TEST_CASE("mixed precision: bf16 parameter copies and bf16 staging of reductions
   }
 }
 
-TEST_CASE("zero3 options: reshard_after_forward off keeps every unit; prefetch adds gathered blocks", "[plan]") {
+TEST_CASE("zero3 options: reshard_after_forward off keeps every unit, prefetch adds gathered blocks", "[plan]") {
   PlanInput in = small_input(4, 3);
   const ModelLayout layout = ModelLayout::build(in.shape);
   const int64_t phi = find(plan_all(in), Strategy::kZero3).padded_params;
