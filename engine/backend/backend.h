@@ -153,8 +153,11 @@ class Backend {
   // out f32, or bf16 (the fp32 result rounded to nearest even, bit for bit cast_to_bf16 of the f32 output).
   virtual void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
                                  const float* bias, int64_t N, int C) = 0;
+  // dinp (the residual stream's gradient) is accumulated into; dinp_lo, when not null, also gets the accumulated
+  // dinp rounded to bf16 (as cast_to_bf16 rounds), the projection GEMMs' output gradient under bf16 compute.
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                  const float* weight, const float* mean, const float* rstd, int64_t N, int C) = 0;
+                                  const float* weight, const float* mean, const float* rstd, int64_t N, int C,
+                                  bf16* dinp_lo) = 0;
   // The residual add fused with the LayerNorm that reads its result (llm.c's fused residual + LayerNorm):
   // res_out(N,C) = res + dropout(inp), then layernorm_forward(out, mean, rstd, res_out, ...). res_out may alias
   // res. Bit for bit the two separate ops (recomputation uses plain layernorm_forward on the stored res_out);

@@ -55,6 +55,7 @@ struct Gpt::Acts {
   // under bf16 compute; else d4 itself, in place); dqkv in qkv's dtype (the compute dtype).
   float *dres = nullptr, *dtmp = nullptr, *dln = nullptr, *d4 = nullptr, *datty = nullptr;
   TensorPtr d4_lo, dqkv;
+  bf16* dres_lo = nullptr;  // dres in bf16, the projections' output gradient (GEMM inputs in bf16 only)
 };
 
 // Parameter (or gradient) pointers of one block, in layout order.
@@ -172,6 +173,7 @@ void Gpt::prepare(int B, int T) {
     acts_->d4_lo = lo == DType::kBF16 ? gr.take(4 * N * C, lo) : TensorPtr(acts_->d4);
     acts_->dqkv = gr.take(3 * N * C, out);
     acts_->datty = gr.take(N * C);
+    acts_->dres_lo = lo == DType::kBF16 ? gr.take(N * C, lo).as_bf16() : nullptr;
     if (pass == 0) {
       acts_->scratch = be_.alloc(sc.used(), MemCategory::kActivations);
       acts_->stored = be_.alloc(st.used(), MemCategory::kActivations);
@@ -339,6 +341,16 @@ const float* Gpt::dropout_grad(const float* dres, const DropoutMask& drop) {
   return acts_->dtmp;
 }
 
+// Without dropout a projection's output gradient is dres itself, and under bf16 GEMM inputs the LayerNorm backward
+// that last accumulated into dres also left it in bf16 (dres_lo): the GEMMs take that, uncast.
+bf16* Gpt::residual_grad_lo(const StepContext& ctx) const {
+  return ctx.training && shape_.dropout > 0.0f ? nullptr : acts_->dres_lo;
+}
+ConstTensorPtr Gpt::projection_dout(const float* dres, const DropoutMask& drop, const StepContext& ctx) {
+  if (!drop.active() && residual_grad_lo(ctx) != nullptr) return ConstTensorPtr(residual_grad_lo(ctx));
+  return dropout_grad(dres, drop);
+}
+
 void Gpt::block_backward(int l, const BlockParams& p, const BlockParams& g, const float* x_in, const StepContext& ctx) {
   const BlockActs& a = acts_->blocks[l];
   const int64_t N = static_cast<int64_t>(B_) * T_;
@@ -353,17 +365,21 @@ void Gpt::block_backward(int l, const BlockParams& p, const BlockParams& g, cons
   // Gradient pointers are stored as const in BlockParams; these are the ParamSource's writable buffers.
   auto gw = [](const float* q) { return const_cast<float*>(q); };
   float* dres = acts_->dres;
-  const float* dmlp = dropout_grad(dres, dropout(kSiteMlpResid, l, ctx, static_cast<uint64_t>(T_) * C));
+  const ConstTensorPtr dmlp = projection_dout(dres, dropout(kSiteMlpResid, l, ctx, static_cast<uint64_t>(T_) * C), ctx);
   be_.matmul_backward(acts_->d4, gw(g.fcprojw), gw(g.fcprojb), dmlp, a.fch_gelu, p.fcprojw_gemm, N, 4 * C, C);
   be_.gelu_backward(acts_->d4_lo, a.fch, acts_->d4, N * 4 * C);
   be_.matmul_backward(acts_->dln, gw(g.fcw), gw(g.fcb), acts_->d4_lo, a.ln2, p.fcw_gemm, N, C, 4 * C);
-  be_.layernorm_backward(dres, gw(g.ln2w), gw(g.ln2b), acts_->dln, a.res_mid, p.ln2w, a.ln2_mean, a.ln2_rstd, N, C);
-  const float* dattn = dropout_grad(dres, dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C));
+  be_.layernorm_backward(dres, gw(g.ln2w), gw(g.ln2b), acts_->dln, a.res_mid, p.ln2w, a.ln2_mean, a.ln2_rstd, N, C,
+                         residual_grad_lo(ctx));
+  const ConstTensorPtr dattn =
+      projection_dout(dres, dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C), ctx);
   be_.matmul_backward(acts_->datty, gw(g.projw), gw(g.projb), dattn, a.atty, p.projw_gemm, N, C, C);
   be_.attention_backward(acts_->dqkv, acts_->datty, a.qkv, a.atty, a.att, B_, T_, C, NH,
                          dropout(kSiteAttention, l, ctx, static_cast<uint64_t>(NH) * T_ * T_));
   be_.matmul_backward(acts_->dln, gw(g.qkvw), gw(g.qkvb), acts_->dqkv, a.ln1, p.qkvw_gemm, N, C, 3 * C);
-  be_.layernorm_backward(dres, gw(g.ln1w), gw(g.ln1b), acts_->dln, x_in, p.ln1w, a.ln1_mean, a.ln1_rstd, N, C);
+  // Block 0's input gradient goes to the embedding backward, in fp32 only.
+  be_.layernorm_backward(dres, gw(g.ln1w), gw(g.ln1b), acts_->dln, x_in, p.ln1w, a.ln1_mean, a.ln1_rstd, N, C,
+                         l > 0 ? residual_grad_lo(ctx) : nullptr);
 }
 
 float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float loss_scale,
@@ -391,7 +407,7 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
   float* hg = params.grads(head);
   be_.fill_zero(acts_->dres, N * C);
   be_.layernorm_backward(acts_->dres, hg, hg + C, acts_->dln, acts_->x + shape_.n_layer * N * C, hp, acts_->lnf_mean,
-                         acts_->lnf_rstd, N, C);
+                         acts_->lnf_rstd, N, C, shape_.n_layer > 0 ? residual_grad_lo(ctx) : nullptr);
   params.grads_done(head);
   params.release(head);
 

@@ -89,6 +89,10 @@ class Gpt {
   // The gradient before dropout `drop` of the residual-stream gradient dres (B,T,C): dres itself when the
   // mask is inactive, else dropout_backward's into the dtmp workspace.
   const float* dropout_grad(const float* dres, const DropoutMask& drop);
+  // Where the LayerNorm backwards also write dres in bf16 for the projections' GEMMs (GEMM inputs in bf16, no
+  // dropout), else null; and the projection's output gradient: that copy, or dropout_grad's.
+  bf16* residual_grad_lo(const StepContext& ctx) const;
+  ConstTensorPtr projection_dout(const float* dres, const DropoutMask& drop, const StepContext& ctx);
   float mean_loss();
   // The LM head over rows [r0, r0 + rows) of ln_f's output: logits for the chunk into acts_->logits.
   void head_forward(int64_t r0, int64_t rows);

@@ -48,9 +48,10 @@ ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const Acti
   const int64_t head = Gpt::head_rows(N) * V;
   a.stored += carved(N * C, lo) + 2 * carved(N) + carved(head) + (lo == f32 ? 0 : carved(head, lo)) + carved(N);
   a.tokens = 2 * N * 4;  // the int32 inputs and targets, copied to the backend
-  // dres, dtmp, dln, d4, the GELU's bf16 output gradient (else in place in d4), dqkv (compute dtype), datty
-  a.workspace =
-      4 * carved(N * C) + carved(4 * N * C) + (lo == f32 ? 0 : carved(4 * N * C, lo)) + carved(3 * N * C, out);
+  // dres, dtmp, dln, d4, the GELU's bf16 output gradient (else in place in d4), dqkv (compute dtype), datty, and
+  // dres in bf16 (GEMM inputs in bf16)
+  a.workspace = 4 * carved(N * C) + carved(4 * N * C) + (lo == f32 ? 0 : carved(4 * N * C, lo) + carved(N * C, lo)) +
+                carved(3 * N * C, out);
   return a;
 }
 

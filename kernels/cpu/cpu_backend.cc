@@ -91,8 +91,10 @@ void CpuBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, cons
   finish(out, N * C);
 }
 void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                    const float* weight, const float* mean, const float* rstd, int64_t N, int C) {
+                                    const float* weight, const float* mean, const float* rstd, int64_t N, int C,
+                                    bf16* dinp_lo) {
   cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  if (dinp_lo != nullptr) cast_to_bf16(dinp_lo, dinp, N * C);
 }
 void CpuBackend::residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
                                             const float* inp, const float* weight, const float* bias, int64_t N, int C,

@@ -251,9 +251,10 @@ void CudaBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, con
   cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream_);
 }
 void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                     const float* weight, const float* mean, const float* rstd, int64_t N, int C) {
+                                     const float* weight, const float* mean, const float* rstd, int64_t N, int C,
+                                     bf16* dinp_lo) {
   const OpTimer timed = time_op("layernorm_backward");
-  cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
+  cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, dinp_lo,
                            scratch(cuda::layernorm_backward_scratch_bytes(N, C)), stream_);
 }
 void CudaBackend::residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,

@@ -56,7 +56,8 @@ class CudaBackend final : public Backend {
   void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
                          const float* bias, int64_t N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, const float* mean, const float* rstd, int64_t N, int C) override;
+                          const float* weight, const float* mean, const float* rstd, int64_t N, int C,
+                          bf16* dinp_lo) override;
   void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
                                   const float* inp, const float* weight, const float* bias, int64_t N, int C,
                                   const DropoutMask& drop) override;

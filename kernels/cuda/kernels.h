@@ -35,9 +35,10 @@ void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, floa
                                 const float* inp, const float* weight, const float* bias, int64_t N, int C,
                                 const DropoutMask& drop, cudaStream_t stream);
 size_t layernorm_backward_scratch_bytes(int64_t N, int C);
+// dinp_lo, when not null, gets the accumulated dinp rounded to bf16 in the same pass.
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int64_t N, int C, void* scratch,
-                        cudaStream_t stream);
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int C, bf16* dinp_lo,
+                        void* scratch, cudaStream_t stream);
 
 // attention.cu: fused causal attention (flash-style: online softmax, no T x T matrix in memory).
 // lse(B,NH,T) is each query row's log-sum-exp of the scaled scores. Head size C/NH <= 128. qkv, out and dqkv share

@@ -156,7 +156,8 @@ __global__ void __launch_bounds__(kRowThreads)
 // partial[chunk] = [dweight (C) | dbias (C)]. No thread shares a column with another in its chunk: no races.
 template <bool kVec>
 __global__ void __launch_bounds__(kColThreads)
-    layernorm_backward_col_kernel(float* __restrict__ dinp, float* __restrict__ partial, const float* __restrict__ dout,
+    layernorm_backward_col_kernel(float* __restrict__ dinp, bf16* __restrict__ dinp_lo, bool lo_vec,
+                                  float* __restrict__ partial, const float* __restrict__ dout,
                                   const float* __restrict__ inp, const float* __restrict__ weight,
                                   const float* __restrict__ mean, const float* __restrict__ rstd,
                                   const float2* __restrict__ row_stats, int64_t N, int C, int64_t rpc) {
@@ -184,6 +185,7 @@ __global__ void __launch_bounds__(kColThreads)
       dx[k] += (dnorm - st.x - norm * st.y) * s;
     }
     store4<kVec>(dinp + r * C, j, C, dx);
+    if (dinp_lo != nullptr) store4_bf16(dinp_lo + r * C + j, dx, lo_vec, C - j);
   }
   float* p = partial + static_cast<int64_t>(blockIdx.x) * 2 * C;
   store4<kVec>(p, j, C, pw);
@@ -287,8 +289,8 @@ size_t layernorm_backward_scratch_bytes(int64_t N, int C) {
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int64_t N, int C, void* scratch,
-                        cudaStream_t stream) {
+                        const float* weight, const float* mean, const float* rstd, int64_t N, int C, bf16* dinp_lo,
+                        void* scratch, cudaStream_t stream) {
   GPT_CHECK(N >= 0 && C > 0);
   GPT_CHECK(dinp != nullptr && dweight != nullptr && dbias != nullptr && dout != nullptr && inp != nullptr);
   GPT_CHECK(weight != nullptr && mean != nullptr && rstd != nullptr);
@@ -305,21 +307,23 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
   const bool vec =
       C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight) && aligned16(partial);
+  // Four bf16 in one 8-byte store when every row's column 4k is 8-byte aligned.
+  const bool lo_vec = C % 4 == 0 && reinterpret_cast<uintptr_t>(dinp_lo) % 8 == 0;
   const dim3 row_grid(static_cast<unsigned>(ceil_div(N, kRowWarps)));
   const dim3 col_grid(static_cast<unsigned>(chunks), static_cast<unsigned>(ceil_div(C, 4 * kColThreads)));
   if (vec) {
     layernorm_backward_row_kernel<true>
         <<<row_grid, kRowThreads, 0, stream>>>(row_stats, dout, inp, weight, mean, rstd, N, C);
     GPT_CUDA_CHECK_LAUNCH();
-    layernorm_backward_col_kernel<true>
-        <<<col_grid, kColThreads, 0, stream>>>(dinp, partial, dout, inp, weight, mean, rstd, row_stats, N, C, rpc);
+    layernorm_backward_col_kernel<true><<<col_grid, kColThreads, 0, stream>>>(dinp, dinp_lo, lo_vec, partial, dout, inp,
+                                                                              weight, mean, rstd, row_stats, N, C, rpc);
     GPT_CUDA_CHECK_LAUNCH();
   } else {
     layernorm_backward_row_kernel<false>
         <<<row_grid, kRowThreads, 0, stream>>>(row_stats, dout, inp, weight, mean, rstd, N, C);
     GPT_CUDA_CHECK_LAUNCH();
-    layernorm_backward_col_kernel<false>
-        <<<col_grid, kColThreads, 0, stream>>>(dinp, partial, dout, inp, weight, mean, rstd, row_stats, N, C, rpc);
+    layernorm_backward_col_kernel<false><<<col_grid, kColThreads, 0, stream>>>(
+        dinp, dinp_lo, lo_vec, partial, dout, inp, weight, mean, rstd, row_stats, N, C, rpc);
     GPT_CUDA_CHECK_LAUNCH();
   }
   const dim3 param_grid(static_cast<unsigned>(ceil_div(2 * static_cast<int64_t>(C), kParamThreads)));

@@ -80,10 +80,19 @@ void run_layernorm(int64_t N, int C, size_t off) {
   for (int r = 0; r < 2; ++r) {
     Buf<float> scratch((sb + 3) / 4);
     dinp[r].copy_from(dinp0), dw[r].copy_from(dw0), db[r].copy_from(db0);
-    emu::layernorm_backward(dinp[r].p, dw[r].p, db[r].p, dout.p, inp.p, w.p, cmean.p, crstd.p, N, C, scratch.p,
+    emu::layernorm_backward(dinp[r].p, dw[r].p, db[r].p, dout.p, inp.p, w.p, cmean.p, crstd.p, N, C, nullptr, scratch.p,
                             nullptr);
   }
   CHECK(dinp[0].same(dinp[1]));
+  {  // With the bf16 copy of the accumulated dinp: the same results, and the copy is their rounding.
+    Buf<float> scratch((sb + 3) / 4), d3(N * C, off), dw3(C), db3(C);
+    Buf<gpt::bf16> lo(N * C, off);
+    d3.copy_from(dinp0), dw3.copy_from(dw0), db3.copy_from(db0);
+    emu::layernorm_backward(d3.p, dw3.p, db3.p, dout.p, inp.p, w.p, cmean.p, crstd.p, N, C, lo.p, scratch.p, nullptr);
+    CHECK(d3.same(dinp[0]));
+    CHECK(dw3.same(dw[0]));
+    CHECK(rounded_from(lo, d3));
+  }
   CHECK(dw[0].same(dw[1]));
   CHECK(db[0].same(db[1]));
   const Cmp cs[] = {compare(out.p, cout.p, out.n),        compare(mean.p, cmean.p, N), compare(rstd.p, crstd.p, N),
@@ -101,7 +110,7 @@ void run_layernorm(int64_t N, int C, size_t off) {
         dw2.copy_from(dw0), db2.copy_from(db0);
     emu::layernorm_forward(o2.p, nullptr, nullptr, i2.p, w2.p, b2.p, N, C, nullptr);
     Buf<float> scratch((sb + 3) / 4 + 64);
-    emu::layernorm_backward(di2.p, dw2.p, db2.p, d2.p, i2.p, w2.p, cmean.p, crstd.p, N, C, scratch.p, nullptr);
+    emu::layernorm_backward(di2.p, dw2.p, db2.p, d2.p, i2.p, w2.p, cmean.p, crstd.p, N, C, nullptr, scratch.p, nullptr);
     CHECK(o2.same(out));
     CHECK(di2.same(dinp[0]));
     CHECK(dw2.same(dw[0]));

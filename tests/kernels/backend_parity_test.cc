@@ -245,13 +245,20 @@ TEST_CASE("parity: layernorm forward and backward", "[cuda]") {
     std::vector<float> out(N * C), mean(N), rstd(N), c_dinp = dinp, c_dw = dw, c_db = db;
     cpu().layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
     cpu().layernorm_backward(c_dinp.data(), c_dw.data(), c_db.data(), dout.data(), inp.data(), w.data(), mean.data(),
-                             rstd.data(), N, C);
+                             rstd.data(), N, C, nullptr);
     Dev<float> g_inp(*gpu, inp), g_w(*gpu, w), g_b(*gpu, b), g_dout(*gpu, dout);
     Dev<float> g_out(*gpu, out.size()), g_mean(*gpu, N), g_rstd(*gpu, N);
     Dev<float> g_dinp(*gpu, dinp), g_dw(*gpu, dw), g_db(*gpu, db);
     gpu->layernorm_forward(g_out.p(), g_mean.p(), g_rstd.p(), g_inp.p(), g_w.p(), g_b.p(), N, C);
+    Dev<bf16> g_dlo(*gpu, dinp.size());
     gpu->layernorm_backward(g_dinp.p(), g_dw.p(), g_db.p(), g_dout.p(), g_inp.p(), g_w.p(), g_mean.p(), g_rstd.p(), N,
-                            C);
+                            C, g_dlo.p());
+    {  // the bf16 copy of the accumulated dinp: its rounding, bit for bit
+      std::vector<bf16> want(dinp.size());
+      cpu().cast_to_bf16(want.data(), g_dinp.read().data(), static_cast<int64_t>(want.size()));
+      const std::vector<bf16> got = g_dlo.read();
+      CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(bf16)) == 0);
+    }
     expect_close("layernorm out", out, g_out.read(), kReduction);
     expect_close("layernorm mean", mean, g_mean.read(), kReduction);
     expect_close("layernorm rstd", rstd, g_rstd.read(), kReduction);

@@ -79,9 +79,10 @@ class FakeDeviceBackend final : public Backend {
     cpu_->layernorm_forward(real(out), real(mean), real(rstd), real(inp), real(weight), real(bias), N, C);
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, const float* mean, const float* rstd, int64_t N, int C) override {
+                          const float* weight, const float* mean, const float* rstd, int64_t N, int C,
+                          bf16* dinp_lo) override {
     cpu_->layernorm_backward(real(dinp), real(dweight), real(dbias), real(dout), real(inp), real(weight), real(mean),
-                             real(rstd), N, C);
+                             real(rstd), N, C, real(dinp_lo));
   }
   void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
                                   const float* inp, const float* weight, const float* bias, int64_t N, int C,
