@@ -27,7 +27,9 @@ echo "$out" | grep -E "rank 1|MPI_ABORT" | head -5
 fail=0
 [ "$code" -ne 0 ] || { echo "FAIL: exit code 0"; fail=1; }
 [ "$code" -ne 124 ] || { echo "FAIL: hung until the timeout"; fail=1; }
-echo "$out" | grep -q "\[rank 1\] \[error\].*unknown key 'training.parallel_typo'" || { echo "FAIL: rank 1's error not logged"; fail=1; }
+# A here-string, not a pipe: under pipefail, grep -q quitting at the first match can kill echo with SIGPIPE and
+# fail the check although the line is there.
+grep -q "\[rank 1\] \[error\].*unknown key 'training.parallel_typo'" <<< "$out" || { echo "FAIL: rank 1's error not logged"; fail=1; }
 [ "$elapsed" -lt 30 ] || { echo "FAIL: took ${elapsed}s"; fail=1; }
 [ "$fail" -eq 0 ] && echo "PASS: every rank ended (exit $code) in ${elapsed}s with rank 1's error logged"
 exit $fail
