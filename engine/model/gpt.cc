@@ -342,12 +342,13 @@ const float* Gpt::dropout_grad(const float* dres, const DropoutMask& drop) {
 }
 
 // Without dropout a projection's output gradient is dres itself, and under bf16 GEMM inputs the LayerNorm backward
-// that last accumulated into dres also left it in bf16 (dres_lo): the GEMMs take that, uncast.
+// that last accumulated into dres also left it in bf16 (dres_lo): the GEMMs take that, uncast. (Every dropout
+// site is active or none is: dropout() depends on the site only for the mask's stream.)
 bf16* Gpt::residual_grad_lo(const StepContext& ctx) const {
-  return ctx.training && shape_.dropout > 0.0f ? nullptr : acts_->dres_lo;
+  return dropout(kSiteMlpResid, 0, ctx, 0).active() ? nullptr : acts_->dres_lo;
 }
 ConstTensorPtr Gpt::projection_dout(const float* dres, const DropoutMask& drop, const StepContext& ctx) {
-  if (!drop.active() && residual_grad_lo(ctx) != nullptr) return ConstTensorPtr(residual_grad_lo(ctx));
+  if (bf16* lo = residual_grad_lo(ctx)) return ConstTensorPtr(lo);
   return dropout_grad(dres, drop);
 }
 

@@ -54,6 +54,10 @@ const float* CpuBackend::bf16_operand(int slot, ConstTensorPtr x, int64_t n) {
   return dst;
 }
 
+const float* CpuBackend::f32_view(int slot, ConstTensorPtr x, int64_t n) {
+  return x.is_bf16() ? bf16_operand(slot, x, n) : x.as_f32();
+}
+
 float* CpuBackend::result_area(TensorPtr out, int64_t n) { return out.is_bf16() ? staging(3, n) : out.as_f32(); }
 
 void CpuBackend::finish(TensorPtr out, int64_t n) {
@@ -105,25 +109,22 @@ void CpuBackend::residual_layernorm_forward(float* res_out, TensorPtr out, float
 void CpuBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                                    const DropoutMask& drop) {
   const int64_t n = static_cast<int64_t>(B) * T * C;
-  const float* x = qkv.is_bf16() ? bf16_operand(0, qkv, 3 * n) : qkv.as_f32();
-  cpu::attention_forward(result_area(out, n), att, x, B, T, C, NH, drop);
+  cpu::attention_forward(result_area(out, n), att, f32_view(0, qkv, 3 * n), B, T, C, NH, drop);
   finish(out, n);
 }
 // The probabilities in `att` give the backward; it does not read out.
 void CpuBackend::attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr /*out*/,
                                     const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
   const int64_t n = static_cast<int64_t>(B) * T * 3 * C;
-  const float* x = qkv.is_bf16() ? bf16_operand(0, qkv, n) : qkv.as_f32();
-  cpu::attention_backward(result_area(dqkv, n), dout, x, att, B, T, C, NH, drop);
+  cpu::attention_backward(result_area(dqkv, n), dout, f32_view(0, qkv, n), att, B, T, C, NH, drop);
   finish(dqkv, n);
 }
 void CpuBackend::gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) {
-  const float* x = inp.is_bf16() ? bf16_operand(0, inp, N) : inp.as_f32();
-  cpu::gelu_forward(result_area(out, N), x, N);
+  cpu::gelu_forward(result_area(out, N), f32_view(0, inp, N), N);
   finish(out, N);
 }
 void CpuBackend::gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N) {
-  cpu::gelu_backward(result_area(dinp, N), inp.is_bf16() ? bf16_operand(0, inp, N) : inp.as_f32(), dout, N);
+  cpu::gelu_backward(result_area(dinp, N), f32_view(0, inp, N), dout, N);
   finish(dinp, N);
 }
 void CpuBackend::residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) {

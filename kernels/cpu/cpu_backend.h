@@ -68,6 +68,8 @@ class CpuBackend final : public Backend {
   float* staging(int slot, int64_t n);
   // x's values as a bf16 GEMM reads them (bf16 expanded, or fp32 rounded to bf16), as fp32 in staging `slot`.
   const float* bf16_operand(int slot, ConstTensorPtr x, int64_t n);
+  // x as fp32: x itself, or a bf16 x widened into staging `slot`.
+  const float* f32_view(int slot, ConstTensorPtr x, int64_t n);
   // Where an op writes its fp32 result for `out`: out itself, or staging 3 when out is bf16 (then finish()).
   float* result_area(TensorPtr out, int64_t n);
   void finish(TensorPtr out, int64_t n);

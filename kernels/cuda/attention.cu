@@ -483,30 +483,6 @@ void backward_impl(In* dqkv, const float* dout, const In* qkv, const float* lse,
   }
 }
 
-template <typename In, typename Out>
-void forward_typed(Out* out, float* lse, const In* qkv, int B, int T, int C, int NH, int hs, const DropoutMask& drop,
-                   cudaStream_t stream) {
-  if (hs <= 32) {
-    forward_impl<32>(out, lse, qkv, B, T, C, NH, drop, stream);
-  } else if (hs <= 64) {
-    forward_impl<64>(out, lse, qkv, B, T, C, NH, drop, stream);
-  } else {
-    forward_impl<128>(out, lse, qkv, B, T, C, NH, drop, stream);
-  }
-}
-
-template <typename In>
-void backward_typed(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T,
-                    int C, int NH, int hs, const DropoutMask& drop, cudaStream_t stream) {
-  if (hs <= 32) {
-    backward_impl<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
-  } else if (hs <= 64) {
-    backward_impl<64>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
-  } else {
-    backward_impl<128>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, drop, stream);
-  }
-}
-
 }  // namespace
 
 void attention_forward(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
@@ -514,11 +490,10 @@ void attention_forward(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int
   const int hs = head_size(B, T, C, NH);
   GPT_CHECK(out.dtype == qkv.dtype);
   if (B == 0 || T == 0) return;
-  if (qkv.is_bf16()) {
-    forward_typed(out.as_bf16(), lse, qkv.as_bf16(), B, T, C, NH, hs, drop, stream);
-  } else {
-    forward_typed(out.as_f32(), lse, qkv.as_f32(), B, T, C, NH, hs, drop, stream);
-  }
+  with_dtype(qkv, [&](auto* q) {
+    auto* o = static_cast<element_t<decltype(q)>*>(out.data);  // out has qkv's dtype
+    with_head_size(hs, [&](auto d) { forward_impl<decltype(d)::value>(o, lse, q, B, T, C, NH, drop, stream); });
+  });
 }
 
 size_t attention_backward_scratch_bytes(int B, int T, int C, int NH) {
@@ -552,11 +527,11 @@ void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, C
   if (B == 0 || T == 0) return;
   float* dvec = static_cast<float*>(scratch);
   attention_row_dot(dvec, dout, out, false, B, T, C, NH, stream);
-  if (qkv.is_bf16()) {
-    backward_typed(dqkv.as_bf16(), dout, qkv.as_bf16(), lse, dvec, B, T, C, NH, hs, drop, stream);
-  } else {
-    backward_typed(dqkv.as_f32(), dout, qkv.as_f32(), lse, dvec, B, T, C, NH, hs, drop, stream);
-  }
+  with_dtype(qkv, [&](auto* q) {
+    auto* dq = static_cast<element_t<decltype(q)>*>(dqkv.data);  // dqkv has qkv's dtype
+    with_head_size(
+        hs, [&](auto d) { backward_impl<decltype(d)::value>(dq, dout, q, lse, dvec, B, T, C, NH, drop, stream); });
+  });
 }
 
 }  // namespace gpt::cuda

@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
+#include "backend/backend.h"
 #include "core/dtype.h"
 #include "kernels/cuda/cuda_check.h"
 
@@ -66,6 +68,33 @@ __device__ inline void store_value(bf16* p, float v) { p->bits = bf16_bits_neare
 // An input element as fp32.
 __device__ inline float load_value(const float* p) { return *p; }
 __device__ inline float load_value(const bf16* p) { return __uint_as_float(static_cast<uint32_t>(p->bits) << 16); }
+// Host side: calls f with x's pointer as float* or bf16* (const for a ConstTensorPtr), so a launcher templated on
+// the element type is written once and instantiated per dtype.
+template <class V, class F>
+void with_dtype(BasicTensorPtr<V> x, F&& f) {
+  if (x.is_bf16()) {
+    f(x.as_bf16());
+  } else {
+    f(x.as_f32());
+  }
+}
+// The element type behind such a pointer (float or bf16, without const).
+template <class P>
+using element_t = std::remove_const_t<std::remove_pointer_t<P>>;
+
+// The head sizes the attention kernels are compiled for: f(std::integral_constant<int, D>{}) with the smallest D
+// of 32, 64 and 128 that holds hs (REQUIRES hs <= 128).
+template <class F>
+void with_head_size(int hs, F&& f) {
+  if (hs <= 32) {
+    f(std::integral_constant<int, 32>{});
+  } else if (hs <= 64) {
+    f(std::integral_constant<int, 64>{});
+  } else {
+    f(std::integral_constant<int, 128>{});
+  }
+}
+
 // v rounded to bf16 (nearest even) and back to fp32.
 __device__ inline float round_bf16(float v) {
   return __uint_as_float(static_cast<uint32_t>(bf16_bits_nearest(__float_as_uint(v))) << 16);

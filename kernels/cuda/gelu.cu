@@ -47,33 +47,13 @@ void launch_backward(Out* dinp, const In* inp, const float* dout, int64_t n, cud
 
 void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N, cudaStream_t stream) {
   if (N == 0) return;
-  if (inp.is_bf16()) {
-    if (out.is_bf16()) {
-      launch_forward(out.as_bf16(), inp.as_bf16(), N, stream);
-    } else {
-      launch_forward(out.as_f32(), inp.as_bf16(), N, stream);
-    }
-  } else if (out.is_bf16()) {
-    launch_forward(out.as_bf16(), inp.as_f32(), N, stream);
-  } else {
-    launch_forward(out.as_f32(), inp.as_f32(), N, stream);
-  }
+  with_dtype(inp, [&](auto* x) { with_dtype(out, [&](auto* y) { launch_forward(y, x, N, stream); }); });
   GPT_CUDA_CHECK_LAUNCH();
 }
 
 void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N, cudaStream_t stream) {
   if (N == 0) return;
-  if (inp.is_bf16()) {
-    if (dinp.is_bf16()) {
-      launch_backward(dinp.as_bf16(), inp.as_bf16(), dout, N, stream);
-    } else {
-      launch_backward(dinp.as_f32(), inp.as_bf16(), dout, N, stream);
-    }
-  } else if (dinp.is_bf16()) {
-    launch_backward(dinp.as_bf16(), inp.as_f32(), dout, N, stream);
-  } else {
-    launch_backward(dinp.as_f32(), inp.as_f32(), dout, N, stream);
-  }
+  with_dtype(inp, [&](auto* x) { with_dtype(dinp, [&](auto* dx) { launch_backward(dx, x, dout, N, stream); }); });
   GPT_CUDA_CHECK_LAUNCH();
 }
 

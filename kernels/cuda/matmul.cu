@@ -131,14 +131,11 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
   GPT_CHECK(!c_bf16 || (ab_type == DType::kBF16 && beta == 0.0f && (bias == nullptr || bias_epilogue)));
   // cuBLASLt assumes 256-byte aligned matrices unless told otherwise; ours are offsets into flat buffers.
   const uint32_t align_a = alignment(a), align_b = alignment(b), align_c = alignment(c);
-  // Every input of the heuristic: transposes, sizes, leading dimensions, input type, epilogue and alignments.
-  const std::array<int64_t, 14> key = {trans_a, trans_b,
-                                       m,       n,
-                                       k,       lda,
-                                       ldb,     ldc,
-                                       c_bf16,  bias_epilogue,
-                                       align_a, align_b,
-                                       align_c, static_cast<int64_t>(ab_type)};
+  // Every input of the heuristic: transposes, sizes, leading dimensions, input and output types, epilogue and
+  // alignments.
+  const int64_t ab_code = static_cast<int64_t>(ab_type);
+  const std::array<int64_t, 14> key = {trans_a, trans_b,       m,       n,       k,      lda, ldb, ldc, ab_code,
+                                       c_bf16,  bias_epilogue, align_a, align_b, align_c};
   auto it = algos_->plans.find(key);
   if (it == algos_->plans.end()) {
     AlgoCache::Plan p;
@@ -217,13 +214,9 @@ void Matmul::backward(float* dinp, float* dweight, float* dbias, const void* dou
     const int64_t chunks = dbias_chunks(N);
     GPT_CHECK_MSG(chunks <= 65535, "matmul_backward: too many rows for the dbias grid");
     const dim3 grid(static_cast<unsigned>(ceil_div(OC, kColsPerBlock)), static_cast<unsigned>(chunks));
-    if (type == DType::kBF16) {
-      dbias_partial_kernel<bf16>
-          <<<grid, dim3(kColsPerBlock, 8), 0, stream_>>>(partial, static_cast<const bf16*>(dout), N, OC);
-    } else {
-      dbias_partial_kernel<float>
-          <<<grid, dim3(kColsPerBlock, 8), 0, stream_>>>(partial, static_cast<const float*>(dout), N, OC);
-    }
+    with_dtype(ConstTensorPtr(dout, type), [&](auto* d) {
+      dbias_partial_kernel<element_t<decltype(d)>><<<grid, dim3(kColsPerBlock, 8), 0, stream_>>>(partial, d, N, OC);
+    });
     GPT_CUDA_CHECK_LAUNCH();
     dbias_sum_kernel<<<static_cast<unsigned>(ceil_div(OC, 256)), 256, 0, stream_>>>(dbias, partial, chunks, OC);
     GPT_CUDA_CHECK_LAUNCH();

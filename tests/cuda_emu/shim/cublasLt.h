@@ -72,24 +72,26 @@ inline int cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
   delete d;
   return 0;
 }
+// An attribute's value of exactly the field's size into the field.
+template <class T>
+inline void emu_lt_set(T& field, const void* v, size_t n) {
+  if (n != sizeof(field)) emu_fail("cublasLt: attribute size");
+  std::memcpy(&field, v, n);
+}
 inline int cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void* v,
                                           size_t n) {
   switch (a) {
     case CUBLASLT_MATMUL_DESC_TRANSA:
-      if (n != sizeof(d->ta)) emu_fail("cublasLt: attribute size");
-      std::memcpy(&d->ta, v, n);
+      emu_lt_set(d->ta, v, n);
       break;
     case CUBLASLT_MATMUL_DESC_TRANSB:
-      if (n != sizeof(d->tb)) emu_fail("cublasLt: attribute size");
-      std::memcpy(&d->tb, v, n);
+      emu_lt_set(d->tb, v, n);
       break;
     case CUBLASLT_MATMUL_DESC_EPILOGUE:
-      if (n != sizeof(d->epi)) emu_fail("cublasLt: attribute size");
-      std::memcpy(&d->epi, v, n);
+      emu_lt_set(d->epi, v, n);
       break;
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
-      if (n != sizeof(d->bias)) emu_fail("cublasLt: attribute size");
-      std::memcpy(&d->bias, v, n);
+      emu_lt_set(d->bias, v, n);
       break;
   }
   return 0;
