@@ -59,6 +59,11 @@ __global__ void dbias_partial_kernel(float* partial, const In* dout, int64_t N, 
   }
 }
 
+template <typename In>
+void launch_dbias_partial(float* partial, const In* dout, int64_t N, int OC, dim3 grid, cudaStream_t stream) {
+  dbias_partial_kernel<In><<<grid, dim3(kColsPerBlock, 8), 0, stream>>>(partial, dout, N, OC);
+}
+
 __global__ void dbias_sum_kernel(float* dbias, const float* partial, int64_t chunks, int OC) {
   const int oc = blockIdx.x * blockDim.x + threadIdx.x;
   if (oc >= OC) return;
@@ -214,9 +219,7 @@ void Matmul::backward(float* dinp, float* dweight, float* dbias, const void* dou
     const int64_t chunks = dbias_chunks(N);
     GPT_CHECK_MSG(chunks <= 65535, "matmul_backward: too many rows for the dbias grid");
     const dim3 grid(static_cast<unsigned>(ceil_div(OC, kColsPerBlock)), static_cast<unsigned>(chunks));
-    with_dtype(ConstTensorPtr(dout, type), [&](auto* d) {
-      dbias_partial_kernel<element_t<decltype(d)>><<<grid, dim3(kColsPerBlock, 8), 0, stream_>>>(partial, d, N, OC);
-    });
+    with_dtype(ConstTensorPtr(dout, type), [&](auto* d) { launch_dbias_partial(partial, d, N, OC, grid, stream_); });
     GPT_CUDA_CHECK_LAUNCH();
     dbias_sum_kernel<<<static_cast<unsigned>(ceil_div(OC, 256)), 256, 0, stream_>>>(dbias, partial, chunks, OC);
     GPT_CUDA_CHECK_LAUNCH();
