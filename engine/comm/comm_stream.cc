@@ -32,8 +32,10 @@ CommStream::~CommStream() {
   thread_.join();
 }
 
-Work CommStream::submit(CommOp op, int64_t elements, int64_t bytes, std::function<void()> task) {
+Work CommStream::submit(CommOp op, int64_t elements, int64_t bytes, std::function<void()> task,
+                        std::function<void()> device_join) {
   auto state = std::make_shared<Work::State>();
+  state->device_join = std::move(device_join);
   {
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t seq = ++submitted_;

@@ -36,8 +36,10 @@ class CommStream {
   CommStream(const CommStream&) = delete;
   CommStream& operator=(const CommStream&) = delete;
 
-  // Queues `task`; the returned Work completes when it has run. Counted under `op`.
-  Work submit(CommOp op, int64_t elements, int64_t bytes, std::function<void()> task);
+  // Queues `task`; the returned Work completes when it has run. Counted under `op`. `device_join`: what the
+  // Work's join() does instead of waiting (see Work::State), or empty.
+  Work submit(CommOp op, int64_t elements, int64_t bytes, std::function<void()> task,
+              std::function<void()> device_join = {});
   // Runs `task` on the stream and waits for it (for calls that must happen in stream order, e.g. split).
   void run_sync(std::function<void()> task);
   CommStats stats() const;

@@ -30,6 +30,14 @@ void Work::wait() const {
   state_->cv.wait(lock, [this] { return state_->done; });
 }
 
+void Work::join() const {
+  if (state_ && state_->device_join) {
+    state_->device_join();
+  } else {
+    wait();
+  }
+}
+
 bool Work::is_done() const {
   if (!state_) return true;
   std::lock_guard<std::mutex> lock(state_->mu);

@@ -4,6 +4,13 @@
 // communication overlaps compute. Reductions are sums. Buffers must stay valid, and must not be touched
 // by the caller, until the Work completes (`// *buf must outlive the Work`).
 //
+// Two ways to wait. wait(): the host blocks until the collective is done (for host values, and before
+// reading a result on the host). join(): later work of the caller's compute stream is ordered after the
+// collective; for device buffers (NCCL) that is a wait enqueued on the GPU (cudaStreamWaitEvent) and the host
+// goes on at once, so the host keeps queueing kernels while communication runs (PyTorch's wait_stream);
+// elsewhere it is wait(). After a join(), a buffer of the collective may go back to a pool: every later
+// collective is itself ordered after the compute stream's work at issue, so it cannot overtake.
+//
 // Element types: f32 and bf16 (bf16 is really sent as 2-byte elements and summed through fp32).
 // Every collective is numbered (seq) and counted per op: calls, elements, bytes and wall time on the comm
 // stream, so a hang can name the collective and metrics can report communication volume.
@@ -12,6 +19,7 @@
 #include <array>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -44,10 +52,15 @@ class Work {
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
+    // Set once, before the Work is handed out: what join() enqueues instead of waiting (NCCL), or empty.
+    std::function<void()> device_join;
   };
   Work() = default;  // an already-completed Work
   explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
   void wait() const;
+  // The caller's compute stream waits for the collective (on the device, without blocking the host, where
+  // the communicator supports it; else wait()).
+  void join() const;
   bool is_done() const;
 
  private:

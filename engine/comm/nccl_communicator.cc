@@ -107,29 +107,47 @@ class NcclCommunicator final : public Communicator {
   CommStats stats() const override { return tasks_->stats(); }
 
  private:
-  // Orders the collective after the compute stream's work so far and launches it on the comm stream; the
-  // CommStream thread waits for the GPU, so that the Work completes when the data is there.
+  // The two events of one collective: `ready` on the compute stream at issue, `done` on the comm stream after
+  // it. Shared by the CommStream task (which waits for `done`) and the Work's join() (which makes the compute
+  // stream wait for it), so it lives until both are finished with it.
+  struct Events {
+    cudaEvent_t ready = nullptr, done = nullptr;
+    Events() {
+      GPT_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+      GPT_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    }
+    ~Events() {
+      cudaEventDestroy(ready);  // released once the GPU is past them (CUDA defers it)
+      cudaEventDestroy(done);
+    }
+    Events(const Events&) = delete;
+    Events& operator=(const Events&) = delete;
+  };
+
+  // Orders the collective after the compute stream's work so far and launches it on the comm stream. Its
+  // Work completes when the GPU has finished it (the CommStream thread waits for `done`); its join() makes
+  // the compute stream wait for `done` on the GPU, so the host need not block for compute to follow it.
   //
   // The NCCL kernel is launched here, on the calling thread, so kernels of all of a process's NCCL
   // communicators (hybrid: shard and replicate groups) are launched in issue order, the same order on every
   // rank, as PyTorch does; launching them from each communicator's own thread could order them differently on
   // different ranks, which NCCL documents as a possible deadlock. The CommStream thread only waits.
   Work submit(CommOp op, int64_t elements, int64_t n, DType dtype, const std::function<void()>& enqueue) {
-    cudaEvent_t ready = nullptr, done = nullptr;
     GPT_CUDA_CHECK(cudaSetDevice(device_));
-    GPT_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    GPT_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    GPT_CUDA_CHECK(cudaEventRecord(ready, compute_));
-    GPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+    auto events = std::make_shared<Events>();
+    GPT_CUDA_CHECK(cudaEventRecord(events->ready, compute_));
+    GPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, events->ready, 0));
     enqueue();
-    GPT_CUDA_CHECK(cudaEventRecord(done, stream_));
+    GPT_CUDA_CHECK(cudaEventRecord(events->done, stream_));
     const int64_t bytes = n * static_cast<int64_t>(dtype_size(dtype));
-    return tasks_->submit(op, elements, bytes, [this, ready, done] {
-      GPT_CUDA_CHECK(cudaSetDevice(device_));
-      wait_for(done);
-      GPT_CUDA_CHECK(cudaEventDestroy(ready));
-      GPT_CUDA_CHECK(cudaEventDestroy(done));
-    });
+    cudaStream_t compute = compute_;
+    return tasks_->submit(
+        op, elements, bytes,
+        [this, events] {
+          GPT_CUDA_CHECK(cudaSetDevice(device_));
+          wait_for(events->done);
+        },
+        [compute, events] { GPT_CUDA_CHECK(cudaStreamWaitEvent(compute, events->done, 0)); });
   }
 
   // Waits for `done` (the end of one collective on the comm stream) while polling NCCL's asynchronous error:

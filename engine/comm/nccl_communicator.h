@@ -5,7 +5,8 @@
 // that produced its buffers. The NCCL call is launched on the issuing thread, so every communicator's
 // kernels are launched in the same order on every rank; the Work completes when the GPU has finished it (a
 // CommStream thread waits for an event after it, polling NCCL's async error, so Work::wait() works from the
-// host as for MPI, and the compute stream keeps going meanwhile). Buffers are device pointers. Reductions are sums;
+// host as for MPI, and the compute stream keeps going meanwhile); Work::join() instead makes the compute stream
+// wait for that event on the GPU, without blocking the host. Buffers are device pointers. Reductions are sums;
 // bf16 is summed by NCCL in bf16 (ncclBfloat16). split() splits the bootstrap and creates a new NCCL communicator on
 // it.
 #pragma once

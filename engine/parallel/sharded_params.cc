@@ -91,6 +91,7 @@ ShardedParams::~ShardedParams() {
   for (Work& w : gather_work_) w.wait();
   for (Work& w : grad_works_) w.wait();
   for (Pending& p : pending_) p.work.wait();
+  be_.synchronize();  // and the collectives joined on the device, before the pools' buffers are freed
 }
 
 Buffer ShardedParams::take(std::vector<Buffer>& pool, int64_t n, MemCategory category, size_t elem_bytes) {
@@ -147,7 +148,7 @@ const float* ShardedParams::acquire(int unit) {
     }
   }
   start_gather(unit);
-  gather_work_[unit].wait();
+  gather_work_[unit].join();
   if (lo_params() && !expanded_[unit]) {  // computed through fp32
     be_.cast_from_bf16(gathered_[unit].as<float>(), gathered_lo_[unit].as<bf16>(), u.padded);
     expanded_[unit] = true;
@@ -190,7 +191,7 @@ void ShardedParams::start_gather(int unit) {
 }
 
 void ShardedParams::free_gathered(int unit) {
-  gather_work_[unit].wait();  // the buffer may still be arriving
+  gather_work_[unit].join();  // the buffer may still be arriving
   param_pool_.push_back(std::move(gathered_[unit]));
   if (!gathered_lo_[unit].empty()) lo_pool_.push_back(std::move(gathered_lo_[unit]));
 }
@@ -295,14 +296,14 @@ void ShardedParams::flush_bucket() {
 void ShardedParams::drain_pending(size_t keep) {
   while (pending_.size() > keep) {
     Pending& p = pending_.front();
-    p.work.wait();
+    p.work.join();
     const int64_t n = units_[p.unit].shard;
     // Hybrid: the in-group sum becomes the global sum across replicas.
     if (replicas_ != nullptr) {
       if (lo_grads()) {
-        replicas_->all_reduce(p.shard_lo.as<bf16>(), n, DType::kBF16).wait();
+        replicas_->all_reduce(p.shard_lo.as<bf16>(), n, DType::kBF16).join();
       } else {
-        replicas_->all_reduce(p.shard.as<float>(), n, DType::kF32).wait();
+        replicas_->all_reduce(p.shard.as<float>(), n, DType::kF32).join();
       }
     }
     if (lo_grads()) {
@@ -333,10 +334,10 @@ void ShardedParams::begin_micro_batch(bool first, bool last) {
 
 void ShardedParams::finish_grads() {
   flush_bucket();
-  for (Work& w : grad_works_) w.wait();
+  for (Work& w : grad_works_) w.join();
   grad_works_.clear();
   for (GradReduce& r : lo_reduces_) {
-    r.work.wait();
+    r.work.join();
     be_.cast_from_bf16(r.dst, r.result, r.n);
     lo_pool_.push_back(std::move(r.lo));
   }
@@ -389,7 +390,7 @@ void ShardedParams::publish(int64_t step, bool lo_written) {
     }
   }
   for (size_t i = 0; i < works.size(); ++i) {
-    works[i].wait();
+    works[i].join();
     if (lo_params()) {
       be_.cast_from_bf16(params_full_.as<float>() + units_[i].full_offset, lo_full[i].as<bf16>(), units_[i].padded);
       lo_pool_.push_back(std::move(lo_full[i]));

@@ -21,7 +21,8 @@
 // Flat layout: unit u (numel_u) is padded to a multiple of the group size S; rank k owns elements
 // [k*shard_u, (k+1)*shard_u) of the padded unit. The local master buffer concatenates this rank's shard of
 // every unit (ddp: every unit whole). Threading: all calls from the training thread; collectives go to the
-// group's comm stream in the same order on every rank.
+// group's comm stream in the same order on every rank. Compute waits for a collective by Work::join(): on a
+// GPU the compute stream waits for it and the host goes on queueing kernels; on the CPU the thread waits.
 #pragma once
 
 #include <string_view>

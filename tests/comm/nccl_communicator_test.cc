@@ -1,6 +1,7 @@
 // The NCCL Communicator on GPUs, one rank per GPU, bootstrapped over the MPI world: every collective in fp32
-// and bf16 against values computed on the host, in-place all-gather, barrier, split, and the counters. Needs
-// as many visible GPUs on each node as ranks on it; otherwise it prints why it is skipped.
+// and bf16 against values computed on the host, in-place all-gather, barrier, split, the counters, and
+// Work::join's device-side ordering against a compute stream. Needs as many visible GPUs on each node as ranks
+// on it; otherwise it prints why it is skipped.
 #include "comm/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -104,6 +105,43 @@ TEST_CASE("NCCL collectives on GPUs match the host's sums and copies", "[mpi][nc
   DeviceBuffer<float> one(std::vector<float>(1, 1.0f));
   half->all_reduce(one.ptr, 1, DType::kF32).wait();
   REQUIRE(one.to_host()[0] == static_cast<float>(half->size()));
+}
+
+TEST_CASE("NCCL collectives are ordered against the compute stream both ways without a host wait",
+          "[mpi][nccl]") {
+  const int device = device_or_skip();
+  if (device < 0) return;
+  REQUIRE(cudaSetDevice(device) == cudaSuccess);
+  cudaStream_t compute = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  auto world = testing::g_mpi->make_world();
+  auto made = make_nccl_communicator(*world, device, compute);
+  INFO(made.status().message());
+  REQUIRE(made.has_value());
+  Communicator& nccl = **made;
+  const int r = nccl.rank(), n = nccl.size();
+  // Large enough that a copy racing the collective would be seen: the input is written by the compute
+  // stream (the collective must follow it), the result read by the compute stream after join() (which must
+  // follow the collective); the host waits only at the end.
+  const int64_t k = int64_t{1} << 24;
+  float* host = nullptr;
+  REQUIRE(cudaMallocHost(&host, k * sizeof(float)) == cudaSuccess);
+  for (int64_t i = 0; i < k; ++i) host[i] = static_cast<float>(r + 1);
+  DeviceBuffer<float> buf(std::vector<float>(static_cast<size_t>(k), 0.0f));
+  REQUIRE(cudaMemcpyAsync(buf.ptr, host, k * sizeof(float), cudaMemcpyHostToDevice, compute) == cudaSuccess);
+  Work w = nccl.all_reduce(buf.ptr, k, DType::kF32);
+  w.join();
+  REQUIRE(cudaMemcpyAsync(host, buf.ptr, k * sizeof(float), cudaMemcpyDeviceToHost, compute) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+  const float want = static_cast<float>(n * (n + 1) / 2);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < k; ++i) wrong += host[i] != want ? 1 : 0;
+  CHECK(wrong == 0);
+  w.wait();
+  CHECK(w.is_done());
+  cudaFreeHost(host);
+  made->reset();
+  cudaStreamDestroy(compute);
 }
 
 }  // namespace
