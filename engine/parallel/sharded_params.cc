@@ -75,6 +75,10 @@ ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Commun
   }
   if (lo_params()) {
     param_shard_lo_ = be_.alloc((shards_optimizer() ? local_numel_ : full_numel_) * sizeof(bf16), MemCategory::kParams);
+    // zero1/zero2: the gathered bf16 parameters stay, so that GEMMs take them without a cast.
+    if (strategy_ == Strategy::kZero1 || strategy_ == Strategy::kZero2) {
+      params_full_lo_ = be_.alloc(full_numel_ * sizeof(bf16), MemCategory::kParams);
+    }
   }
   if (!shards_grads()) grads_full_ = be_.alloc(full_numel_ * sizeof(float), MemCategory::kGrads);
   if (shards_optimizer()) grads_shard_ = be_.alloc(local_numel_ * sizeof(float), MemCategory::kGrads);
@@ -168,7 +172,7 @@ const bf16* ShardedParams::acquired_bf16(int unit) {
       return param_shard_lo_.as<bf16>() + units_[unit].local_offset;
     case Strategy::kZero1:
     case Strategy::kZero2:
-      return nullptr;
+      return params_full_lo_.as<bf16>() + units_[unit].full_offset;
     case Strategy::kZero3:
       break;
   }
@@ -378,12 +382,10 @@ void ShardedParams::publish(int64_t step, bool lo_written) {
   }
   if (strategy_ != Strategy::kZero1 && strategy_ != Strategy::kZero2) return;
   std::vector<Work> works;
-  std::vector<Buffer> lo_full;
   for (const UnitInfo& u : units_) {
     if (lo_params()) {
-      lo_full.push_back(take(lo_pool_, u.padded, MemCategory::kComm, sizeof(bf16)));
-      works.push_back(group_.all_gather(param_shard_lo_.as<bf16>() + u.local_offset, lo_full.back().as<bf16>(), u.shard,
-                                        DType::kBF16));
+      works.push_back(group_.all_gather(param_shard_lo_.as<bf16>() + u.local_offset,
+                                        params_full_lo_.as<bf16>() + u.full_offset, u.shard, DType::kBF16));
     } else {
       works.push_back(
           group_.all_gather(master() + u.local_offset, params_full_.as<float>() + u.full_offset, u.shard, DType::kF32));
@@ -391,9 +393,9 @@ void ShardedParams::publish(int64_t step, bool lo_written) {
   }
   for (size_t i = 0; i < works.size(); ++i) {
     works[i].join();
-    if (lo_params()) {
-      be_.cast_from_bf16(params_full_.as<float>() + units_[i].full_offset, lo_full[i].as<bf16>(), units_[i].padded);
-      lo_pool_.push_back(std::move(lo_full[i]));
+    if (lo_params()) {  // the fp32 copy, for what is computed through fp32 (LayerNorm, biases)
+      const int64_t at = units_[i].full_offset;
+      be_.cast_from_bf16(params_full_.as<float>() + at, params_full_lo_.as<bf16>() + at, units_[i].padded);
     }
   }
 }

@@ -71,8 +71,8 @@ class ShardedParams final : public ParamSource {
 
   const float* acquire(int unit) override;
   void release(int unit) override;
-  // single/ddp: the bf16 parameters; zero3: the gathered bf16 unit; zero1/zero2 keep no full bf16 copy (publish
-  // widens its gathers into the fp32 parameters), so null, as without param_dtype bf16.
+  // With param_dtype bf16, the unit's bf16 parameters (single/ddp: the rounded master weights; zero1/zero2:
+  // the gathered copy publish() keeps; zero3: the gathered unit); null otherwise.
   const bf16* acquired_bf16(int unit) override;
   float* grads(int unit) override;
   void grads_done(int unit) override;
@@ -152,7 +152,8 @@ class ShardedParams final : public ParamSource {
   int bucket_lo_ = -1, bucket_hi_ = -1;  // ddp: the units whose gradients wait in the open bucket
 
   Buffer master_;       // (local_numel) fp32 master weights; ddp: also the compute parameters
-  Buffer params_full_;  // (full_numel) compute parameters, zero1/zero2
+  Buffer params_full_;     // (full_numel) compute parameters, zero1/zero2
+  Buffer params_full_lo_;  // (full_numel) their bf16 values as gathered, bf16 zero1/zero2
   Buffer grads_full_;   // (full_numel) gradient accumulator, ddp/zero1
   Buffer grads_shard_;  // (local_numel) reduced gradient shards, zero1/zero2/zero3
   float* local_grads_ = nullptr;

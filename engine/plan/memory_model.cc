@@ -109,6 +109,9 @@ class ShardedParamsSim {
       alloc(u_.full * 4, MemCategory::kParams);
     }
     if (lo_params()) alloc((shards_optimizer() ? u_.local : u_.full) * 2, MemCategory::kParams);
+    if (lo_params() && (s_.strategy == Strategy::kZero1 || s_.strategy == Strategy::kZero2)) {
+      alloc(u_.full * 2, MemCategory::kParams);
+    }
     if (!shards_grads()) alloc(u_.full * 4, MemCategory::kGrads);
     if (shards_optimizer()) alloc(u_.local * 4, MemCategory::kGrads);
   }
@@ -132,12 +135,7 @@ class ShardedParamsSim {
   void publish() {
     if (lo_params() && !shards_optimizer()) return;
     if (s_.strategy != Strategy::kZero1 && s_.strategy != Strategy::kZero2) return;
-    std::vector<Buf> lo_full;
-    for (int u = 0; u < n_; ++u) {
-      if (lo_params()) lo_full.push_back(take(lo_pool_, u_.padded[u], MemCategory::kComm, 2));
-      count(CommOp::kAllGather, u_.padded[u], lo_params() ? 2 : 4);
-    }
-    for (const Buf& b : lo_full) lo_pool_.push_back(b);
+    for (int u = 0; u < n_; ++u) count(CommOp::kAllGather, u_.padded[u], lo_params() ? 2 : 4);
   }
 
   void reset_counts() { elements_ = comm_bytes_ = {}; }
