@@ -112,10 +112,13 @@ class Backend {
   // Waits until every queued op is complete.
   virtual void synchronize() {}
   // Sizes the backend's own workspaces for steps of a GPT with B sequences of T tokens, C channels, NH heads,
-  // V vocabulary entries and an LM head run over chunks of head_rows rows, so that the step loop allocates
-  // nothing (the CUDA backend: its scratch area and bf16 cast areas, under the compute dtype set before).
-  // Called by Gpt::prepare; nothing to do on the CPU.
-  virtual void reserve(int /*B*/, int /*T*/, int /*C*/, int /*NH*/, int /*V*/, int64_t /*head_rows*/) {}
+  // V vocabulary entries, an LM head run over chunks of head_rows rows and (`dropout`) training dropout, so
+  // that the step loop allocates nothing (the CUDA backend: its scratch area and bf16 cast areas, under the
+  // compute dtype set before; under bf16 compute, for a ParamSource that hands GEMMs bf16 weights, as
+  // ShardedParams does: fp32 weights are cast into an area grown on first use). Called by Gpt::prepare;
+  // nothing to do on the CPU.
+  virtual void reserve(int /*B*/, int /*T*/, int /*C*/, int /*NH*/, int /*V*/, int64_t /*head_rows*/,
+                       bool /*dropout*/) {}
   // The GPU this backend computes on and its stream (a cudaStream_t), for the device communicator to order
   // collectives after the kernels that produce their buffers; -1 and null on the CPU.
   virtual int device_index() const { return -1; }

@@ -182,7 +182,8 @@ void Gpt::prepare(int B, int T) {
       acts_->targets = be_.alloc(N * sizeof(int32_t), MemCategory::kActivations);
       acts_->losses_host.assign(N, 0.0f);
       // The backend's own workspaces too, so that no step allocates (ARCHITECTURE invariant 4).
-      be_.reserve(B, T, static_cast<int>(C), shape_.n_head, shape_.vocab_size, head_rows(N, head_limit_));
+      be_.reserve(B, T, static_cast<int>(C), shape_.n_head, shape_.vocab_size, head_rows(N, head_limit_),
+                  shape_.dropout > 0.0f);
     }
   }
 }

@@ -58,7 +58,8 @@ ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const Acti
 int64_t cuda_backend_workspace_bytes(const GptShape& shape, int B, int T, bool bf16_compute, int64_t local_numel,
                                      int64_t spans) {
   namespace ws = cuda_workspace;
-  const ws::ModelDims d{B, T, shape.n_embd, shape.n_head, shape.vocab_size, Gpt::head_rows(int64_t{B} * T)};
+  const ws::ModelDims d{
+      B, T, shape.n_embd, shape.n_head, shape.vocab_size, Gpt::head_rows(int64_t{B} * T), shape.dropout > 0.0f};
   // CudaBackend::reserve's areas (cub's sort storage estimated without a GPU); the scratch area grows to the
   // gradient norm's per-tile partials if those are larger; two span tables (AdamW's runs, the master regions),
   // each at most `spans` long.

@@ -125,9 +125,10 @@ Buffer CudaBackend::alloc(size_t bytes, MemCategory category) {
 }
 
 // The areas as cuda_workspace::step_areas computes them for the planner, with cub's real sort storage.
-void CudaBackend::reserve(int B, int T, int C, int NH, int V, int64_t head_rows) {
-  const cuda_workspace::StepAreas a = cuda_workspace::step_areas(
-      {B, T, C, NH, V, head_rows}, compute_dtype_ == DType::kBF16, cuda::embedding_backward_scratch_bytes(B, T));
+void CudaBackend::reserve(int B, int T, int C, int NH, int V, int64_t head_rows, bool dropout) {
+  const cuda_workspace::StepAreas a =
+      cuda_workspace::step_areas({B, T, C, NH, V, head_rows, dropout}, compute_dtype_ == DType::kBF16,
+                                 cuda::embedding_backward_scratch_bytes(B, T));
   scratch(a.scratch);
   for (int slot = 0; slot < 4; ++slot) {
     if (a.cast[slot] > 0) cast_area(slot, a.cast[slot]);

@@ -38,7 +38,7 @@ class CudaBackend final : public Backend {
   void to_device(void* dst, const void* src, size_t bytes) override;
   void to_host(void* dst, const void* src, size_t bytes) override;
   void synchronize() override;
-  void reserve(int B, int T, int C, int NH, int V, int64_t head_rows) override;
+  void reserve(int B, int T, int C, int NH, int V, int64_t head_rows, bool dropout) override;
   int device_index() const override { return device_; }
   double peak_flops() const override;
   void* native_stream() const override { return stream_; }

@@ -54,6 +54,7 @@ inline size_t sum_squares_spans(int64_t tiles) { return static_cast<size_t>(tile
 // the rows of the LM head's chunks (Gpt::head_rows).
 struct ModelDims {
   int64_t B = 0, T = 0, C = 0, NH = 0, V = 0, head_rows = 0;
+  bool dropout = false;  // training with dropout (p > 0): the residual stream's gradient reaches GEMMs in fp32
   int64_t N() const { return B * T; }
 };
 
@@ -72,11 +73,14 @@ inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedd
                         attention_backward(static_cast<int>(d.B), static_cast<int>(d.T), static_cast<int>(d.NH)),
                         sum_squares()});
   if (bf16_compute) {
-    // Gpt stores every GEMM input activation in bf16: the input area is for fp32 callers only (grown on use).
+    // Gpt stores every GEMM input activation in bf16, and under bf16 compute every ShardedParams strategy keeps a
+    // bf16 copy of the weights (param_dtype bf16): the input and weight areas are for fp32 callers only (grown
+    // on use).
     a.cast[0] = 0;
-    a.cast[1] = std::max(d.V * C, 4 * C * C);  // the LM head (tied wte) or the MLP's weights
-    a.cast[2] = N * C;  // the residual stream's gradient into the projections (dqkv, the GELU's and the LM head's
-                        // output gradients come in bf16)
+    a.cast[1] = 0;
+    // The residual stream's gradient into the projections, with dropout only: without it the LayerNorm backward
+    // leaves a bf16 copy (dqkv, the GELU's and the LM head's output gradients come in bf16 anyway).
+    a.cast[2] = d.dropout ? N * C : 0;
     a.cast[3] = 4 * C;  // the fc GEMM's bias (its bf16 output: the GELU's input)
   }
   return a;

@@ -50,7 +50,8 @@ TEST_CASE("CommStream runs tasks in order, Work::join waits unless a device hook
   }
 
   const CommStats s = stream.stats();
-  CHECK(s.ops[static_cast<size_t>(CommOp::kAllReduce)].calls + s.ops[static_cast<size_t>(CommOp::kReduceScatter)].calls ==
+  CHECK(s.ops[static_cast<size_t>(CommOp::kAllReduce)].calls +
+            s.ops[static_cast<size_t>(CommOp::kReduceScatter)].calls ==
         1);
 }
 

@@ -107,8 +107,7 @@ TEST_CASE("NCCL collectives on GPUs match the host's sums and copies", "[mpi][nc
   REQUIRE(one.to_host()[0] == static_cast<float>(half->size()));
 }
 
-TEST_CASE("NCCL collectives are ordered against the compute stream both ways without a host wait",
-          "[mpi][nccl]") {
+TEST_CASE("NCCL collectives are ordered against the compute stream both ways without a host wait", "[mpi][nccl]") {
   const int device = device_or_skip();
   if (device < 0) return;
   REQUIRE(cudaSetDevice(device) == cudaSuccess);

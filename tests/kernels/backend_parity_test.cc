@@ -575,13 +575,20 @@ std::vector<float> init_weights(const ModelLayout& layout, const GptShape& shape
   return weights;
 }
 
-// All parameters and gradients in one buffer of the backend: the simplest ParamSource.
+// All parameters and gradients in one buffer of the backend: the simplest ParamSource. `bf16_copy`: also a bf16
+// copy of the weights for bf16 GEMMs, as ShardedParams keeps under param_dtype bf16 (else GEMMs cast them).
 class FlatParams final : public ParamSource {
  public:
-  FlatParams(Backend& be, const ModelLayout& layout, const std::vector<float>& weights) {
+  FlatParams(Backend& be, const ModelLayout& layout, const std::vector<float>& weights, bool bf16_copy = false) {
     params_ = be.alloc(weights.size() * sizeof(float), MemCategory::kParams);
     grads_ = be.alloc(weights.size() * sizeof(float), MemCategory::kGrads);
     be.to_device(params_.data(), weights.data(), weights.size() * sizeof(float));
+    if (bf16_copy) {
+      std::vector<bf16> lo(weights.size());
+      for (size_t i = 0; i < lo.size(); ++i) lo[i] = f32_to_bf16(weights[i]);
+      lo_ = be.alloc(lo.size() * sizeof(bf16), MemCategory::kParams);
+      be.to_device(lo_.data(), lo.data(), lo.size() * sizeof(bf16));
+    }
     int64_t at = 0;
     for (const UnitLayout& u : layout.units) {
       offsets_.push_back(at);
@@ -589,6 +596,7 @@ class FlatParams final : public ParamSource {
     }
   }
   const float* acquire(int unit) override { return params_.as<float>() + offsets_[unit]; }
+  const bf16* acquired_bf16(int unit) override { return lo_.empty() ? nullptr : lo_.as<bf16>() + offsets_[unit]; }
   void release(int) override {}
   float* grads(int unit) override { return grads_.as<float>() + offsets_[unit]; }
   void grads_done(int) override {}
@@ -596,7 +604,7 @@ class FlatParams final : public ParamSource {
 
  private:
   std::vector<int64_t> offsets_;
-  Buffer params_, grads_;
+  Buffer params_, grads_, lo_;
 };
 
 // fp32: 1e-4 (the issue's bound). bf16 compute (GEMM and attention inputs, P, dS): each rounding is within 2^-9
@@ -644,7 +652,8 @@ TEST_CASE("parity: a whole GPT forward and backward on CUDA matches the CPU (fp3
 }
 
 // ARCHITECTURE invariant 4 on the GPU: Gpt::prepare reserves the backend's scratch and cast areas
-// (Backend::reserve, from the sizes the planner uses), so not even the first step allocates.
+// (Backend::reserve, from the sizes the planner uses), so not even the first step allocates (under bf16, with the
+// weights' bf16 copy, as ShardedParams hands them; with dropout, so the residual gradient's cast area is there).
 TEST_CASE("CUDA: after Gpt::prepare, forward and backward allocate no device memory", "[cuda]") {
   if (!cuda_or_skip("workspace reserve")) return;
   for (const DType compute : {DType::kF32, DType::kBF16}) {
@@ -660,7 +669,7 @@ TEST_CASE("CUDA: after Gpt::prepare, forward and backward allocate no device mem
     const auto inputs = rand_tokens(B * T, shape.vocab_size, 80), targets = rand_tokens(B * T, shape.vocab_size, 81);
     Gpt model(shape, gpu);
     model.prepare(B, T);
-    FlatParams params(gpu, model.layout(), weights);
+    FlatParams params(gpu, model.layout(), weights, /*bf16_copy=*/compute == DType::kBF16);
     const int64_t before = MemTracker::instance().stats().allocations;
     for (int64_t step = 0; step < 2; ++step) {
       (void)model.forward_backward(params, inputs.data(), targets.data(), 1.0f / (B * T),

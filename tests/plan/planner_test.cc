@@ -183,18 +183,25 @@ TEST_CASE("run.device cuda counts the CUDA backend's workspaces, bf16 compute ad
   for (const UnitLayout& u : ModelLayout::build(s).units) spans += static_cast<int64_t>(u.params.size());
   CHECK(extra == cuda_backend_workspace_bytes(s, B, T, false, local, spans));
   CHECK(extra >= static_cast<int64_t>(cuda_workspace::kCublasLtBytes));
-  // bf16: the cast areas for fp32 GEMM operands: a weight (wte or the MLP's, where the ParamSource has no bf16
-  // copy), an output gradient (the residual stream's into the projections; dqkv, the GELU's and the LM head's come
-  // in bf16) and the fc GEMM's bias (its output is bf16). None for the GEMM inputs: Gpt stores them all in bf16.
-  const int64_t N = static_cast<int64_t>(B) * T, C = s.n_embd, V = s.vocab_size;
+  // bf16: the cast areas for fp32 GEMM operands: the fc GEMM's bias (its output is bf16) and, with dropout, the
+  // residual stream's gradient into the projections (without, the LayerNorm backward leaves it in bf16; dqkv, the
+  // GELU's and the LM head's come in bf16). None for the GEMM inputs (Gpt stores them all in bf16) or the weights
+  // (ShardedParams keeps a bf16 copy under param_dtype bf16).
+  const int64_t N = static_cast<int64_t>(B) * T, C = s.n_embd;
+  REQUIRE(s.dropout == 0.0f);
   CHECK(cuda_backend_workspace_bytes(s, B, T, true, local, spans) -
             cuda_backend_workspace_bytes(s, B, T, false, local, spans) ==
-        2 * (std::max(V * C, 4 * C * C) + N * C + 4 * C));
-  // GPT-2 124M at micro-batch 16, T 1024: wte's cast area (77 MB) and the residual gradient's (16384 x 768 bf16,
-  // 25 MB), which a plan must not miss.
-  const GptShape gpt2{12, 12, 768, 1024, 50304, 0.0f};
+        2 * 4 * C);
+  GptShape dropped = s;
+  dropped.dropout = 0.1f;
+  CHECK(cuda_backend_workspace_bytes(dropped, B, T, true, local, spans) -
+            cuda_backend_workspace_bytes(dropped, B, T, false, local, spans) ==
+        2 * (N * C + 4 * C));
+  // GPT-2 124M at micro-batch 16, T 1024 with dropout 0.1: the residual gradient's area (16384 x 768 bf16, 25 MB),
+  // which a plan must not miss.
+  const GptShape gpt2{12, 12, 768, 1024, 50304, 0.1f};
   const int64_t big = cuda_backend_workspace_bytes(gpt2, 16, 1024, true, 124'000'000, 200);
-  const int64_t casts = 2 * (int64_t{16384} * 768 + int64_t{50304} * 768 + 3072);
+  const int64_t casts = 2 * (int64_t{16384} * 768 + 3072);
   CHECK(big > casts + static_cast<int64_t>(cuda_workspace::kCublasLtBytes));
   CHECK(big < casts + (int64_t{64} << 20));
 }
