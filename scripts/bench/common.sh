@@ -52,11 +52,32 @@ logging:
 EOF
 }
 
+# bench_torch_blas: the BLAS PyTorch really loads (Debian's torch links libblas.so.3, which is the slow reference
+# BLAS unless OpenBLAS provides it): stops the benchmark unless it is OpenBLAS or MKL, since a reference-BLAS
+# PyTorch would flatter gpt-train's ratio.
+bench_torch_blas() {
+  local libs
+  libs=$("$BENCH_PY" - <<'EOF'
+import torch
+torch.mm(torch.ones(64, 64), torch.ones(64, 64))
+libs = sorted({l.split()[-1] for l in open("/proc/self/maps") if ".so" in l})
+print(" ".join(p for p in libs if any(k in p.lower() for k in ("blas", "mkl"))))
+EOF
+  ) || { echo "cannot import torch with $BENCH_PY (apt-get install python3-torch libopenblas0-pthread)" >&2; return 1; }
+  if ! grep -qiE 'openblas|mkl' <<<"$libs"; then
+    echo "PyTorch's BLAS is not OpenBLAS or MKL (${libs:-none found}): apt-get install libopenblas0-pthread," \
+      "else PyTorch runs on the reference BLAS and the ratios mean nothing" >&2
+    return 1
+  fi
+  bench_log "PyTorch's BLAS: $libs"
+}
+
 # bench_torch_env THREADS: PyTorch's best OPENBLAS_CORETYPE (torch.mm) and OMP_WAIT_POLICY (training config A,
 # 30 steps) at THREADS threads per process, measured by pytorch_gpt.py --probe. Sets CORETYPE, WAIT_POLICY
 # ('default' = unset) and TORCH_ENV (VAR=value words for env(1)).
 bench_torch_env() {
   local probe
+  bench_torch_blas
   bench_log "probing PyTorch's OPENBLAS_CORETYPE (torch.mm) and OMP_WAIT_POLICY (config A, 30 steps, $1 thread(s))"
   probe=$("$BENCH_PY" "$BENCH_TORCH" --probe --threads "$1" --n-layer 4 --n-head 4 --n-embd 128 \
     --block-size 64 --batch-size 12 --vocab-size 65 --steps 30 --warmup 5)

@@ -16,6 +16,7 @@
 # FLOPs/token = 6N + 12*L*H*Q*T (N = parameters without the position embedding, Q = head size, T = block).
 # Targets: tokens/s ratio gpt-train/PyTorch >= 1.5 for A and >= 1.2 for B; gpt-train >= 70% of sgemm for B.
 #
+# Needs Debian's python3-torch and libopenblas0-pthread (checked: a PyTorch on the reference BLAS stops the run).
 # Environment: ROUNDS (3), THREADS (2), STEPS (sets both STEPS_A (100) and STEPS_B (20)), WARMUP_A (10),
 # WARMUP_B (3), BUILD_DIR (build), DATA (../shared/data/tinyshakespeare.txt), KEEP=1 keeps the temp dir.
 set -euo pipefail
