@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -137,7 +138,12 @@ class NcclCommunicator final : public Communicator {
     auto events = std::make_shared<Events>();
     GPT_CUDA_CHECK(cudaEventRecord(events->ready, compute_));
     GPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, events->ready, 0));
-    enqueue();
+    {
+      // Not while the CommStream thread aborts the communicator after an asynchronous error (wait_for).
+      std::lock_guard<std::mutex> lock(launch_mu_);
+      GPT_CHECK_MSG(comm_ != nullptr, ("NCCL communicator '" + name_ + "' was aborted after an error").c_str());
+      enqueue();
+    }
     GPT_CUDA_CHECK(cudaEventRecord(events->done, stream_));
     const int64_t bytes = n * static_cast<int64_t>(dtype_size(dtype));
     cudaStream_t compute = compute_;
@@ -162,8 +168,12 @@ class NcclCommunicator final : public Communicator {
       ncclResult_t async = ncclSuccess;
       GPT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
       if (async != ncclSuccess && async != ncclInProgress) {
-        ncclCommAbort(comm_);
-        comm_ = nullptr;
+        {
+          // The training thread may be launching a collective on comm_ right now: not during one.
+          std::lock_guard<std::mutex> lock(launch_mu_);
+          ncclCommAbort(comm_);
+          comm_ = nullptr;
+        }
         GPT_CHECK_MSG(false, ("NCCL communicator '" + name_ + "' (rank " + std::to_string(rank_) + " of " +
                               std::to_string(size_) + "): " + ncclGetErrorString(async))
                                  .c_str());
@@ -176,7 +186,8 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> owned_bootstrap_;  // split(): the sub-group this communicator was made on
   int device_;
   cudaStream_t compute_;
-  ncclComm_t comm_;
+  ncclComm_t comm_;  // written only by wait_for's abort (CommStream thread), under launch_mu_
+  std::mutex launch_mu_;
   std::string name_;
   int rank_ = 0, size_ = 1;
   cudaStream_t stream_ = nullptr;
