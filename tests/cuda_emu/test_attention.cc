@@ -56,6 +56,26 @@ void check_bf16(Forward forward, Backward backward, const Buf<float>& qkv, size_
   }
 }
 
+// The kernel pair under test run twice into out/lse/dqkv (bitwise equal runs: determinism; outputs and scratch
+// NaN-poisoned before every run), then check_bf16. forward(qkv, out, lse) and backward(dqkv, qkv, out, lse, scratch)
+// take float pointers or tensor pointers.
+template <class Forward, class Backward>
+void run_twice_and_bf16(const Forward& forward, const Backward& backward, const Buf<float>& qkv, size_t scratch_floats,
+                        Buf<float> (&out)[2], Buf<float> (&lse)[2], Buf<float> (&dqkv)[2], bool round_out) {
+  for (int r = 0; r < 2; ++r) {
+    Buf<float> scratch(scratch_floats);
+    forward(qkv.p, out[r].p, lse[r].p);
+    backward(dqkv[r].p, qkv.p, out[r].p, lse[r].p, scratch.p);
+  }
+  CHECK(out[0].same(out[1]));
+  CHECK(lse[0].same(lse[1]));
+  CHECK(dqkv[0].same(dqkv[1]));
+  Buf<float> scratch(scratch_floats);
+  check_bf16(
+      forward, [&](auto d, auto q, auto o, const float* l) { backward(d, q, o, l, scratch.p); }, qkv, out[0].n,
+      lse[0].n, round_out);
+}
+
 DropoutMask make_drop(float p, uint64_t seed) {
   DropoutMask d;
   d.p = p;
@@ -98,26 +118,13 @@ void run_fp32(int B, int T, int C, int NH, float p) {
   randn(dout);
   const DropoutMask drop = make_drop(p, C);
 
-  // Twice each (determinism); outputs and scratch NaN-poisoned before every run.
   Buf<float> out[2] = {Buf<float>(nout), Buf<float>(nout)}, lse[2] = {Buf<float>(nlse), Buf<float>(nlse)},
              dqkv[2] = {Buf<float>(nqkv), Buf<float>(nqkv)};
-  for (int r = 0; r < 2; ++r) {
-    Buf<float> scratch(emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float));
-    emu::attention_forward(out[r].p, lse[r].p, qkv.p, B, T, C, NH, drop, nullptr);
-    emu::attention_backward(dqkv[r].p, dout.p, qkv.p, out[r].p, lse[r].p, B, T, C, NH, drop, scratch.p, nullptr);
-  }
-  CHECK(out[0].same(out[1]));
-  CHECK(lse[0].same(lse[1]));
-  CHECK(dqkv[0].same(dqkv[1]));
-  {
-    Buf<float> scratch(emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float));
-    check_bf16([&](gpt::ConstTensorPtr q, gpt::TensorPtr o,
-                   float* l) { emu::attention_forward(o, l, q, B, T, C, NH, drop, nullptr); },
-               [&](gpt::TensorPtr d, gpt::ConstTensorPtr q, gpt::ConstTensorPtr o, const float* l) {
-                 emu::attention_backward(d, dout.p, q, o, l, B, T, C, NH, drop, scratch.p, nullptr);
-               },
-               qkv, nout, nlse, false);
-  }
+  run_twice_and_bf16([&](auto q, auto o, float* l) { emu::attention_forward(o, l, q, B, T, C, NH, drop, nullptr); },
+                     [&](auto d, auto q, auto o, const float* l, float* scratch) {
+                       emu::attention_backward(d, dout.p, q, o, l, B, T, C, NH, drop, scratch, nullptr);
+                     },
+                     qkv, emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float), out, lse, dqkv, false);
 
   std::vector<float> cout(nout, NAN), att(static_cast<size_t>(B) * NH * T * T, NAN), cdqkv(nqkv, 0.0f);
   gpt::cpu::attention_forward(cout.data(), att.data(), qkv.p, B, T, C, NH, drop);
@@ -153,23 +160,11 @@ void run_tc(int B, int NH, int hs, int T, float p) {
 
   Buf<float> out[2] = {Buf<float>(nout), Buf<float>(nout)}, lse[2] = {Buf<float>(nlse), Buf<float>(nlse)},
              dqkv[2] = {Buf<float>(nqkv), Buf<float>(nqkv)};
-  for (int r = 0; r < 2; ++r) {
-    Buf<float> scratch(emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float));
-    emu::attention_forward_tc(out[r].p, lse[r].p, qkv.p, B, T, C, NH, drop, nullptr);
-    emu::attention_backward_tc(dqkv[r].p, dout.p, qkv.p, out[r].p, lse[r].p, B, T, C, NH, drop, scratch.p, nullptr);
-  }
-  CHECK(out[0].same(out[1]));
-  CHECK(lse[0].same(lse[1]));
-  CHECK(dqkv[0].same(dqkv[1]));
-  {
-    Buf<float> scratch(emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float));
-    check_bf16([&](gpt::ConstTensorPtr q, gpt::TensorPtr o,
-                   float* l) { emu::attention_forward_tc(o, l, q, B, T, C, NH, drop, nullptr); },
-               [&](gpt::TensorPtr d, gpt::ConstTensorPtr q, gpt::ConstTensorPtr o, const float* l) {
-                 emu::attention_backward_tc(d, dout.p, q, o, l, B, T, C, NH, drop, scratch.p, nullptr);
-               },
-               qkv, nout, nlse, true);
-  }
+  run_twice_and_bf16([&](auto q, auto o, float* l) { emu::attention_forward_tc(o, l, q, B, T, C, NH, drop, nullptr); },
+                     [&](auto d, auto q, auto o, const float* l, float* scratch) {
+                       emu::attention_backward_tc(d, dout.p, q, o, l, B, T, C, NH, drop, scratch, nullptr);
+                     },
+                     qkv, emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float), out, lse, dqkv, true);
   const Buf<float>& o = out[0];
   const Buf<float>& L = lse[0];
 
