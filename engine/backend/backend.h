@@ -126,9 +126,12 @@ class Backend {
   virtual double peak_flops() const { return 0.0; }
   virtual void* native_stream() const { return nullptr; }
 
-  // out(B,T,C) = wte[tokens(B,T)] + wpe[t]
-  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                                 int C) = 0;
+  // Parameters (the embedding tables, LayerNorm weights and biases, GEMM biases) are read as fp32: f32, or bf16
+  // (ParamSource's bf16-only parameters under bf16 compute), widened, so that an op gives the same result bit for bit
+  // as on the fp32 values of the bf16 ones.
+  // out(B,T,C) = wte[tokens(B,T)] + wpe[t]; wte and wpe of one dtype.
+  virtual void embedding_forward(float* out, const int32_t* tokens, ConstTensorPtr wte, ConstTensorPtr wpe, int B,
+                                 int T, int C) = 0;
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                                   int C) = 0;
 
@@ -143,8 +146,8 @@ class Backend {
   // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias may be null. inp and weight f32, or either bf16 under
   // bf16 compute (taken as it is; an fp32 operand is rounded to bf16 first).
   // out f32, or bf16 under bf16 compute: the fp32 product plus the bias rounded to bf16 (the bias epilogue of a
-  // bf16 GEMM output adds a bf16 bias), rounded once to nearest even at the store.
-  virtual void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N,
+  // bf16 GEMM output adds a bf16 bias; a bf16 bias is that already), rounded once to nearest even at the store.
+  virtual void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N,
                               int C, int OC) = 0;
   // dinp(N,C) = dout @ weight (overwritten; skipped if null); dweight(OC,C) += dout^T @ inp; dbias += colsum
   // of dout as the GEMMs take it (under bf16 compute its bf16 values, summed in fp32). dout, inp and weight as inp
@@ -154,20 +157,20 @@ class Backend {
 
   // out(N,C) = (inp - mean) * rstd * weight + bias; mean(N), rstd(N) saved for backward (either may be null).
   // out f32, or bf16 (the fp32 result rounded to nearest even, bit for bit cast_to_bf16 of the f32 output).
-  virtual void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
-                                 const float* bias, int64_t N, int C) = 0;
+  virtual void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
+                                 ConstTensorPtr bias, int64_t N, int C) = 0;
   // dinp (the residual stream's gradient) is accumulated into; dinp_lo, when not null, also gets the accumulated
   // dinp rounded to bf16 (as cast_to_bf16 rounds), the projection GEMMs' output gradient under bf16 compute.
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                  const float* weight, const float* mean, const float* rstd, int64_t N, int C,
+                                  ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C,
                                   bf16* dinp_lo) = 0;
   // The residual add fused with the LayerNorm that reads its result (llm.c's fused residual + LayerNorm):
   // res_out(N,C) = res + dropout(inp), then layernorm_forward(out, mean, rstd, res_out, ...). res_out may alias
   // res. Bit for bit the two separate ops (recomputation uses plain layernorm_forward on the stored res_out);
   // a backend fuses them to read the residual stream once. The default runs the two ops.
   virtual void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                          const float* inp, const float* weight, const float* bias, int64_t N, int C,
-                                          const DropoutMask& drop) {
+                                          const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N,
+                                          int C, const DropoutMask& drop) {
     residual_forward(res_out, res, inp, N * C, drop);
     layernorm_forward(out, mean, rstd, res_out, weight, bias, N, C);
   }

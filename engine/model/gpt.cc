@@ -1,7 +1,6 @@
 #include "model/gpt.h"
 
 #include <algorithm>
-#include <array>
 #include <vector>
 
 #include "core/check.h"
@@ -47,10 +46,10 @@ struct Gpt::Acts {
   float* logits = nullptr;    // (head rows, V): one chunk of the LM head's logits
   TensorPtr dlogits;          // (head rows, V): their gradient, a GEMM input: in place over logits, or bf16
   float* losses = nullptr;    // (B,T)
-  // Set by forward(): the embed unit's wte as the tied LM head's GEMMs take it (BlockParams' *_gemm), and the
-  // head unit's parameters.
-  ConstTensorPtr wte_gemm;
-  const float* head = nullptr;
+  // Set by forward(): the embed unit's wte, the tied LM head's GEMM weight, and the head unit's parameters (as the
+  // ParamSource holds them).
+  ConstTensorPtr wte;
+  ConstTensorPtr head;
   // gradient workspace. d4_lo: the GELU backward's output, the fc GEMM's output gradient (a GEMM input, bf16
   // under bf16 compute; else d4 itself, in place); dqkv in qkv's dtype (the compute dtype).
   float *dres = nullptr, *dtmp = nullptr, *dln = nullptr, *d4 = nullptr, *datty = nullptr;
@@ -58,12 +57,14 @@ struct Gpt::Acts {
   bf16* dres_lo = nullptr;  // dres in bf16, the projections' output gradient (GEMM inputs in bf16 only)
 };
 
-// Parameter (or gradient) pointers of one block, in layout order.
-// The GEMM weights also as the GEMMs take them (*_gemm): the ParamSource's bf16 copy under bf16 compute when it
-// has one (the same values, uncast), else the fp32 pointer.
+// Parameter pointers of one block, in layout order: fp32, or bf16 when the ParamSource holds bf16 parameters for
+// bf16 compute (GEMMs take the weights uncast; the other ops read the LayerNorm parameters and biases widened).
 struct Gpt::BlockParams {
-  const float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
-  ConstTensorPtr qkvw_gemm, projw_gemm, fcw_gemm, fcprojw_gemm;
+  ConstTensorPtr ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+};
+// Gradient pointers of one block (fp32, the ParamSource's buffers), in layout order.
+struct Gpt::BlockGrads {
+  float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 };
 
 namespace {
@@ -96,17 +97,16 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, ActivationCheckpointing ckpt)
 
 Gpt::~Gpt() { delete acts_; }
 
-Gpt::BlockParams Gpt::block_params(const float* base, const bf16* lo) const {
+Gpt::BlockParams Gpt::block_params(ConstTensorPtr base) const {
   const UnitLayout& u = layout_.units[1];
-  std::array<const float*, 12> p{};
-  for (size_t i = 0; i < 12; ++i) p[i] = base + u.params[i].offset;
-  auto gemm = [&](size_t i) { return lo != nullptr ? ConstTensorPtr(lo + u.params[i].offset) : ConstTensorPtr(p[i]); };
-  return {p[0], p[1], p[2],  p[3],  p[4],    p[5],    p[6],    p[7],
-          p[8], p[9], p[10], p[11], gemm(2), gemm(4), gemm(8), gemm(10)};
+  auto p = [&](size_t i) { return base.at(u.params[i].offset); };
+  return {p(0), p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11)};
 }
 
-const bf16* Gpt::gemm_weights(ParamSource& params, int unit) const {
-  return be_.compute_dtype() == DType::kBF16 ? params.acquired_bf16(unit) : nullptr;
+Gpt::BlockGrads Gpt::block_grads(float* base) const {
+  const UnitLayout& u = layout_.units[1];
+  auto p = [&](size_t i) { return base + u.params[i].offset; };
+  return {p(0), p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11)};
 }
 
 void Gpt::prepare(int B, int T) {
@@ -204,20 +204,20 @@ void Gpt::block_forward(int l, const BlockParams& p, const float* x_in, bool rec
   const int64_t N = static_cast<int64_t>(B_) * T_;
   const int C = shape_.n_embd, NH = shape_.n_head;
   if (recompute) be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x_in, p.ln1w, p.ln1b, N, C);
-  be_.matmul_forward(a.qkv, a.ln1, p.qkvw_gemm, p.qkvb, N, C, 3 * C);
+  be_.matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C, 3 * C);
   be_.attention_forward(a.atty, a.att, a.qkv, B_, T_, C, NH,
                         dropout(kSiteAttention, l, ctx, static_cast<uint64_t>(NH) * T_ * T_));
-  be_.matmul_forward(acts_->proj_out, a.atty, p.projw_gemm, p.projb, N, C, C);
+  be_.matmul_forward(acts_->proj_out, a.atty, p.projw, p.projb, N, C, C);
   be_.residual_layernorm_forward(a.res_mid, a.ln2, a.ln2_mean, a.ln2_rstd, x_in, acts_->proj_out, p.ln2w, p.ln2b, N, C,
                                  dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C));
-  be_.matmul_forward(a.fch, a.ln2, p.fcw_gemm, p.fcb, N, C, 4 * C);
+  be_.matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, 4 * C);
   be_.gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
   if (recompute) return;  // the block's output is kept
-  be_.matmul_forward(acts_->proj_out, a.fch_gelu, p.fcprojw_gemm, p.fcprojb, N, 4 * C, C);
+  be_.matmul_forward(acts_->proj_out, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
 }
 
-void Gpt::block_output_layernorm(int l, float* x_out, TensorPtr out, float* mean, float* rstd, const float* weight,
-                                 const float* bias, const StepContext& ctx) {
+void Gpt::block_output_layernorm(int l, float* x_out, TensorPtr out, float* mean, float* rstd, ConstTensorPtr weight,
+                                 ConstTensorPtr bias, const StepContext& ctx) {
   const int64_t N = static_cast<int64_t>(B_) * T_;
   const int C = shape_.n_embd;
   be_.residual_layernorm_forward(x_out, out, mean, rstd, acts_->blocks[l].res_mid, acts_->proj_out, weight, bias, N, C,
@@ -228,18 +228,16 @@ void Gpt::forward(ParamSource& params, const int32_t* inputs, const StepContext&
   const int64_t N = static_cast<int64_t>(B_) * T_;
   const int C = shape_.n_embd, L = shape_.n_layer;
   be_.to_device(acts_->tokens.data(), inputs, N * sizeof(int32_t));
-  const float* embed = params.acquire(ModelLayout::kEmbedUnit);
+  const ConstTensorPtr embed = params.acquire(ModelLayout::kEmbedUnit);
   const UnitLayout& eu = layout_.units[ModelLayout::kEmbedUnit];
-  const float* wte = embed + eu.params[0].offset;
-  const float* wpe = embed + eu.params[1].offset;
-  be_.embedding_forward(acts_->x, acts_->tokens.as<int32_t>(), wte, wpe, B_, T_, C);
+  acts_->wte = embed.at(eu.params[0].offset);
+  be_.embedding_forward(acts_->x, acts_->tokens.as<int32_t>(), acts_->wte, embed.at(eu.params[1].offset), B_, T_, C);
   be_.dropout_forward(acts_->x, N * C, dropout(kSiteEmbed, 0, ctx, static_cast<uint64_t>(T_) * C));
   // Each block's first op also finishes the block before it: x[l] = res_mid + dropout(proj_out) of block l - 1,
   // fused with block l's ln_1 (only block l's parameters are needed, so units are acquired one at a time).
   for (int l = 0; l < L; ++l) {
     const int unit = layout_.block_unit(l);
-    const float* unit_params = params.acquire(unit);
-    const BlockParams p = block_params(unit_params, gemm_weights(params, unit));
+    const BlockParams p = block_params(params.acquire(unit));
     const BlockActs& a = acts_->blocks[l];
     float* x_in = acts_->x + l * N * C;
     if (l == 0) {
@@ -250,21 +248,19 @@ void Gpt::forward(ParamSource& params, const int32_t* inputs, const StepContext&
     block_forward(l, p, x_in, /*recompute=*/false, ctx);
     params.release(unit);
   }
-  const float* head = params.acquire(layout_.head_unit());
-  const bf16* embed_lo = gemm_weights(params, ModelLayout::kEmbedUnit);
-  acts_->wte_gemm = embed_lo != nullptr ? ConstTensorPtr(embed_lo + eu.params[0].offset) : ConstTensorPtr(wte);
+  const ConstTensorPtr head = params.acquire(layout_.head_unit());
   acts_->head = head;
   float* x_last = acts_->x + L * N * C;
   if (L == 0) {
-    be_.layernorm_forward(acts_->lnf, acts_->lnf_mean, acts_->lnf_rstd, x_last, head, head + C, N, C);
+    be_.layernorm_forward(acts_->lnf, acts_->lnf_mean, acts_->lnf_rstd, x_last, head, head.at(C), N, C);
   } else {
-    block_output_layernorm(L - 1, x_last, acts_->lnf, acts_->lnf_mean, acts_->lnf_rstd, head, head + C, ctx);
+    block_output_layernorm(L - 1, x_last, acts_->lnf, acts_->lnf_mean, acts_->lnf_rstd, head, head.at(C), ctx);
   }
 }
 
 void Gpt::head_forward(int64_t r0, int64_t rows) {
   const int C = shape_.n_embd;
-  be_.matmul_forward(acts_->logits, acts_->lnf.at(r0 * C), acts_->wte_gemm, nullptr, rows, C, shape_.vocab_size);
+  be_.matmul_forward(acts_->logits, acts_->lnf.at(r0 * C), acts_->wte, nullptr, rows, C, shape_.vocab_size);
 }
 
 void Gpt::set_head_rows(int64_t limit) {
@@ -353,7 +349,7 @@ ConstTensorPtr Gpt::projection_dout(const float* dres, const DropoutMask& drop, 
   return dropout_grad(dres, drop);
 }
 
-void Gpt::block_backward(int l, const BlockParams& p, const BlockParams& g, const float* x_in, const StepContext& ctx) {
+void Gpt::block_backward(int l, const BlockParams& p, const BlockGrads& g, const float* x_in, const StepContext& ctx) {
   const BlockActs& a = acts_->blocks[l];
   const int64_t N = static_cast<int64_t>(B_) * T_;
   const int C = shape_.n_embd, NH = shape_.n_head;
@@ -364,23 +360,21 @@ void Gpt::block_backward(int l, const BlockParams& p, const BlockParams& g, cons
     be_.layernorm_forward(a.ln2, nullptr, nullptr, a.res_mid, p.ln2w, p.ln2b, N, C);
     be_.gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
   }
-  // Gradient pointers are stored as const in BlockParams; these are the ParamSource's writable buffers.
-  auto gw = [](const float* q) { return const_cast<float*>(q); };
   float* dres = acts_->dres;
   const ConstTensorPtr dmlp = projection_dout(dres, dropout(kSiteMlpResid, l, ctx, static_cast<uint64_t>(T_) * C), ctx);
-  be_.matmul_backward(acts_->d4, gw(g.fcprojw), gw(g.fcprojb), dmlp, a.fch_gelu, p.fcprojw_gemm, N, 4 * C, C);
+  be_.matmul_backward(acts_->d4, g.fcprojw, g.fcprojb, dmlp, a.fch_gelu, p.fcprojw, N, 4 * C, C);
   be_.gelu_backward(acts_->d4_lo, a.fch, acts_->d4, N * 4 * C);
-  be_.matmul_backward(acts_->dln, gw(g.fcw), gw(g.fcb), acts_->d4_lo, a.ln2, p.fcw_gemm, N, C, 4 * C);
-  be_.layernorm_backward(dres, gw(g.ln2w), gw(g.ln2b), acts_->dln, a.res_mid, p.ln2w, a.ln2_mean, a.ln2_rstd, N, C,
+  be_.matmul_backward(acts_->dln, g.fcw, g.fcb, acts_->d4_lo, a.ln2, p.fcw, N, C, 4 * C);
+  be_.layernorm_backward(dres, g.ln2w, g.ln2b, acts_->dln, a.res_mid, p.ln2w, a.ln2_mean, a.ln2_rstd, N, C,
                          residual_grad_lo(ctx));
   const ConstTensorPtr dattn =
       projection_dout(dres, dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C), ctx);
-  be_.matmul_backward(acts_->datty, gw(g.projw), gw(g.projb), dattn, a.atty, p.projw_gemm, N, C, C);
+  be_.matmul_backward(acts_->datty, g.projw, g.projb, dattn, a.atty, p.projw, N, C, C);
   be_.attention_backward(acts_->dqkv, acts_->datty, a.qkv, a.atty, a.att, B_, T_, C, NH,
                          dropout(kSiteAttention, l, ctx, static_cast<uint64_t>(NH) * T_ * T_));
-  be_.matmul_backward(acts_->dln, gw(g.qkvw), gw(g.qkvb), acts_->dqkv, a.ln1, p.qkvw_gemm, N, C, 3 * C);
+  be_.matmul_backward(acts_->dln, g.qkvw, g.qkvb, acts_->dqkv, a.ln1, p.qkvw, N, C, 3 * C);
   // Block 0's input gradient goes to the embedding backward, in fp32 only.
-  be_.layernorm_backward(dres, gw(g.ln1w), gw(g.ln1b), acts_->dln, x_in, p.ln1w, a.ln1_mean, a.ln1_rstd, N, C,
+  be_.layernorm_backward(dres, g.ln1w, g.ln1b, acts_->dln, x_in, p.ln1w, a.ln1_mean, a.ln1_rstd, N, C,
                          l > 0 ? residual_grad_lo(ctx) : nullptr);
 }
 
@@ -402,10 +396,10 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
     be_.crossentropy_forward_backward(acts_->losses + r0, acts_->dlogits, acts_->logits, tgt + r0, rows, V, V,
                                       loss_scale);
     be_.matmul_backward(acts_->dln + r0 * C, dembed + eu.params[0].offset, nullptr, acts_->dlogits,
-                        acts_->lnf.at(r0 * C), acts_->wte_gemm, rows, C, V);
+                        acts_->lnf.at(r0 * C), acts_->wte, rows, C, V);
   }
   const int head = layout_.head_unit();
-  const float* hp = acts_->head;
+  const ConstTensorPtr hp = acts_->head;
   float* hg = params.grads(head);
   be_.fill_zero(acts_->dres, N * C);
   be_.layernorm_backward(acts_->dres, hg, hg + C, acts_->dln, acts_->x + shape_.n_layer * N * C, hp, acts_->lnf_mean,
@@ -415,9 +409,8 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
 
   for (int l = shape_.n_layer - 1; l >= 0; --l) {
     const int unit = layout_.block_unit(l);
-    const float* unit_params = params.acquire(unit);
-    const BlockParams p = block_params(unit_params, gemm_weights(params, unit));
-    const BlockParams g = block_params(params.grads(unit), nullptr);
+    const BlockParams p = block_params(params.acquire(unit));
+    const BlockGrads g = block_grads(params.grads(unit));
     block_backward(l, p, g, acts_->x + l * N * C, ctx);
     params.grads_done(unit);
     params.release(unit);

@@ -70,11 +70,11 @@ class Gpt {
  private:
   struct Acts;
   struct BlockParams;
-  // A block's parameter pointers from its unit's flat buffer; `lo`, when not null, the unit's bf16 copy, which the
-  // GEMM weights are taken from.
-  BlockParams block_params(const float* base, const bf16* lo) const;
-  // The unit's bf16 parameters for the GEMMs: the ParamSource's copy under bf16 compute, else null (fp32).
-  const bf16* gemm_weights(ParamSource& params, int unit) const;
+  struct BlockGrads;
+  // A block's parameter pointers from its unit's flat parameters (fp32 or bf16, as the ParamSource holds them), and
+  // its gradient pointers from the unit's gradient buffer.
+  BlockParams block_params(ConstTensorPtr base) const;
+  BlockGrads block_grads(float* base) const;
   void forward(ParamSource& params, const int32_t* inputs, const StepContext& ctx);
   // Block `layer` from its ln_1 output on (which the caller computed) up to the MLP's projection, left in
   // proj_out: the block's output x_out = res_mid + dropout(proj_out) is formed by the next op, fused with the
@@ -82,9 +82,9 @@ class Gpt {
   // after the GELU (the block's output is kept).
   void block_forward(int layer, const BlockParams& p, const float* x_in, bool recompute, const StepContext& ctx);
   // x_out = blocks[layer].res_mid + dropout(proj_out), and its LayerNorm into (out, mean, rstd).
-  void block_output_layernorm(int layer, float* x_out, TensorPtr out, float* mean, float* rstd, const float* weight,
-                              const float* bias, const StepContext& ctx);
-  void block_backward(int layer, const BlockParams& p, const BlockParams& g, const float* x_in, const StepContext& ctx);
+  void block_output_layernorm(int layer, float* x_out, TensorPtr out, float* mean, float* rstd, ConstTensorPtr weight,
+                              ConstTensorPtr bias, const StepContext& ctx);
+  void block_backward(int layer, const BlockParams& p, const BlockGrads& g, const float* x_in, const StepContext& ctx);
   DropoutMask dropout(int site, int layer, const StepContext& ctx, uint64_t per_row) const;
   // The gradient before dropout `drop` of the residual-stream gradient dres (B,T,C): dres itself when the
   // mask is inactive, else dropout_backward's into the dtmp workspace.

@@ -6,20 +6,19 @@
 // embed unit is acquired first and released last (the LM head is tied to its wte), like FSDP's root.
 #pragma once
 
-#include "core/dtype.h"
+#include "backend/backend.h"
 
 namespace gpt {
 
 class ParamSource {
  public:
   virtual ~ParamSource() = default;
-  // The unit's full fp32 parameters, valid until release(unit).
-  virtual const float* acquire(int unit) = 0;
+  // The unit's full parameters, valid until release(unit): fp32, or bf16 where the source holds its parameters in
+  // bf16 for a backend that computes in bf16 (param_dtype bf16 on a GPU). The model hands them to the ops as they
+  // are: GEMMs take bf16 weights uncast and the other ops read bf16 parameters widened, so the step is the one on
+  // their fp32 values, bit for bit, without an fp32 copy of the model.
+  virtual ConstTensorPtr acquire(int unit) = 0;
   virtual void release(int unit) = 0;
-  // The unit's parameters in bf16 when the source keeps such a copy (param_dtype bf16, where the fp32 parameters
-  // acquire() returns are these values widened), so bf16 GEMMs take their weights without a cast; null when it
-  // keeps none. Valid until release(unit). REQUIRES: unit acquired.
-  virtual const bf16* acquired_bf16(int /*unit*/) { return nullptr; }
   // The unit's full-size fp32 gradient buffer; backward accumulates (+=) into it.
   // REQUIRES: unit acquired.
   virtual float* grads(int unit) = 0;

@@ -42,7 +42,8 @@ ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Commun
       strategy_(strategy),
       options_(options),
       rank_(group.rank()),
-      size_(group.size()) {
+      size_(group.size()),
+      lo_only_(options.param_dtype == DType::kBF16 && backend.compute_dtype() == DType::kBF16) {
   GPT_CHECK(strategy != Strategy::kSingle || size_ == 1);
   GPT_CHECK(host_group_.size() == size_ && host_group_.rank() == rank_);
   GPT_CHECK_MSG(replicas_ == nullptr || strategy >= Strategy::kZero2, "replicate groups need zero2 or zero3");
@@ -69,16 +70,16 @@ ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Commun
     units_.push_back(info);
   }
   master_ = be_.alloc(local_numel_ * sizeof(float), MemCategory::kMaster);
-  // Full compute parameters: zero1/zero2 always; ddp when they are bf16 (else they are the master weights).
-  if (strategy_ == Strategy::kZero1 || strategy_ == Strategy::kZero2 || (!shards_optimizer() && lo_params())) {
+  // Full fp32 compute parameters: zero1/zero2, and single/ddp with bf16 parameters (else they are the master
+  // weights); none when the parameters are bf16 only (bf16 compute).
+  const bool zero12 = strategy_ == Strategy::kZero1 || strategy_ == Strategy::kZero2;
+  if (!lo_only_ && (zero12 || (!shards_optimizer() && lo_params()))) {
     params_full_ = be_.alloc(full_numel_ * sizeof(float), MemCategory::kParams);
   }
   if (lo_params()) {
     param_shard_lo_ = be_.alloc((shards_optimizer() ? local_numel_ : full_numel_) * sizeof(bf16), MemCategory::kParams);
-    // zero1/zero2: the gathered bf16 parameters stay, so that GEMMs take them without a cast.
-    if (strategy_ == Strategy::kZero1 || strategy_ == Strategy::kZero2) {
-      params_full_lo_ = be_.alloc(full_numel_ * sizeof(bf16), MemCategory::kParams);
-    }
+    // zero1/zero2: the gathered bf16 parameters (the compute parameters themselves when bf16 only).
+    if (zero12) params_full_lo_ = be_.alloc(full_numel_ * sizeof(bf16), MemCategory::kParams);
   }
   if (!shards_grads()) grads_full_ = be_.alloc(full_numel_ * sizeof(float), MemCategory::kGrads);
   if (shards_optimizer()) grads_shard_ = be_.alloc(local_numel_ * sizeof(float), MemCategory::kGrads);
@@ -130,15 +131,19 @@ void ShardedParams::init(const GptShape& shape, uint64_t seed) {
   publish(/*step=*/0);
 }
 
-const float* ShardedParams::acquire(int unit) {
+ConstTensorPtr ShardedParams::acquire(int unit) {
+  GPT_CHECK_MSG(lo_only_ == (lo_params() && be_.compute_dtype() == DType::kBF16),
+                "ShardedParams: the backend's compute dtype changed after construction");
   const UnitInfo& u = units_[unit];
   ++acquired_[unit];
   switch (strategy_) {
     case Strategy::kSingle:
     case Strategy::kDdp:
+      if (lo_only_) return param_shard_lo_.as<bf16>() + u.local_offset;
       return lo_params() ? params_full_.as<float>() + u.full_offset : master() + u.local_offset;
     case Strategy::kZero1:
     case Strategy::kZero2:
+      if (lo_only_) return params_full_lo_.as<bf16>() + u.full_offset;
       return params_full_.as<float>() + u.full_offset;
     case Strategy::kZero3:
       break;
@@ -148,41 +153,28 @@ const float* ShardedParams::acquire(int unit) {
     // A new pass: drop anything a previous forward-only pass kept (reshard_after_forward: false).
     backward_ = false;
     for (int v = 1; v <= last; ++v) {
-      if (acquired_[v] == 0 && !gathered_[v].empty()) free_gathered(v);
+      if (acquired_[v] == 0 && gathered(v)) free_gathered(v);
     }
   }
   start_gather(unit);
   gather_work_[unit].join();
-  if (lo_params() && !expanded_[unit]) {  // computed through fp32
+  if (lo_params() && !lo_only_ && !expanded_[unit]) {  // computed through fp32
     be_.cast_from_bf16(gathered_[unit].as<float>(), gathered_lo_[unit].as<bf16>(), u.padded);
     expanded_[unit] = true;
   }
   // Prefetch the next blocks in pass order (the embed unit is held for the whole pass).
   const int step = backward_ ? -1 : 1;
   for (int k = 1, v = unit + step; k <= options_.prefetch && v >= 1 && v <= last; ++k, v += step) start_gather(v);
+  if (lo_only_) return gathered_lo_[unit].as<bf16>();
   return gathered_[unit].as<float>();
 }
 
-const bf16* ShardedParams::acquired_bf16(int unit) {
-  GPT_CHECK(acquired_[unit] > 0);
-  if (!lo_params()) return nullptr;
-  switch (strategy_) {
-    case Strategy::kSingle:
-    case Strategy::kDdp:
-      return param_shard_lo_.as<bf16>() + units_[unit].local_offset;
-    case Strategy::kZero1:
-    case Strategy::kZero2:
-      return params_full_lo_.as<bf16>() + units_[unit].full_offset;
-    case Strategy::kZero3:
-      break;
-  }
-  return gathered_lo_[unit].as<bf16>();
-}
+bool ShardedParams::gathered(int unit) const { return !gathered_[unit].empty() || !gathered_lo_[unit].empty(); }
 
 void ShardedParams::start_gather(int unit) {
-  if (!gathered_[unit].empty()) return;
+  if (gathered(unit)) return;
   const UnitInfo& u = units_[unit];
-  gathered_[unit] = take(param_pool_, u.padded, MemCategory::kParams);
+  if (!lo_only_) gathered_[unit] = take(param_pool_, u.padded, MemCategory::kParams);
   if (lo_params()) {
     gathered_lo_[unit] = take(lo_pool_, u.padded, MemCategory::kParams, sizeof(bf16));
     expanded_[unit] = false;
@@ -196,7 +188,7 @@ void ShardedParams::start_gather(int unit) {
 
 void ShardedParams::free_gathered(int unit) {
   gather_work_[unit].join();  // the buffer may still be arriving
-  param_pool_.push_back(std::move(gathered_[unit]));
+  if (!gathered_[unit].empty()) param_pool_.push_back(std::move(gathered_[unit]));
   if (!gathered_lo_[unit].empty()) lo_pool_.push_back(std::move(gathered_lo_[unit]));
 }
 
@@ -375,8 +367,8 @@ void ShardedParams::publish(int64_t step, bool lo_written) {
     } else {
       be_.cast_to_bf16(param_shard_lo_.as<bf16>(), master(), local_numel_);
     }
-    if (!shards_optimizer()) {  // ddp: compute through fp32 from the bf16 values
-      be_.cast_from_bf16(params_full_.as<float>(), param_shard_lo_.as<bf16>(), full_numel_);
+    if (!shards_optimizer()) {  // single/ddp: compute through fp32 from the bf16 values, unless bf16 only
+      if (!lo_only_) be_.cast_from_bf16(params_full_.as<float>(), param_shard_lo_.as<bf16>(), full_numel_);
       return;
     }
   }
@@ -393,7 +385,7 @@ void ShardedParams::publish(int64_t step, bool lo_written) {
   }
   for (size_t i = 0; i < works.size(); ++i) {
     works[i].join();
-    if (lo_params()) {  // the fp32 copy, for what is computed through fp32 (LayerNorm, biases)
+    if (lo_params() && !lo_only_) {  // the fp32 copy, for fp32 compute
       const int64_t at = units_[i].full_offset;
       be_.cast_from_bf16(params_full_.as<float>() + at, params_full_lo_.as<bf16>() + at, units_[i].padded);
     }

@@ -69,11 +69,12 @@ class ShardedParams final : public ParamSource {
                 Communicator* replicas = nullptr, ShardingOptions options = {}, Communicator* host_group = nullptr);
   ~ShardedParams() override;
 
-  const float* acquire(int unit) override;
+  // The unit's compute parameters. With param_dtype bf16 on a backend computing in bf16 (its compute dtype at
+  // construction, which must not change) they are bf16 only: single/ddp the rounded master weights, zero1/zero2 the
+  // gathered copy publish() keeps, zero3 the gathered unit, and no rank holds an fp32 copy of the model (FSDP's
+  // mixed precision). Under fp32 compute (the CPU) they are fp32: the bf16 values widened.
+  ConstTensorPtr acquire(int unit) override;
   void release(int unit) override;
-  // With param_dtype bf16, the unit's bf16 parameters (single/ddp: the rounded master weights; zero1/zero2:
-  // the gathered copy publish() keeps; zero3: the gathered unit); null otherwise.
-  const bf16* acquired_bf16(int unit) override;
   float* grads(int unit) override;
   void grads_done(int unit) override;
 
@@ -130,6 +131,7 @@ class ShardedParams final : public ParamSource {
   Buffer take(std::vector<Buffer>& pool, int64_t n, MemCategory category, size_t elem_bytes = sizeof(float));
   bool lo_params() const { return options_.param_dtype == DType::kBF16; }
   bool lo_grads() const { return options_.reduce_dtype == DType::kBF16; }
+  bool gathered(int unit) const;  // zero3: the unit's gathered buffers are taken (arrived or arriving)
   void start_gather(int unit);
   void free_gathered(int unit);
   void drain_pending(size_t keep);
@@ -143,6 +145,7 @@ class ShardedParams final : public ParamSource {
   Strategy strategy_;
   ShardingOptions options_;
   int rank_ = 0, size_ = 1;
+  bool lo_only_ = false;   // the compute parameters are bf16 only (param_dtype bf16 under bf16 compute)
   bool backward_ = false;  // zero3: the current pass has reached backward
   std::vector<UnitInfo> units_;
   std::vector<MasterRegion> regions_;
@@ -151,22 +154,22 @@ class ShardedParams final : public ParamSource {
   bool last_micro_ = true;
   int bucket_lo_ = -1, bucket_hi_ = -1;  // ddp: the units whose gradients wait in the open bucket
 
-  Buffer master_;       // (local_numel) fp32 master weights; ddp: also the compute parameters
-  Buffer params_full_;     // (full_numel) compute parameters, zero1/zero2
-  Buffer params_full_lo_;  // (full_numel) their bf16 values as gathered, bf16 zero1/zero2
-  Buffer grads_full_;   // (full_numel) gradient accumulator, ddp/zero1
-  Buffer grads_shard_;  // (local_numel) reduced gradient shards, zero1/zero2/zero3
+  Buffer master_;          // (local_numel) fp32 master weights; ddp: also the compute parameters
+  Buffer params_full_;     // (full_numel) fp32 compute parameters: zero1/zero2, bf16 single/ddp; none when bf16 only
+  Buffer params_full_lo_;  // (full_numel) the bf16 parameters as gathered, bf16 zero1/zero2
+  Buffer grads_full_;      // (full_numel) gradient accumulator, ddp/zero1
+  Buffer grads_shard_;     // (local_numel) reduced gradient shards, zero1/zero2/zero3
   float* local_grads_ = nullptr;
   std::vector<Work> grad_works_;        // ddp/zero1 reductions of this step
   std::vector<GradReduce> lo_reduces_;  // ddp/zero1 bf16 reductions of this step
   Buffer param_shard_lo_;               // (local_numel) bf16 parameter shards, bf16 zero1/2/3
   std::vector<Buffer> gathered_lo_;     // zero3 bf16: per unit, the gathered bf16 parameters
-  std::vector<bool> expanded_;          // zero3 bf16: gathered_ holds the fp32 copy already
+  std::vector<bool> expanded_;          // zero3 bf16 under fp32 compute: gathered_ holds the fp32 copy already
   std::vector<Buffer> lo_pool_;         // bf16 buffers (gathers, gradient reductions)
-  std::vector<Buffer> gathered_;        // zero3: per unit, its gathered (or arriving) parameters
-  std::vector<Work> gather_work_;       // zero3: per unit, the all-gather filling gathered_
-  std::vector<int> acquired_;           // per unit: acquire count
-  std::vector<Buffer> unit_grads_;      // zero2/zero3: per unit, its full gradient while in backward
+  std::vector<Buffer> gathered_;    // zero3: per unit, its gathered (or arriving) fp32 parameters; none if bf16 only
+  std::vector<Work> gather_work_;   // zero3: per unit, the all-gather filling gathered_
+  std::vector<int> acquired_;       // per unit: acquire count
+  std::vector<Buffer> unit_grads_;  // zero2/zero3: per unit, its full gradient while in backward
   std::vector<Buffer> param_pool_, grad_pool_, shard_pool_;
   std::vector<Pending> pending_;
 };

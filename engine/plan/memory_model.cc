@@ -106,13 +106,10 @@ class ShardedParamsSim {
     unit_grads_.resize(n_);
     acquired_.assign(n_, 0);
     alloc(u_.local * 4, MemCategory::kMaster);
-    if (s_.strategy == Strategy::kZero1 || s_.strategy == Strategy::kZero2 || (!shards_optimizer() && lo_params())) {
-      alloc(u_.full * 4, MemCategory::kParams);
-    }
+    const bool zero12 = s_.strategy == Strategy::kZero1 || s_.strategy == Strategy::kZero2;
+    if (!lo_only() && (zero12 || (!shards_optimizer() && lo_params()))) alloc(u_.full * 4, MemCategory::kParams);
     if (lo_params()) alloc((shards_optimizer() ? u_.local : u_.full) * 2, MemCategory::kParams);
-    if (lo_params() && (s_.strategy == Strategy::kZero1 || s_.strategy == Strategy::kZero2)) {
-      alloc(u_.full * 2, MemCategory::kParams);
-    }
+    if (lo_params() && zero12) alloc(u_.full * 2, MemCategory::kParams);
     if (!shards_grads()) alloc(u_.full * 4, MemCategory::kGrads);
     if (shards_optimizer()) alloc(u_.local * 4, MemCategory::kGrads);
   }
@@ -154,6 +151,7 @@ class ShardedParamsSim {
   bool shards_grads() const { return s_.strategy >= Strategy::kZero2; }
   bool zero3() const { return s_.strategy == Strategy::kZero3; }
   bool lo_params() const { return s_.options.param_dtype == DType::kBF16; }
+  bool lo_only() const { return lo_params() && s_.bf16_compute; }
   bool lo_grads() const { return s_.options.reduce_dtype == DType::kBF16; }
   int head() const { return n_ - 1; }
 
@@ -187,21 +185,22 @@ class ShardedParamsSim {
     if (unit == ModelLayout::kEmbedUnit) {
       backward_ = false;
       for (int v = 1; v < n_; ++v) {
-        if (acquired_[v] == 0 && !gathered_[v].empty()) free_gathered(v);
+        if (acquired_[v] == 0 && gathered(v)) free_gathered(v);
       }
     }
     start_gather(unit);
     const int dir = backward_ ? -1 : 1;
     for (int k = 1, v = unit + dir; k <= s_.options.prefetch && v >= 1 && v < n_; ++k, v += dir) start_gather(v);
   }
+  bool gathered(int unit) const { return !gathered_[unit].empty() || !gathered_lo_[unit].empty(); }
   void start_gather(int unit) {
-    if (!gathered_[unit].empty()) return;
-    gathered_[unit] = take(param_pool_, u_.padded[unit], MemCategory::kParams, 4);
+    if (gathered(unit)) return;
+    if (!lo_only()) gathered_[unit] = take(param_pool_, u_.padded[unit], MemCategory::kParams, 4);
     if (lo_params()) gathered_lo_[unit] = take(lo_pool_, u_.padded[unit], MemCategory::kParams, 2);
     count(CommOp::kAllGather, u_.padded[unit], lo_params() ? 2 : 4);
   }
   void free_gathered(int unit) {
-    param_pool_.push_back(gathered_[unit]);
+    if (!gathered_[unit].empty()) param_pool_.push_back(gathered_[unit]);
     gathered_[unit] = {};
     if (!gathered_lo_[unit].empty()) lo_pool_.push_back(gathered_lo_[unit]);
     gathered_lo_[unit] = {};

@@ -42,9 +42,9 @@ ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const Acti
 
 // The CUDA backend's own device memory (category workspace) over a training step: cuBLASLt's workspace, the
 // shared scratch area at the largest request of any op (embedding's cub sort storage estimated), the bf16 cast
-// areas under bf16 compute (the weights, for ParamSources without a bf16 copy, and the fp32 output gradients of the
-// block's GEMMs; Gpt's GEMM input activations come in bf16), and sum_squares' result. `local_numel`: the optimizer's
-// local buffer; `spans`: an upper bound of its spans (AdamW's runs).
+// areas under bf16 compute (the weights, for ParamSources with fp32 parameters; the fp32 output gradients of the
+// block's GEMMs; the biases; Gpt's GEMM input activations come in bf16), and sum_squares' result. `local_numel`: the
+// optimizer's local buffer; `spans`: an upper bound of its spans (AdamW's runs).
 int64_t cuda_backend_workspace_bytes(const GptShape& shape, int B, int T, bool bf16_compute, int64_t local_numel,
                                      int64_t spans);
 
@@ -61,6 +61,8 @@ struct ShardedParamsSetup {
   int group_size = 1;  // the shard group (the whole data-parallel world unless hybrid)
   int replicas = 1;    // hybrid: shard groups holding the same shards (> 1 only for zero2/zero3)
   ShardingOptions options;
+  // The backend computes in bf16 (a GPU): with param_dtype bf16 the compute parameters are bf16 only.
+  bool bf16_compute = false;
 };
 
 struct ShardedParamsFigures {

@@ -56,6 +56,7 @@ StrategyPlan make_plan(const PlanInput& in, const ModelLayout& layout, Strategy 
   setup.group_size = group_size;
   setup.replicas = in.world_size / group_size;
   setup.options = in.sharding;
+  setup.bf16_compute = in.bf16_compute();
   const ShardedParamsFigures f = simulate_sharded_params(layout, setup, in.micro_batches_per_step);
   const UnitSizes u = unit_sizes(layout, strategy, group_size);
 

@@ -20,9 +20,14 @@ void CpuBackend::to_host(void* dst, const void* src, size_t bytes) {
   if (bytes > 0) std::memcpy(dst, src, bytes);
 }
 
-void CpuBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                                   int C) {
-  cpu::embedding_forward(out, tokens, wte, wpe, B, T, C);
+void CpuBackend::embedding_forward(float* out, const int32_t* tokens, ConstTensorPtr wte, ConstTensorPtr wpe, int B,
+                                   int T, int C) {
+  GPT_CHECK(wte.dtype == wpe.dtype);
+  if (wte.is_bf16()) {
+    cpu::embedding_forward(out, tokens, wte.as_bf16(), wpe.as_bf16(), B, T, C);
+  } else {
+    cpu::embedding_forward(out, tokens, wte.as_f32(), wpe.as_f32(), B, T, C);
+  }
 }
 void CpuBackend::embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                                     int C) {
@@ -65,16 +70,16 @@ void CpuBackend::finish(TensorPtr out, int64_t n) {
   cast_to_bf16(out.as_bf16(), staging_[3].as<float>(), n);
 }
 
-void CpuBackend::matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N,
-                                int C, int OC) {
+void CpuBackend::matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias,
+                                int64_t N, int C, int OC) {
   if (compute_dtype_ == DType::kF32) {
-    cpu::matmul_forward(out.as_f32(), inp.as_f32(), weight.as_f32(), bias, N, C, OC);
+    cpu::matmul_forward(out.as_f32(), inp.as_f32(), weight.as_f32(), f32_view(4, bias, OC), N, C, OC);
     return;
   }
   const float* a = bf16_operand(0, inp, N * C);
   const float* w = bf16_operand(1, weight, static_cast<int64_t>(OC) * C);
   // A bf16 output takes the bias rounded to bf16, as the CUDA backend's bias epilogue does.
-  const float* b = out.is_bf16() && bias != nullptr ? bf16_operand(4, bias, OC) : bias;
+  const float* b = out.is_bf16() && bias.data != nullptr ? bf16_operand(4, bias, OC) : f32_view(4, bias, OC);
   cpu::matmul_forward(result_area(out, N * OC), a, w, b, N, C, OC);
   finish(out, N * OC);
 }
@@ -89,21 +94,22 @@ void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, Cons
   const float* d = bf16_operand(2, dout, N * OC);
   cpu::matmul_backward(dinp, dweight, dbias, d, a, w, N, C, OC);  // dbias from the bf16 values, as on CUDA
 }
-void CpuBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
-                                   const float* bias, int64_t N, int C) {
-  cpu::layernorm_forward(result_area(out, N * C), mean, rstd, inp, weight, bias, N, C);
+void CpuBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
+                                   ConstTensorPtr bias, int64_t N, int C) {
+  cpu::layernorm_forward(result_area(out, N * C), mean, rstd, inp, f32_view(0, weight, C), f32_view(1, bias, C), N, C);
   finish(out, N * C);
 }
 void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                    const float* weight, const float* mean, const float* rstd, int64_t N, int C,
+                                    ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C,
                                     bf16* dinp_lo) {
-  cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, f32_view(0, weight, C), mean, rstd, N, C);
   if (dinp_lo != nullptr) cast_to_bf16(dinp_lo, dinp, N * C);
 }
 void CpuBackend::residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                            const float* inp, const float* weight, const float* bias, int64_t N, int C,
-                                            const DropoutMask& drop) {
-  cpu::residual_layernorm_forward(res_out, result_area(out, N * C), mean, rstd, res, inp, weight, bias, N, C, drop);
+                                            const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N,
+                                            int C, const DropoutMask& drop) {
+  cpu::residual_layernorm_forward(res_out, result_area(out, N * C), mean, rstd, res, inp, f32_view(0, weight, C),
+                                  f32_view(1, bias, C), N, C, drop);
   finish(out, N * C);
 }
 void CpuBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,

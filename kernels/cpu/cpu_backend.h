@@ -18,21 +18,21 @@ class CpuBackend final : public Backend {
   void set_compute_dtype(DType type) override;
   DType compute_dtype() const override { return compute_dtype_; }
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+  void embedding_forward(float* out, const int32_t* tokens, ConstTensorPtr wte, ConstTensorPtr wpe, int B, int T,
                          int C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                           int C) override;
-  void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N, int C,
+  void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                       int OC) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                        ConstTensorPtr weight, int64_t N, int C, int OC) override;
-  void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
-                         const float* bias, int64_t N, int C) override;
+  void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
+                         ConstTensorPtr bias, int64_t N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, const float* mean, const float* rstd, int64_t N, int C,
+                          ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C,
                           bf16* dinp_lo) override;
   void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                  const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                  const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                                   const DropoutMask& drop) override;
   int64_t attention_state_floats(int B, int T, int NH) const override {
     return static_cast<int64_t>(B) * NH * T * T;  // the probabilities
@@ -63,8 +63,8 @@ class CpuBackend final : public Backend {
   void copy(float* dst, const float* src, int64_t n) override;
 
  private:
-  // Staging buffer `slot` of at least n floats (0: GEMM input, 1: weight, 2: output gradient, 3: an output,
-  // 4: a bias).
+  // Staging buffer `slot` of at least n floats (0: GEMM input or a LayerNorm weight, 1: GEMM weight or a LayerNorm
+  // bias, 2: output gradient, 3: an output, 4: a GEMM bias).
   float* staging(int slot, int64_t n);
   // x's values as a bf16 GEMM reads them (bf16 expanded, or fp32 rounded to bf16), as fp32 in staging `slot`.
   const float* bf16_operand(int slot, ConstTensorPtr x, int64_t n);

@@ -8,18 +8,34 @@
 
 namespace gpt::cpu {
 
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+namespace {
+
+inline float as_f32(float x) { return x; }
+inline float as_f32(bf16 x) { return bf16_to_f32(x); }
+
+// The tables in fp32 or bf16 (read widened: the sums are those of the widened fp32 tables, bit for bit).
+template <typename W>
+void embedding_forward_impl(float* out, const int32_t* tokens, const W* wte, const W* wpe, int B, int T, int C) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       const int64_t row = static_cast<int64_t>(b) * T + t;
-      const float* te = wte + static_cast<int64_t>(tokens[row]) * C;
-      const float* pe = wpe + static_cast<int64_t>(t) * C;
+      const W* te = wte + static_cast<int64_t>(tokens[row]) * C;
+      const W* pe = wpe + static_cast<int64_t>(t) * C;
       float* o = out + row * C;
 #pragma omp simd
-      for (int c = 0; c < C; ++c) o[c] = te[c] + pe[c];
+      for (int c = 0; c < C; ++c) o[c] = as_f32(te[c]) + as_f32(pe[c]);
     }
   }
+}
+
+}  // namespace
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+  embedding_forward_impl(out, tokens, wte, wpe, B, T, C);
+}
+void embedding_forward(float* out, const int32_t* tokens, const bf16* wte, const bf16* wpe, int B, int T, int C) {
+  embedding_forward_impl(out, tokens, wte, wpe, B, T, C);
 }
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {

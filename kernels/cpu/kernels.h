@@ -11,6 +11,8 @@
 namespace gpt::cpu {
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C);
+// bf16 tables, read widened (the fp32 overload on their widened values, bit for bit).
+void embedding_forward(float* out, const int32_t* tokens, const bf16* wte, const bf16* wpe, int B, int T, int C);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC);

@@ -200,8 +200,8 @@ void CudaBackend::to_host(void* dst, const void* src, size_t bytes) {
 
 void CudaBackend::synchronize() { GPT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
-void CudaBackend::embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                                    int C) {
+void CudaBackend::embedding_forward(float* out, const int32_t* tokens, ConstTensorPtr wte, ConstTensorPtr wpe, int B,
+                                    int T, int C) {
   const OpTimer timed = time_op("embedding_forward");
   cuda::embedding_forward(out, tokens, wte, wpe, B, T, C, stream_);
 }
@@ -212,26 +212,44 @@ void CudaBackend::embedding_backward(float* dwte, float* dwpe, const float* dout
                            stream_);
 }
 // Under bf16 compute the GEMM's inputs are bf16: bf16 operands (the model's LayerNorm and GELU outputs, and the
-// weights when the ParamSource keeps a bf16 copy) go in as they are; fp32 ones are cast into the cast areas.
+// weights when the ParamSource holds them in bf16) go in as they are; fp32 ones are cast into the cast areas.
 const bf16* CudaBackend::gemm_input(int slot, ConstTensorPtr x, int64_t n) {
   if (x.is_bf16()) return x.as_bf16();
   bf16* area = cast_area(slot, n);
   cuda::cast_to_bf16(area, x.as_f32(), n, stream_);
   return area;
 }
-void CudaBackend::matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N,
-                                 int C, int OC) {
+// The bias in the output's dtype, as Matmul adds it (cuBLASLt's bias epilogue takes a vector of D's type): the
+// bias itself when it is so (a bf16 one 16-byte aligned, as the epilogue needs: Matmul adds an unaligned fp32 one
+// with a kernel), else rounded, widened or copied into cast area 3 (cudaMalloc'd, so aligned).
+const void* CudaBackend::gemm_bias(ConstTensorPtr bias, DType out_type, int OC) {
+  if (bias.data == nullptr) return nullptr;
+  const bool aligned = reinterpret_cast<uintptr_t>(bias.data) % 16 == 0;
+  if (bias.dtype == out_type && (out_type == DType::kF32 || aligned)) return bias.data;
+  if (out_type == DType::kBF16) {
+    bf16* area = cast_area(3, OC);
+    if (bias.is_bf16()) {
+      GPT_CUDA_CHECK(cudaMemcpyAsync(area, bias.data, OC * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_));
+    } else {
+      cuda::cast_to_bf16(area, bias.as_f32(), OC, stream_);
+    }
+    return area;
+  }
+  auto* area = reinterpret_cast<float*>(cast_area(3, 2 * static_cast<int64_t>(OC)));  // OC floats
+  cuda::cast_from_bf16(area, bias.as_bf16(), OC, stream_);
+  return area;
+}
+void CudaBackend::matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias,
+                                 int64_t N, int C, int OC) {
   const OpTimer timed = time_op("matmul_forward");
   if (compute_dtype_ == DType::kF32) {
-    matmul_->forward(out.as_f32(), DType::kF32, inp.as_f32(), weight.as_f32(), DType::kF32, bias, N, C, OC);
+    matmul_->forward(out.as_f32(), DType::kF32, inp.as_f32(), weight.as_f32(), DType::kF32,
+                     gemm_bias(bias, DType::kF32, OC), N, C, OC);
     return;
   }
   const bf16* a = gemm_input(0, inp, N * C);
   const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
-  // A bf16 output's bias epilogue adds a bf16 bias: the fp32 one rounded into its own (aligned) area.
-  const void* b = bias;
-  if (out.is_bf16() && bias != nullptr) b = gemm_input(3, ConstTensorPtr(bias), OC);
-  matmul_->forward(out.data, out.dtype, a, w, DType::kBF16, b, N, C, OC);
+  matmul_->forward(out.data, out.dtype, a, w, DType::kBF16, gemm_bias(bias, out.dtype, OC), N, C, OC);
 }
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                                   ConstTensorPtr weight, int64_t N, int C, int OC) {
@@ -246,21 +264,21 @@ void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, Con
   const bf16* d = gemm_input(2, dout, N * OC);
   matmul_->backward(dinp, dweight, dbias, d, a, w, DType::kBF16, N, C, OC, s);  // dbias sums the bf16 d
 }
-void CudaBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
-                                    const float* bias, int64_t N, int C) {
+void CudaBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
+                                    ConstTensorPtr bias, int64_t N, int C) {
   const OpTimer timed = time_op("layernorm_forward");
   cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream_);
 }
 void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                     const float* weight, const float* mean, const float* rstd, int64_t N, int C,
+                                     ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C,
                                      bf16* dinp_lo) {
   const OpTimer timed = time_op("layernorm_backward");
   cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, dinp_lo,
                            scratch(cuda::layernorm_backward_scratch_bytes(N, C)), stream_);
 }
 void CudaBackend::residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                             const float* inp, const float* weight, const float* bias, int64_t N, int C,
-                                             const DropoutMask& drop) {
+                                             const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N,
+                                             int C, const DropoutMask& drop) {
   const OpTimer timed = time_op("residual_layernorm_forward");
   cuda::residual_layernorm_forward(res_out, out, mean, rstd, res, inp, weight, bias, N, C, drop, stream_);
 }

@@ -45,21 +45,21 @@ class CudaBackend final : public Backend {
   void set_compute_dtype(DType type) override;
   DType compute_dtype() const override { return compute_dtype_; }
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+  void embedding_forward(float* out, const int32_t* tokens, ConstTensorPtr wte, ConstTensorPtr wpe, int B, int T,
                          int C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                           int C) override;
-  void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N, int C,
+  void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                       int OC) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                        ConstTensorPtr weight, int64_t N, int C, int OC) override;
-  void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
-                         const float* bias, int64_t N, int C) override;
+  void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
+                         ConstTensorPtr bias, int64_t N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, const float* mean, const float* rstd, int64_t N, int C,
+                          ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C,
                           bf16* dinp_lo) override;
   void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                  const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                  const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                                   const DropoutMask& drop) override;
   int64_t attention_state_floats(int B, int T, int NH) const override {
     return static_cast<int64_t>(B) * NH * T;  // each query row's log-sum-exp
@@ -107,10 +107,13 @@ class CudaBackend final : public Backend {
   OpTimer time_op(const char* op) { return OpTimer(profile_ ? this : nullptr, op); }
   void* scratch(size_t bytes);
   const cuda::SpanTable& span_table(const std::vector<OptimSpan>& spans);
-  // bf16 copies of a GEMM's fp32 inputs: slot 0 inp, 1 weight, 2 dout, 3 the bias of a bf16 output.
+  // bf16 copies of a GEMM's fp32 inputs: slot 0 inp, 1 weight, 2 dout, 3 the bias as the output's dtype wants it
+  // (gemm_bias: rounded to bf16, or a bf16 one widened to fp32 in twice the elements).
   bf16* cast_area(int slot, int64_t n);
   // A bf16 GEMM operand of n elements: x itself when bf16, else x cast into cast area `slot`.
   const bf16* gemm_input(int slot, ConstTensorPtr x, int64_t n);
+  // A GEMM's bias as Matmul takes it for an output of `out_type` (null for none); may use cast area 3.
+  const void* gemm_bias(ConstTensorPtr bias, DType out_type, int OC);
   bool tensor_core_attention(int C, int NH, std::initializer_list<const void*> tensors) const;
 
   int device_;

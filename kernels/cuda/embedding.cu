@@ -18,25 +18,34 @@ constexpr int kRowThreads = 128;       // per block in the one-block-per-row ker
 constexpr int kThreads = 256;          // per block in the elementwise kernels
 constexpr size_t kScratchAlign = 256;  // each scratch piece starts on a 256-byte boundary
 
-// out[row] = wte[tokens[row]] + wpe[row % T], one block per row. kVec: C % 4 == 0 and the pointers
-// 16-byte aligned, so a row is C / 4 float4s.
-template <bool kVec>
+// Four consecutive table entries as fp32: one float4, or one 8-byte piece of 4 bf16 (widened).
+__device__ inline float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ inline float4 load4(const bf16* p) {
+  const uint2 t = *reinterpret_cast<const uint2*>(p);
+  return make_float4(__uint_as_float(t.x << 16), __uint_as_float(t.x & 0xffff0000u), __uint_as_float(t.y << 16),
+                     __uint_as_float(t.y & 0xffff0000u));
+}
+
+// out[row] = wte[tokens[row]] + wpe[row % T], one block per row. W: the tables' type, float or bf16 (read widened,
+// so the sums are the fp32 tables' bit for bit). kVec: C % 4 == 0 and the pointers aligned to 4 entries (16 bytes
+// for fp32, 8 for bf16), so a row is C / 4 pieces of 4.
+template <bool kVec, typename W>
 __global__ void __launch_bounds__(kRowThreads)
-    embedding_forward_kernel(float* __restrict__ out, const int32_t* __restrict__ tokens, const float* __restrict__ wte,
-                             const float* __restrict__ wpe, int T, int C) {
+    embedding_forward_kernel(float* __restrict__ out, const int32_t* __restrict__ tokens, const W* __restrict__ wte,
+                             const W* __restrict__ wpe, int T, int C) {
   const int64_t row = blockIdx.x;
   const int t = static_cast<int>(row % T);
-  const float* te = wte + static_cast<int64_t>(tokens[row]) * C;
-  const float* pe = wpe + static_cast<int64_t>(t) * C;
+  const W* te = wte + static_cast<int64_t>(tokens[row]) * C;
+  const W* pe = wpe + static_cast<int64_t>(t) * C;
   float* o = out + row * C;
   if constexpr (kVec) {
     for (int c = threadIdx.x; c < C / 4; c += kRowThreads) {
-      const float4 a = reinterpret_cast<const float4*>(te)[c];
-      const float4 b = reinterpret_cast<const float4*>(pe)[c];
+      const float4 a = load4(te + 4 * c);
+      const float4 b = load4(pe + 4 * c);
       reinterpret_cast<float4*>(o)[c] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
     }
   } else {
-    for (int c = threadIdx.x; c < C; c += kRowThreads) o[c] = te[c] + pe[c];
+    for (int c = threadIdx.x; c < C; c += kRowThreads) o[c] = load_value(te + c) + load_value(pe + c);
   }
 }
 
@@ -148,19 +157,35 @@ int rows(int B, int T) {
 
 }  // namespace
 
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
-                       cudaStream_t stream) {
+namespace {
+
+template <typename W>
+void launch_embedding_forward(float* out, const int32_t* tokens, const W* wte, const W* wpe, int B, int T, int C,
+                              cudaStream_t stream) {
   GPT_CHECK(B >= 0 && T > 0 && C > 0);
   GPT_CHECK(out != nullptr && tokens != nullptr && wte != nullptr && wpe != nullptr);
   const int n = rows(B, T);
   if (n == 0) return;
-  const bool vec = C % 4 == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe);
+  auto aligned4 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(W)) == 0; };
+  const bool vec = C % 4 == 0 && aligned16(out) && aligned4(wte) && aligned4(wpe);
   if (vec) {
-    embedding_forward_kernel<true><<<n, kRowThreads, 0, stream>>>(out, tokens, wte, wpe, T, C);
+    embedding_forward_kernel<true, W><<<n, kRowThreads, 0, stream>>>(out, tokens, wte, wpe, T, C);
   } else {
-    embedding_forward_kernel<false><<<n, kRowThreads, 0, stream>>>(out, tokens, wte, wpe, T, C);
+    embedding_forward_kernel<false, W><<<n, kRowThreads, 0, stream>>>(out, tokens, wte, wpe, T, C);
   }
   GPT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void embedding_forward(float* out, const int32_t* tokens, ConstTensorPtr wte, ConstTensorPtr wpe, int B, int T, int C,
+                       cudaStream_t stream) {
+  GPT_CHECK_MSG(wte.dtype == wpe.dtype, "embedding_forward: wte and wpe of different dtypes");
+  if (wte.is_bf16()) {
+    launch_embedding_forward(out, tokens, wte.as_bf16(), wpe.as_bf16(), B, T, C, stream);
+  } else {
+    launch_embedding_forward(out, tokens, wte.as_f32(), wpe.as_f32(), B, T, C, stream);
+  }
 }
 
 size_t embedding_backward_scratch_bytes(int B, int T) {

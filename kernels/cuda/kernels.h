@@ -20,24 +20,26 @@ namespace gpt::cuda {
 
 // embedding.cu. Backward sorts the token positions by token id (stable) and sums each token's rows in
 // position order: deterministic without atomics.
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+// wte and wpe: fp32, or both bf16 (read widened).
+void embedding_forward(float* out, const int32_t* tokens, ConstTensorPtr wte, ConstTensorPtr wpe, int B, int T, int C,
                        cudaStream_t stream);
 size_t embedding_backward_scratch_bytes(int B, int T);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
                         void* scratch, cudaStream_t stream);
 
 // layernorm.cu. mean/rstd may be null (recomputation that only needs out); out f32 or bf16 (rounded at the store).
-void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int64_t N, int C, cudaStream_t stream);
+// weight and bias: fp32, or both bf16 (read widened).
+void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
+                       ConstTensorPtr bias, int64_t N, int C, cudaStream_t stream);
 // The fused residual + LayerNorm: res_out = res + dropout(inp) (the residual_forward expression; res_out may
 // alias res), then layernorm_forward of res_out, bit for bit the two kernels.
 void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                                 const DropoutMask& drop, cudaStream_t stream);
 size_t layernorm_backward_scratch_bytes(int64_t N, int C);
 // dinp_lo, when not null, gets the accumulated dinp rounded to bf16 in the same pass.
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int64_t N, int C, bf16* dinp_lo,
+                        ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C, bf16* dinp_lo,
                         void* scratch, cudaStream_t stream);
 
 // attention.cu: fused causal attention (flash-style: online softmax, no T x T matrix in memory).

@@ -39,6 +39,21 @@ __device__ inline void load4(float (&v)[4], const float* p, int j, int n, float 
   }
 }
 
+// The bf16 parameters (weight, bias), widened: kVec reads one 8-byte piece (p + j 8-byte aligned).
+template <bool kVec>
+__device__ inline void load4(float (&v)[4], const bf16* p, int j, int n, float fill) {
+  if constexpr (kVec) {
+    const uint2 t = *reinterpret_cast<const uint2*>(p + j);
+    v[0] = __uint_as_float(t.x << 16);
+    v[1] = __uint_as_float(t.x & 0xffff0000u);
+    v[2] = __uint_as_float(t.y << 16);
+    v[3] = __uint_as_float(t.y & 0xffff0000u);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = j + k < n ? load_value(p + j + k) : fill;
+  }
+}
+
 // Writes v to elements [j, j + 4) of p, those at or past n skipped (same alignment contract as load4).
 template <bool kVec>
 __device__ inline void store4(float* p, int j, int n, const float (&v)[4]) {
@@ -64,12 +79,12 @@ __device__ inline void store4(bf16* p, int j, int n, const float (&v)[4]) {
 // kResidual: the fused residual + LayerNorm. The first pass computes inp = res + dropout(add) (the expression
 // of elementwise.cu's residual_kernel), stores it and sums it; the later passes read back what the same lane
 // stored, so the statistics and the output are those of layernorm_forward on the stored residual, bit for bit.
-// Out: float, or bf16 (the same fp32 values rounded at the store).
-template <bool kVec, bool kResidual, typename Out>
+// Out: float, or bf16 (the same fp32 values rounded at the store). W: the parameters' type, float or bf16 (widened).
+template <bool kVec, bool kResidual, typename Out, typename W>
 __global__ void __launch_bounds__(kRowThreads)
     layernorm_forward_kernel(Out* out, float* __restrict__ mean, float* __restrict__ rstd, float* inp, const float* res,
-                             const float* add, DropoutMask drop, float keep, const float* __restrict__ weight,
-                             const float* __restrict__ bias, int64_t N, int C) {
+                             const float* add, DropoutMask drop, float keep, const W* __restrict__ weight,
+                             const W* __restrict__ bias, int64_t N, int C) {
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
   if (row >= N) return;  // the whole warp leaves: only warp shuffles follow, no __syncthreads
@@ -121,10 +136,10 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 // Backward step 1, one warp per row: the row means of dnorm and dnorm * norm that every column's dinp needs.
-template <bool kVec>
+template <bool kVec, typename W>
 __global__ void __launch_bounds__(kRowThreads)
     layernorm_backward_row_kernel(float2* __restrict__ row_stats, const float* __restrict__ dout,
-                                  const float* __restrict__ inp, const float* __restrict__ weight,
+                                  const float* __restrict__ inp, const W* __restrict__ weight,
                                   const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N, int C) {
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
@@ -154,11 +169,11 @@ __global__ void __launch_bounds__(kRowThreads)
 // Backward step 2: block (chunk, column tile); each thread owns 4 columns and walks the chunk's rows in
 // order, adding into dinp and keeping its columns' dweight/dbias partials in registers, written once to
 // partial[chunk] = [dweight (C) | dbias (C)]. No thread shares a column with another in its chunk: no races.
-template <bool kVec>
+template <bool kVec, typename W>
 __global__ void __launch_bounds__(kColThreads)
     layernorm_backward_col_kernel(float* __restrict__ dinp, bf16* __restrict__ dinp_lo, bool lo_vec,
                                   float* __restrict__ partial, const float* __restrict__ dout,
-                                  const float* __restrict__ inp, const float* __restrict__ weight,
+                                  const float* __restrict__ inp, const W* __restrict__ weight,
                                   const float* __restrict__ mean, const float* __restrict__ rstd,
                                   const float2* __restrict__ row_stats, int64_t N, int C, int64_t rpc) {
   const int j = 4 * (blockIdx.y * kColThreads + threadIdx.x);
@@ -209,6 +224,10 @@ __global__ void __launch_bounds__(kParamThreads)
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// A parameter vector read 4 elements at a time (load4's kVec): a float4 or an 8-byte piece of 4 bf16.
+bool param_aligned(const float* p) { return aligned16(p); }
+bool param_aligned(const bf16* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
+
 size_t align_up(size_t n) { return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
 
 // The backward's row chunking: depends only on N, so the dweight/dbias sum order is fixed for a shape.
@@ -222,9 +241,9 @@ size_t row_stats_bytes(int64_t N) { return align_up(static_cast<size_t>(N) * siz
 namespace {
 
 // Both forward entry points: res == nullptr for the plain LayerNorm of x.
-template <typename Out>
+template <typename Out, typename W>
 void launch_layernorm_forward(Out* out, float* mean, float* rstd, float* x, const float* res, const float* add,
-                              const DropoutMask& drop, const float* weight, const float* bias, int64_t N, int C,
+                              const DropoutMask& drop, const W* weight, const W* bias, int64_t N, int C,
                               cudaStream_t stream) {
   GPT_CHECK(N >= 0 && C > 0);
   GPT_CHECK(out != nullptr && x != nullptr && weight != nullptr && bias != nullptr);
@@ -233,48 +252,51 @@ void launch_layernorm_forward(Out* out, float* mean, float* rstd, float* x, cons
   const dim3 grid(static_cast<unsigned>(ceil_div(N, kRowWarps)));
   // A bf16 row of 4k elements is stored as 8-byte pieces, an fp32 one as float4s.
   const bool out_aligned = reinterpret_cast<uintptr_t>(out) % (4 * sizeof(Out)) == 0;
-  const bool vec = C % 4 == 0 && out_aligned && aligned16(x) && aligned16(weight) && aligned16(bias) &&
+  const bool vec = C % 4 == 0 && out_aligned && aligned16(x) && param_aligned(weight) && param_aligned(bias) &&
                    (res == nullptr || (aligned16(res) && aligned16(add)));
   const float keep = drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f;
   if (res == nullptr) {
     if (vec) {
-      layernorm_forward_kernel<true, false, Out>
+      layernorm_forward_kernel<true, false, Out, W>
           <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, nullptr, nullptr, drop, keep, weight, bias, N, C);
     } else {
-      layernorm_forward_kernel<false, false, Out>
+      layernorm_forward_kernel<false, false, Out, W>
           <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, nullptr, nullptr, drop, keep, weight, bias, N, C);
     }
   } else if (vec) {
-    layernorm_forward_kernel<true, true, Out>
+    layernorm_forward_kernel<true, true, Out, W>
         <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, res, add, drop, keep, weight, bias, N, C);
   } else {
-    layernorm_forward_kernel<false, true, Out>
+    layernorm_forward_kernel<false, true, Out, W>
         <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, res, add, drop, keep, weight, bias, N, C);
   }
   GPT_CUDA_CHECK_LAUNCH();
 }
 
 void launch_layernorm_forward(TensorPtr out, float* mean, float* rstd, float* x, const float* res, const float* add,
-                              const DropoutMask& drop, const float* weight, const float* bias, int64_t N, int C,
+                              const DropoutMask& drop, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                               cudaStream_t stream) {
-  if (out.is_bf16()) {
-    launch_layernorm_forward(out.as_bf16(), mean, rstd, x, res, add, drop, weight, bias, N, C, stream);
-  } else {
-    launch_layernorm_forward(out.as_f32(), mean, rstd, x, res, add, drop, weight, bias, N, C, stream);
-  }
+  GPT_CHECK_MSG(weight.dtype == bias.dtype, "layernorm_forward: weight and bias of different dtypes");
+  with_dtype(out, [&](auto* o) {
+    if (weight.is_bf16()) {
+      launch_layernorm_forward(o, mean, rstd, x, res, add, drop, weight.as_bf16(), bias.as_bf16(), N, C, stream);
+    } else {
+      launch_layernorm_forward(o, mean, rstd, x, res, add, drop, weight.as_f32(), bias.as_f32(), N, C, stream);
+    }
+  });
 }
 
 }  // namespace
 
-void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int64_t N, int C, cudaStream_t stream) {
+void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
+                       ConstTensorPtr bias, int64_t N, int C, cudaStream_t stream) {
   // The plain kernel only reads inp (the pointer is non-const for the fused variant, which writes it).
   launch_layernorm_forward(out, mean, rstd, const_cast<float*>(inp), nullptr, nullptr, DropoutMask{}, weight, bias, N,
                            C, stream);
 }
 
 void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                                 const DropoutMask& drop, cudaStream_t stream) {
   GPT_CHECK(res != nullptr && inp != nullptr);
   GPT_CHECK(out.data != res_out && out.data != res && out.data != inp);  // out is written after res_out is read back
@@ -288,9 +310,12 @@ size_t layernorm_backward_scratch_bytes(int64_t N, int C) {
   return cuda_workspace::layernorm_backward(N, C);
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int64_t N, int C, bf16* dinp_lo,
-                        void* scratch, cudaStream_t stream) {
+namespace {
+
+template <typename W>
+void launch_layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                               const W* weight, const float* mean, const float* rstd, int64_t N, int C, bf16* dinp_lo,
+                               void* scratch, cudaStream_t stream) {
   GPT_CHECK(N >= 0 && C > 0);
   GPT_CHECK(dinp != nullptr && dweight != nullptr && dbias != nullptr && dout != nullptr && inp != nullptr);
   GPT_CHECK(weight != nullptr && mean != nullptr && rstd != nullptr);
@@ -306,29 +331,39 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   float* partial = reinterpret_cast<float*>(static_cast<char*>(scratch) + row_stats_bytes(N));
 
   const bool vec =
-      C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight) && aligned16(partial);
+      C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && param_aligned(weight) && aligned16(partial);
   // Four bf16 in one 8-byte store when every row's column 4k is 8-byte aligned.
   const bool lo_vec = C % 4 == 0 && reinterpret_cast<uintptr_t>(dinp_lo) % 8 == 0;
   const dim3 row_grid(static_cast<unsigned>(ceil_div(N, kRowWarps)));
   const dim3 col_grid(static_cast<unsigned>(chunks), static_cast<unsigned>(ceil_div(C, 4 * kColThreads)));
   if (vec) {
-    layernorm_backward_row_kernel<true>
+    layernorm_backward_row_kernel<true, W>
         <<<row_grid, kRowThreads, 0, stream>>>(row_stats, dout, inp, weight, mean, rstd, N, C);
     GPT_CUDA_CHECK_LAUNCH();
-    layernorm_backward_col_kernel<true><<<col_grid, kColThreads, 0, stream>>>(dinp, dinp_lo, lo_vec, partial, dout, inp,
-                                                                              weight, mean, rstd, row_stats, N, C, rpc);
+    layernorm_backward_col_kernel<true, W><<<col_grid, kColThreads, 0, stream>>>(
+        dinp, dinp_lo, lo_vec, partial, dout, inp, weight, mean, rstd, row_stats, N, C, rpc);
     GPT_CUDA_CHECK_LAUNCH();
   } else {
-    layernorm_backward_row_kernel<false>
+    layernorm_backward_row_kernel<false, W>
         <<<row_grid, kRowThreads, 0, stream>>>(row_stats, dout, inp, weight, mean, rstd, N, C);
     GPT_CUDA_CHECK_LAUNCH();
-    layernorm_backward_col_kernel<false><<<col_grid, kColThreads, 0, stream>>>(
+    layernorm_backward_col_kernel<false, W><<<col_grid, kColThreads, 0, stream>>>(
         dinp, dinp_lo, lo_vec, partial, dout, inp, weight, mean, rstd, row_stats, N, C, rpc);
     GPT_CUDA_CHECK_LAUNCH();
   }
   const dim3 param_grid(static_cast<unsigned>(ceil_div(2 * static_cast<int64_t>(C), kParamThreads)));
   layernorm_param_grad_kernel<<<param_grid, kParamThreads, 0, stream>>>(dweight, dbias, partial, chunks, C);
   GPT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C, bf16* dinp_lo,
+                        void* scratch, cudaStream_t stream) {
+  with_dtype(weight, [&](auto* w) {
+    launch_layernorm_backward(dinp, dweight, dbias, dout, inp, w, mean, rstd, N, C, dinp_lo, scratch, stream);
+  });
 }
 
 }  // namespace gpt::cuda

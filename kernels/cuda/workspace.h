@@ -63,7 +63,7 @@ struct ModelDims {
 // (elements; 0 under fp32 compute). The gradient norm's per-tile partials (sum_squares_spans) may ask more.
 struct StepAreas {
   size_t scratch = 0;
-  int64_t cast[4] = {0, 0, 0, 0};  // GEMM input, weight, output gradient, bias of a bf16 output
+  int64_t cast[4] = {0, 0, 0, 0};  // GEMM input, weight, output gradient, bias
 };
 inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedding_scratch) {
   const int64_t N = d.N(), C = d.C;
@@ -81,7 +81,9 @@ inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedd
     // The residual stream's gradient into the projections, with dropout only: without it the LayerNorm backward
     // leaves a bf16 copy (dqkv, the GELU's and the LM head's output gradients come in bf16 anyway).
     a.cast[2] = d.dropout ? N * C : 0;
-    a.cast[3] = 4 * C;  // the fc GEMM's bias (its bf16 output: the GELU's input)
+    // Biases as the outputs' dtypes want them: a bf16 bias widened for the projections' fp32 outputs (C floats, the
+    // room of 2C bf16), or an fp32 or unaligned one for a bf16 output, at most the fc GEMM's (4C, the GELU's input).
+    a.cast[3] = 4 * C;
   }
   return a;
 }

@@ -193,7 +193,7 @@ if wanted train; then
         # The planner's device workspace (cuBLASLt, scratch, bf16 cast areas) against what the backend allocated.
         ws=$(grep -oE 'workspace +planned +[0-9.]+ [KMG]?i?B +measured +[0-9.]+ [KMG]?i?B' "$OUTF" | tail -1 | tr -s ' ')
         record PASS "cuda bf16 GEMMs, 20 steps" "$T" "$(last_loss "$WORK/train-cuda-bf16"); ${ws:-no planned-vs-measured line}"
-        # zero2 under bf16 through NCCL: its GEMMs take the gathered bf16 copy (publish) instead of single's
+        # zero2 under bf16 through NCCL: its ops take the gathered bf16 parameters (publish) instead of single's
         # rounded master weights, the same values, so the same losses.
         run_step "train_cuda_bf16_zero2" 90 "${train[@]}" --set run.device=cuda --set parallel.param_dtype=bf16 \
           --set parallel.strategy=zero2 --set run.out_dir="$WORK/train-cuda-bf16-zero2"

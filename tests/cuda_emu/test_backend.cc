@@ -14,7 +14,7 @@
 #include "comm/communicator.h"
 #include "kernels/cuda/cuda_backend.h"  // the converted one: gpt::CudaEmuBackend
 #include "model/gpt.h"
-#include "model/hidden_bf16_copies.h"
+#include "model/widened_params.h"
 #include "optim/adamw.h"
 #include "parallel/sharded_params.h"
 
@@ -36,7 +36,7 @@ struct Setup {
   int64_t head_rows = Gpt::kHeadRows;
   DType param = DType::kF32;              // ShardingOptions::param_dtype
   std::optional<DType> gemm_inputs;       // Gpt::set_gemm_input_dtype, else the compute dtype
-  bool hide_bf16 = false;                 // the ParamSource's bf16 copies hidden (GEMMs cast the weights)
+  bool widen = false;                     // bf16 parameters widened to fp32 copies (GEMMs cast the weights)
   Strategy strategy = Strategy::kSingle;  // over one rank: zero3 gathers (and keeps bf16 copies of) each unit
 };
 
@@ -55,8 +55,8 @@ Run run(Backend& be, const GptShape& shape, int B, int T, const Setup& s) {
   params.init(shape, 9);
   AdamW opt(be, model.layout(), params.regions(), params.local_numel(), AdamWConfig{0.9f, 0.95f, 1e-8f, 0.1f});
   model.prepare(B, T);
-  testing::WithoutBf16Copies hidden(params);
-  ParamSource& source = s.hide_bf16 ? static_cast<ParamSource&>(hidden) : params;
+  testing::WidenedParams widened(params, be, model.layout());
+  ParamSource& source = s.widen ? static_cast<ParamSource&>(widened) : params;
   const CounterRng rng(5, 5);
   std::vector<int32_t> inputs(B * T), targets(B * T);
   Run r;
@@ -154,31 +154,34 @@ TEST_CASE("cuda_emu: the CUDA backend trains a whole GPT like the CPU (fp32 with
   }
 }
 
-TEST_CASE("cuda_emu: bf16 compute on the CUDA backend: bf16 GEMM inputs and weights change no bit, allocate nothing",
-          "[cuda_emu][backend]") {
+TEST_CASE(
+    "cuda_emu: bf16 compute on the CUDA backend: bf16 GEMM inputs and bf16-only parameters change no bit, "
+    "allocate nothing",
+    "[cuda_emu][backend]") {
   // Without dropout the LayerNorm backwards also hand the projections their output gradient in bf16. zero2: the
-  // weights from publish()'s gathered bf16 copy.
+  // parameters from publish()'s gathered bf16 copy; zero3: from each gathered unit.
   for (const auto& [ckpt, strategy, dropout] :
        {std::tuple{"none", Strategy::kSingle, 0.1f}, std::tuple{"selective", Strategy::kZero3, 0.1f},
         std::tuple{"none", Strategy::kSingle, 0.0f}, std::tuple{"full", Strategy::kZero2, 0.0f}}) {
     CAPTURE(ckpt, strategy_name(strategy), dropout);
     GptShape shape = kShape;
     shape.dropout = dropout;
-    // The reference: fp32 GEMM inputs and weights, cast by the backend before every GEMM (its cast areas grow).
+    // The reference: fp32 GEMM inputs and parameters (the bf16 ones widened), the GEMMs' cast by the backend before
+    // every GEMM (its cast areas grow).
     CudaEmuBackend ref(0);
     ref.set_compute_dtype(DType::kBF16);
     Setup cast{.ckpt = ckpt,
                .head_rows = kHeadChunk,
                .param = DType::kBF16,
                .gemm_inputs = DType::kF32,
-               .hide_bf16 = true,
+               .widen = true,
                .strategy = strategy};
     const Run want = run(ref, shape, kB, kT, cast);
     CudaEmuBackend dev(0);  // fresh areas: only what prepare reserved
     dev.set_compute_dtype(DType::kBF16);
     Setup stored = cast;
     stored.gemm_inputs.reset();  // bf16, the compute dtype
-    stored.hide_bf16 = false;    // the weights from ShardedParams' bf16 copy
+    stored.widen = false;        // the parameters as ShardedParams holds them: bf16 only
     const Run got = run(dev, shape, kB, kT, stored);
     CHECK(same_bits(got.losses, want.losses));
     CHECK(got.eval == want.eval);
@@ -214,5 +217,62 @@ TEST_CASE("cuda_emu: bf16 compute on the CUDA backend: bf16 GEMM inputs and weig
       CHECK(rel_diff(a, b) < 5e-2);
     }
     at += u.numel;
+  }
+}
+
+// A GEMM's bias held in bf16 (ShardedParams under bf16 compute) gives what its fp32 values give, bit for bit: for a
+// bf16 output the epilogue takes it as it is when 16-byte aligned, else from a copy in the bias area; for an fp32
+// output it is widened into that area (under fp32 compute too). An fp32 bias of a bf16 output is rounded there.
+TEST_CASE("cuda_emu: matmul_forward takes a bf16 bias (aligned or not) as its fp32 values", "[cuda_emu][backend]") {
+  const int64_t N = 5;
+  const int C = 8, OC = 12;
+  const CounterRng rng(8, 1);
+  auto value = [&](uint64_t i) { return bf16_to_f32(f32_to_bf16(rng.uniform(i) * 2.0f - 1.0f)); };
+  std::vector<float> inp(N * C), weight(OC * C), bias(OC);
+  for (size_t i = 0; i < inp.size(); ++i) inp[i] = value(i);
+  for (size_t i = 0; i < weight.size(); ++i) weight[i] = value(1000 + i);
+  for (size_t i = 0; i < bias.size(); ++i) bias[i] = value(2000 + i);
+  std::vector<bf16> bias_lo(OC + 8);  // the bias at element 0 (aligned) or 1 (2 bytes past 16-byte alignment)
+  for (const DType compute : {DType::kBF16, DType::kF32}) {
+    CudaEmuBackend dev(0);
+    dev.set_compute_dtype(compute);
+    auto upload = [&](const void* src, size_t bytes) {
+      Buffer b = dev.alloc(bytes, MemCategory::kWorkspace);
+      dev.to_device(b.data(), src, bytes);
+      return b;
+    };
+    Buffer in = upload(inp.data(), inp.size() * 4), w = upload(weight.data(), weight.size() * 4);
+    Buffer bf = upload(bias.data(), bias.size() * 4);
+    for (const DType out_type : {DType::kF32, DType::kBF16}) {
+      if (compute == DType::kF32 && out_type == DType::kBF16) continue;  // bf16 outputs need bf16 compute
+      for (const int at : {0, 1}) {
+        CAPTURE(dtype_name(compute), dtype_name(out_type), at);
+        std::fill(bias_lo.begin(), bias_lo.end(), f32_to_bf16(NAN));
+        for (int i = 0; i < OC; ++i) bias_lo[at + i] = f32_to_bf16(bias[i]);
+        Buffer bl = upload(bias_lo.data(), bias_lo.size() * 2);
+        const size_t out_bytes = N * OC * dtype_size(out_type);
+        Buffer out[2] = {dev.alloc(out_bytes, MemCategory::kWorkspace), dev.alloc(out_bytes, MemCategory::kWorkspace)};
+        dev.matmul_forward(TensorPtr(out[0].data(), out_type), in.as<float>(), w.as<float>(), bf.as<float>(), N, C, OC);
+        dev.matmul_forward(TensorPtr(out[1].data(), out_type), in.as<float>(), w.as<float>(), bl.as<bf16>() + at, N, C,
+                           OC);
+        std::vector<unsigned char> h[2] = {std::vector<unsigned char>(out_bytes),
+                                           std::vector<unsigned char>(out_bytes)};
+        for (int k = 0; k < 2; ++k) dev.to_host(h[k].data(), out[k].data(), out_bytes);
+        CHECK(h[1] == h[0]);
+        if (out_type == DType::kF32) {  // and it is the product plus the bias
+          std::vector<float> got(N * OC);
+          std::memcpy(got.data(), h[1].data(), out_bytes);
+          double worst = 0.0;
+          for (int64_t n = 0; n < N; ++n) {
+            for (int o = 0; o < OC; ++o) {
+              double want = bias[o];
+              for (int c = 0; c < C; ++c) want += double{inp[n * C + c]} * weight[o * C + c];
+              worst = std::max(worst, std::abs(want - got[n * OC + o]));
+            }
+          }
+          CHECK(worst < 1e-5);
+        }
+      }
+    }
   }
 }

@@ -253,6 +253,85 @@ void run_embedding(int B, int T, int C, int vocab, int distinct) {
   CHECK(dwpe[0].same(cdwpe));
 }
 
+// Random parameters rounded to bf16 (lo, `off` elements past a 256-byte boundary) and their fp32 values (f, aligned).
+void bf16_params(Buf<gpt::bf16>& lo, Buf<float>& f) {
+  randn(f);
+  for (size_t i = 0; i < f.n; ++i) {
+    lo[i] = gpt::f32_to_bf16(f[i]);
+    f[i] = gpt::bf16_to_f32(lo[i]);
+  }
+}
+
+// Parameters held in bf16 (ShardedParams under bf16 compute), read widened: the LayerNorm forward (plain and fused
+// with the residual, fp32 and bf16 outputs), its backward and the embedding forward give what the same kernels give
+// on the fp32 values, bit for bit: on the vectorised path (8-byte aligned bf16, C % 4 == 0) and the scalar one.
+void run_bf16_params(int64_t N, int C, size_t off) {
+  INFO("bf16 parameters N=" << N << " C=" << C << " offset=" << off);
+  Buf<gpt::bf16> w_lo(C, off), b_lo(C, off);
+  Buf<float> w(C), b(C), inp(N * C), add(N * C);
+  bf16_params(w_lo, w);
+  bf16_params(b_lo, b);
+  randn(inp, 2.0f);
+  randn(add);
+  const gpt::ConstTensorPtr wl(w_lo.p), bl(b_lo.p);
+  {
+    Buf<float> o[2] = {Buf<float>(N * C), Buf<float>(N * C)}, m[2] = {Buf<float>(N), Buf<float>(N)},
+               r[2] = {Buf<float>(N), Buf<float>(N)};
+    emu::layernorm_forward(o[0].p, m[0].p, r[0].p, inp.p, w.p, b.p, N, C, nullptr);
+    emu::layernorm_forward(o[1].p, m[1].p, r[1].p, inp.p, wl, bl, N, C, nullptr);
+    CHECK(o[1].same(o[0]));
+    CHECK(m[1].same(m[0]));
+    CHECK(r[1].same(r[0]));
+    Buf<gpt::bf16> olo[2] = {Buf<gpt::bf16>(N * C), Buf<gpt::bf16>(N * C)};
+    emu::layernorm_forward(olo[0].p, nullptr, nullptr, inp.p, w.p, b.p, N, C, nullptr);
+    emu::layernorm_forward(olo[1].p, nullptr, nullptr, inp.p, wl, bl, N, C, nullptr);
+    CHECK(olo[1].same(olo[0]));
+    // Backward (with the bf16 copy of dinp), from the same accumulated starting values.
+    Buf<float> dout(N * C), dinp0(N * C), dw0(C), db0(C);
+    randn(dout), randn(dinp0), randn(dw0), randn(db0);
+    const size_t sb = emu::layernorm_backward_scratch_bytes(N, C);
+    Buf<float> di[2] = {Buf<float>(N * C), Buf<float>(N * C)}, dw[2] = {Buf<float>(C), Buf<float>(C)},
+               db[2] = {Buf<float>(C), Buf<float>(C)};
+    Buf<gpt::bf16> dlo[2] = {Buf<gpt::bf16>(N * C), Buf<gpt::bf16>(N * C)};
+    for (int k = 0; k < 2; ++k) {
+      Buf<float> scratch((sb + 3) / 4);
+      di[k].copy_from(dinp0), dw[k].copy_from(dw0), db[k].copy_from(db0);
+      emu::layernorm_backward(di[k].p, dw[k].p, db[k].p, dout.p, inp.p, k == 0 ? gpt::ConstTensorPtr(w.p) : wl, m[0].p,
+                              r[0].p, N, C, dlo[k].p, scratch.p, nullptr);
+    }
+    CHECK(di[1].same(di[0]));
+    CHECK(dw[1].same(dw[0]));
+    CHECK(db[1].same(db[0]));
+    CHECK(dlo[1].same(dlo[0]));
+  }
+  {  // The fused residual + LayerNorm, with dropout.
+    const DropoutMask drop = make_drop(0.2f);
+    Buf<float> res[2] = {Buf<float>(N * C), Buf<float>(N * C)}, o[2] = {Buf<float>(N * C), Buf<float>(N * C)};
+    Buf<gpt::bf16> olo[2] = {Buf<gpt::bf16>(N * C), Buf<gpt::bf16>(N * C)};
+    emu::residual_layernorm_forward(res[0].p, o[0].p, nullptr, nullptr, inp.p, add.p, w.p, b.p, N, C, drop, nullptr);
+    emu::residual_layernorm_forward(res[1].p, o[1].p, nullptr, nullptr, inp.p, add.p, wl, bl, N, C, drop, nullptr);
+    CHECK(res[1].same(res[0]));
+    CHECK(o[1].same(o[0]));
+    emu::residual_layernorm_forward(res[0].p, olo[0].p, nullptr, nullptr, inp.p, add.p, w.p, b.p, N, C, drop, nullptr);
+    emu::residual_layernorm_forward(res[1].p, olo[1].p, nullptr, nullptr, inp.p, add.p, wl, bl, N, C, drop, nullptr);
+    CHECK(olo[1].same(olo[0]));
+  }
+  {  // The embedding tables: vocabulary 11, one sequence of T = N tokens.
+    const int V = 11, T = static_cast<int>(N);
+    Buf<gpt::bf16> te_lo(static_cast<size_t>(V) * C, off), pe_lo(static_cast<size_t>(T) * C, off);
+    Buf<float> te(te_lo.n), pe(pe_lo.n);
+    bf16_params(te_lo, te);
+    bf16_params(pe_lo, pe);
+    Buf<int32_t> tok(T);
+    for (int t = 0; t < T; ++t) tok[t] = (t * 7 + 3) % V;
+    Buf<float> o[2] = {Buf<float>(N * C), Buf<float>(N * C)};
+    emu::embedding_forward(o[0].p, tok.p, te.p, pe.p, 1, T, C, nullptr);
+    emu::embedding_forward(o[1].p, tok.p, te_lo.p, pe_lo.p, 1, T, C, nullptr);
+    CHECK(o[1].same(o[0]));
+    CHECK(count_nonfinite(o[1].p, o[1].n) == 0);
+  }
+}
+
 void run_elementwise(int64_t n, float p) {
   INFO("elementwise n=" << n << " p=" << p << " grid cap=" << emu_grid_cap);
   const DropoutMask dm = make_drop(p);
@@ -553,6 +632,14 @@ TEST_CASE("cuda_emu: embedding.cu matches the CPU twin (repeated tokens)", "[cud
   run_embedding(2, 5, 7, 11, 3);
   run_embedding(2, 4, 8, 5, 2);
   run_embedding(3, 6, 36, 1000, 1);  // one token everywhere
+}
+
+TEST_CASE("cuda_emu: bf16 parameters (LayerNorm, embedding) read widened give the fp32 values' results bit for bit",
+          "[cuda_emu][layernorm][embedding]") {
+  run_bf16_params(9, 36, 0);   // vectorised bf16 loads
+  run_bf16_params(9, 36, 1);   // bf16 parameters 2 bytes past an 8-byte boundary: the scalar path
+  run_bf16_params(3, 37, 0);   // C % 4 != 0
+  run_bf16_params(4, 520, 0);  // several 4-element pieces per lane
 }
 
 TEST_CASE("cuda_emu: elementwise.cu (residual, dropout, bf16 casts) matches the CPU twin", "[cuda_emu][elementwise]") {

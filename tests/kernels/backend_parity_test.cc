@@ -575,19 +575,21 @@ std::vector<float> init_weights(const ModelLayout& layout, const GptShape& shape
   return weights;
 }
 
-// All parameters and gradients in one buffer of the backend: the simplest ParamSource. `bf16_copy`: also a bf16
-// copy of the weights for bf16 GEMMs, as ShardedParams keeps under param_dtype bf16 (else GEMMs cast them).
+// All parameters and gradients in one buffer of the backend: the simplest ParamSource. `bf16_params`: the
+// parameters held as bf16 only (the weights rounded), as ShardedParams holds them under param_dtype bf16 and bf16
+// compute (else fp32, which bf16 GEMMs cast).
 class FlatParams final : public ParamSource {
  public:
-  FlatParams(Backend& be, const ModelLayout& layout, const std::vector<float>& weights, bool bf16_copy = false) {
-    params_ = be.alloc(weights.size() * sizeof(float), MemCategory::kParams);
+  FlatParams(Backend& be, const ModelLayout& layout, const std::vector<float>& weights, bool bf16_params = false) {
     grads_ = be.alloc(weights.size() * sizeof(float), MemCategory::kGrads);
-    be.to_device(params_.data(), weights.data(), weights.size() * sizeof(float));
-    if (bf16_copy) {
+    if (bf16_params) {
       std::vector<bf16> lo(weights.size());
       for (size_t i = 0; i < lo.size(); ++i) lo[i] = f32_to_bf16(weights[i]);
       lo_ = be.alloc(lo.size() * sizeof(bf16), MemCategory::kParams);
       be.to_device(lo_.data(), lo.data(), lo.size() * sizeof(bf16));
+    } else {
+      params_ = be.alloc(weights.size() * sizeof(float), MemCategory::kParams);
+      be.to_device(params_.data(), weights.data(), weights.size() * sizeof(float));
     }
     int64_t at = 0;
     for (const UnitLayout& u : layout.units) {
@@ -595,8 +597,10 @@ class FlatParams final : public ParamSource {
       at += u.numel;
     }
   }
-  const float* acquire(int unit) override { return params_.as<float>() + offsets_[unit]; }
-  const bf16* acquired_bf16(int unit) override { return lo_.empty() ? nullptr : lo_.as<bf16>() + offsets_[unit]; }
+  ConstTensorPtr acquire(int unit) override {
+    if (!lo_.empty()) return lo_.as<bf16>() + offsets_[unit];
+    return params_.as<float>() + offsets_[unit];
+  }
   void release(int) override {}
   float* grads(int unit) override { return grads_.as<float>() + offsets_[unit]; }
   void grads_done(int) override {}
@@ -652,8 +656,8 @@ TEST_CASE("parity: a whole GPT forward and backward on CUDA matches the CPU (fp3
 }
 
 // ARCHITECTURE invariant 4 on the GPU: Gpt::prepare reserves the backend's scratch and cast areas
-// (Backend::reserve, from the sizes the planner uses), so not even the first step allocates (under bf16, with the
-// weights' bf16 copy, as ShardedParams hands them; with dropout, so the residual gradient's cast area is there).
+// (Backend::reserve, from the sizes the planner uses), so not even the first step allocates (under bf16, with bf16
+// parameters, as ShardedParams hands them; with dropout, so the residual gradient's cast area is there).
 TEST_CASE("CUDA: after Gpt::prepare, forward and backward allocate no device memory", "[cuda]") {
   if (!cuda_or_skip("workspace reserve")) return;
   for (const DType compute : {DType::kF32, DType::kBF16}) {
@@ -669,7 +673,7 @@ TEST_CASE("CUDA: after Gpt::prepare, forward and backward allocate no device mem
     const auto inputs = rand_tokens(B * T, shape.vocab_size, 80), targets = rand_tokens(B * T, shape.vocab_size, 81);
     Gpt model(shape, gpu);
     model.prepare(B, T);
-    FlatParams params(gpu, model.layout(), weights, /*bf16_copy=*/compute == DType::kBF16);
+    FlatParams params(gpu, model.layout(), weights, /*bf16_params=*/compute == DType::kBF16);
     const int64_t before = MemTracker::instance().stats().allocations;
     for (int64_t step = 0; step < 2; ++step) {
       (void)model.forward_backward(params, inputs.data(), targets.data(), 1.0f / (B * T),

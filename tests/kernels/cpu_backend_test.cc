@@ -124,5 +124,60 @@ TEST_CASE("CpuBackend bf16 compute: GEMMs multiply bf16-rounded inputs in fp32, 
   CHECK_FALSE(same_bits(exact, want));
 }
 
+// Parameters held in bf16 (ShardedParams under bf16 compute) are read widened: LayerNorm (plain, fused, backward),
+// a GEMM's bias (fp32 and bf16 outputs, either compute dtype) and the embedding tables give the results of their fp32
+// values, bit for bit.
+TEST_CASE("CpuBackend: bf16 parameters give the results of their fp32 values", "[kernels]") {
+  auto be = cpu();
+  const int N = 6, C = 12, OC = 8, V = 9;
+  const auto x = randn(N * C, 11), add = randn(N * C, 12), dout = randn(N * C, 13), inp = randn(N * C, 14);
+  const auto w = rounded(randn(C, 15)), b = rounded(randn(C, 16)), gw = rounded(randn(OC * C, 17));
+  const auto gb = rounded(randn(OC, 18)), wte = rounded(randn(V * C, 19)), wpe = rounded(randn(N * C, 20));
+  const auto w_lo = to_bf16(w), b_lo = to_bf16(b), gb_lo = to_bf16(gb), wte_lo = to_bf16(wte), wpe_lo = to_bf16(wpe);
+  const DropoutMask drop{0.2f, CounterRng(5, 6), 3};
+  for (const DType compute : {DType::kF32, DType::kBF16}) {
+    CAPTURE(dtype_name(compute));
+    be->set_compute_dtype(compute);
+    std::vector<float> y[2], mean[2], rstd[2], res[2], dx[2], dw[2], db[2], g[2], e[2];
+    std::vector<bf16> y_lo[2], g_lo[2];
+    for (int k = 0; k < 2; ++k) {
+      const ConstTensorPtr lw = k == 0 ? ConstTensorPtr(w.data()) : ConstTensorPtr(w_lo.data());
+      const ConstTensorPtr lb = k == 0 ? ConstTensorPtr(b.data()) : ConstTensorPtr(b_lo.data());
+      const ConstTensorPtr bias = k == 0 ? ConstTensorPtr(gb.data()) : ConstTensorPtr(gb_lo.data());
+      y[k].resize(N * C), mean[k].resize(N), rstd[k].resize(N), res[k].resize(N * C), y_lo[k].resize(N * C);
+      be->layernorm_forward(y[k].data(), mean[k].data(), rstd[k].data(), x.data(), lw, lb, N, C);
+      be->residual_layernorm_forward(res[k].data(), y_lo[k].data(), nullptr, nullptr, x.data(), add.data(), lw, lb, N,
+                                     C, drop);
+      dx[k] = add, dw[k].assign(C, 0.5f), db[k].assign(C, -0.5f);
+      be->layernorm_backward(dx[k].data(), dw[k].data(), db[k].data(), dout.data(), x.data(), lw, mean[k].data(),
+                             rstd[k].data(), N, C, nullptr);
+      g[k].resize(N * OC);
+      be->matmul_forward(g[k].data(), inp.data(), gw.data(), bias, N, C, OC);
+      if (compute == DType::kBF16) {
+        g_lo[k].resize(N * OC);
+        be->matmul_forward(g_lo[k].data(), inp.data(), gw.data(), bias, N, C, OC);
+      }
+      e[k].resize(N * C);
+      const std::vector<int32_t> tokens = {0, 3, 8, 3, 1, 5};
+      if (k == 0) {
+        be->embedding_forward(e[k].data(), tokens.data(), wte.data(), wpe.data(), 1, N, C);
+      } else {
+        be->embedding_forward(e[k].data(), tokens.data(), wte_lo.data(), wpe_lo.data(), 1, N, C);
+      }
+    }
+    CHECK(same_bits(y[1], y[0]));
+    CHECK(same_bits(mean[1], mean[0]));
+    CHECK(same_bits(res[1], res[0]));
+    CHECK(same_bits(y_lo[1], y_lo[0]));
+    CHECK(same_bits(dx[1], dx[0]));
+    CHECK(same_bits(dw[1], dw[0]));
+    CHECK(same_bits(db[1], db[0]));
+    CHECK(same_bits(g[1], g[0]));
+    CHECK(same_bits(g_lo[1], g_lo[0]));
+    CHECK(same_bits(e[1], e[0]));
+    CHECK(e[0][C] == wte[3 * C] + wpe[C]);  // row 1: token 3 at position 1
+  }
+}
+
 }  // namespace
 }  // namespace gpt

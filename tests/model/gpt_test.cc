@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "model/hidden_bf16_copies.h"
+#include "model/widened_params.h"
 #include "parallel/sharded_params.h"
 #include "plan/memory_model.h"
 
@@ -261,9 +261,10 @@ TEST_CASE("bf16 compute: GEMM inputs stored in bf16 compute bit for bit what fp3
   CHECK(rounded == Approx(exact).epsilon(1e-2));
 }
 
-// Under param_dtype bf16 the fp32 parameters are widened bf16 values, so GEMMs that take the ParamSource's bf16
-// copy of a weight (no cast) compute what they computed from the fp32 one, bit for bit.
-TEST_CASE("bf16 compute: GEMM weights from the ParamSource's bf16 copy give the cast weights' results", "[model]") {
+// Under param_dtype bf16 and bf16 compute the ParamSource holds the parameters in bf16 only: GEMMs take the weights
+// uncast and LayerNorm, the biases and the embedding read them widened, which must compute what the widened fp32
+// parameters give (GEMMs rounding them back), bit for bit.
+TEST_CASE("bf16 compute: bf16-only parameters give the results of their widened fp32 values", "[model]") {
   auto backend = std::move(*make_backend("cpu"));
   backend->set_compute_dtype(DType::kBF16);
   GptShape shape = tiny_shape(0.1f);
@@ -285,13 +286,11 @@ TEST_CASE("bf16 compute: GEMM weights from the ParamSource's bf16 copy give the 
       options.param_dtype = param;
       ShardedParams params(model.layout(), *backend, *single, strategy, nullptr, options);
       params.init(shape, 9);
-      const bool has_copy = param == DType::kBF16;  // every strategy keeps one (zero1/zero2: as gathered)
       for (int unit = 0; unit < static_cast<int>(model.layout().units.size()); ++unit) {
-        (void)params.acquire(unit);
-        CHECK((params.acquired_bf16(unit) != nullptr) == has_copy);
+        CHECK(params.acquire(unit).is_bf16() == (param == DType::kBF16));
         params.release(unit);
       }
-      testing::WithoutBf16Copies cast(params);
+      testing::WidenedParams cast(params, *backend, model.layout());
       float loss[2], eval_loss[2];
       std::vector<float> grads[2];
       for (int i = 0; i < 2; ++i) {

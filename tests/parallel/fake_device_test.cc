@@ -58,7 +58,7 @@ class FakeDeviceBackend final : public Backend {
   void set_compute_dtype(DType type) override { cpu_->set_compute_dtype(type); }
   DType compute_dtype() const override { return cpu_->compute_dtype(); }
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+  void embedding_forward(float* out, const int32_t* tokens, ConstTensorPtr wte, ConstTensorPtr wpe, int B, int T,
                          int C) override {
     cpu_->embedding_forward(real(out), real(tokens), real(wte), real(wpe), B, T, C);
   }
@@ -66,7 +66,7 @@ class FakeDeviceBackend final : public Backend {
                           int C) override {
     cpu_->embedding_backward(real(dwte), real(dwpe), real(dout), real(tokens), B, T, C);
   }
-  void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, const float* bias, int64_t N, int C,
+  void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                       int OC) override {
     cpu_->matmul_forward(real(out), real(inp), real(weight), real(bias), N, C, OC);
   }
@@ -74,18 +74,18 @@ class FakeDeviceBackend final : public Backend {
                        ConstTensorPtr weight, int64_t N, int C, int OC) override {
     cpu_->matmul_backward(real(dinp), real(dweight), real(dbias), real(dout), real(inp), real(weight), N, C, OC);
   }
-  void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, const float* weight,
-                         const float* bias, int64_t N, int C) override {
+  void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
+                         ConstTensorPtr bias, int64_t N, int C) override {
     cpu_->layernorm_forward(real(out), real(mean), real(rstd), real(inp), real(weight), real(bias), N, C);
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, const float* mean, const float* rstd, int64_t N, int C,
+                          ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C,
                           bf16* dinp_lo) override {
     cpu_->layernorm_backward(real(dinp), real(dweight), real(dbias), real(dout), real(inp), real(weight), real(mean),
                              real(rstd), N, C, real(dinp_lo));
   }
   void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                  const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                                  const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                                   const DropoutMask& drop) override {
     cpu_->residual_layernorm_forward(real(res_out), real(out), real(mean), real(rstd), real(res), real(inp),
                                      real(weight), real(bias), N, C, drop);

@@ -27,9 +27,10 @@ struct Measured {
   int64_t bytes_of(CommOp op) const { return step_bytes[static_cast<size_t>(op)]; }
 };
 
-// `group` shards; `replicas` (hybrid) all-reduces gradient shards across groups, or null.
+// `group` shards; `replicas` (hybrid) all-reduces gradient shards across groups, or null. `bf16_compute`: the CPU
+// backend computes in bf16, as a GPU does under param_dtype bf16 (ShardedParams then holds bf16-only parameters).
 inline Measured run_and_measure(const PlanInput& in, Strategy strategy, Communicator& group,
-                                Communicator* replicas = nullptr) {
+                                Communicator* replicas = nullptr, bool bf16_compute = false) {
   const int B = in.micro_batch, T = in.shape.block_size, V = in.shape.vocab_size;
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   const CounterRng rng(3, 4);
@@ -53,6 +54,7 @@ inline Measured run_and_measure(const PlanInput& in, Strategy strategy, Communic
   Measured m;
   auto backend = std::move(*make_backend("cpu"));
   backend->set_threads(1);
+  if (bf16_compute) backend->set_compute_dtype(DType::kBF16);
   Gpt model(in.shape, *backend, *ActivationCheckpointing::parse(in.activation_checkpointing));
   model.prepare(B, T);
   ShardedParams params(model.layout(), *backend, group, strategy, replicas, in.sharding);

@@ -183,10 +183,11 @@ TEST_CASE("run.device cuda counts the CUDA backend's workspaces, bf16 compute ad
   for (const UnitLayout& u : ModelLayout::build(s).units) spans += static_cast<int64_t>(u.params.size());
   CHECK(extra == cuda_backend_workspace_bytes(s, B, T, false, local, spans));
   CHECK(extra >= static_cast<int64_t>(cuda_workspace::kCublasLtBytes));
-  // bf16: the cast areas for fp32 GEMM operands: the fc GEMM's bias (its output is bf16) and, with dropout, the
-  // residual stream's gradient into the projections (without, the LayerNorm backward leaves it in bf16; dqkv, the
-  // GELU's and the LM head's come in bf16). None for the GEMM inputs (Gpt stores them all in bf16) or the weights
-  // (ShardedParams keeps a bf16 copy under param_dtype bf16).
+  // bf16: the cast areas: the biases as the outputs want them (4C: the fc GEMM's fp32 bias rounded for its bf16
+  // output, or a bf16 bias widened for a projection's fp32 output) and, with dropout, the residual stream's gradient
+  // into the projections (without, the LayerNorm backward leaves it in bf16; dqkv, the GELU's and the LM head's come
+  // in bf16). None for the GEMM inputs (Gpt stores them all in bf16) or the weights (ShardedParams holds them in bf16
+  // under param_dtype bf16).
   const int64_t N = static_cast<int64_t>(B) * T, C = s.n_embd;
   REQUIRE(s.dropout == 0.0f);
   CHECK(cuda_backend_workspace_bytes(s, B, T, true, local, spans) -
@@ -391,6 +392,42 @@ TEST_CASE("planned bytes and communication equal what the code allocates and cou
     testing::check_matches_plan(m, p);
     CHECK(m.bytes_of(CommOp::kReduceScatter) == p.comm_bytes_per_step.reduce_scatter);
     CHECK(m.bytes_of(CommOp::kAllGather) == p.comm_bytes_per_step.all_gather);
+  }
+}
+
+// Under bf16 compute (a GPU) with param_dtype bf16, ShardedParams holds the compute parameters in bf16 only: the
+// plan's parameter bytes (and master, gradients, optimizer state, communication buffers and volume) equal what it
+// allocates on a backend computing in bf16 (the CPU's bf16 mode, measured; its activations and workspace are the
+// CPU's, not planned here), and are the fp32-compute plan's less its fp32 copies: the full model for single, ddp,
+// zero1 and zero2, zero3's gathered units.
+TEST_CASE("bf16 compute: planned parameter bytes equal ShardedParams' bf16-only parameters (one rank)", "[plan]") {
+  const auto mode = GENERATE(as<std::string>{}, "none", "full");
+  PlanInput in = small_input(1, 2, mode, 5);
+  in.sharding.param_dtype = DType::kBF16;
+  PlanInput cuda = in;
+  cuda.fused_attention = true;  // run.device cuda: bf16 compute
+  REQUIRE(cuda.bf16_compute());
+  const std::vector<StrategyPlan> fp32_compute = plan_all(in), plans = plan_all(cuda);
+  REQUIRE(plans.size() == 5);
+  const UnitSizes units = unit_sizes(ModelLayout::build(in.shape), Strategy::kSingle, 1);
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const StrategyPlan& p = plans[i];
+    INFO("strategy " << p.name() << ", activation checkpointing " << mode);
+    auto comm = make_single_communicator();
+    const testing::Measured m = testing::run_and_measure(in, p.strategy, *comm, nullptr, /*bf16_compute=*/true);
+    CHECK(m.at(MemCategory::kParams) == p.params);
+    CHECK(m.at(MemCategory::kGrads) == p.grads);
+    CHECK(m.at(MemCategory::kMaster) == p.master);
+    CHECK(m.at(MemCategory::kOptimizer) == p.optimizer);
+    CHECK(m.at(MemCategory::kComm) == p.comm_buffers);
+    CHECK(m.at(CommOp::kAllGather) == p.comm_elements_per_step.all_gather);
+    CHECK(m.at(CommOp::kReduceScatter) == p.comm_elements_per_step.reduce_scatter);
+    if (p.strategy != Strategy::kZero3) {
+      CHECK(fp32_compute[i].params - p.params == 4 * units.full);
+    } else {
+      CHECK(fp32_compute[i].params > p.params);  // the fp32 gather pool: the embed unit and the blocks in flight
+      CHECK(fp32_compute[i].params - p.params < 4 * units.full);
+    }
   }
 }
 
