@@ -95,6 +95,7 @@ ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Commun
 ShardedParams::~ShardedParams() {
   for (Work& w : gather_work_) w.wait();
   for (Work& w : grad_works_) w.wait();
+  for (GradReduce& r : lo_reduces_) r.work.wait();
   for (Pending& p : pending_) p.work.wait();
   be_.synchronize();  // and the collectives joined on the device, before the pools' buffers are freed
 }

@@ -73,9 +73,8 @@ inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedd
                         attention_backward(static_cast<int>(d.B), static_cast<int>(d.T), static_cast<int>(d.NH)),
                         sum_squares()});
   if (bf16_compute) {
-    // Gpt stores every GEMM input activation in bf16, and under bf16 compute every ShardedParams strategy keeps a
-    // bf16 copy of the weights (param_dtype bf16): the input and weight areas are for fp32 callers only (grown
-    // on use).
+    // Gpt stores every GEMM input activation in bf16, and under bf16 compute every ShardedParams strategy holds the
+    // parameters in bf16 (param_dtype bf16): the input and weight areas are for fp32 callers only (grown on use).
     a.cast[0] = 0;
     a.cast[1] = 0;
     // The residual stream's gradient into the projections, with dropout only: without it the LayerNorm backward

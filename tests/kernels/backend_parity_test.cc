@@ -334,6 +334,71 @@ void compare_attention(Backend& gpu, const AttentionShape& s, const DropoutMask&
   REQUIRE(g_dqkv.read() == first);  // deterministic
 }
 
+// Parameters held in bf16 (ShardedParams under bf16 compute) are read widened on the GPU: LayerNorm (plain, fused,
+// backward), the embedding and a GEMM's bias (bf16 output: the epilogue's own vector, aligned or copied; fp32 output:
+// widened) give what their fp32 values give, bit for bit.
+TEST_CASE("parity: bf16 parameters on CUDA give the results of their fp32 values bit for bit", "[cuda]") {
+  Backend* gpu = cuda_or_skip("bf16 parameters");
+  if (!gpu) return;
+  gpu->set_compute_dtype(DType::kBF16);
+  const int N = 37, C = 64, V = 29, OC = 3 * C;
+  auto rounded = [](std::vector<float> x) {
+    for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+    return x;
+  };
+  auto lo_of = [](const std::vector<float>& x, size_t at) {  // x in bf16 at element `at` of a bigger buffer
+    std::vector<bf16> r(x.size() + at + 8);
+    for (size_t i = 0; i < x.size(); ++i) r[at + i] = f32_to_bf16(x[i]);
+    return r;
+  };
+  const auto x = randn(N * C, 61), add = randn(N * C, 62), dout = randn(N * C, 63), inp = randn(N * C, 64);
+  const auto w = rounded(randn(C, 65)), b = rounded(randn(C, 66)), gw = rounded(randn(OC * C, 67));
+  const auto gb = rounded(randn(OC, 68)), wte = rounded(randn(V * C, 69)), wpe = rounded(randn(N * C, 70));
+  const auto tokens = rand_tokens(N, V, 71);
+  Dev<float> dx(*gpu, x), dadd(*gpu, add), ddout(*gpu, dout), dinp(*gpu, inp), dw(*gpu, w), db(*gpu, b), dgw(*gpu, gw),
+      dgb(*gpu, gb), dwte(*gpu, wte), dwpe(*gpu, wpe);
+  Dev<int32_t> dtok(*gpu, tokens);
+  for (const size_t at : {size_t{0}, size_t{1}}) {  // aligned, and 2 bytes past it (the scalar paths, a copied bias)
+    CAPTURE(at);
+    Dev<bf16> lw(*gpu, lo_of(w, at)), lb(*gpu, lo_of(b, at)), lgb(*gpu, lo_of(gb, at)), lwte(*gpu, lo_of(wte, at)),
+        lwpe(*gpu, lo_of(wpe, at));
+    const ConstTensorPtr pw[2] = {dw.p(), lw.p() + at}, pb[2] = {db.p(), lb.p() + at}, pgb[2] = {dgb.p(), lgb.p() + at};
+    std::vector<float> y[2], res[2], dxs[2], dws[2], dbs[2], g[2], e[2];
+    std::vector<bf16> y_lo[2], g_lo[2];
+    for (int k = 0; k < 2; ++k) {
+      Dev<float> out(*gpu, N * C), mean(*gpu, N), rstd(*gpu, N), r(*gpu, N * C), dxk(*gpu, add), dwk(*gpu, w),
+          dbk(*gpu, b), gout(*gpu, N * OC), eout(*gpu, N * C);
+      Dev<bf16> out_lo(*gpu, N * C), gout_lo(*gpu, N * OC);
+      gpu->layernorm_forward(out.p(), mean.p(), rstd.p(), dx.p(), pw[k], pb[k], N, C);
+      gpu->residual_layernorm_forward(r.p(), out_lo.p(), nullptr, nullptr, dx.p(), dadd.p(), pw[k], pb[k], N, C,
+                                      mask(0.2f));
+      gpu->layernorm_backward(dxk.p(), dwk.p(), dbk.p(), ddout.p(), dx.p(), pw[k], mean.p(), rstd.p(), N, C, nullptr);
+      gpu->matmul_forward(gout.p(), dinp.p(), dgw.p(), pgb[k], N, C, OC);
+      gpu->matmul_forward(gout_lo.p(), dinp.p(), dgw.p(), pgb[k], N, C, OC);
+      if (k == 0) {
+        gpu->embedding_forward(eout.p(), dtok.p(), dwte.p(), dwpe.p(), 1, N, C);
+      } else {
+        gpu->embedding_forward(eout.p(), dtok.p(), lwte.p() + at, lwpe.p() + at, 1, N, C);
+      }
+      y[k] = out.read(), res[k] = r.read(), y_lo[k] = out_lo.read(), dxs[k] = dxk.read(), dws[k] = dwk.read();
+      dbs[k] = dbk.read(), g[k] = gout.read(), g_lo[k] = gout_lo.read(), e[k] = eout.read();
+    }
+    auto same = [](const auto& a, const auto& c) {
+      return a.size() == c.size() && std::memcmp(a.data(), c.data(), a.size() * sizeof(a[0])) == 0;
+    };
+    CHECK(same(y[1], y[0]));
+    CHECK(same(res[1], res[0]));
+    CHECK(same(y_lo[1], y_lo[0]));
+    CHECK(same(dxs[1], dxs[0]));
+    CHECK(same(dws[1], dws[0]));
+    CHECK(same(dbs[1], dbs[0]));
+    CHECK(same(g[1], g[0]));
+    CHECK(same(g_lo[1], g_lo[0]));
+    CHECK(same(e[1], e[0]));
+  }
+  gpu->set_compute_dtype(DType::kF32);
+}
+
 TEST_CASE("parity: fused attention forward and backward, with and without dropout", "[cuda]") {
   Backend* gpu = cuda_or_skip("attention");
   if (!gpu) return;
@@ -614,7 +679,8 @@ class FlatParams final : public ParamSource {
 // fp32: 1e-4 (the issue's bound). bf16 compute (GEMM and attention inputs, P, dS): each rounding is within 2^-9
 // relative, and a forward and backward pass through 3 blocks compounds a few dozen of them, so the loss is held to 1e-2
 // relative and each gradient tensor to 5e-2 of its largest element: enough to catch a wrong transpose or a missing term
-// (errors of order 1), not the rounding.
+// (errors of order 1), not the rounding. Under bf16 the GPU holds the parameters in bf16 only, as ShardedParams does
+// (the CPU takes their fp32 values).
 TEST_CASE("parity: a whole GPT forward and backward on CUDA matches the CPU (fp32 within 1e-4, bf16)", "[cuda]") {
   Backend* gpu = cuda_or_skip("GPT step");
   if (!gpu) return;
@@ -625,7 +691,11 @@ TEST_CASE("parity: a whole GPT forward and backward on CUDA matches the CPU (fp3
     const double loss_tol = matmul == DType::kF32 ? 1e-4 : 1e-2, grad_tol = matmul == DType::kF32 ? 1e-4 : 5e-2;
     GptShape shape{3, 4, 128, 32, 97, dropout};  // head size 32: bf16 takes the tensor-core attention
     const ModelLayout layout = ModelLayout::build(shape);
-    const std::vector<float> weights = init_weights(layout, shape);
+    std::vector<float> weights = init_weights(layout, shape);
+    const bool lo = matmul == DType::kBF16;
+    if (lo) {
+      for (float& w : weights) w = bf16_to_f32(f32_to_bf16(w));
+    }
     const int B = 3, T = 29;
     const auto inputs = rand_tokens(B * T, shape.vocab_size, 70), targets = rand_tokens(B * T, shape.vocab_size, 71);
     const StepContext ctx{11, 2, 0, true};
@@ -636,7 +706,7 @@ TEST_CASE("parity: a whole GPT forward and backward on CUDA matches the CPU (fp3
       Gpt model(shape, *backends[i]);
       if (dropout > 0.0f) model.set_head_rows(32);  // the LM head in chunks of 32, 32 and 23 rows
       model.prepare(B, T);
-      FlatParams params(*backends[i], model.layout(), weights);
+      FlatParams params(*backends[i], model.layout(), weights, /*bf16_params=*/lo && i == 1);
       loss[i] = model.forward_backward(params, inputs.data(), targets.data(), 1.0f / (B * T), ctx);
       grads[i].resize(weights.size());
       backends[i]->to_host(grads[i].data(), params.grad_buffer().data(), weights.size() * sizeof(float));
