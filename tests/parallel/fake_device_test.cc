@@ -215,7 +215,9 @@ TEST_CASE("Every strategy's device path touches backend memory only through the 
     Strategy strategy;
     DType param, reduce;
     int prefetch;
-    DType compute = DType::kF32;  // bf16: the model stores its GEMM inputs in bf16 (what a GPU run under bf16 does)
+    // bf16: the model stores its GEMM inputs in bf16 and, under param_dtype bf16, ShardedParams holds bf16-only
+    // parameters (what a GPU run under bf16 does)
+    DType compute = DType::kF32;
   };
   for (const Variant v :
        {Variant{Strategy::kSingle, DType::kF32, DType::kF32, 0}, Variant{Strategy::kDdp, DType::kF32, DType::kF32, 0},
@@ -223,6 +225,9 @@ TEST_CASE("Every strategy's device path touches backend memory only through the 
         Variant{Strategy::kZero2, DType::kF32, DType::kF32, 0}, Variant{Strategy::kZero3, DType::kF32, DType::kF32, 1},
         Variant{Strategy::kZero3, DType::kBF16, DType::kBF16, 2},
         Variant{Strategy::kSingle, DType::kBF16, DType::kF32, 0, DType::kBF16},
+        Variant{Strategy::kDdp, DType::kBF16, DType::kBF16, 0, DType::kBF16},
+        Variant{Strategy::kZero1, DType::kBF16, DType::kF32, 0, DType::kBF16},
+        Variant{Strategy::kZero2, DType::kBF16, DType::kBF16, 0, DType::kBF16},
         Variant{Strategy::kZero3, DType::kBF16, DType::kBF16, 1, DType::kBF16}}) {
     CAPTURE(strategy_name(v.strategy), dtype_name(v.param), dtype_name(v.reduce), v.prefetch, dtype_name(v.compute));
     ShardingOptions options;
