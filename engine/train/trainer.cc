@@ -52,7 +52,7 @@ Expected<data::DataLoader> open_split(const RunConfig& cfg, const std::string& k
 }  // namespace
 
 Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communicator& world, int ranks_per_node,
-                                                   int local_rank) {
+                                                   int local_rank, TrainerHooks hooks) {
   const bool hybrid = cfg.parallel.strategy == "hybrid";
   const bool automatic = cfg.parallel.strategy == "auto";
   Strategy strategy = Strategy::kDdp;  // auto: decided once the model shape is known
@@ -130,11 +130,12 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
                                     "global batch; this run has " +
                                     std::to_string(cfg.global_batch()));
   }
-  auto backend = make_backend(cfg.run.device, local_rank, ranks_per_node);
+  Expected<std::unique_ptr<Backend>> backend =
+      hooks.backend ? std::move(hooks.backend) : make_backend(cfg.run.device, local_rank, ranks_per_node);
   if (!backend) return backend.status().with_context(cfg.where("run.device"));
   std::unique_ptr<Trainer> trainer(new Trainer(cfg, world, strategy, shard_group_size, shape, std::move(train),
                                                std::move(val), std::move(tokenizer), ckpt, plan, std::move(resume),
-                                               std::move(*backend)));
+                                               std::move(*backend), std::move(hooks)));
   GPT_RETURN_IF_ERROR(trainer->init_state());
   // Loaded (and every slice read verified) before run() writes anything.
   if (trainer->resume_) GPT_RETURN_IF_ERROR(trainer->restore());
@@ -144,7 +145,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
 Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
                  data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
                  ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan, std::optional<CheckpointReader> resume,
-                 std::unique_ptr<Backend> backend)
+                 std::unique_ptr<Backend> backend, TrainerHooks hooks)
     : config_(config),
       world_(world),
       shape_(shape),
@@ -155,6 +156,7 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
       resume_(std::move(resume)) {
   save_comm_ = world_.split(0, world_.rank(), "checkpoint");
   backend_ = std::move(backend);
+  hooks_ = std::move(hooks);
   backend_->set_threads(config_.run.threads);
   // On a GPU, bf16 parameters also mean bf16 products (GEMMs and attention on the tensor cores, fp32
   // accumulation), as FSDP's param_dtype does; the CPU computes through fp32.
@@ -177,12 +179,17 @@ Status Trainer::init_state() {
   if (!backend_->host_memory() && strategy_ != Strategy::kSingle) {
     // Parameters and gradients live on the device: their collectives go through the device's communicator
     // (NCCL), bootstrapped over the same MPI groups, which keep carrying the host-side scalars.
-    auto dev = make_device_communicator(*shard_group, *backend_, std::string(shard_group->group_name()));
+    auto make = [&](Communicator& bootstrap) {
+      const std::string name(bootstrap.group_name());
+      return hooks_.device_communicator ? hooks_.device_communicator(bootstrap, *backend_, name)
+                                        : make_device_communicator(bootstrap, *backend_, name);
+    };
+    auto dev = make(*shard_group);
     if (!dev) return dev.status().with_context(config_.where("run.device"));
     device_shard_group_ = std::move(*dev);
     grad_group = device_shard_group_.get();
     if (replicas != nullptr) {
-      auto rep = make_device_communicator(*replicas, *backend_, std::string(replicas->group_name()));
+      auto rep = make(*replicas);
       if (!rep) return rep.status().with_context(config_.where("run.device"));
       device_replicate_group_ = std::move(*rep);
       replicas = device_replicate_group_.get();

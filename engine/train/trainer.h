@@ -10,6 +10,7 @@
 // strategy, exactly (same losses bit for bit at the same world size and strategy).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,6 +47,15 @@ struct TrainSummary {
   int64_t allocations_after_first_step = 0;
 };
 
+// What a test may put in place of the real thing: the backend (instead of run.device's) and how device
+// communicators are made (instead of make_device_communicator, e.g. for a fake device without NCCL).
+struct TrainerHooks {
+  std::unique_ptr<Backend> backend;
+  std::function<Expected<std::unique_ptr<Communicator>>(Communicator& bootstrap, const Backend& backend,
+                                                        std::string name)>
+      device_communicator;
+};
+
 class Trainer {
  public:
   // `world` must outlive the Trainer; every rank calls create() and run(). `ranks_per_node` is the default
@@ -53,7 +63,7 @@ class Trainer {
   // the GPU under run.device: cuda.
   ~Trainer();
   static Expected<std::unique_ptr<Trainer>> create(const RunConfig& config, Communicator& world, int ranks_per_node = 1,
-                                                   int local_rank = 0);
+                                                   int local_rank = 0, TrainerHooks hooks = {});
   Expected<TrainSummary> run();  // on an error, waits for a background save before returning it
 
   // Mean validation loss over eval_batches micro-batches (the same batches at every evaluation).
@@ -71,7 +81,7 @@ class Trainer {
   Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
           data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
           ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan, std::optional<CheckpointReader> resume,
-          std::unique_ptr<Backend> backend);
+          std::unique_ptr<Backend> backend, TrainerHooks hooks);
   // After the constructor: the device communicators, the parameters (initialised), the optimizer, the model's
   // activations.
   Status init_state();
@@ -113,6 +123,7 @@ class Trainer {
   data::DataLoader train_, val_;
   std::optional<data::Tokenizer> tokenizer_;
   std::unique_ptr<Backend> backend_;
+  TrainerHooks hooks_;  // the device communicators' maker, when a test replaces it
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<ShardedParams> params_;
   std::unique_ptr<AdamW> optimizer_;
