@@ -36,6 +36,12 @@ namespace {
 using testing::rand_tokens;
 using testing::randn;
 
+#ifdef GPT_PARITY_EMULATED
+constexpr bool kEmulated = true;  // one OS thread per CUDA thread: GPT-2-sized shapes are left to real GPUs
+#else
+constexpr bool kEmulated = false;
+#endif
+
 // A fresh CUDA backend (in the emulator's binary, an emulated one).
 Expected<std::unique_ptr<Backend>> make_gpu() {
 #ifdef GPT_PARITY_EMULATED
@@ -203,6 +209,7 @@ TEST_CASE("parity: bf16 matmul equals the fp32 matmul of bf16-rounded inputs", "
   };
   gpu->set_compute_dtype(DType::kBF16);
   for (const auto& [N, C, OC] : {std::tuple<int64_t, int, int>{8, 16, 24}, {1024, 768, 2304}, {333, 64, 97}}) {
+    if (kEmulated && N == 1024) continue;  // the qkv GEMM of GPT-2 124M, on a GPU only
     CAPTURE(N, C, OC);
     auto inp = randn(N * C, 80), w = randn(int64_t{OC} * C, 81), b = randn(OC, 82), dout = randn(N * OC, 83);
     auto dw = randn(int64_t{OC} * C, 84), db = randn(OC, 85);
