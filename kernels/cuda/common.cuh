@@ -62,6 +62,22 @@ __device__ inline void store4_bf16(bf16* p, const float (&v)[4], bool vec, int l
   }
 }
 
+// Four bf16 at p widened to fp32 (exactly bf16_to_f32), one 8-byte load: the caller guarantees p is 8-byte aligned.
+// The vectorised read of bf16 parameters (LayerNorm weights and biases, embedding tables).
+__device__ inline void load4_bf16(float (&v)[4], const bf16* p) {
+  const uint2 t = *reinterpret_cast<const uint2*>(p);
+  v[0] = __uint_as_float(t.x << 16);
+  v[1] = __uint_as_float(t.x & 0xffff0000u);
+  v[2] = __uint_as_float(t.y << 16);
+  v[3] = __uint_as_float(t.y & 0xffff0000u);
+}
+
+// Host side: p may be read or written 4 elements at a time (a float4, or 8 bytes of 4 bf16).
+template <typename T>
+inline bool aligned4(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
+}
+
 // One output element, fp32 or bf16 (rounded as store4_bf16), for kernels templated on their output type.
 __device__ inline void store_value(float* p, float v) { *p = v; }
 __device__ inline void store_value(bf16* p, float v) { p->bits = bf16_bits_nearest(__float_as_uint(v)); }

@@ -21,9 +21,9 @@ constexpr size_t kScratchAlign = 256;  // each scratch piece starts on a 256-byt
 // Four consecutive table entries as fp32: one float4, or one 8-byte piece of 4 bf16 (widened).
 __device__ inline float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ inline float4 load4(const bf16* p) {
-  const uint2 t = *reinterpret_cast<const uint2*>(p);
-  return make_float4(__uint_as_float(t.x << 16), __uint_as_float(t.x & 0xffff0000u), __uint_as_float(t.y << 16),
-                     __uint_as_float(t.y & 0xffff0000u));
+  float v[4];
+  load4_bf16(v, p);
+  return make_float4(v[0], v[1], v[2], v[3]);
 }
 
 // out[row] = wte[tokens[row]] + wpe[row % T], one block per row. W: the tables' type, float or bf16 (read widened,
@@ -166,7 +166,6 @@ void launch_embedding_forward(float* out, const int32_t* tokens, const W* wte, c
   GPT_CHECK(out != nullptr && tokens != nullptr && wte != nullptr && wpe != nullptr);
   const int n = rows(B, T);
   if (n == 0) return;
-  auto aligned4 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(W)) == 0; };
   const bool vec = C % 4 == 0 && aligned16(out) && aligned4(wte) && aligned4(wpe);
   if (vec) {
     embedding_forward_kernel<true, W><<<n, kRowThreads, 0, stream>>>(out, tokens, wte, wpe, T, C);

@@ -43,11 +43,7 @@ __device__ inline void load4(float (&v)[4], const float* p, int j, int n, float 
 template <bool kVec>
 __device__ inline void load4(float (&v)[4], const bf16* p, int j, int n, float fill) {
   if constexpr (kVec) {
-    const uint2 t = *reinterpret_cast<const uint2*>(p + j);
-    v[0] = __uint_as_float(t.x << 16);
-    v[1] = __uint_as_float(t.x & 0xffff0000u);
-    v[2] = __uint_as_float(t.y << 16);
-    v[3] = __uint_as_float(t.y & 0xffff0000u);
+    load4_bf16(v, p + j);
   } else {
 #pragma unroll
     for (int k = 0; k < 4; ++k) v[k] = j + k < n ? load_value(p + j + k) : fill;
@@ -224,10 +220,6 @@ __global__ void __launch_bounds__(kParamThreads)
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// A parameter vector read 4 elements at a time (load4's kVec): a float4 or an 8-byte piece of 4 bf16.
-bool param_aligned(const float* p) { return aligned16(p); }
-bool param_aligned(const bf16* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
-
 size_t align_up(size_t n) { return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
 
 // The backward's row chunking: depends only on N, so the dweight/dbias sum order is fixed for a shape.
@@ -251,8 +243,7 @@ void launch_layernorm_forward(Out* out, float* mean, float* rstd, float* x, cons
   GPT_CHECK(ceil_div(N, kRowWarps) <= INT32_MAX);
   const dim3 grid(static_cast<unsigned>(ceil_div(N, kRowWarps)));
   // A bf16 row of 4k elements is stored as 8-byte pieces, an fp32 one as float4s.
-  const bool out_aligned = reinterpret_cast<uintptr_t>(out) % (4 * sizeof(Out)) == 0;
-  const bool vec = C % 4 == 0 && out_aligned && aligned16(x) && param_aligned(weight) && param_aligned(bias) &&
+  const bool vec = C % 4 == 0 && aligned4(out) && aligned16(x) && aligned4(weight) && aligned4(bias) &&
                    (res == nullptr || (aligned16(res) && aligned16(add)));
   const float keep = drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f;
   if (res == nullptr) {
@@ -331,7 +322,7 @@ void launch_layernorm_backward(float* dinp, float* dweight, float* dbias, const 
   float* partial = reinterpret_cast<float*>(static_cast<char*>(scratch) + row_stats_bytes(N));
 
   const bool vec =
-      C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && param_aligned(weight) && aligned16(partial);
+      C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned4(weight) && aligned16(partial);
   // Four bf16 in one 8-byte store when every row's column 4k is 8-byte aligned.
   const bool lo_vec = C % 4 == 0 && reinterpret_cast<uintptr_t>(dinp_lo) % 8 == 0;
   const dim3 row_grid(static_cast<unsigned>(ceil_div(N, kRowWarps)));

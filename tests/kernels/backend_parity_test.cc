@@ -117,6 +117,12 @@ void expect_close(const std::string& what, const std::vector<float>& cpu_out, co
 
 constexpr double kElementwise = 1e-6, kReduction = 1e-5;
 
+// x's values rounded to bf16 (nearest even), as fp32.
+std::vector<float> rounded(std::vector<float> x) {
+  for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+  return x;
+}
+
 DropoutMask mask(float p, uint64_t base = 0) {
   DropoutMask m;
   m.p = p;
@@ -203,10 +209,6 @@ TEST_CASE("backend registry: errors name the device, the CPU has no device commu
 TEST_CASE("parity: bf16 matmul equals the fp32 matmul of bf16-rounded inputs", "[cuda]") {
   Backend* gpu = cuda_or_skip("bf16 matmul");
   if (!gpu) return;
-  auto round_bf16 = [](std::vector<float> x) {
-    for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
-    return x;
-  };
   gpu->set_compute_dtype(DType::kBF16);
   for (const auto& [N, C, OC] : {std::tuple<int64_t, int, int>{8, 16, 24}, {1024, 768, 2304}, {333, 64, 97}}) {
     if (kEmulated && N == 1024) continue;  // the qkv GEMM of GPT-2 124M, on a GPU only
@@ -214,7 +216,7 @@ TEST_CASE("parity: bf16 matmul equals the fp32 matmul of bf16-rounded inputs", "
     auto inp = randn(N * C, 80), w = randn(int64_t{OC} * C, 81), b = randn(OC, 82), dout = randn(N * OC, 83);
     auto dw = randn(int64_t{OC} * C, 84), db = randn(OC, 85);
     std::vector<float> out(N * OC), dinp(N * C), c_dw = dw, c_db = db;
-    const auto inp16 = round_bf16(inp), w16 = round_bf16(w), dout16 = round_bf16(dout);
+    const auto inp16 = rounded(inp), w16 = rounded(w), dout16 = rounded(dout);
     cpu().matmul_forward(out.data(), inp16.data(), w16.data(), b.data(), N, C, OC);
     cpu().matmul_backward(dinp.data(), c_dw.data(), nullptr, dout16.data(), inp16.data(), w16.data(), N, C, OC);
     // dbias sums dout as the GEMMs take it: its bf16 values (the backend contract)
@@ -234,7 +236,7 @@ TEST_CASE("parity: bf16 matmul equals the fp32 matmul of bf16-rounded inputs", "
     // place, so they are at most e + one place (of the larger) apart. (Not "one place": a result that cancels to
     // near 0 has places far smaller than e.)
     std::vector<float> out_lo(out.size());
-    cpu().matmul_forward(out_lo.data(), inp16.data(), w16.data(), round_bf16(b).data(), N, C, OC);
+    cpu().matmul_forward(out_lo.data(), inp16.data(), w16.data(), rounded(b).data(), N, C, OC);
     Dev<bf16> g_lo(*gpu, out.size());
     gpu->matmul_forward(g_lo.p(), g_inp.p(), g_w.p(), g_b.p(), N, C, OC);
     const std::vector<bf16> got = g_lo.read();
@@ -373,10 +375,6 @@ TEST_CASE("parity: bf16 parameters on CUDA give the results of their fp32 values
   if (!gpu) return;
   gpu->set_compute_dtype(DType::kBF16);
   const int N = 37, C = 64, V = 29, OC = 3 * C;
-  auto rounded = [](std::vector<float> x) {
-    for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
-    return x;
-  };
   auto lo_of = [](const std::vector<float>& x, size_t at) {  // x in bf16 at element `at` of a bigger buffer
     std::vector<bf16> r(x.size() + at + 8);
     for (size_t i = 0; i < x.size(); ++i) r[at + i] = f32_to_bf16(x[i]);
@@ -730,11 +728,8 @@ TEST_CASE("parity: a whole GPT forward and backward on CUDA matches the CPU (fp3
     const double loss_tol = matmul == DType::kF32 ? 1e-4 : 1e-2, grad_tol = matmul == DType::kF32 ? 1e-4 : 5e-2;
     GptShape shape{3, 4, 128, 32, 97, dropout};  // head size 32: bf16 takes the tensor-core attention
     const ModelLayout layout = ModelLayout::build(shape);
-    std::vector<float> weights = init_weights(layout, shape);
     const bool lo = matmul == DType::kBF16;
-    if (lo) {
-      for (float& w : weights) w = bf16_to_f32(f32_to_bf16(w));
-    }
+    const std::vector<float> weights = lo ? rounded(init_weights(layout, shape)) : init_weights(layout, shape);
     const int B = 3, T = 29;
     const auto inputs = rand_tokens(B * T, shape.vocab_size, 70), targets = rand_tokens(B * T, shape.vocab_size, 71);
     const StepContext ctx{11, 2, 0, true};

@@ -4,16 +4,15 @@
 // what the CPU backend computes, bit for bit. Under param_dtype bf16 the Trainer computes in bf16 on a device (as
 // on a GPU: bf16-only parameters), and a run resumed from its checkpoint continues exactly.
 #include <catch2/catch.hpp>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "config/loader.h"
-#include "data/prepare.h"
 #include "parallel/fake_device.h"
 #include "testing/temp_dir.h"
+#include "testing/tiny_corpus.h"
 #include "train/trainer.h"
 
 namespace gpt {
@@ -27,15 +26,9 @@ struct Result {
 
 RunConfig config(const testing::TempDir& dir, const std::string& out, const std::string& strategy,
                  const std::string& dtype, const std::string& resume = "") {
-  if (!std::filesystem::exists(dir.file("data/train.bin"))) {
-    std::string text;
-    for (int i = 0; i < 400; ++i) text += "the quick brown fox " + std::to_string(i % 7) + " jumps over\n";
-    dir.write("corpus.txt", text);
-    data::PrepareOptions prep;
-    prep.inputs = {dir.file("corpus.txt")};
-    prep.out_dir = dir.file("data");
-    REQUIRE(data::prepare_dataset(prep).has_value());
-  }
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox " + std::to_string(i % 7) + " jumps over\n";
+  testing::prepare_corpus(dir, text);
   const std::string yaml =
       "run: {out_dir: " + dir.file(out) + ", threads: 1}\n" +
       "model: {n_layer: 2, n_head: 2, n_embd: 16, block_size: 16, dropout: 0.1}\n" +

@@ -4,14 +4,13 @@
 #include <stdlib.h>
 
 #include <catch2/catch.hpp>
-#include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "comm/communicator.h"
 #include "config/loader.h"
-#include "data/prepare.h"
 #include "testing/temp_dir.h"
+#include "testing/tiny_corpus.h"
 #include "train/trainer.h"
 
 namespace gpt {
@@ -23,15 +22,9 @@ struct FaultEnv {  // sets GPT_TRAIN_FAULT for one scope
 };
 
 RunConfig config(const testing::TempDir& dir, const std::string& out, int steps, const std::string& mode) {
-  if (!std::filesystem::exists(dir.file("data/train.bin"))) {
-    std::string text;
-    for (int i = 0; i < 300; ++i) text += "a stitch in time saves nine " + std::to_string(i % 5) + "\n";
-    dir.write("corpus.txt", text);
-    data::PrepareOptions prep;
-    prep.inputs = {dir.file("corpus.txt")};
-    prep.out_dir = dir.file("data");
-    REQUIRE(data::prepare_dataset(prep).has_value());
-  }
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "a stitch in time saves nine " + std::to_string(i % 5) + "\n";
+  testing::prepare_corpus(dir, text);
   const std::string yaml = "run: {out_dir: " + dir.file(out) + ", threads: 1}\n" +
                            "model: {n_layer: 2, n_head: 2, n_embd: 16, block_size: 16}\n" +
                            "data: {train: " + dir.file("data/train.bin") + ", val: " + dir.file("data/val.bin") +
