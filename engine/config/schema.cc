@@ -148,7 +148,7 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(training, weight_decay), at_least(0), "AdamW decoupled weight decay, on 2-D weights only"},
       {GPT_KEY(training, grad_clip), at_least(0), "clip the global gradient norm to this; 0 = off"},
       {GPT_KEY(training, eval_interval), at_least(0), "steps between validation evals; 0 = only at the end"},
-      {GPT_KEY(training, eval_batches), at_least(1), "micro-batches per validation eval"},
+      {GPT_KEY(training, eval_batches), at_least(1), "micro-batches per validation eval (shared out over the ranks)"},
       {GPT_KEY(training, activation_checkpointing), checkpointing(),
        "recompute activations in backward: none, full (every block), every:N (every Nth block), selective"},
       {GPT_KEY(training, nonfinite), one_of("stop|skip_step"),

@@ -384,13 +384,26 @@ CommStats Trainer::comm_stats() const {
 }
 
 float Trainer::evaluate() {
+  // The eval_batches micro-batches are dealt out over the ranks, batch k to rank k % W in round k / W, so an
+  // evaluation costs each rank ceil(E / W) forwards instead of E. Every rank runs the same number of forwards
+  // (the sharded strategies gather parameters inside the forward): a rank past the last batch in the final
+  // round recomputes batch 0 and drops it. The per-batch losses are then gathered and summed in batch order,
+  // exactly the single-process sum, so the mean is the same to the bit as one rank computing every batch.
   const int B = config_.training.micro_batch_size;
-  double sum = 0.0;
-  for (int k = 0; k < config_.training.eval_batches; ++k) {
-    val_.fill_rows(static_cast<uint64_t>(k), 0, B, inputs_.data(), targets_.data());
-    sum += model_->forward_loss(*params_, inputs_.data(), targets_.data(), StepContext{config_.run.seed, 0, 0, false});
+  const int E = config_.training.eval_batches;
+  const int W = world_.size(), r = world_.rank();
+  const int rounds = (E + W - 1) / W;
+  std::vector<float> mine(static_cast<size_t>(rounds)), all(static_cast<size_t>(rounds) * W);
+  for (int i = 0; i < rounds; ++i) {
+    const int k = i * W + r;
+    val_.fill_rows(static_cast<uint64_t>(k < E ? k : 0), 0, B, inputs_.data(), targets_.data());
+    mine[i] =
+        model_->forward_loss(*params_, inputs_.data(), targets_.data(), StepContext{config_.run.seed, 0, 0, false});
   }
-  return static_cast<float>(sum / config_.training.eval_batches);
+  world_.all_gather(mine.data(), all.data(), rounds, DType::kF32).wait();
+  double sum = 0.0;
+  for (int k = 0; k < E; ++k) sum += all[static_cast<size_t>(k % W) * rounds + k / W];
+  return static_cast<float>(sum / E);
 }
 
 Expected<TrainSummary> Trainer::run() {

@@ -66,7 +66,9 @@ class Trainer {
                                                    int local_rank = 0, TrainerHooks hooks = {});
   Expected<TrainSummary> run();  // on an error, waits for a background save before returning it
 
-  // Mean validation loss over eval_batches micro-batches (the same batches at every evaluation).
+  // Mean validation loss over eval_batches micro-batches (the same batches at every evaluation), the
+  // batches shared out over the ranks; the same value on every rank and at every world size for the same
+  // weights. Collective: every rank calls it.
   float evaluate();
   const GptShape& shape() const { return shape_; }
   Strategy strategy() const { return params_->strategy(); }

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,7 @@ inline RunConfig make_config(const std::string& dir, const std::string& out, int
 
 struct Result {
   std::vector<float> losses, weights;
+  std::optional<float> val_loss;  // after the last step, if it was evaluated
 };
 
 inline Result train(const RunConfig& cfg, Communicator& comm) {
@@ -73,7 +75,7 @@ inline Result train(const RunConfig& cfg, Communicator& comm) {
   auto summary = (*trainer)->run();
   REQUIRE(summary.has_value());
   REQUIRE(summary->allocations_after_first_step == 0);  // ARCHITECTURE invariant 4, under every strategy
-  return {summary->losses, (*trainer)->full_weights()};
+  return {summary->losses, (*trainer)->full_weights(), summary->final_val_loss};
 }
 
 }  // namespace gpt

@@ -34,6 +34,8 @@ TEST_CASE("Every strategy trains like a single process on the same global batch"
     // The reference: this rank alone, strategy single, the whole global batch.
     auto alone = make_single_communicator();
     RunConfig ref_cfg = make_config(dir, dir + "/ref_" + std::to_string(r), 1, v.dropout, v.ckpt);
+    // Validation batches are micro-batches: the same size as the ranks' below, so the val losses compare.
+    ref_cfg.training.micro_batch_size = make_config(dir, dir, n, v.dropout, v.ckpt).training.micro_batch_size;
     const Result ref = train(ref_cfg, *alone);
     // hybrid:zeroK:S = zeroK inside shard groups of S ranks, replicated across the n/S groups.
     // zero3:P:R = zero3 with prefetch P and reshard_after_forward R (0/1). ddp:M = ddp with bucket_mb M
@@ -68,6 +70,55 @@ TEST_CASE("Every strategy trains like a single process on the same global batch"
       }
       CAPTURE(max_diff);
       REQUIRE(max_diff <= 1e-5);
+      REQUIRE(got.val_loss.has_value());
+      REQUIRE(ref.val_loss.has_value());
+      CHECK(std::abs(*got.val_loss - *ref.val_loss) <= 1e-5 * std::abs(*ref.val_loss));
+    }
+  }
+  world->barrier().wait();
+  if (world->rank() == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("Validation batches are shared out over the ranks and give a single process's loss to the bit",
+          "[mpi][parallel]") {
+  auto world = testing::g_mpi->make_world();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = shared_data_dir(*world);
+  // 5 batches: a short last round on 2, 3 and 4 ranks; 1 batch: fewer batches than ranks.
+  for (const int batches : {5, 1}) {
+    // The initial weights are the same on every strategy and world size, so is every batch's loss; the mean,
+    // summed in batch order, must be too. (A validation batch is a micro-batch: the same size here.)
+    auto alone = make_single_communicator();
+    RunConfig ref_cfg = make_config(dir, dir + "/eval_ref_" + std::to_string(r), 1, 0.0f, "none");
+    ref_cfg.training.eval_batches = batches;
+    ref_cfg.training.micro_batch_size = make_config(dir, dir, n, 0.0f, "none").training.micro_batch_size;
+    auto ref = Trainer::create(ref_cfg, *alone);
+    REQUIRE(ref.has_value());
+    const float want = (*ref)->evaluate();
+    std::vector<std::string> strategies = {"ddp", "zero1", "zero3"};
+    if (n % 2 == 0) strategies.push_back("hybrid");
+    for (const std::string& strategy : strategies) {
+      CAPTURE(n, batches, strategy);
+      RunConfig cfg = make_config(dir, dir + "/eval_" + strategy, n, 0.0f, "none");
+      cfg.training.eval_batches = batches;
+      cfg.parallel.strategy = strategy;
+      if (strategy == "hybrid") cfg.parallel.shard_group_size = 2;
+      auto trainer = Trainer::create(cfg, *world);
+      INFO(trainer.status().message());
+      REQUIRE(trainer.has_value());
+      const CommStats before = world->stats();
+      const float got = (*trainer)->evaluate();
+      REQUIRE(got == want);
+      // One gather of the per-batch losses over the world: ceil(batches / n) of them from each rank (zero3
+      // also gathers its parameters over the world, and so does hybrid where one shard group is the world).
+      const CommStats after = world->stats();
+      const auto gather = static_cast<size_t>(CommOp::kAllGather);
+      if (strategy == "ddp" || strategy == "zero1") {
+        CHECK(after.ops[gather].calls == before.ops[gather].calls + 1);
+        CHECK(after.ops[gather].elements == before.ops[gather].elements + (batches + n - 1) / n * n);
+      }
+      // Evaluating again (the same batches every time) changes nothing.
+      REQUIRE((*trainer)->evaluate() == want);
     }
   }
   world->barrier().wait();
