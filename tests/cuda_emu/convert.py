@@ -12,7 +12,10 @@ kernel that the emulator cannot follow breaks the build instead of silently test
   - `kernel<<<grid, block, smem, stream>>>(args)` -> `emulate_launch(kernel, grid, block, smem, stream, args)`;
   - common.cuh: grid_for's cap becomes emu_grid_cap (a test lowers it to exercise the grid-stride loops);
   - cuda_backend.{h,cu}: CudaBackend -> CudaEmuBackend, make_cuda_backend -> make_cuda_emu_backend, and
-    their cuda:: names -> cuda_emu::, so the backend's host code runs over the emulated kernels.
+    their cuda:: names -> cuda_emu::, so the backend's host code runs over the emulated kernels;
+  - engine/comm/nccl_communicator.{h,cc} and tests/comm/nccl_communicator_test.cc: make_nccl_communicator ->
+    make_nccl_emu_communicator, cuda_device_count -> cuda_emu_device_count (no clash with gpt_engine's), so
+    the NCCL Communicator and its tests run over the NCCL shim (shim/nccl.h, nccl_emu.cc).
 The output starts with `#line 1 "INPUT"`, so compiler messages and sanitizer reports name the real source.
 """
 import os
@@ -40,7 +43,23 @@ def convert_backend(s):
     return s
 
 
+# The NCCL Communicator (engine/comm) and its GPU test: only their external names change.
+COMM_FILES = ('nccl_communicator.cc', 'nccl_communicator.h', 'nccl_communicator_test.cc')
+
+
+def convert_comm(s):
+    s, n_make = re.subn(r'\bmake_nccl_communicator\b', 'make_nccl_emu_communicator', s)
+    s = re.sub(r'\bcuda_device_count\b', 'cuda_emu_device_count', s)
+    if n_make == 0:
+        fail('no make_nccl_communicator found')
+    if '<<<' in s or '__shared__' in s:
+        fail('device code in a host file the converter does not expect')
+    return s
+
+
 def convert(s, name):
+    if name in COMM_FILES:
+        return convert_comm(s), (0, 0, 0)
     backend = name in BACKEND_FILES
     if backend:
         s = convert_backend(s)

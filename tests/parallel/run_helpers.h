@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -67,6 +69,14 @@ struct Result {
   std::vector<float> losses, weights;
   std::optional<float> val_loss;  // after the last step, if it was evaluated
 };
+
+// The largest |a[i] - b[i]| (the sizes must match).
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, static_cast<double>(std::abs(a[i] - b[i])));
+  return m;
+}
 
 inline Result train(const RunConfig& cfg, Communicator& comm) {
   auto trainer = Trainer::create(cfg, comm);

@@ -63,11 +63,7 @@ TEST_CASE("Every strategy trains like a single process on the same global batch"
         CAPTURE(i, got.losses[i], ref.losses[i]);
         REQUIRE(std::abs(got.losses[i] - ref.losses[i]) <= 1e-5 * std::abs(ref.losses[i]));
       }
-      REQUIRE(got.weights.size() == ref.weights.size());
-      double max_diff = 0.0;
-      for (size_t i = 0; i < ref.weights.size(); ++i) {
-        max_diff = std::max(max_diff, static_cast<double>(std::abs(got.weights[i] - ref.weights[i])));
-      }
+      const double max_diff = max_abs_diff(got.weights, ref.weights);
       CAPTURE(max_diff);
       REQUIRE(max_diff <= 1e-5);
       REQUIRE(got.val_loss.has_value());

@@ -122,16 +122,64 @@ inline const char* cudaGetErrorString(int) { return "emu"; }
 inline int cudaGetLastError() { return 0; }
 enum cudaMemcpyKind { cudaMemcpyDeviceToDevice, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost };
 inline int cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t) { std::memmove(d, s, n); return 0; }
-inline int cudaMalloc(void** p, size_t n) { *p = std::aligned_alloc(256, (n + 255) / 256 * 256); return 0; }
-inline int cudaFree(void* p) { std::free(p); return 0; }
+inline int cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) { std::memmove(d, s, n); return 0; }
+// Device memory is host memory here, but cudaMalloc records each allocation, so the NCCL shim can check that
+// it is given device buffers (emu_is_device), as the real NCCL needs.
+struct EmuDeviceAllocs {
+  std::mutex mu;
+  std::map<uintptr_t, size_t> sizes;  // start -> bytes
+};
+inline EmuDeviceAllocs& emu_device_allocs() {
+  static EmuDeviceAllocs* a = new EmuDeviceAllocs;  // never destroyed: frees may come from static destructors
+  return *a;
+}
+inline bool emu_is_device(const void* p, size_t bytes) {
+  EmuDeviceAllocs& a = emu_device_allocs();
+  std::lock_guard<std::mutex> g(a.mu);
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  auto it = a.sizes.upper_bound(at);
+  if (it == a.sizes.begin()) return false;
+  --it;
+  return at + bytes <= it->first + it->second;
+}
+inline int cudaMalloc(void** p, size_t n) {
+  *p = std::aligned_alloc(256, n == 0 ? 256 : (n + 255) / 256 * 256);
+  EmuDeviceAllocs& a = emu_device_allocs();
+  std::lock_guard<std::mutex> g(a.mu);
+  a.sizes[reinterpret_cast<uintptr_t>(*p)] = n;
+  return 0;
+}
+template <class T>
+int cudaMalloc(T** p, size_t n) {  // the runtime's typed overload
+  return cudaMalloc(reinterpret_cast<void**>(p), n);
+}
+inline int cudaFree(void* p) {
+  if (p == nullptr) return 0;
+  {
+    EmuDeviceAllocs& a = emu_device_allocs();
+    std::lock_guard<std::mutex> g(a.mu);
+    if (a.sizes.erase(reinterpret_cast<uintptr_t>(p)) != 1) {
+      std::fprintf(stderr, "EMU: cudaFree of a pointer cudaMalloc did not return\n");
+      std::abort();
+    }
+  }
+  std::free(p);
+  return 0;
+}
 inline int cudaStreamSynchronize(cudaStream_t) { return 0; }  // every emulated launch has finished on return
 inline int cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) { std::memset(d, v, n); return 0; }
 // What cuda_backend.cu needs of the runtime: one emulated device; streams and events are tokens (every launch
 // and copy has finished when its call returns, so waits are no-ops and elapsed times 0).
 constexpr int cudaErrorCudartUnloading = 4;
+constexpr int cudaErrorNotReady = 600;
 constexpr unsigned cudaStreamNonBlocking = 1;
-inline int cudaSetDevice(int device) { return device == 0 ? 0 : 1; }
-inline int cudaGetDeviceCount(int* n) { *n = 1; return 0; }
+// One emulated device, or EMU_DEVICES of them (the NCCL tests run several ranks on one node, one "GPU" each).
+inline int emu_device_count() {
+  const char* n = std::getenv("EMU_DEVICES");
+  return n != nullptr && std::atoi(n) > 0 ? std::atoi(n) : 1;
+}
+inline int cudaSetDevice(int device) { return device >= 0 && device < emu_device_count() ? 0 : 1; }
+inline int cudaGetDeviceCount(int* n) { *n = emu_device_count(); return 0; }
 struct cudaDeviceProp { char name[256] = "CUDA emulator"; };
 inline int cudaGetDeviceProperties(cudaDeviceProp* p, int) { *p = cudaDeviceProp{}; return 0; }
 inline int cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
@@ -141,18 +189,20 @@ inline int cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
 inline int cudaStreamDestroy(cudaStream_t s) { delete reinterpret_cast<char*>(s); return 0; }
 typedef struct CUevent_st* cudaEvent_t;
 inline int cudaEventCreate(cudaEvent_t* e) { *e = reinterpret_cast<cudaEvent_t>(new char); return 0; }
+constexpr unsigned cudaEventDisableTiming = 2;
+inline int cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
+inline int cudaEventQuery(cudaEvent_t) { return 0; }  // what it follows has finished
+inline int cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return 0; }
 inline int cudaEventDestroy(cudaEvent_t e) { delete reinterpret_cast<char*>(e); return 0; }
 inline int cudaEventRecord(cudaEvent_t, cudaStream_t) { return 0; }
 inline int cudaEventSynchronize(cudaEvent_t) { return 0; }
 inline int cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) { *ms = 0.0f; return 0; }
 template <class T>
-int cudaMallocHost(T** p, size_t n) {
-  void* v = nullptr;
-  const int err = cudaMalloc(&v, n);
-  *p = static_cast<T*>(v);
-  return err;
+int cudaMallocHost(T** p, size_t n) {  // pinned host memory: not device memory
+  *p = static_cast<T*>(std::aligned_alloc(256, (n + 255) / 256 * 256));
+  return 0;
 }
-inline int cudaFreeHost(void* p) { return cudaFree(p); }
+inline int cudaFreeHost(void* p) { std::free(p); return 0; }
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 // Per kernel: the dynamic shared memory it was opted into (a launch past 48 KB without it fails on a GPU).
 inline std::map<const void*, size_t>& emu_smem_optin() {
