@@ -1,6 +1,7 @@
 // The NCCL shim (shim/nccl.h) over gpt's MPI Communicator: a communicator is a split of the emulator's world
-// by the ncclUniqueId its ranks share, and each collective is that MPI group's collective, waited for inside
-// the call. The arguments are checked as the real NCCL needs them, each violation printed and returned as
+// by the ncclUniqueId its ranks share, and each collective is that MPI group's collective, run (and waited
+// for) when its stream gets to it, as the runtime shim runs a created stream's work: so a collective whose
+// stream does not wait for the kernels that write its buffers reads them unwritten. The arguments are checked as the real NCCL needs them, each violation printed and returned as
 // ncclInvalidArgument (which NcclCommunicator turns into an abort naming the call): buffers must be device
 // memory (whole ranges of cudaMalloc allocations), send and receive may overlap only in NCCL's in-place forms,
 // the root must be a rank, the communicator must be live (not destroyed or aborted).
@@ -173,7 +174,7 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
 }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
   const char* call = "ncclAllReduce";
   gpt::DType dtype;
   size_t elem = 0;
@@ -182,13 +183,16 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
   if (auto r = check_device(call, "sendbuff", send, bytes); r != ncclSuccess) return r;
   if (auto r = check_device(call, "recvbuff", recv, bytes); r != ncclSuccess) return r;
   if (send != recv && overlap(send, bytes, recv, bytes)) return invalid(call, "send and recv overlap, not in place");
-  if (send != recv) std::memcpy(recv, send, bytes);
-  comm->group->all_reduce(recv, static_cast<int64_t>(count), dtype).wait();
+  gpt::Communicator* group = comm->group.get();
+  emu_enqueue(stream, [=] {
+    if (send != recv) std::memcpy(recv, send, bytes);
+    group->all_reduce(recv, static_cast<int64_t>(count), dtype).wait();
+  });
   return ncclSuccess;
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t type, ncclRedOp_t op,
-                               ncclComm_t comm, cudaStream_t) {
+                               ncclComm_t comm, cudaStream_t stream) {
   const char* call = "ncclReduceScatter";
   gpt::DType dtype;
   size_t elem = 0;
@@ -199,13 +203,16 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, 
   // In place (NCCL's definition): recvbuff is this rank's block of sendbuff.
   const bool in_place = static_cast<const char*>(send) + block * static_cast<size_t>(comm->rank) == recv;
   if (!in_place && overlap(send, all, recv, block)) return invalid(call, "recvbuff overlaps sendbuff, not in place");
-  const std::vector<char> copy(static_cast<const char*>(send), static_cast<const char*>(send) + all);
-  comm->group->reduce_scatter(copy.data(), recv, static_cast<int64_t>(recv_count), dtype).wait();
+  gpt::Communicator* group = comm->group.get();
+  emu_enqueue(stream, [=] {
+    const std::vector<char> copy(static_cast<const char*>(send), static_cast<const char*>(send) + all);
+    group->reduce_scatter(copy.data(), recv, static_cast<int64_t>(recv_count), dtype).wait();
+  });
   return ncclSuccess;
 }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t type, ncclComm_t comm,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
   const char* call = "ncclAllGather";
   gpt::DType dtype;
   size_t elem = 0;
@@ -216,13 +223,16 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, nccl
   // In place (NCCL's definition): sendbuff is this rank's block of recvbuff.
   const bool in_place = static_cast<const char*>(recv) + block * static_cast<size_t>(comm->rank) == send;
   if (!in_place && overlap(send, block, recv, all)) return invalid(call, "sendbuff overlaps recvbuff, not in place");
-  const std::vector<char> copy(static_cast<const char*>(send), static_cast<const char*>(send) + block);
-  comm->group->all_gather(copy.data(), recv, static_cast<int64_t>(send_count), dtype).wait();
+  gpt::Communicator* group = comm->group.get();
+  emu_enqueue(stream, [=] {
+    const std::vector<char> copy(static_cast<const char*>(send), static_cast<const char*>(send) + block);
+    group->all_gather(copy.data(), recv, static_cast<int64_t>(send_count), dtype).wait();
+  });
   return ncclSuccess;
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
   const char* call = "ncclBroadcast";
   gpt::DType dtype;
   size_t elem = 0;
@@ -233,10 +243,12 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
     if (auto r = check_device(call, "sendbuff", send, bytes); r != ncclSuccess) return r;
   }
   if (auto r = check_device(call, "recvbuff", recv, bytes); r != ncclSuccess) return r;
-  if (comm->rank == root && send != recv) {
-    if (overlap(send, bytes, recv, bytes)) return invalid(call, "send and recv overlap, not in place");
-    std::memcpy(recv, send, bytes);
-  }
-  comm->group->broadcast(recv, static_cast<int64_t>(count), dtype, root).wait();
+  const bool copy = comm->rank == root && send != recv;
+  if (copy && overlap(send, bytes, recv, bytes)) return invalid(call, "send and recv overlap, not in place");
+  gpt::Communicator* group = comm->group.get();
+  emu_enqueue(stream, [=] {
+    if (copy) std::memcpy(recv, send, bytes);
+    group->broadcast(recv, static_cast<int64_t>(count), dtype, root).wait();
+  });
   return ncclSuccess;
 }

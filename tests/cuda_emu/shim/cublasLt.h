@@ -138,10 +138,13 @@ inline int cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t
 inline float emu_lt_load(const void* p, cudaDataType_t t, int64_t i) {
   return t == CUDA_R_32F ? static_cast<const float*>(p)[i] : __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
 }
+inline void emu_lt_compute(const EmuLtDesc* d, const EmuLtLayout* la, const EmuLtLayout* lb, const EmuLtLayout* ld,
+                           const void* a, const void* b, void* dd, float al, float be, bool d_bf16, int64_t m,
+                           int64_t n, int64_t k);
 inline int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* alpha, const void* a,
                           cublasLtMatrixLayout_t la, const void* b, cublasLtMatrixLayout_t lb, const void* beta,
                           const void* c, cublasLtMatrixLayout_t lc, void* dd, cublasLtMatrixLayout_t ld,
-                          const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspace_bytes, cudaStream_t) {
+                          const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   if (algo == nullptr) emu_fail("cublasLt: no algo (matmul.cu always passes the heuristic's)");
   if (c != dd || lc->ld != ld->ld || lc->rows != ld->rows || lc->cols != ld->cols)
     emu_fail("cublasLt: emulated only for C == D");
@@ -160,8 +163,18 @@ inline int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* 
     emu_fail("cublasLt: inconsistent shapes");
   if (d->epi == CUBLASLT_EPILOGUE_BIAS && (d->bias == nullptr || reinterpret_cast<uintptr_t>(d->bias) % 16 != 0))
     emu_fail("cublasLt: bias epilogue needs a 16-byte aligned bias");
-  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);  // host scalars: now
   if (d_bf16 && be != 0.0f) emu_fail("cublasLt: emulated bf16 D only with beta 0");
+  // The product when the stream gets to it, from the descriptors as they are now (the caller may reuse them).
+  emu_enqueue(stream, [dv = *d, lav = *la, lbv = *lb, ldv = *ld, a, b, dd, al, be, d_bf16, m, n, k] {
+    emu_lt_compute(&dv, &lav, &lbv, &ldv, a, b, dd, al, be, d_bf16, m, n, k);
+  });
+  return 0;
+}
+inline void emu_lt_compute(const EmuLtDesc* d, const EmuLtLayout* la,
+                           const EmuLtLayout* lb, const EmuLtLayout* ld, const void* a,
+                           const void* b, void* dd, float al, float be, bool d_bf16, int64_t m, int64_t n, int64_t k) {
+  const EmuLtLayout* lc = ld;  // C == D
   float* out = static_cast<float*>(dd);
   __nv_bfloat16* out_h = static_cast<__nv_bfloat16*>(dd);
   for (int64_t j = 0; j < n; ++j)
@@ -181,5 +194,4 @@ inline int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* 
         out[i + j * ld->ld] = static_cast<float>(r);
       }
     }
-  return 0;
 }

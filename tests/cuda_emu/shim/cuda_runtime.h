@@ -4,7 +4,8 @@
 // memory as exact-size heap buffers pre-filled with NaN (reading unwritten shared memory poisons results;
 // ASan sees out-of-bounds), 3D grids and blocks. Blocks run one after another by default; EMU_CONC=n in the
 // environment runs n blocks at once, so TSan can see races between blocks (manual sanitizer runs only).
-// Everything here is host code; kernels run synchronously inside emulate_launch.
+// Everything here is host code; a launch runs inside emulate_launch on the legacy stream and when its stream
+// is needed on a created one (see "Streams" below).
 #pragma once
 #include <algorithm>
 #include <array>
@@ -17,7 +18,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -120,59 +124,238 @@ constexpr int cudaSuccess = 0;
 typedef struct CUstream_st* cudaStream_t;
 inline const char* cudaGetErrorString(int) { return "emu"; }
 inline int cudaGetLastError() { return 0; }
-enum cudaMemcpyKind { cudaMemcpyDeviceToDevice, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost };
-inline int cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t) { std::memmove(d, s, n); return 0; }
-inline int cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) { std::memmove(d, s, n); return 0; }
-// Device memory is host memory here, but cudaMalloc records each allocation, so the NCCL shim can check that
-// it is given device buffers (emu_is_device), as the real NCCL needs.
-struct EmuDeviceAllocs {
+constexpr int cudaErrorCudartUnloading = 4;
+constexpr int cudaErrorNotReady = 600;
+constexpr unsigned cudaStreamNonBlocking = 1;
+constexpr unsigned cudaEventDisableTiming = 2;
+
+// Device memory is host memory here, but cudaMalloc and cudaMallocHost record each allocation, so the NCCL shim
+// can check that it is given device buffers (emu_is_device), and copies know pinned host memory (read or
+// written when the stream gets to them, as on a GPU) from pageable (staged at the call).
+struct EmuAllocs {
   std::mutex mu;
-  std::map<uintptr_t, size_t> sizes;  // start -> bytes
+  std::map<uintptr_t, size_t> device, pinned;  // start -> bytes
 };
-inline EmuDeviceAllocs& emu_device_allocs() {
-  static EmuDeviceAllocs* a = new EmuDeviceAllocs;  // never destroyed: frees may come from static destructors
+inline EmuAllocs& emu_allocs() {
+  static EmuAllocs* a = new EmuAllocs;  // never destroyed: frees may come from static destructors
   return *a;
 }
-inline bool emu_is_device(const void* p, size_t bytes) {
-  EmuDeviceAllocs& a = emu_device_allocs();
-  std::lock_guard<std::mutex> g(a.mu);
+inline bool emu_in(const std::map<uintptr_t, size_t>& m, const void* p, size_t bytes) {
   const auto at = reinterpret_cast<uintptr_t>(p);
-  auto it = a.sizes.upper_bound(at);
-  if (it == a.sizes.begin()) return false;
+  auto it = m.upper_bound(at);
+  if (it == m.begin()) return false;
   --it;
   return at + bytes <= it->first + it->second;
 }
+inline bool emu_is_device(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> g(emu_allocs().mu);
+  return emu_in(emu_allocs().device, p, bytes);
+}
+inline bool emu_is_pinned(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> g(emu_allocs().mu);
+  return emu_in(emu_allocs().pinned, p, bytes);
+}
+
+// Streams. The legacy default stream (nullptr: the kernel unit tests) runs every launch and copy at once. A
+// created stream defers them, in order, until something needs them: a synchronisation (cudaStreamSynchronize,
+// cudaEventSynchronize, cudaEventQuery, a device-to-pageable copy on it, cudaFree, cudaStreamDestroy), or
+// another stream that waits on one of its events (cudaStreamWaitEvent) getting to that wait. So a result read
+// without the synchronisation a GPU needs is stale here too, and a stream that does not wait for the work it
+// depends on runs before it. Whichever thread needs a stream runs its pending work (one thread per stream at a
+// time; kernels one at a time over the thread pool).
+struct EmuStream {
+  std::mutex mu;  // guards all of it
+  std::condition_variable cv;
+  std::deque<std::function<void()>> ops;  // queued, not yet started
+  uint64_t enqueued = 0, done = 0;         // ops queued and finished so far
+  bool running = false;                    // a thread is running ops[done] (outside the lock)
+};
+struct EmuStreams {
+  std::mutex mu;
+  std::vector<EmuStream*> all;
+};
+inline EmuStreams& emu_streams() {
+  static EmuStreams* s = new EmuStreams;
+  return *s;
+}
+// Runs `s` until `pos` of its ops have finished, or waits for the thread already running it to get there. No
+// lock is held while an op runs, so an op that waits for another stream (which may itself be waiting for an
+// earlier op of this one) cannot deadlock: dependencies point only to ops queued before.
+inline void emu_run_until(EmuStream* s, uint64_t pos) {
+  if (s == nullptr) return;
+  std::unique_lock<std::mutex> g(s->mu);
+  while (s->done < pos) {
+    if (s->running) {
+      s->cv.wait(g);
+      continue;
+    }
+    s->running = true;
+    std::function<void()> op = std::move(s->ops.front());
+    s->ops.pop_front();
+    g.unlock();
+    op();
+    g.lock();
+    ++s->done;
+    s->running = false;
+    s->cv.notify_all();
+  }
+}
+inline void emu_drain(EmuStream* s) {
+  if (s == nullptr) return;
+  uint64_t pos = 0;
+  {
+    std::lock_guard<std::mutex> g(s->mu);
+    pos = s->enqueued;
+  }
+  emu_run_until(s, pos);
+}
+inline void emu_drain_all() {  // cudaFree, cudaDeviceSynchronize
+  std::vector<EmuStream*> all;
+  {
+    std::lock_guard<std::mutex> g(emu_streams().mu);
+    all = emu_streams().all;
+  }
+  for (EmuStream* s : all) emu_drain(s);
+}
+inline void emu_enqueue(cudaStream_t stream, std::function<void()> op) {
+  auto* s = reinterpret_cast<EmuStream*>(stream);
+  if (s == nullptr) {
+    op();
+    return;
+  }
+  std::lock_guard<std::mutex> g(s->mu);
+  s->ops.push_back(std::move(op));
+  ++s->enqueued;
+}
+inline int cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+  auto* st = new EmuStream;
+  std::lock_guard<std::mutex> g(emu_streams().mu);
+  emu_streams().all.push_back(st);
+  *s = reinterpret_cast<cudaStream_t>(st);
+  return 0;
+}
+inline int cudaStreamSynchronize(cudaStream_t s) {
+  emu_drain(reinterpret_cast<EmuStream*>(s));
+  return 0;
+}
+inline int cudaStreamDestroy(cudaStream_t stream) {
+  auto* s = reinterpret_cast<EmuStream*>(stream);
+  emu_drain(s);  // CUDA finishes a destroyed stream's work
+  {
+    std::lock_guard<std::mutex> g(emu_streams().mu);
+    auto& all = emu_streams().all;
+    all.erase(std::find(all.begin(), all.end(), s));
+  }
+  delete s;
+  return 0;
+}
+inline int cudaDeviceSynchronize() {
+  emu_drain_all();
+  return 0;
+}
+// An event is a point in one stream: its first `pos` ops.
+struct EmuEvent {
+  EmuStream* stream = nullptr;
+  uint64_t pos = 0;
+};
+typedef struct CUevent_st* cudaEvent_t;
+inline EmuEvent* emu_event(cudaEvent_t e) { return reinterpret_cast<EmuEvent*>(e); }
+inline int cudaEventCreate(cudaEvent_t* e) {
+  *e = reinterpret_cast<cudaEvent_t>(new EmuEvent);
+  return 0;
+}
+inline int cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
+inline int cudaEventDestroy(cudaEvent_t e) {
+  delete emu_event(e);
+  return 0;
+}
+inline int cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
+  auto* s = reinterpret_cast<EmuStream*>(stream);
+  uint64_t pos = 0;
+  if (s != nullptr) {
+    std::lock_guard<std::mutex> g(s->mu);
+    pos = s->enqueued;
+  }
+  *emu_event(e) = EmuEvent{s, pos};
+  return 0;
+}
+inline int cudaEventSynchronize(cudaEvent_t e) {
+  const EmuEvent ev = *emu_event(e);
+  emu_run_until(ev.stream, ev.pos);
+  return 0;
+}
+inline int cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }  // done once asked
+inline int cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+  *ms = 0.0f;
+  return 0;
+}
+// The waiting stream, when it gets there, first runs the event's stream up to the event (as recorded now).
+inline int cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned) {
+  const EmuEvent ev = *emu_event(e);
+  emu_enqueue(stream, [ev] { emu_run_until(ev.stream, ev.pos); });
+  return 0;
+}
+
+enum cudaMemcpyKind { cudaMemcpyDeviceToDevice, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost };
+// As CUDA: from pageable host memory the source is staged at the call; to pageable host memory the call waits
+// for the stream and copies; pinned host memory and device memory are read and written when the stream runs it.
+inline int cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (n == 0) return 0;
+  if (kind == cudaMemcpyHostToDevice && !emu_is_pinned(s, n)) {
+    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(s),
+                                                               static_cast<const unsigned char*>(s) + n);
+    emu_enqueue(stream, [d, staged] { std::memcpy(d, staged->data(), staged->size()); });
+  } else if (kind == cudaMemcpyDeviceToHost && !emu_is_pinned(d, n)) {
+    emu_drain(reinterpret_cast<EmuStream*>(stream));
+    std::memmove(d, s, n);
+  } else {
+    emu_enqueue(stream, [d, s, n] { std::memmove(d, s, n); });
+  }
+  return 0;
+}
+// The legacy stream, synchronous (it does not wait for created streams: they are all non-blocking).
+inline int cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
+  std::memmove(d, s, n);
+  return 0;
+}
+inline int cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t stream) {
+  emu_enqueue(stream, [d, v, n] { std::memset(d, v, n); });
+  return 0;
+}
 inline int cudaMalloc(void** p, size_t n) {
   *p = std::aligned_alloc(256, n == 0 ? 256 : (n + 255) / 256 * 256);
-  EmuDeviceAllocs& a = emu_device_allocs();
-  std::lock_guard<std::mutex> g(a.mu);
-  a.sizes[reinterpret_cast<uintptr_t>(*p)] = n;
+  std::lock_guard<std::mutex> g(emu_allocs().mu);
+  emu_allocs().device[reinterpret_cast<uintptr_t>(*p)] = n;
   return 0;
 }
 template <class T>
 int cudaMalloc(T** p, size_t n) {  // the runtime's typed overload
   return cudaMalloc(reinterpret_cast<void**>(p), n);
 }
-inline int cudaFree(void* p) {
-  if (p == nullptr) return 0;
+inline void emu_free(std::map<uintptr_t, size_t>& m, void* p, const char* what) {
+  if (p == nullptr) return;
+  emu_drain_all();  // CUDA's frees wait for the device
   {
-    EmuDeviceAllocs& a = emu_device_allocs();
-    std::lock_guard<std::mutex> g(a.mu);
-    if (a.sizes.erase(reinterpret_cast<uintptr_t>(p)) != 1) {
-      std::fprintf(stderr, "EMU: cudaFree of a pointer cudaMalloc did not return\n");
-      std::abort();
-    }
+    std::lock_guard<std::mutex> g(emu_allocs().mu);
+    if (m.erase(reinterpret_cast<uintptr_t>(p)) != 1) emu_fail(what);
   }
   std::free(p);
+}
+inline int cudaFree(void* p) {
+  emu_free(emu_allocs().device, p, "cudaFree of a pointer cudaMalloc did not return");
   return 0;
 }
-inline int cudaStreamSynchronize(cudaStream_t) { return 0; }  // every emulated launch has finished on return
-inline int cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) { std::memset(d, v, n); return 0; }
-// What cuda_backend.cu needs of the runtime: one emulated device; streams and events are tokens (every launch
-// and copy has finished when its call returns, so waits are no-ops and elapsed times 0).
-constexpr int cudaErrorCudartUnloading = 4;
-constexpr int cudaErrorNotReady = 600;
-constexpr unsigned cudaStreamNonBlocking = 1;
+template <class T>
+int cudaMallocHost(T** p, size_t n) {  // pinned host memory: not device memory
+  *p = static_cast<T*>(std::aligned_alloc(256, n == 0 ? 256 : (n + 255) / 256 * 256));
+  std::lock_guard<std::mutex> g(emu_allocs().mu);
+  emu_allocs().pinned[reinterpret_cast<uintptr_t>(*p)] = n;
+  return 0;
+}
+inline int cudaFreeHost(void* p) {
+  emu_free(emu_allocs().pinned, p, "cudaFreeHost of a pointer cudaMallocHost did not return");
+  return 0;
+}
 // One emulated device, or EMU_DEVICES of them (the NCCL tests run several ranks on one node, one "GPU" each).
 inline int emu_device_count() {
   const char* n = std::getenv("EMU_DEVICES");
@@ -182,27 +365,6 @@ inline int cudaSetDevice(int device) { return device >= 0 && device < emu_device
 inline int cudaGetDeviceCount(int* n) { *n = emu_device_count(); return 0; }
 struct cudaDeviceProp { char name[256] = "CUDA emulator"; };
 inline int cudaGetDeviceProperties(cudaDeviceProp* p, int) { *p = cudaDeviceProp{}; return 0; }
-inline int cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
-  *s = reinterpret_cast<cudaStream_t>(new char);
-  return 0;
-}
-inline int cudaStreamDestroy(cudaStream_t s) { delete reinterpret_cast<char*>(s); return 0; }
-typedef struct CUevent_st* cudaEvent_t;
-inline int cudaEventCreate(cudaEvent_t* e) { *e = reinterpret_cast<cudaEvent_t>(new char); return 0; }
-constexpr unsigned cudaEventDisableTiming = 2;
-inline int cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
-inline int cudaEventQuery(cudaEvent_t) { return 0; }  // what it follows has finished
-inline int cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return 0; }
-inline int cudaEventDestroy(cudaEvent_t e) { delete reinterpret_cast<char*>(e); return 0; }
-inline int cudaEventRecord(cudaEvent_t, cudaStream_t) { return 0; }
-inline int cudaEventSynchronize(cudaEvent_t) { return 0; }
-inline int cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) { *ms = 0.0f; return 0; }
-template <class T>
-int cudaMallocHost(T** p, size_t n) {  // pinned host memory: not device memory
-  *p = static_cast<T*>(std::aligned_alloc(256, (n + 255) / 256 * 256));
-  return 0;
-}
-inline int cudaFreeHost(void* p) { std::free(p); return 0; }
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 // Per kernel: the dynamic shared memory it was opted into (a launch past 48 KB without it fails on a GPU).
 inline std::map<const void*, size_t>& emu_smem_optin() {
@@ -259,8 +421,17 @@ class EmuThreadPool {
   std::binary_semaphore done_{0};
 };
 
+// Kernels run one at a time (the thread pool is one), whichever thread runs their stream.
+inline std::mutex& emu_kernel_mu() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
 template <class... P, class... A>
-void emulate_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t, A... args) {
+void emu_run_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A... args);
+
+// A launch checks its configuration at once and runs when its stream gets to it (at once on the legacy stream).
+template <class... P, class... A>
+void emulate_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A... args) {
   if (smem > 48 * 1024) {
     const auto it = emu_smem_optin().find(reinterpret_cast<const void*>(kernel));
     if (it == emu_smem_optin().end() || it->second < smem) emu_fail("launch with more than 48 KB of dynamic shared memory without cudaFuncSetAttribute");
@@ -271,6 +442,15 @@ void emulate_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cu
     std::abort();
   }
   ++emu_launches;
+  emu_enqueue(stream, [=] {
+    std::lock_guard<std::mutex> g(emu_kernel_mu());
+    emu_run_kernel(kernel, grid, block, smem, args...);
+  });
+}
+
+template <class... P, class... A>
+void emu_run_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A... args) {
+  const unsigned nthr = block.x * block.y * block.z;
   const char* ce = std::getenv("EMU_CONC");
   unsigned conc = ce ? std::atoi(ce) : 1;  // blocks run concurrently
   if (conc < 1) conc = 1;

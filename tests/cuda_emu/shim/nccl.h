@@ -1,8 +1,8 @@
 // The NCCL API that engine/comm/nccl_communicator.cc uses, emulated over MPI for the CPU (nccl_emu.cc,
 // README.md): each rank is a process with one emulated GPU; a communicator is an MPI sub-communicator of the
-// ranks that share its ncclUniqueId. Collectives run to completion inside the call (like every emulated
-// launch), on the calling thread, and check what the real NCCL requires of their arguments: device buffers
-// (cudaMalloc'd, whole), a valid communicator, in-place forms exactly as NCCL defines them.
+// ranks that share its ncclUniqueId. A collective checks what the real NCCL requires of its arguments at the
+// call (device buffers, cudaMalloc'd and whole; a live communicator; in-place forms exactly as NCCL defines
+// them) and runs when its stream gets to it, like every emulated launch on a created stream.
 #pragma once
 #include <cstddef>
 

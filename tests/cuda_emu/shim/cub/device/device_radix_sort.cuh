@@ -11,14 +11,16 @@ inline size_t emu_sort_temp_bytes = 1536;  // what the emulated cub asks for (an
 struct DeviceRadixSort {
   static cudaError_t SortPairs(void* temp, size_t& temp_bytes, const int32_t* keys_in, int32_t* keys_out,
                                const int32_t* values_in, int32_t* values_out, int n, int begin_bit, int end_bit,
-                               cudaStream_t = nullptr) {
+                               cudaStream_t stream = nullptr) {
     if (temp == nullptr) { temp_bytes = emu_sort_temp_bytes; return 0; }
     if (temp_bytes < emu_sort_temp_bytes || begin_bit != 0 || end_bit != 32) std::abort();
-    std::memset(temp, 0xAB, temp_bytes);  // touches all of temp: ASan flags a too-small scratch
-    std::vector<std::pair<int32_t, int32_t>> v(n);
-    for (int i = 0; i < n; ++i) v[i] = {keys_in[i], values_in[i]};
-    std::stable_sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.first < b.first; });
-    for (int i = 0; i < n; ++i) { keys_out[i] = v[i].first; values_out[i] = v[i].second; }
+    emu_enqueue(stream, [=] {  // when the stream gets to it
+      std::memset(temp, 0xAB, temp_bytes);  // touches all of temp: ASan flags a too-small scratch
+      std::vector<std::pair<int32_t, int32_t>> v(n);
+      for (int i = 0; i < n; ++i) v[i] = {keys_in[i], values_in[i]};
+      std::stable_sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.first < b.first; });
+      for (int i = 0; i < n; ++i) { keys_out[i] = v[i].first; values_out[i] = v[i].second; }
+    });
     return 0;
   }
 };
