@@ -22,8 +22,7 @@ namespace gpt {
 namespace {
 
 struct DeviceRun {
-  std::vector<float> losses, weights;
-  float val_loss = 0.0f;
+  Result run;
   long long nccl_collectives = 0;  // issued on this rank
 };
 
@@ -36,17 +35,11 @@ DeviceRun train_on_emulated_gpus(const RunConfig& cfg, Communicator& world) {
     return make_nccl_emu_communicator(bootstrap, backend.device_index(), backend.native_stream(), std::move(name));
   };
   const long long before = nccl_emu_collectives();
-  auto trainer = Trainer::create(cfg, world, testing::g_mpi->local_size(), device, std::move(hooks));
-  INFO(trainer.status().message());
-  REQUIRE(trainer.has_value());
-  auto summary = (*trainer)->run();
-  INFO(summary.status().message());
-  REQUIRE(summary.has_value());
-  REQUIRE(summary->final_val_loss.has_value());
-  CHECK(summary->allocations_after_first_step == 0);
-  DeviceRun run{summary->losses, (*trainer)->full_weights(), *summary->final_val_loss, 0};
-  run.nccl_collectives = nccl_emu_collectives() - before;
-  return run;
+  DeviceRun got{run_trainer(cfg, world, std::move(hooks), testing::g_mpi->local_size(), device), 0};
+  got.nccl_collectives = nccl_emu_collectives() - before;
+  REQUIRE(got.run.val_loss.has_value());
+  CHECK(got.run.allocations_after_first_step == 0);
+  return got;
 }
 
 TEST_CASE("Every strategy trains on emulated GPUs over emulated NCCL like a single CPU process", "[nccl][train]") {
@@ -78,9 +71,10 @@ TEST_CASE("Every strategy trains on emulated GPUs over emulated NCCL like a sing
     cfg.run.out_dir = dir + "/emu_" + strategy;
     cfg.parallel.strategy = strategy;
     if (strategy == "hybrid") cfg.parallel.shard_group_size = 2;
-    const DeviceRun got = train_on_emulated_gpus(cfg, *world);
+    const DeviceRun dev = train_on_emulated_gpus(cfg, *world);
+    const Result& got = dev.run;
     // The gradients (and zero's parameters) went over NCCL: at least one collective per step.
-    if (n > 1) CHECK(got.nccl_collectives >= cfg.training.steps);
+    if (n > 1) CHECK(dev.nccl_collectives >= cfg.training.steps);
     // fp32 throughout; the emulated kernels sum in their own orders (block reductions, cuBLASLt's shim), so
     // not bit for bit: within 1e-4 of the CPU, as a real GPU must be (#5).
     REQUIRE(got.losses.size() == ref.losses.size());
@@ -89,7 +83,7 @@ TEST_CASE("Every strategy trains on emulated GPUs over emulated NCCL like a sing
       CHECK(std::abs(got.losses[i] - ref.losses[i]) <= 1e-4 * std::abs(ref.losses[i]));
     }
     REQUIRE(ref.val_loss.has_value());
-    CHECK(std::abs(got.val_loss - *ref.val_loss) <= 1e-4 * std::abs(*ref.val_loss));
+    CHECK(std::abs(*got.val_loss - *ref.val_loss) <= 1e-4 * std::abs(*ref.val_loss));
     const double max_diff = max_abs_diff(got.weights, ref.weights);
     CAPTURE(max_diff);
     CHECK(max_diff <= 1e-4);

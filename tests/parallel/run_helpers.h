@@ -11,6 +11,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/loader.h"
@@ -40,11 +41,17 @@ inline std::string shared_data_dir(Communicator& world) {
   return dir;
 }
 
+// The micro-batch size make_config gives `world_size` ranks: 2 (gradient accumulation) wherever the ranks'
+// rows allow, else all of them.
+inline int micro_batch_size_for(int world_size) {
+  const int rows = 12 / world_size;
+  return rows % 2 == 0 ? 2 : rows;
+}
+
 inline RunConfig make_config(const std::string& dir, const std::string& out, int world_size, float dropout,
                              const std::string& ckpt) {
   const int global = 12;
-  const int rows = global / world_size;
-  const int micro = rows % 2 == 0 ? 2 : rows;  // gradient accumulation wherever rows allow
+  const int micro = micro_batch_size_for(world_size);
   const std::string yaml = "run: {out_dir: " + out +
                            ", threads: 1, seed: 5}\n"
                            "model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, dropout: " +
@@ -68,6 +75,7 @@ inline RunConfig make_config(const std::string& dir, const std::string& out, int
 struct Result {
   std::vector<float> losses, weights;
   std::optional<float> val_loss;  // after the last step, if it was evaluated
+  int64_t allocations_after_first_step = 0;
 };
 
 // The largest |a[i] - b[i]| (the sizes must match).
@@ -78,14 +86,23 @@ inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>
   return m;
 }
 
-inline Result train(const RunConfig& cfg, Communicator& comm) {
-  auto trainer = Trainer::create(cfg, comm);
+// One run to its end (the test fails if it cannot be created or run), with `hooks` for a test backend and
+// device communicators.
+inline Result run_trainer(const RunConfig& cfg, Communicator& comm, TrainerHooks hooks = {}, int ranks_per_node = 1,
+                          int local_rank = 0) {
+  auto trainer = Trainer::create(cfg, comm, ranks_per_node, local_rank, std::move(hooks));
   INFO(trainer.status().message());
   REQUIRE(trainer.has_value());
   auto summary = (*trainer)->run();
+  INFO(summary.status().message());
   REQUIRE(summary.has_value());
-  REQUIRE(summary->allocations_after_first_step == 0);  // ARCHITECTURE invariant 4, under every strategy
-  return {summary->losses, (*trainer)->full_weights(), summary->final_val_loss};
+  return {summary->losses, (*trainer)->full_weights(), summary->final_val_loss, summary->allocations_after_first_step};
+}
+
+inline Result train(const RunConfig& cfg, Communicator& comm) {
+  Result r = run_trainer(cfg, comm);
+  REQUIRE(r.allocations_after_first_step == 0);  // ARCHITECTURE invariant 4, under every strategy
+  return r;
 }
 
 }  // namespace gpt

@@ -35,7 +35,7 @@ TEST_CASE("Every strategy trains like a single process on the same global batch"
     auto alone = make_single_communicator();
     RunConfig ref_cfg = make_config(dir, dir + "/ref_" + std::to_string(r), 1, v.dropout, v.ckpt);
     // Validation batches are micro-batches: the same size as the ranks' below, so the val losses compare.
-    ref_cfg.training.micro_batch_size = make_config(dir, dir, n, v.dropout, v.ckpt).training.micro_batch_size;
+    ref_cfg.training.micro_batch_size = micro_batch_size_for(n);
     const Result ref = train(ref_cfg, *alone);
     // hybrid:zeroK:S = zeroK inside shard groups of S ranks, replicated across the n/S groups.
     // zero3:P:R = zero3 with prefetch P and reshard_after_forward R (0/1). ddp:M = ddp with bucket_mb M
@@ -87,7 +87,7 @@ TEST_CASE("Validation batches are shared out over the ranks and give a single pr
     auto alone = make_single_communicator();
     RunConfig ref_cfg = make_config(dir, dir + "/eval_ref_" + std::to_string(r), 1, 0.0f, "none");
     ref_cfg.training.eval_batches = batches;
-    ref_cfg.training.micro_batch_size = make_config(dir, dir, n, 0.0f, "none").training.micro_batch_size;
+    ref_cfg.training.micro_batch_size = micro_batch_size_for(n);
     auto ref = Trainer::create(ref_cfg, *alone);
     REQUIRE(ref.has_value());
     const float want = (*ref)->evaluate();

@@ -11,18 +11,13 @@
 #include "comm/communicator.h"
 #include "config/loader.h"
 #include "parallel/fake_device.h"
+#include "parallel/run_helpers.h"
 #include "testing/temp_dir.h"
 #include "testing/tiny_corpus.h"
 #include "train/trainer.h"
 
 namespace gpt {
 namespace {
-
-struct Result {
-  std::vector<float> losses;
-  float val_loss = 0.0f;
-  std::vector<float> weights;
-};
 
 RunConfig config(const testing::TempDir& dir, const std::string& out, const std::string& strategy,
                  const std::string& dtype, const std::string& resume = "") {
@@ -42,7 +37,7 @@ RunConfig config(const testing::TempDir& dir, const std::string& out, const std:
   return *cfg;
 }
 
-Result train(const RunConfig& cfg, bool device) {
+Result train_on(const RunConfig& cfg, bool device) {
   auto world = make_single_communicator();
   TrainerHooks hooks;
   if (device) {
@@ -52,15 +47,10 @@ Result train(const RunConfig& cfg, bool device) {
       return std::unique_ptr<Communicator>(std::make_unique<testing::FakeDeviceCommunicator>(bootstrap));
     };
   }
-  auto trainer = Trainer::create(cfg, *world, 1, 0, std::move(hooks));
-  INFO(trainer.status().message());
-  REQUIRE(trainer.has_value());
-  auto summary = (*trainer)->run();
-  INFO(summary.status().message());
-  REQUIRE(summary.has_value());
-  REQUIRE(summary->final_val_loss.has_value());
-  CHECK(summary->allocations_after_first_step == 0);
-  return {summary->losses, *summary->final_val_loss, (*trainer)->full_weights()};
+  Result r = run_trainer(cfg, *world, std::move(hooks));
+  REQUIRE(r.val_loss.has_value());
+  CHECK(r.allocations_after_first_step == 0);
+  return r;
 }
 
 TEST_CASE("The Trainer on a device backend touches its memory only through it, and trains as on the CPU",
@@ -68,16 +58,16 @@ TEST_CASE("The Trainer on a device backend touches its memory only through it, a
   for (const char* strategy : {"single", "ddp", "zero1", "zero2", "zero3"}) {
     CAPTURE(strategy);
     testing::TempDir dir;
-    const Result cpu = train(config(dir, "cpu", strategy, "fp32"), false);
-    const Result dev = train(config(dir, "dev", strategy, "fp32"), true);
+    const Result cpu = train_on(config(dir, "cpu", strategy, "fp32"), false);
+    const Result dev = train_on(config(dir, "dev", strategy, "fp32"), true);
     REQUIRE(cpu.losses.size() == 6);
     CHECK(dev.losses == cpu.losses);
     CHECK(dev.val_loss == cpu.val_loss);
     CHECK(dev.weights == cpu.weights);
     // bf16: bf16 compute on the device; resumed from the step-3 checkpoint, the last three steps are the same.
-    const Result whole = train(config(dir, "bf16", strategy, "bf16"), true);
+    const Result whole = train_on(config(dir, "bf16", strategy, "bf16"), true);
     const Result resumed =
-        train(config(dir, "bf16-resumed", strategy, "bf16", dir.file("bf16/checkpoints/step_00000003")), true);
+        train_on(config(dir, "bf16-resumed", strategy, "bf16", dir.file("bf16/checkpoints/step_00000003")), true);
     REQUIRE(resumed.losses.size() == 3);
     CHECK(std::vector<float>(whole.losses.begin() + 3, whole.losses.end()) == resumed.losses);
     CHECK(resumed.weights == whole.weights);
