@@ -1,6 +1,6 @@
 // attention.cu (fp32) and attention_tc.cu (bf16 WMMA) run in the CPU emulator of the CUDA model, against the
 // CPU twin (kernels/cpu/attention.cc) and, for the tensor-core kernel, a double reference of the same bf16
-// math. Shapes are small (the emulator runs one OS thread per CUDA thread) but cover partial tiles (T not a
+// math. Shapes are small (the emulator runs every CUDA thread in turn) but cover partial tiles (T not a
 // multiple of the tile), several heads and batches, and dropout.
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -268,4 +268,5 @@ TEST_CASE("cuda_emu: attention_tc.cu forward and backward match the bf16 referen
   run_tc(2, 1, 32, 65, 0.2f);  // two key tiles, the second one row
   run_tc(1, 2, 64, 17, 0.2f);
   run_tc(1, 1, 64, 70, 0.0f);
+  run_tc(1, 1, 128, 70, 0.1f);  // head size 128: K, V (Q, dO) tiles in shared memory, not in registers
 }

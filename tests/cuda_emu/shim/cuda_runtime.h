@@ -1,15 +1,15 @@
 // CPU emulation of the CUDA execution model, enough for kernels/cuda/*.cu and cuda_backend.cu (README.md):
-// one pooled OS thread per CUDA thread, std::barrier for __syncthreads, a per-warp exchange for shuffles and
-// __syncwarp (all 32 lanes must arrive: divergent or out-of-step lanes abort), static and dynamic shared
+// the threads of a block are fibers on one OS thread (emu_fiber.h), switching only at barriers: an EmuBarrier
+// for __syncthreads, a per-warp exchange for shuffles and __syncwarp (all 32 lanes must arrive: divergent or
+// out-of-step lanes abort; a barrier no live thread can pass aborts as a deadlock), static and dynamic shared
 // memory as exact-size heap buffers pre-filled with NaN (reading unwritten shared memory poisons results;
 // ASan sees out-of-bounds), 3D grids and blocks. Blocks run one after another by default; EMU_CONC=n in the
-// environment runs n blocks at once, so TSan can see races between blocks (manual sanitizer runs only).
-// Everything here is host code; a launch runs inside emulate_launch on the legacy stream and when its stream
-// is needed on a created one (see "Streams" below).
+// environment runs n blocks at once on n OS threads, so TSan can see races between blocks (manual sanitizer
+// runs only). Everything here is host code; a launch runs inside emulate_launch on the legacy stream and when
+// its stream is needed on a created one (see "Streams" below).
 #pragma once
 #include <algorithm>
 #include <array>
-#include <barrier>
 #include <atomic>
 #include <semaphore>
 #include <bit>
@@ -25,8 +25,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
+
+#include "emu_fiber.h"
 #define __global__
 #define __device__
 #define __host__
@@ -51,9 +54,26 @@ inline float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }
 inline thread_local emu_uint3 threadIdx, blockIdx;
 inline thread_local dim3 blockDim, gridDim;
 inline thread_local float* emu_smem;
+// A barrier over `n` CUDA threads of one block (fibers of one OS thread, so no atomics): __syncthreads for the
+// block, and one per warp for the warp collectives. A thread that returns drops out (arrive_and_drop), as on
+// Volta and later. Waiting yields to the block's other threads, saving and restoring this thread's
+// thread_locals (threadIdx, ...) around it: they are the OS thread's, shared by all its fibers.
+class EmuBarrier {
+ public:
+  explicit EmuBarrier(unsigned n) : expected_(n) {}
+  EmuBarrier(const EmuBarrier&) = delete;
+  EmuBarrier& operator=(const EmuBarrier&) = delete;
+  void arrive_and_wait();
+  void arrive_and_drop();
+
+ private:
+  unsigned expected_, arrived_ = 0;
+  uint64_t gen_ = 0;
+  char sync_[2] = {};  // TSan sync objects, one per phase parity (phase g+2 starts only after all left g)
+};
 struct EmuWarp {
-  explicit EmuWarp(std::ptrdiff_t lanes) : bar(lanes) {}  // the last warp of a block may be partial
-  std::barrier<> bar;
+  explicit EmuWarp(unsigned lanes) : bar(lanes) {}  // the last warp of a block may be partial
+  EmuBarrier bar;
   double slot[32];
   uint64_t gen[32] = {};
   float wa[256], wb[256], wc[256];
@@ -63,16 +83,59 @@ struct EmuBlock {
   std::vector<std::unique_ptr<unsigned char[]>> bufs;
   std::vector<size_t> sizes;
 };
-inline thread_local std::barrier<>* emu_block_bar;
+inline thread_local EmuBarrier* emu_block_bar;
 inline thread_local EmuWarp* emu_warp;
 inline thread_local EmuBlock* emu_block;
 inline thread_local unsigned emu_static_idx;
 inline thread_local uint64_t emu_shfl_gen;
 inline thread_local unsigned emu_lane;
+inline void EmuBarrier::arrive_and_wait() {
+  uint64_t gen = 0;
+  {
+    EmuTsanIgnore ignore;
+    gen = gen_;
+  }
+  emu_tsan_release(&sync_[gen & 1]);
+  {
+    EmuTsanIgnore ignore;
+    if (++arrived_ == expected_) {
+      arrived_ = 0;
+      ++gen_;
+      emu_fiber_woke();
+    } else {
+      const emu_uint3 tid = threadIdx, bid = blockIdx;
+      const dim3 bdim = blockDim, gdim = gridDim;
+      float* const smem = emu_smem;
+      EmuBarrier* const bar = emu_block_bar;
+      EmuWarp* const warp = emu_warp;
+      EmuBlock* const block = emu_block;
+      const unsigned static_idx = emu_static_idx, lane = emu_lane;
+      const uint64_t shfl_gen = emu_shfl_gen;
+      emu_fiber_wait(&gen_, gen);
+      threadIdx = tid, blockIdx = bid, blockDim = bdim, gridDim = gdim, emu_smem = smem, emu_block_bar = bar;
+      emu_warp = warp, emu_block = block, emu_static_idx = static_idx, emu_lane = lane, emu_shfl_gen = shfl_gen;
+    }
+  }
+  emu_tsan_acquire(&sync_[gen & 1]);
+}
+inline void EmuBarrier::arrive_and_drop() {
+  EmuTsanIgnore ignore;
+  emu_tsan_release(&sync_[gen_ & 1]);  // not ignored: only accesses are
+  --expected_;
+  if (arrived_ > 0 && arrived_ == expected_) {
+    arrived_ = 0;
+    ++gen_;
+    emu_fiber_woke();
+  }
+}
 inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }
 // Static __shared__ arrays: the k-th declaration a thread executes is the block's k-th buffer.
 inline void* emu_shared_alloc(size_t bytes) {
-  const unsigned k = emu_static_idx++;
+  unsigned k = 0;
+  {
+    EmuTsanIgnore ignore;
+    k = emu_static_idx++;
+  }
   std::lock_guard<std::mutex> g(emu_block->mu);
   if (emu_block->bufs.size() <= k) {
     auto* p = new unsigned char[bytes];
@@ -86,8 +149,13 @@ inline void* emu_shared_alloc(size_t bytes) {
 template <class T>
 T __shfl_xor_sync(unsigned mask, T v, int o) {
   if (mask != 0xffffffffu) { std::fprintf(stderr, "EMU: partial mask\n"); std::abort(); }
-  const unsigned lane = emu_lane;
-  const uint64_t g = ++emu_shfl_gen;
+  unsigned lane = 0;
+  uint64_t g = 0;
+  {
+    EmuTsanIgnore ignore;
+    lane = emu_lane;
+    g = ++emu_shfl_gen;
+  }
   emu_warp->slot[lane] = static_cast<double>(v);
   emu_warp->gen[lane] = g;
   emu_warp->bar.arrive_and_wait();
@@ -98,8 +166,13 @@ T __shfl_xor_sync(unsigned mask, T v, int o) {
 }
 // All 32 lanes must reach the same warp-collective call (same per-lane call count).
 inline void emu_warp_converge(const char* what) {
-  const unsigned lane = emu_lane;
-  const uint64_t g = ++emu_shfl_gen;
+  unsigned lane = 0;
+  uint64_t g = 0;
+  {
+    EmuTsanIgnore ignore;
+    lane = emu_lane;
+    g = ++emu_shfl_gen;
+  }
   emu_warp->gen[lane] = g;
   emu_warp->bar.arrive_and_wait();
   for (int i = 0; i < 32; ++i)
@@ -379,9 +452,9 @@ int cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute, int bytes) {
 }
 inline long emu_launches = 0, emu_threads_total = 0;
 
-// The OS threads that play CUDA threads, kept between launches (creating one per CUDA thread cost most of a
-// launch). run(n, fn) calls fn(0..n-1) on n distinct threads at once, so a block's threads can meet at its
-// barriers, and returns when all have returned. Called from one thread at a time (launches are synchronous).
+// The OS threads that run blocks side by side under EMU_CONC, kept between launches. run(n, fn) calls
+// fn(0..n-1) on n distinct threads at once and returns when all have returned. Called from one thread at a
+// time (kernels run one at a time).
 class EmuThreadPool {
  public:
   static EmuThreadPool& instance() {
@@ -457,7 +530,7 @@ void emu_run_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A.
   struct BlockState {
     struct FreeDel { void operator()(float* p) const { std::free(p); } };
     std::unique_ptr<float[], FreeDel> sm;
-    std::unique_ptr<std::barrier<>> bar;
+    std::unique_ptr<EmuBarrier> bar;
     std::vector<std::unique_ptr<EmuWarp>> warps;
     EmuBlock blk;
   };
@@ -470,14 +543,13 @@ void emu_run_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A.
       const size_t smem_alloc = smem == 0 ? 128 : (smem + 127) / 128 * 128;  // exact when smem is a multiple of 128
       st->sm.reset(static_cast<float*>(std::aligned_alloc(128, smem_alloc)));
       for (size_t i = 0; i < smem_alloc / sizeof(float); ++i) { const uint32_t pat = 0x7fc07fc0u; std::memcpy(&st->sm[i], &pat, 4); }
-      st->bar = std::make_unique<std::barrier<>>(nthr);
+      st->bar = std::make_unique<EmuBarrier>(nthr);
       for (unsigned w = 0; w < (nthr + 31) / 32; ++w) st->warps.push_back(std::make_unique<EmuWarp>(std::min(32u, nthr - w * 32)));
       states.push_back(std::move(st));
     }
-    auto one = [&](unsigned i) {
-      const uint64_t b = b0 + i / nthr;
-      const unsigned t = i % nthr;
+    auto one = [&](uint64_t b, unsigned t) {  // CUDA thread t of block b, on a fiber
       BlockState* st = states[b - b0].get();
+      std::optional<EmuTsanIgnore> ignore(std::in_place);
       const unsigned bx = b % grid.x, by = (b / grid.x) % grid.y, bz = b / ((uint64_t)grid.x * grid.y);
       threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
       blockIdx = {bx, by, bz};
@@ -490,12 +562,26 @@ void emu_run_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A.
       emu_static_idx = 0;
       emu_shfl_gen = 0;
       emu_lane = t % 32;
+      ignore.reset();
       kernel(static_cast<P>(args)...);
       emu_warp->bar.arrive_and_drop();
       emu_block_bar->arrive_and_drop();
     };
+    struct BlockTask {
+      decltype(one)* fn;
+      uint64_t b;
+    };
+    auto run_block = [&](uint64_t b) {  // all of block b's threads, as fibers of the calling OS thread
+      BlockTask task{&one, b};
+      emu_fiber_run(nthr, [](void* p, unsigned t) { auto* bt = static_cast<BlockTask*>(p); (*bt->fn)(bt->b, t); }, &task);
+    };
+    if (b1 - b0 == 1) {
+      run_block(b0);
+    } else {
+      auto on_pool_thread = [&](unsigned j) { run_block(b0 + j); };
+      EmuThreadPool::instance().run(static_cast<unsigned>(b1 - b0), on_pool_thread);
+    }
     const unsigned total = static_cast<unsigned>((b1 - b0) * nthr);
-    EmuThreadPool::instance().run(total, one);
     emu_threads_total += total;
   }
 }

@@ -1,0 +1,121 @@
+// The emulator itself (shim/cuda_runtime.h, fiber.cc): a block's threads meet at its barriers with their own
+// threadIdx, a missing __syncthreads shows (in both scheduling orders), and a barrier that no thread can pass
+// or a shuffle with lanes missing aborts with a message instead of hanging. The kernel tests rely on all of it.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cuda_runtime.h"
+
+namespace {
+
+// Each thread writes its linear index into shared memory, meets the others, and reads its mirror thread's value;
+// then records its own threadIdx and blockIdx, read after a second barrier (they must survive the switches).
+void mirror_kernel(int* mirror, int* index) {
+  const unsigned n = blockDim.x * blockDim.y * blockDim.z;
+  const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  int* s = reinterpret_cast<int*>(emu_smem);
+  s[t] = static_cast<int>(t + 1000 * blockIdx.x);
+  __syncthreads();
+  const int m = s[n - 1 - t];
+  __syncthreads();
+  const unsigned b = blockIdx.x + gridDim.x * blockIdx.y;
+  mirror[b * n + t] = m;
+  index[b * n + t] = static_cast<int>(threadIdx.x + 100 * threadIdx.y + 10000 * threadIdx.z + 1000000 * b);
+}
+
+// Without the barrier it needs: reads the next thread's slot of shared memory, which may not be written yet.
+void racy_kernel(float* out) {
+  const unsigned t = threadIdx.x;
+  emu_smem[t] = static_cast<float>(t);
+  out[blockIdx.x * blockDim.x + t] = emu_smem[(t + 1) % blockDim.x];
+}
+
+// Half of a warp at a warp barrier, the other half at the block's: no thread can go on.
+void deadlock_kernel() {
+  if (threadIdx.x < 16)
+    __syncwarp();
+  else
+    __syncthreads();
+}
+
+void divergent_shuffle_kernel(float* out) {
+  if (threadIdx.x < 16) out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 16);
+}
+
+// Runs f in a child process; returns its stderr, and whether it died of SIGABRT.
+template <class F>
+std::pair<std::string, bool> run_aborting(F f) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {  // the child: no Catch signal handler (it would report the abort as a failed test)
+    close(fds[0]);
+    dup2(fds[1], 2);
+    std::signal(SIGABRT, SIG_DFL);
+    f();
+    _exit(0);  // did not abort
+  }
+  close(fds[1]);
+  std::string err;
+  char buf[256];
+  for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, static_cast<size_t>(r));
+  close(fds[0]);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  return {err, WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT};
+}
+
+}  // namespace
+
+TEST_CASE("cuda_emu: a block's threads meet at __syncthreads, each keeping its own threadIdx", "[cuda_emu][emulator]") {
+  for (const dim3 block : {dim3(1024), dim3(8, 4, 3), dim3(33)}) {
+    const unsigned n = block.x * block.y * block.z;
+    const dim3 grid(3, 2);
+    std::vector<int> mirror(6 * n, -1), index(6 * n, -1);
+    emulate_launch(mirror_kernel, grid, block, n * sizeof(int), nullptr, mirror.data(), index.data());
+    for (unsigned b = 0; b < 6; ++b)
+      for (unsigned t = 0; t < n; ++t) {
+        CAPTURE(block.x, block.y, block.z, b, t);
+        REQUIRE(mirror[b * n + t] == static_cast<int>(n - 1 - t + 1000 * (b % 3)));
+        const unsigned x = t % block.x, y = (t / block.x) % block.y, z = t / (block.x * block.y);
+        REQUIRE(index[b * n + t] == static_cast<int>(x + 100 * y + 10000 * z + 1000000 * b));
+      }
+  }
+}
+
+TEST_CASE("cuda_emu: a missing __syncthreads reads unwritten shared memory, whichever way round",
+          "[cuda_emu][emulator][race]") {
+  // Blocks alternate between running their threads first to last and last to first, each until it waits: in
+  // one order every thread but the last reads a slot not yet written (NaN-filled), in the other only the last
+  // (thread 0's slot). A hazard shows from whichever side it is.
+  const unsigned n = 64;
+  std::vector<float> out(2 * n, 0.0f);
+  emulate_launch(racy_kernel, dim3(2), dim3(n), n * sizeof(float), nullptr, out.data());
+  std::vector<int> nan(2, 0);
+  for (unsigned b = 0; b < 2; ++b)
+    for (unsigned t = 0; t < n; ++t) nan[b] += std::isnan(out[b * n + t]);
+  std::sort(nan.begin(), nan.end());
+  CHECK(nan == std::vector<int>{1, n - 1});
+}
+
+TEST_CASE("cuda_emu: a barrier no thread can pass, or a shuffle with lanes missing, aborts", "[cuda_emu][emulator]") {
+  const auto [deadlock, deadlock_aborted] =
+      run_aborting([] { emulate_launch(deadlock_kernel, dim3(1), dim3(32), 0, nullptr); });
+  CHECK(deadlock_aborted);
+  CHECK(deadlock.find("EMU: deadlock") != std::string::npos);
+  float out[16];
+  const auto [shuffle, shuffle_aborted] =
+      run_aborting([&out] { emulate_launch(divergent_shuffle_kernel, dim3(1), dim3(32), 0, nullptr, out); });
+  CHECK(shuffle_aborted);
+  CHECK(shuffle.find("EMU: shuffle from an inactive/out-of-step lane") != std::string::npos);
+}
