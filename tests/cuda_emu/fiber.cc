@@ -2,6 +2,7 @@
 // with a pool of fibers, grown to the largest block it has run and kept (like the worker threads they
 // replace). A fiber's stack is an mmap with a guard page below it, so an overflow faults instead of
 // corrupting a neighbour. A fiber never exits: it loops, running one task per launch.
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -60,9 +61,12 @@ emu_ctx_switch:
   .hidden emu_ctx_start
   .type emu_ctx_start, @function
 emu_ctx_start:
+  .cfi_startproc
+  .cfi_undefined rip
   movq %r12, %rdi
   callq *%r13
   ud2
+  .cfi_endproc
   .size emu_ctx_start, .-emu_ctx_start
 )");
 extern "C" void emu_ctx_switch(void** save, void* next);
@@ -215,14 +219,36 @@ void fiber_main(Fiber* f) {
   }
 }
 
+// At thread exit (pthread key destructor: after the thread's C++ thread_local destructors, so no kernel runs
+// on it afterwards). No fiber is inside a task then.
+void free_scheduler(void* p) {
+  auto* s = static_cast<Scheduler*>(p);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  for (auto& f : s->fibers) {
+#if defined(EMU_TSAN)
+    __tsan_destroy_fiber(f->tsan);
+#endif
+    munmap(f->stack - page, kStackBytes + page);
+  }
+  delete s;
+  t_sched = nullptr;
+}
+
 }  // namespace
 
-void emu_fiber_run(unsigned n, void (*task)(void*, unsigned), void* arg) {
+void emu_fiber_run(unsigned n, bool reverse, void (*task)(void*, unsigned), void* arg) {
   if (t_sched == nullptr) {
-    t_sched = new Scheduler;  // one per OS thread, kept (its fibers hold no resources but memory)
+    t_sched = new Scheduler();  // value-initialised (the ucontext_t too)
 #if defined(EMU_TSAN)
     t_sched->tsan = __tsan_get_current_fiber();
 #endif
+    // Freed when the thread exits (stream threads that ran kernels come and go; the main thread's stays).
+    static pthread_key_t key = [] {
+      pthread_key_t k;
+      if (pthread_key_create(&k, &free_scheduler) != 0) fail("pthread_key_create");
+      return k;
+    }();
+    if (pthread_setspecific(key, t_sched) != 0) fail("pthread_setspecific");
   }
   Scheduler* s = t_sched;
   if (s->current != nullptr) fail("emu_fiber_run called from inside a fiber");
@@ -235,7 +261,6 @@ void emu_fiber_run(unsigned n, void (*task)(void*, unsigned), void* arg) {
   }
   s->task = task;
   s->arg = arg;
-  s->reverse = !s->reverse;
   emu_tsan_release(&s->tsan_start);
   for (unsigned i = 0; i < n; ++i) {
     s->fibers[i]->done = false;
@@ -245,7 +270,7 @@ void emu_fiber_run(unsigned n, void (*task)(void*, unsigned), void* arg) {
   while (live > 0) {
     Fiber* f = nullptr;
     for (; cursor < n; ++cursor) {
-      Fiber* c = s->fibers[s->reverse ? n - 1 - cursor : cursor].get();
+      Fiber* c = s->fibers[reverse ? n - 1 - cursor : cursor].get();
       if (!c->done && (c->wait == nullptr || *c->wait != c->seen)) {
         f = c;
         break;

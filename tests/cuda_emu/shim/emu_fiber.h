@@ -13,10 +13,11 @@
 // scheduler always resumes the first fiber, in its order, that can run (has not returned, is not waiting), so
 // one warp runs ahead of the others up to the block's next __syncthreads, and one lane ahead of its warp up to
 // the next warp collective: a missing barrier lets it read what others have not written yet (NaN), or
-// overwrite what they have not read. The order alternates between forward and backward from one call (block)
-// to the next, so both directions of every such hazard are tried. Aborts when fibers are left and none can
-// run (a barrier in divergent code: a deadlock on a GPU). Not reentrant: a task must not call it.
-void emu_fiber_run(unsigned n, void (*task)(void* arg, unsigned i), void* arg);
+// overwrite what they have not read. The order is first to last, or last to first if `reverse` (the launch
+// alternates it from block to block, so both directions of every such hazard are tried). Aborts when fibers
+// are left and none can run (a barrier in divergent code: a deadlock on a GPU). Not reentrant: a task must
+// not call it.
+void emu_fiber_run(unsigned n, bool reverse, void (*task)(void* arg, unsigned i), void* arg);
 // Inside a task: suspends the calling fiber until *gen != seen (the other fibers run meanwhile).
 void emu_fiber_wait(const uint64_t* gen, uint64_t seen);
 // Inside a task: a barrier completed, so fibers waiting on it can run (the scheduler looks again from its first).
