@@ -1,10 +1,11 @@
 // The NCCL shim (shim/nccl.h) over gpt's MPI Communicator: a communicator is a split of the emulator's world
 // by the ncclUniqueId its ranks share, and each collective is that MPI group's collective, run (and waited
 // for) when its stream gets to it, as the runtime shim runs a created stream's work: so a collective whose
-// stream does not wait for the kernels that write its buffers reads them unwritten. The arguments are checked as the real NCCL needs them, each violation printed and returned as
-// ncclInvalidArgument (which NcclCommunicator turns into an abort naming the call): buffers must be device
-// memory (whole ranges of cudaMalloc allocations), send and receive may overlap only in NCCL's in-place forms,
-// the root must be a rank, the communicator must be live (not destroyed or aborted).
+// stream does not wait for the kernels that write its buffers reads them unwritten. The arguments are checked
+// as the real NCCL needs them, each violation printed and returned as ncclInvalidArgument (which
+// NcclCommunicator turns into an abort naming the call): buffers must be device memory (whole ranges of
+// cudaMalloc allocations), send and receive may overlap only in NCCL's in-place forms, the root must be a
+// rank, the communicator must be live (not destroyed or aborted).
 //
 // Limitation: ncclCommInitRank splits the whole world, so every rank of the job must initialise a
 // communicator at the same time (each its own). gpt-train does: the world, and splits every rank makes.

@@ -25,7 +25,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <vector>
 
@@ -67,6 +66,15 @@ class EmuBarrier {
   void arrive_and_drop();
 
  private:
+  uint64_t phase() const {
+    EmuTsanIgnore ignore;
+    return gen_;
+  }
+  void complete() {  // REQUIRES: TSan ignoring (the counters are the emulator's)
+    arrived_ = 0;
+    ++gen_;
+    emu_fiber_woke();
+  }
   unsigned expected_, arrived_ = 0;
   uint64_t gen_ = 0;
   char sync_[2] = {};  // TSan sync objects, one per phase parity (phase g+2 starts only after all left g)
@@ -88,44 +96,51 @@ inline thread_local EmuBlock* emu_block;
 inline thread_local unsigned emu_static_idx;
 inline thread_local uint64_t emu_shfl_gen;
 inline thread_local unsigned emu_lane;
-inline void EmuBarrier::arrive_and_wait() {
-  uint64_t gen = 0;
-  {
-    EmuTsanIgnore ignore;
-    gen = gen_;
+// What a CUDA thread keeps in the OS thread's thread_locals: set at its start, saved and restored around a wait.
+struct EmuThreadRegs {
+  emu_uint3 thread_idx, block_idx;
+  dim3 block_dim, grid_dim;
+  float* smem;
+  EmuBarrier* block_bar;
+  EmuWarp* warp;
+  EmuBlock* block;
+  unsigned static_idx, lane;
+  uint64_t shfl_gen;
+  static EmuThreadRegs save() {
+    return {threadIdx, blockIdx, blockDim, gridDim, emu_smem, emu_block_bar, emu_warp, emu_block, emu_static_idx,
+            emu_lane, emu_shfl_gen};
   }
+  void restore() const {  // REQUIRES: TSan ignoring (every fiber of the OS thread writes them)
+    threadIdx = thread_idx, blockIdx = block_idx, blockDim = block_dim, gridDim = grid_dim, emu_smem = smem;
+    emu_block_bar = block_bar, emu_warp = warp, emu_block = block, emu_static_idx = static_idx, emu_lane = lane;
+    emu_shfl_gen = shfl_gen;
+  }
+};
+inline void EmuBarrier::arrive_and_wait() {
+  const uint64_t gen = phase();
   emu_tsan_release(&sync_[gen & 1]);
   {
     EmuTsanIgnore ignore;
     if (++arrived_ == expected_) {
-      arrived_ = 0;
-      ++gen_;
-      emu_fiber_woke();
+      complete();
     } else {
-      const emu_uint3 tid = threadIdx, bid = blockIdx;
-      const dim3 bdim = blockDim, gdim = gridDim;
-      float* const smem = emu_smem;
-      EmuBarrier* const bar = emu_block_bar;
-      EmuWarp* const warp = emu_warp;
-      EmuBlock* const block = emu_block;
-      const unsigned static_idx = emu_static_idx, lane = emu_lane;
-      const uint64_t shfl_gen = emu_shfl_gen;
+      const EmuThreadRegs regs = EmuThreadRegs::save();
       emu_fiber_wait(&gen_, gen);
-      threadIdx = tid, blockIdx = bid, blockDim = bdim, gridDim = gdim, emu_smem = smem, emu_block_bar = bar;
-      emu_warp = warp, emu_block = block, emu_static_idx = static_idx, emu_lane = lane, emu_shfl_gen = shfl_gen;
+      regs.restore();
     }
   }
   emu_tsan_acquire(&sync_[gen & 1]);
 }
 inline void EmuBarrier::arrive_and_drop() {
+  emu_tsan_release(&sync_[phase() & 1]);
   EmuTsanIgnore ignore;
-  emu_tsan_release(&sync_[gen_ & 1]);  // not ignored: only accesses are
   --expected_;
-  if (arrived_ > 0 && arrived_ == expected_) {
-    arrived_ = 0;
-    ++gen_;
-    emu_fiber_woke();
-  }
+  if (arrived_ > 0 && arrived_ == expected_) complete();
+}
+// The calling lane's next warp-collective call number (all lanes of a warp must be at the same one).
+inline uint64_t emu_next_warp_call() {
+  EmuTsanIgnore ignore;
+  return ++emu_shfl_gen;
 }
 inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }
 // Static __shared__ arrays: the k-th declaration a thread executes is the block's k-th buffer.
@@ -144,13 +159,8 @@ inline void* emu_shared_alloc(size_t bytes) {  // a block's threads are fibers o
 template <class T>
 T __shfl_xor_sync(unsigned mask, T v, int o) {
   if (mask != 0xffffffffu) { std::fprintf(stderr, "EMU: partial mask\n"); std::abort(); }
-  unsigned lane = 0;
-  uint64_t g = 0;
-  {
-    EmuTsanIgnore ignore;
-    lane = emu_lane;
-    g = ++emu_shfl_gen;
-  }
+  const unsigned lane = emu_lane;
+  const uint64_t g = emu_next_warp_call();
   emu_warp->slot[lane] = static_cast<double>(v);
   emu_warp->gen[lane] = g;
   emu_warp->bar.arrive_and_wait();
@@ -161,13 +171,8 @@ T __shfl_xor_sync(unsigned mask, T v, int o) {
 }
 // All 32 lanes must reach the same warp-collective call (same per-lane call count).
 inline void emu_warp_converge(const char* what) {
-  unsigned lane = 0;
-  uint64_t g = 0;
-  {
-    EmuTsanIgnore ignore;
-    lane = emu_lane;
-    g = ++emu_shfl_gen;
-  }
+  const unsigned lane = emu_lane;
+  const uint64_t g = emu_next_warp_call();
   emu_warp->gen[lane] = g;
   emu_warp->bar.arrive_and_wait();
   for (int i = 0; i < 32; ++i)
@@ -544,20 +549,13 @@ void emu_run_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A.
     }
     auto one = [&](uint64_t b, unsigned t) {  // CUDA thread t of block b, on a fiber
       BlockState* st = states[b - b0].get();
-      std::optional<EmuTsanIgnore> ignore(std::in_place);
       const unsigned bx = b % grid.x, by = (b / grid.x) % grid.y, bz = b / ((uint64_t)grid.x * grid.y);
-      threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-      blockIdx = {bx, by, bz};
-      blockDim = block;
-      gridDim = grid;
-      emu_smem = st->sm.get();
-      emu_block_bar = st->bar.get();
-      emu_warp = st->warps[t / 32].get();
-      emu_block = &st->blk;
-      emu_static_idx = 0;
-      emu_shfl_gen = 0;
-      emu_lane = t % 32;
-      ignore.reset();
+      {
+        EmuTsanIgnore ignore;
+        EmuThreadRegs{{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)}, {bx, by, bz}, block, grid,
+                      st->sm.get(), st->bar.get(), st->warps[t / 32].get(), &st->blk, 0, t % 32, 0}
+            .restore();
+      }
       kernel(static_cast<P>(args)...);
       emu_warp->bar.arrive_and_drop();
       emu_block_bar->arrive_and_drop();
