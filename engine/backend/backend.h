@@ -96,6 +96,11 @@ struct BasicTensorPtr {
 using TensorPtr = BasicTensorPtr<void>;
 using ConstTensorPtr = BasicTensorPtr<const void>;
 
+// run.gelu_fusion: the MLP's GELU as its own kernels (kNone), fused into the fc GEMM's epilogue (kForward),
+// and also its backward into the projection GEMM's input-gradient epilogue (kFull).
+enum class GeluFusion { kNone, kForward, kFull };
+Expected<GeluFusion> parse_gelu_fusion(std::string_view name);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -143,6 +148,16 @@ class Backend {
   virtual void set_compute_dtype(DType type) = 0;
   virtual DType compute_dtype() const = 0;
 
+  // Whether matmul_gelu_forward and matmul_backward_gelu run as one GEMM each (run.gelu_fusion). An error where
+  // the backend cannot fuse: the CPU backend, or the CUDA backend outside bf16 compute (set the compute dtype
+  // first). kNone always succeeds.
+  virtual Status set_gelu_fusion(GeluFusion fusion) {
+    if (fusion == GeluFusion::kNone) return Status::ok();
+    return Status::failed_precondition(std::string("backend '") + std::string(name()) +
+                                       "' cannot fuse the GELU into its GEMMs (run.gelu_fusion needs run.device cuda "
+                                       "and parallel.param_dtype bf16)");
+  }
+
   // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias may be null. inp and weight f32, or either bf16 under
   // bf16 compute (taken as it is; an fp32 operand is rounded to bf16 first).
   // out f32, or bf16 under bf16 compute: the fp32 product plus the bias rounded to bf16 (the bias epilogue of a
@@ -187,6 +202,29 @@ class Backend {
                                  const DropoutMask& drop) = 0;
   virtual void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out,
                                   const float* att, int B, int T, int C, int NH, const DropoutMask& drop) = 0;
+
+  // The MLP's fc GEMM and its GELU: pre(N,OC) = matmul_forward(inp, weight, bias), the GELU's input (kept for
+  // backward), and out = GELU(pre); pre and out as matmul_forward's and gelu_forward's outputs. Unfused (the
+  // default, and GeluFusion::kNone): those two ops, bit for bit. Fused (the CUDA backend under kForward/kFull:
+  // cuBLASLt's GELU_AUX_BIAS epilogue): pre as matmul_forward's; out is GELU of the fp32 sum before its rounding
+  // to pre's bf16, computed by cuBLASLt, so within a bf16 place of the unfused out.
+  virtual void matmul_gelu_forward(TensorPtr pre, TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight,
+                                   ConstTensorPtr bias, int64_t N, int C, int OC) {
+    matmul_forward(pre, inp, weight, bias, N, C, OC);
+    gelu_forward(out, pre, N * OC);
+  }
+  // The GEMM after the GELU, backward through both: dpre(N,C) = gelu_backward of dinp = dout @ weight at `pre`
+  // (the GELU's input), dweight and dbias as matmul_backward's (inp is the GELU's output). Unfused (the default,
+  // and kNone/kForward): matmul_backward into dinp (fp32 (N,C) scratch), then gelu_backward(dpre, pre, dinp),
+  // bit for bit; dpre may alias dinp. Fused (the CUDA backend under kFull: cuBLASLt's DGELU epilogue on the dinp
+  // GEMM): dpre bf16, written by the GEMM from its fp32 sum (dinp is not written), so within a bf16 place of
+  // the unfused dpre.
+  virtual void matmul_backward_gelu(TensorPtr dpre, float* dinp, float* dweight, float* dbias, ConstTensorPtr dout,
+                                    ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr pre, int64_t N, int C,
+                                    int OC) {
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+    gelu_backward(dpre, pre, dinp, N * C);
+  }
 
   // GELU, tanh approximation. out f32, or bf16 (rounded as layernorm_forward's).
   // inp f32, or bf16 (the MLP's fc output under bf16 compute), read as fp32. dinp f32 (may alias dout), or bf16

@@ -9,6 +9,13 @@
 
 namespace gpt {
 
+Expected<GeluFusion> parse_gelu_fusion(std::string_view name) {
+  if (name == "none") return GeluFusion::kNone;
+  if (name == "forward") return GeluFusion::kForward;
+  if (name == "full") return GeluFusion::kFull;
+  return Status::invalid_argument("expected one of none|forward|full, got '" + std::string(name) + "'");
+}
+
 Expected<std::unique_ptr<Backend>> make_backend(std::string_view device, int local_rank, int local_size) {
   if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
   if (device == "cuda") {

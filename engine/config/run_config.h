@@ -15,6 +15,7 @@ struct RunSection {
   uint64_t seed = 1337;              // seeds init, dropout and data order
   int threads = 0;                   // CPU threads for kernels; 0 = all cores
   std::string device = "cpu";        // cpu, or cuda (one GPU per rank, chosen by the rank's index on its node)
+  std::string gelu_fusion = "none";  // none | forward | full: the MLP's GELU in the GEMM epilogues (cuda, bf16)
 };
 
 struct ModelSection {

@@ -115,6 +115,10 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(run, threads), at_least(0), "CPU threads for kernels; 0 = all cores"},
       {GPT_KEY(run, device), one_of("cpu|cuda"),
        "where the model computes: cpu, or cuda (one GPU per rank, chosen by the rank's index on its node)"},
+      {GPT_KEY(run, gelu_fusion), one_of("none|forward|full"),
+       "cuda with parallel.param_dtype bf16: the MLP's GELU computed in cuBLASLt's GEMM epilogues instead of its own "
+       "kernels: forward (the fc GEMM writes the GELU's input and output), full (also its backward, in the "
+       "projection GEMM's input gradient); within a bf16 rounding of none, not bit for bit"},
 
       {GPT_KEY(model, n_layer), at_least(1), "transformer blocks"},
       {GPT_KEY(model, n_head), at_least(1), "attention heads per block; must divide n_embd"},

@@ -55,6 +55,13 @@ Status cross_key_rules(const RunConfig& cfg, const std::string& source) {
                 "parallel.stochastic_rounding: rounds bf16 parameters; it needs parallel.param_dtype: bf16, got " +
                     cfg.parallel.param_dtype);
   }
+  if (cfg.run.gelu_fusion != "none" && (cfg.run.device != "cuda" || cfg.parallel.param_dtype != "bf16")) {
+    return fail({"run.gelu_fusion", "run.device", "parallel.param_dtype"},
+                "run.gelu_fusion: " + cfg.run.gelu_fusion +
+                    " fuses the GELU into bf16 cuBLASLt GEMMs; it needs run.device: cuda and parallel.param_dtype: "
+                    "bf16, got run.device: " +
+                    cfg.run.device + ", parallel.param_dtype: " + cfg.parallel.param_dtype);
+  }
   if (t.decay_steps != 0 && t.decay_steps < t.warmup_steps) {
     return fail({"training.decay_steps", "training.warmup_steps"},
                 "training.decay_steps: must be 0 or >= training.warmup_steps (" + std::to_string(t.warmup_steps) +

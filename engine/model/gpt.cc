@@ -210,8 +210,7 @@ void Gpt::block_forward(int l, const BlockParams& p, const float* x_in, bool rec
   be_.matmul_forward(acts_->proj_out, a.atty, p.projw, p.projb, N, C, C);
   be_.residual_layernorm_forward(a.res_mid, a.ln2, a.ln2_mean, a.ln2_rstd, x_in, acts_->proj_out, p.ln2w, p.ln2b, N, C,
                                  dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C));
-  be_.matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C, 4 * C);
-  be_.gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
+  be_.matmul_gelu_forward(a.fch, a.fch_gelu, a.ln2, p.fcw, p.fcb, N, C, 4 * C);
   if (recompute) return;  // the block's output is kept
   be_.matmul_forward(acts_->proj_out, a.fch_gelu, p.fcprojw, p.fcprojb, N, 4 * C, C);
 }
@@ -362,8 +361,8 @@ void Gpt::block_backward(int l, const BlockParams& p, const BlockGrads& g, const
   }
   float* dres = acts_->dres;
   const ConstTensorPtr dmlp = projection_dout(dres, dropout(kSiteMlpResid, l, ctx, static_cast<uint64_t>(T_) * C), ctx);
-  be_.matmul_backward(acts_->d4, g.fcprojw, g.fcprojb, dmlp, a.fch_gelu, p.fcprojw, N, 4 * C, C);
-  be_.gelu_backward(acts_->d4_lo, a.fch, acts_->d4, N * 4 * C);
+  be_.matmul_backward_gelu(acts_->d4_lo, acts_->d4, g.fcprojw, g.fcprojb, dmlp, a.fch_gelu, p.fcprojw, a.fch, N, 4 * C,
+                           C);
   be_.matmul_backward(acts_->dln, g.fcw, g.fcb, acts_->d4_lo, a.ln2, p.fcw, N, C, 4 * C);
   be_.layernorm_backward(dres, g.ln2w, g.ln2b, acts_->dln, a.res_mid, p.ln2w, a.ln2_mean, a.ln2_rstd, N, C,
                          residual_grad_lo(ctx));

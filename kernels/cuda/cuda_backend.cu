@@ -175,6 +175,15 @@ void CudaBackend::set_compute_dtype(DType type) {
   compute_dtype_ = type;
 }
 
+Status CudaBackend::set_gelu_fusion(GeluFusion fusion) {
+  if (fusion != GeluFusion::kNone && compute_dtype_ != DType::kBF16) {
+    return Status::failed_precondition(
+        "backend 'cuda': the GELU epilogues are bf16 GEMMs; run.gelu_fusion needs parallel.param_dtype bf16");
+  }
+  gelu_fusion_ = fusion;
+  return Status::ok();
+}
+
 void* CudaBackend::scratch(size_t bytes) {
   if (scratch_.bytes() < bytes) {
     GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old area may still be in use by queued kernels
@@ -263,6 +272,40 @@ void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, Con
   const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
   const bf16* d = gemm_input(2, dout, N * OC);
   matmul_->backward(dinp, dweight, dbias, d, a, w, DType::kBF16, N, C, OC, s);  // dbias sums the bf16 d
+}
+bool CudaBackend::gelu_fused(GeluFusion level, int64_t rows, std::initializer_list<ConstTensorPtr> gelu_tensors) const {
+  if (static_cast<int>(gelu_fusion_) < static_cast<int>(level) || compute_dtype_ != DType::kBF16) return false;
+  if (!cuda::Matmul::gelu_fusable(rows)) return false;
+  for (const ConstTensorPtr& t : gelu_tensors) {
+    if (!t.is_bf16() || reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
+  }
+  return true;
+}
+void CudaBackend::matmul_gelu_forward(TensorPtr pre, TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight,
+                                      ConstTensorPtr bias, int64_t N, int C, int OC) {
+  if (!gelu_fused(GeluFusion::kForward, OC, {pre, out})) {
+    Backend::matmul_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
+    return;
+  }
+  const OpTimer timed = time_op("matmul_gelu_forward");
+  const bf16* a = gemm_input(0, inp, N * C);
+  const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
+  const auto* b = static_cast<const bf16*>(gemm_bias(bias, DType::kBF16, OC));
+  matmul_->forward_gelu(out.as_bf16(), pre.as_bf16(), a, w, b, N, C, OC);
+}
+void CudaBackend::matmul_backward_gelu(TensorPtr dpre, float* dinp, float* dweight, float* dbias, ConstTensorPtr dout,
+                                       ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr pre, int64_t N, int C,
+                                       int OC) {
+  if (!gelu_fused(GeluFusion::kFull, C, {dpre, pre})) {
+    Backend::matmul_backward_gelu(dpre, dinp, dweight, dbias, dout, inp, weight, pre, N, C, OC);
+    return;
+  }
+  const OpTimer timed = time_op("matmul_backward_gelu");
+  void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
+  const bf16* a = gemm_input(0, inp, N * C);
+  const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
+  const bf16* d = gemm_input(2, dout, N * OC);
+  matmul_->backward_dgelu(dpre.as_bf16(), pre.as_bf16(), dweight, dbias, d, a, w, N, C, OC, s);
 }
 void CudaBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                                     ConstTensorPtr bias, int64_t N, int C) {

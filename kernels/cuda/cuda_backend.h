@@ -44,6 +44,7 @@ class CudaBackend final : public Backend {
   void* native_stream() const override { return stream_; }
   void set_compute_dtype(DType type) override;
   DType compute_dtype() const override { return compute_dtype_; }
+  Status set_gelu_fusion(GeluFusion fusion) override;
 
   void embedding_forward(float* out, const int32_t* tokens, ConstTensorPtr wte, ConstTensorPtr wpe, int B, int T,
                          int C) override;
@@ -68,6 +69,11 @@ class CudaBackend final : public Backend {
                          const DropoutMask& drop) override;
   void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
                           int B, int T, int C, int NH, const DropoutMask& drop) override;
+  void matmul_gelu_forward(TensorPtr pre, TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias,
+                           int64_t N, int C, int OC) override;
+  void matmul_backward_gelu(TensorPtr dpre, float* dinp, float* dweight, float* dbias, ConstTensorPtr dout,
+                            ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr pre, int64_t N, int C,
+                            int OC) override;
   void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override;
   void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N) override;
   void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override;
@@ -115,6 +121,9 @@ class CudaBackend final : public Backend {
   // A GEMM's bias as Matmul takes it for an output of `out_type` (null for none); may use cast area 3.
   const void* gemm_bias(ConstTensorPtr bias, DType out_type, int OC);
   bool tensor_core_attention(int C, int NH, std::initializer_list<const void*> tensors) const;
+  // Whether a GELU epilogue takes these: at least `level` fusion asked for, bf16 compute, the GELU's input and
+  // output bf16 and 16-byte aligned, `rows` (the GELU's width) a multiple of 8.
+  bool gelu_fused(GeluFusion level, int64_t rows, std::initializer_list<ConstTensorPtr> gelu_tensors) const;
 
   int device_;
   cudaStream_t stream_ = nullptr;
@@ -129,6 +138,7 @@ class CudaBackend final : public Backend {
   };
   std::deque<SpanTableEntry> span_tables_;  // one per distinct list of spans (stable references)
   DType compute_dtype_ = DType::kF32;
+  GeluFusion gelu_fusion_ = GeluFusion::kNone;
   Buffer result_;                  // one double on the device for sum_squares
   double* result_host_ = nullptr;  // pinned
   bool profile_ = false;

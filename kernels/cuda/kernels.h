@@ -118,10 +118,25 @@ class Matmul {
   // dout, inp and weight are the GEMM inputs of `type`; dbias sums dout's values (bf16 ones in fp32).
   void backward(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
                 DType type, int64_t N, int C, int OC, void* scratch);
+  // Whether the GELU epilogues take these operands: bf16, rows (OC forward, C backward) a multiple of 8 (cuBLASLt's
+  // rule for the GELU input's leading dimension).
+  static bool gelu_fusable(int64_t rows) { return rows % 8 == 0; }
+  // forward with cuBLASLt's GELU_AUX(_BIAS) epilogue, all bf16: pre = inp weight^T + bias (the bias bf16 and
+  // 16-byte aligned, or null), out = GELU(pre) (tanh form) of the fp32 sum. REQUIRES: gelu_fusable(OC).
+  void forward_gelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight, const bf16* bias, int64_t N, int C,
+                    int OC);
+  // backward with cuBLASLt's DGELU epilogue on the input gradient: dpre = GELU'(pre) * (dout weight), bf16 from
+  // the fp32 sum; dweight and dbias as backward's. All bf16. REQUIRES: gelu_fusable(C).
+  void backward_dgelu(bf16* dpre, const bf16* pre, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                      const bf16* weight, int64_t N, int C, int OC, void* scratch);
 
  private:
+  enum class Act { kNone, kGeluAux, kDGelu };  // the epilogue's activation part; aux: the GELU input (ld = ldc)
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
-            int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc, float beta, const void* bias);
+            int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc, float beta, const void* bias,
+            Act act = Act::kNone, const void* aux = nullptr);
+  void dweight_dbias(float* dweight, float* dbias, const void* dout, const void* inp, DType type, int64_t N, int C,
+                     int OC, void* scratch);
   cudaStream_t stream_;
   void* handle_ = nullptr;     // cublasLtHandle_t
   void* workspace_ = nullptr;  // kWorkspaceBytes of device memory, the owner's

@@ -101,7 +101,7 @@ struct Matmul::AlgoCache {
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  std::map<std::array<int64_t, 14>, Plan> plans;
+  std::map<std::array<int64_t, 16>, Plan> plans;
   ~AlgoCache() {
     for (auto& [key, p] : plans) {
       cublasLtMatrixLayoutDestroy(p.lc);
@@ -125,22 +125,28 @@ Matmul::~Matmul() {
 }
 
 // Column-major C(m,n) = op(A) op(B) + beta C [+ bias(m) broadcast over columns]; C fp32, or bf16 (beta 0, and a bias
-// only through the epilogue: the bf16 result is rounded once, from the fp32 sum with the bias).
+// only through the epilogue: the bf16 result is rounded once, from the fp32 sum with the bias). act kGeluAux: C =
+// GELU(sum) and aux (m, n; ld ldc, C's type) = the sum; kDGelu: C = GELU'(aux) * sum (aux read); both bf16 only.
 void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
                   const void* b, int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc, float beta,
-                  const void* bias) {
+                  const void* bias, Act act, const void* aux) {
   // The bias epilogue wants a 16-byte aligned vector; parameters sit at any float offset in their unit's flat
   // buffer, so an unaligned fp32 bias is added by a kernel after the GEMM instead.
   const bool bias_epilogue = bias != nullptr && alignment(bias) >= 16;
   const bool c_bf16 = c_type == DType::kBF16;
   GPT_CHECK(!c_bf16 || (ab_type == DType::kBF16 && beta == 0.0f && (bias == nullptr || bias_epilogue)));
-  // cuBLASLt assumes 256-byte aligned matrices unless told otherwise; ours are offsets into flat buffers.
+  GPT_CHECK(act == Act::kNone || (c_bf16 && aux != nullptr && ldc % 8 == 0 && (act == Act::kGeluAux || !bias)));
+  // cuBLASLt assumes 256-byte aligned matrices unless told otherwise; ours are offsets into flat buffers. The
+  // GELU input's alignment it reads off the aux pointer the heuristic is given.
   const uint32_t align_a = alignment(a), align_b = alignment(b), align_c = alignment(c);
+  const uint32_t align_aux = aux != nullptr ? alignment(aux) : 0;
   // Every input of the heuristic: transposes, sizes, leading dimensions, input and output types, epilogue and
   // alignments.
   const int64_t ab_code = static_cast<int64_t>(ab_type);
-  const std::array<int64_t, 14> key = {trans_a, trans_b,       m,       n,       k,      lda, ldb, ldc, ab_code,
-                                       c_bf16,  bias_epilogue, align_a, align_b, align_c};
+  const std::array<int64_t, 16> key = {trans_a,       trans_b, m,       n,       k,
+                                       lda,           ldb,     ldc,     ab_code, c_bf16,
+                                       bias_epilogue, align_a, align_b, align_c, static_cast<int64_t>(act),
+                                       align_aux};
   auto it = algos_->plans.find(key);
   if (it == algos_->plans.end()) {
     AlgoCache::Plan p;
@@ -149,10 +155,19 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
     const cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    if (bias_epilogue) {
-      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    cublasLtEpilogue_t epi = bias_epilogue ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    if (act == Act::kGeluAux) epi = bias_epilogue ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    if (act == Act::kDGelu) epi = CUBLASLT_EPILOGUE_DGELU;
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
       GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    }
+    if (bias_epilogue) {
       GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    if (act != Act::kNone) {  // the GELU input: C's type (cuBLASLt's default), C's leading dimension
+      GPT_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+      GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldc, sizeof(ldc)));
     }
     GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, ab, trans_a ? k : m, trans_a ? m : k, lda));
     GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, ab, trans_b ? n : k, trans_b ? k : n, ldb));
@@ -182,9 +197,15 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
     GPT_CUBLAS_CHECK(st);
     GPT_CHECK_MSG(found > 0, "cuBLASLt found no algorithm for a matmul shape");
     it->second.algo = heuristic.algo;
-  } else if (bias_epilogue) {
-    GPT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(it->second.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  } else {
+    if (bias_epilogue) {
+      GPT_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(it->second.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    if (act != Act::kNone) {
+      GPT_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(it->second.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+    }
   }
   const AlgoCache::Plan& p = it->second;
   const float alpha = 1.0f;
@@ -211,6 +232,25 @@ void Matmul::backward(float* dinp, float* dweight, float* dbias, const void* dou
   if (dinp != nullptr) {
     gemm(false, false, C, N, OC, weight, C, dout, OC, type, dinp, DType::kF32, C, 0.0f, nullptr);
   }
+  dweight_dbias(dweight, dbias, dout, inp, type, N, C, OC, scratch);
+}
+
+void Matmul::forward_gelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight, const bf16* bias, int64_t N, int C,
+                          int OC) {
+  GPT_CHECK(N > 0 && C > 0 && OC > 0 && gelu_fusable(OC));
+  gemm(true, false, OC, N, C, weight, C, inp, C, DType::kBF16, out, DType::kBF16, OC, 0.0f, bias, Act::kGeluAux, pre);
+}
+
+void Matmul::backward_dgelu(bf16* dpre, const bf16* pre, float* dweight, float* dbias, const bf16* dout,
+                            const bf16* inp, const bf16* weight, int64_t N, int C, int OC, void* scratch) {
+  GPT_CHECK(N > 0 && C > 0 && OC > 0 && gelu_fusable(C));
+  gemm(false, false, C, N, OC, weight, C, dout, OC, DType::kBF16, dpre, DType::kBF16, C, 0.0f, nullptr, Act::kDGelu,
+       pre);
+  dweight_dbias(dweight, dbias, dout, inp, DType::kBF16, N, C, OC, scratch);
+}
+
+void Matmul::dweight_dbias(float* dweight, float* dbias, const void* dout, const void* inp, DType type, int64_t N,
+                           int C, int OC, void* scratch) {
   if (dweight != nullptr) {
     gemm(false, true, C, OC, N, inp, C, dout, OC, type, dweight, DType::kF32, C, 1.0f, nullptr);
   }

@@ -25,7 +25,8 @@
 # With nvidia-smi present, the device's memory.used is also sampled every 200 ms during each side (peak minus
 # the idle reading before it), the same yardstick for both (it counts PyTorch's cached blocks and both CUDA
 # contexts). A side that fails or times out prints its log's last lines and shows as "failed" in the table.
-# The table is the last thing printed.
+# The table is printed next; then each variant (VARIANTS) of the gpt-train run, one line each, after the table so
+# that a variant cut short by a caller's time limit loses only its own line.
 #
 # FLOPs/token = 6N + 12*L*H*Q*T (N = parameters without the position embedding, L layers, H heads, Q head
 # size, T sequence length); MFU = tokens/s * FLOPs/token / peak, peak = PEAK_TFLOPS (default 989: H100/H200
@@ -37,9 +38,13 @@
 # VOCAB (50304), TOKENS (4000000), PEAK_TFLOPS (989), COMPILE (1; 0 = PyTorch eager), TORCH_DTYPE (bf16),
 # GPT_TIMEOUT (80 s), TORCH_TIMEOUT (130 s), THREADS (0 = all cores; gpt-train's run.threads and PyTorch's),
 # PARAM_DTYPE (auto: bf16 on cuda when this binary's parallel.param_dtype also makes the GEMMs bf16, else fp32),
-# GPT_TRAIN_SET (extra "key=value" overrides for gpt-train, space-separated), GPT_TRAIN_CUDA_PROFILE (passed
+# GPT_TRAIN_SET (extra "key=value" overrides for gpt-train, space-separated), VARIANTS (more gpt-train runs after the
+# table, ";"-separated, each a space-separated list of overrides on top of GPT_TRAIN_SET, e.g. "run.gelu_fusion=full";
+# default: run.gelu_fusion=forward and =full when the run is bf16 on cuda and this binary has that key; "" = none),
+# VARIANT_TIMEOUT (60 s each), GPT_TRAIN_CUDA_PROFILE (passed
 # through; when 1 the whole gpt-train log, with its per-op table, is printed), KEEP=1 keeps the temp dir.
-# Budget: under 4 minutes on one H200 with the defaults (the two timeouts sum to 210 s).
+# Budget: under 4 minutes on one H200 with the defaults before the variants (the two timeouts sum to 210 s), each
+# variant at most VARIANT_TIMEOUT more.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -63,6 +68,7 @@ TORCH_TIMEOUT=${TORCH_TIMEOUT:-130}
 THREADS=${THREADS:-0}
 GPT_TRAIN_SET=${GPT_TRAIN_SET:-}
 PARAM_DTYPE=${PARAM_DTYPE:-auto}
+VARIANT_TIMEOUT=${VARIANT_TIMEOUT:-60}
 (( WARMUP < STEPS )) || { echo "need WARMUP < STEPS" >&2; exit 2; }
 [[ $GPT_TRAIN == /* ]] || GPT_TRAIN=$PWD/$GPT_TRAIN
 [[ -x $GPT_TRAIN ]] || { echo "no gpt-train binary at $GPT_TRAIN (set GPT_TRAIN)" >&2; exit 2; }
@@ -125,6 +131,11 @@ PARAM_DTYPE_TEXT=$(grep -A1 '^  param_dtype ' <<<"$HELP_CONFIG" | tail -n 1 | se
 if [[ $PARAM_DTYPE == auto ]]; then
   PARAM_DTYPE=fp32
   [[ $DEVICE == cuda ]] && grep -qi gemm <<<"$PARAM_DTYPE_TEXT" && PARAM_DTYPE=bf16
+fi
+if [[ -z ${VARIANTS+set} ]]; then
+  VARIANTS=""
+  [[ $DEVICE == cuda && $PARAM_DTYPE == bf16 ]] && grep -q '^  gelu_fusion ' <<<"$HELP_CONFIG" &&
+    VARIANTS="run.gelu_fusion=forward;run.gelu_fusion=full"
 fi
 GPT_DIR=$TMP/gpt-run
 cat >"$TMP/gpt.yaml" <<EOF
@@ -327,4 +338,40 @@ if gpt_ok and gpt["run_tok"]:
                  f" {gpt['run_tok']:,.0f} tokens/s")
 for n in notes:
     print("  note: " + n)
+json.dump({"gpt_tok": gpt["tok"] if gpt_ok else None, "torch_tok": torch["tok"] if torch_ok else None, "fpt": fpt,
+           "peak": peak}, open(f"{tmp}/reference.json", "w"))
 EOF
+
+# --- variants of the gpt-train run (after the table) ------------------------------------------------------------
+IFS=';' read -r -a VARIANT_LIST <<<"$VARIANTS"
+((${#VARIANT_LIST[@]})) && echo && echo "gpt-train variants (the same run with these overrides; medians as above):"
+for variant in "${VARIANT_LIST[@]}"; do
+  [[ -n ${variant// /} ]] || continue
+  VDIR=$TMP/variant
+  rm -rf "$VDIR"
+  VARGS=("${GPT_ARGS[@]}" --set "run.out_dir=$VDIR")
+  for kv in $variant; do VARGS+=(--set "$kv"); done
+  V_RC=0
+  T0=$(date +%s)
+  timeout -k 5 "$VARIANT_TIMEOUT" "$GPT_TRAIN" train --config "$TMP/gpt.yaml" "${VARGS[@]}" >"$TMP/variant.log" 2>&1 ||
+    V_RC=$?
+  V_WALL=$(($(date +%s) - T0))
+  if ((V_RC != 0)); then
+    echo "  [$variant] FAILED: $(why "$V_RC" "$VARIANT_TIMEOUT") after $V_WALL s; last lines of its log:"
+    tail -n 6 "$TMP/variant.log" | cut -c1-200 | sed 's/^/    | /'
+    continue
+  fi
+  "$PYTHON" - "$TMP" "$WARMUP" "$variant" "$V_WALL" <<'EOF'
+import json, statistics, sys
+tmp, warmup, variant, wall = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+ref = json.load(open(f"{tmp}/reference.json"))
+rows = [json.loads(l) for l in open(f"{tmp}/variant/metrics.jsonl") if l.strip()]
+timed = [r for r in rows if r["step"] > warmup]
+tok = statistics.median(r["tokens_per_s"] for r in timed)
+ms = statistics.median(r["step_ms"] for r in timed)
+mem = max(r["mem_peak_bytes"]["total"] for r in rows)
+vs = lambda base: f"{tok / base:.3f}x" if base else "n/a"
+print(f"  [{variant}] {tok:,.0f} tokens/s, {ms:.1f} ms/step, MFU {100 * tok * ref['fpt'] / ref['peak']:.1f}%,"
+      f" {vs(ref['gpt_tok'])} the run above, {vs(ref['torch_tok'])} PyTorch, peak {mem / 2**30:.2f} GiB ({wall} s)")
+EOF
+done

@@ -236,7 +236,7 @@ if wanted bench; then
   if [ ! -f scripts/bench/gpu_vs_pytorch.sh ]; then record SKIP "bench gpu vs pytorch" 0 "scripts/bench/gpu_vs_pytorch.sh not there"
   elif [ "$gpus" = 0 ]; then record SKIP "bench gpu vs pytorch" 0 "no GPU"
   else
-    run_step "bench" 240 bash scripts/bench/gpu_vs_pytorch.sh
+    run_step "bench" 330 bash scripts/bench/gpu_vs_pytorch.sh
     bench_tail=$(tail -n 25 "$OUTF" | cut -c1-160)
     if [ "$RC" = 200 ]; then record SKIP "bench gpu vs pytorch" 0 "no time left in the budget"
     elif [ "$RC" = 0 ]; then record PASS "bench gpu vs pytorch" "$T" ""

@@ -130,6 +130,11 @@ TEST_CASE("Rules across keys are checked after overrides and placed at the key t
   CHECK(load_error("training:\n  activation_checkpointing: every:0\n") ==
         "x.yaml:2:29: training.activation_checkpointing: expected one of none|full|selective|every:N with N >= 1, "
         "got 'every:0'");
+  CHECK(load_error("run:\n  gelu_fusion: full\n") ==
+        "x.yaml:2:16: run.gelu_fusion: full fuses the GELU into bf16 cuBLASLt GEMMs; it needs run.device: cuda and "
+        "parallel.param_dtype: bf16, got run.device: cpu, parallel.param_dtype: fp32");
+  CHECK(load_error("run:\n  gelu_fusion: fused\n") ==
+        "x.yaml:2:16: run.gelu_fusion: expected one of none|forward|full, got 'fused'");
 }
 
 TEST_CASE("global_batch comes from sequences, else tokens, else the micro-batch", "[config]") {

@@ -37,7 +37,7 @@ using testing::rand_tokens;
 using testing::randn;
 
 #ifdef GPT_PARITY_EMULATED
-constexpr bool kEmulated = true;  // one OS thread per CUDA thread: GPT-2-sized shapes are left to real GPUs
+constexpr bool kEmulated = true;  // every CUDA thread and GEMM term runs in turn: GPT-2-sized shapes are left to GPUs
 #else
 constexpr bool kEmulated = false;
 #endif
@@ -123,6 +123,28 @@ std::vector<float> rounded(std::vector<float> x) {
   return x;
 }
 
+// A bf16 result against an fp32 reference whose own error is within e (absolute): the largest difference between
+// the result and the reference rounded, over e + one bf16 place of the larger (each rounding moves a value by at
+// most half a place). At most 1 when the result is right.
+double bf16_worst(const std::vector<float>& want_f32, const std::vector<bf16>& got, double e) {
+  REQUIRE(want_f32.size() == got.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double want = bf16_to_f32(f32_to_bf16(want_f32[i])), have = bf16_to_f32(got[i]);
+    const double larger = std::max({std::abs(want), std::abs(have), 1e-30});
+    const double place = std::ldexp(1.0, std::ilogb(larger) - 7);  // a bf16 place there (8 significant bits)
+    const double r = std::abs(have - want) / (e + place);
+    if (!(r <= worst)) worst = r;  // NaN sticks
+  }
+  return worst;
+}
+
+std::vector<bf16> to_bf16(const std::vector<float>& x) {
+  std::vector<bf16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = f32_to_bf16(x[i]);
+  return out;
+}
+
 DropoutMask mask(float p, uint64_t base = 0) {
   DropoutMask m;
   m.p = p;
@@ -189,7 +211,8 @@ TEST_CASE("parity: matmul forward and backward", "[cuda]") {
 }
 
 #ifndef GPT_PARITY_EMULATED  // the registry is gpt_engine's, tested once
-TEST_CASE("backend registry: errors name the device, the CPU has no device communicator", "[backend]") {
+TEST_CASE("backend registry: errors name the device, the CPU has no device communicator, GELU fusion names",
+          "[backend]") {
   auto bad = make_backend("tpu");
   REQUIRE_FALSE(bad.has_value());
   CHECK(bad.status().message().find("'tpu'") != std::string::npos);
@@ -198,6 +221,10 @@ TEST_CASE("backend registry: errors name the device, the CPU has no device commu
   auto dev = make_device_communicator(*single, cpu(), "world");
   REQUIRE_FALSE(dev.has_value());
   CHECK(dev.status().message().find("host memory") != std::string::npos);
+  CHECK(*parse_gelu_fusion("none") == GeluFusion::kNone);
+  CHECK(*parse_gelu_fusion("forward") == GeluFusion::kForward);
+  CHECK(*parse_gelu_fusion("full") == GeluFusion::kFull);
+  CHECK(parse_gelu_fusion("on").status().message() == "expected one of none|forward|full, got 'on'");
   // Built without CUDA, or no GPU: the reason is in the message (checked by the skip lines of the cases below).
   auto cuda = make_backend("cuda");
   if (!cuda) CHECK(cuda.status().message().find("device 'cuda'") != std::string::npos);
@@ -239,15 +266,8 @@ TEST_CASE("parity: bf16 matmul equals the fp32 matmul of bf16-rounded inputs", "
     cpu().matmul_forward(out_lo.data(), inp16.data(), w16.data(), rounded(b).data(), N, C, OC);
     Dev<bf16> g_lo(*gpu, out.size());
     gpu->matmul_forward(g_lo.p(), g_inp.p(), g_w.p(), g_b.p(), N, C, OC);
-    const std::vector<bf16> got = g_lo.read();
     const double e = kReduction * max_abs(out_lo);
-    double worst = 0.0;  // the largest difference over its bound
-    for (size_t i = 0; i < got.size(); ++i) {
-      const double want = bf16_to_f32(f32_to_bf16(out_lo[i])), have = bf16_to_f32(got[i]);
-      const double larger = std::max({std::abs(want), std::abs(have), 1e-30});
-      const double place = std::ldexp(1.0, std::ilogb(larger) - 7);  // a bf16 place there (8 significant bits)
-      worst = std::max(worst, std::abs(have - want) / (e + place));
-    }
+    const double worst = bf16_worst(out_lo, g_lo.read(), e);
     INFO("bf16 output: worst difference " << worst << " of its bound (fp32 bound " << e << " + one bf16 place)");
     CHECK(worst <= 1.0);
   }
@@ -266,6 +286,80 @@ TEST_CASE("parity: matmul on 4-byte aligned operands and bias", "[cuda]") {
   Dev<float> g_inp(*gpu, inp), g_w(*gpu, w), g_b(*gpu, b), g_out(*gpu, out.size());
   gpu->matmul_forward(g_out.p() + 1, g_inp.p() + 1, g_w.p() + 1, g_b.p() + 1, N, C, OC);
   expect_close("unaligned matmul out", out, g_out.read(), kReduction);
+}
+
+// run.gelu_fusion under bf16 compute: the fc GEMM's GELU in cuBLASLt's epilogue (forward), and its backward in the
+// projection's input-gradient GEMM (full). Forward: pre (the GELU's input) is the bf16 GEMM output, within the fp32
+// sum's bound e and a bf16 place of the CPU's; the fused GELU is taken of the fp32 sum before that rounding, so it is
+// within 1.13 e (max |GELU'| < 1.13) and a place of the CPU's fp32 GELU of its fp32 sum, plus an allowance for
+// cuBLASLt's own GELU (it may use the hardware's approximate tanh, relative error about 2^-11: 1e-3 of max |sum|
+// forward, 5e-3 of max |dinp| backward, where GELU' amplifies it; a wrong or missing epilogue is off by O(1)).
+// Unfused, out is the GELU of the rounded pre: the two differ somewhere, which shows the epilogue ran. Backward: the
+// fused input gradient is GELU'(pre) times the GEMM's fp32 sum, rounded once; the fp32 scratch the unfused path
+// writes is left as it was (NaN), and dweight and dbias are the unfused ones bit for bit (the same GEMM and kernels).
+TEST_CASE("parity: GELU fused into the bf16 GEMMs (run.gelu_fusion)", "[cuda]") {
+  Backend* gpu = cuda_or_skip("GELU epilogues");
+  if (!gpu) return;
+  CHECK_FALSE(cpu().set_gelu_fusion(GeluFusion::kForward).is_ok());
+  CHECK_FALSE(gpu->set_gelu_fusion(GeluFusion::kFull).is_ok());  // fp32 compute: no bf16 GEMM to fuse into
+  gpu->set_compute_dtype(DType::kBF16);
+  const int64_t N = 70;
+  const int C = 48, OC = 192;  // OC: the GELU's width, a multiple of 8
+  {
+    const auto inp = rounded(randn(N * C, 150)), w = rounded(randn(int64_t{OC} * C, 151, 0.3f));
+    const auto b = rounded(randn(OC, 152));
+    std::vector<float> sum(N * OC), want(N * OC);
+    cpu().matmul_forward(sum.data(), inp.data(), w.data(), b.data(), N, C, OC);
+    cpu().gelu_forward(want.data(), sum.data(), N * OC);
+    Dev<float> g_inp(*gpu, inp), g_w(*gpu, w), g_b(*gpu, b);
+    Dev<bf16> pre_u(*gpu, N * OC), out_u(*gpu, N * OC), pre_f(*gpu, N * OC), out_f(*gpu, N * OC);
+    REQUIRE(gpu->set_gelu_fusion(GeluFusion::kNone).is_ok());
+    gpu->matmul_gelu_forward(pre_u.p(), out_u.p(), g_inp.p(), g_w.p(), g_b.p(), N, C, OC);
+    REQUIRE(gpu->set_gelu_fusion(GeluFusion::kForward).is_ok());
+    gpu->matmul_gelu_forward(pre_f.p(), out_f.p(), g_inp.p(), g_w.p(), g_b.p(), N, C, OC);
+    const double e = kReduction * max_abs(sum);
+    const double pre_worst = bf16_worst(sum, pre_f.read(), e);
+    const double out_worst = bf16_worst(want, out_f.read(), 1.13 * e + 1e-3 * max_abs(sum));
+    INFO("fused forward: pre " << pre_worst << ", out " << out_worst << " of their bounds");
+    CHECK(pre_worst <= 1.0);
+    CHECK(out_worst <= 1.0);
+    const std::vector<bf16> a = out_u.read(), f = out_f.read();
+    CHECK(std::memcmp(a.data(), f.data(), a.size() * sizeof(bf16)) != 0);
+  }
+  {
+    const int C2 = OC, OC2 = C;  // the projection: the GELU's output (N, C2) in, OC2 out
+    const auto pre = rounded(randn(N * C2, 153, 2.0f)), act = rounded(randn(N * C2, 154));
+    const auto w = rounded(randn(int64_t{OC2} * C2, 155, 0.3f)), dout = rounded(randn(N * OC2, 156));
+    std::vector<float> d(N * C2), want(N * C2), dw(int64_t{OC2} * C2, 0.0f), db(OC2, 0.0f);
+    cpu().matmul_backward(d.data(), dw.data(), db.data(), dout.data(), act.data(), w.data(), N, C2, OC2);
+    cpu().gelu_backward(want.data(), pre.data(), d.data(), N * C2);
+    const double e = kReduction * max_abs(d);
+    Dev<bf16> g_pre(*gpu, to_bf16(pre));
+    Dev<float> g_act(*gpu, act), g_w(*gpu, w), g_dout(*gpu, dout);
+    std::vector<float> got_dw[2], got_db[2];
+    for (const GeluFusion f : {GeluFusion::kForward, GeluFusion::kFull}) {  // kForward: backward unfused
+      const bool fused = f == GeluFusion::kFull;
+      CAPTURE(fused);
+      REQUIRE(gpu->set_gelu_fusion(f).is_ok());
+      Dev<bf16> g_dpre(*gpu, N * C2);
+      Dev<float> g_scratch(*gpu, std::vector<float>(N * C2, NAN)), g_dw(*gpu, dw.size()), g_db(*gpu, OC2);
+      gpu->matmul_backward_gelu(g_dpre.p(), g_scratch.p(), g_dw.p(), g_db.p(), g_dout.p(), g_act.p(), g_w.p(),
+                                g_pre.p(), N, C2, OC2);
+      const std::vector<float> scratch = g_scratch.read();
+      CHECK(std::all_of(scratch.begin(), scratch.end(), [](float v) { return std::isnan(v); }) == fused);
+      const double worst = bf16_worst(want, g_dpre.read(), 1.13 * e + (fused ? 5e-3 * max_abs(d) : 0.0));
+      INFO("input gradient: " << worst << " of its bound");
+      CHECK(worst <= 1.0);
+      got_dw[fused] = g_dw.read();
+      got_db[fused] = g_db.read();
+      expect_close("dweight", dw, got_dw[fused], kReduction);
+      expect_close("dbias", db, got_db[fused], kReduction);
+    }
+    CHECK(got_dw[0] == got_dw[1]);
+    CHECK(got_db[0] == got_db[1]);
+  }
+  REQUIRE(gpu->set_gelu_fusion(GeluFusion::kNone).is_ok());
+  gpu->set_compute_dtype(DType::kF32);
 }
 
 TEST_CASE("parity: layernorm forward and backward", "[cuda]") {
@@ -717,14 +811,19 @@ class FlatParams final : public ParamSource {
 // relative, and a forward and backward pass through 3 blocks compounds a few dozen of them, so the loss is held to 1e-2
 // relative and each gradient tensor to 5e-2 of its largest element: enough to catch a wrong transpose or a missing term
 // (errors of order 1), not the rounding. Under bf16 the GPU holds the parameters in bf16 only, as ShardedParams does
-// (the CPU takes their fp32 values).
+// (the CPU takes their fp32 values). The GELU fused into the GEMMs (run.gelu_fusion) rounds differently, within the
+// same bounds; its gradients differ from the unfused ones (the epilogues ran).
 TEST_CASE("parity: a whole GPT forward and backward on CUDA matches the CPU (fp32 within 1e-4, bf16)", "[cuda]") {
   Backend* gpu = cuda_or_skip("GPT step");
   if (!gpu) return;
-  for (const auto& [dropout, matmul] :
-       {std::pair{0.0f, DType::kF32}, std::pair{0.1f, DType::kF32}, std::pair{0.1f, DType::kBF16}}) {
-    CAPTURE(dropout, dtype_name(matmul));
+  std::vector<float> unfused;  // the bf16 run's GPU gradients without fusion
+  for (const auto& [dropout, matmul, fusion] :
+       {std::tuple{0.0f, DType::kF32, GeluFusion::kNone}, std::tuple{0.1f, DType::kF32, GeluFusion::kNone},
+        std::tuple{0.1f, DType::kBF16, GeluFusion::kNone}, std::tuple{0.1f, DType::kBF16, GeluFusion::kForward},
+        std::tuple{0.1f, DType::kBF16, GeluFusion::kFull}}) {
+    CAPTURE(dropout, dtype_name(matmul), static_cast<int>(fusion));
     gpu->set_compute_dtype(matmul);
+    REQUIRE(gpu->set_gelu_fusion(fusion).is_ok());
     const double loss_tol = matmul == DType::kF32 ? 1e-4 : 1e-2, grad_tol = matmul == DType::kF32 ? 1e-4 : 5e-2;
     GptShape shape{3, 4, 128, 32, 97, dropout};  // head size 32: bf16 takes the tensor-core attention
     const ModelLayout layout = ModelLayout::build(shape);
@@ -755,7 +854,10 @@ TEST_CASE("parity: a whole GPT forward and backward on CUDA matches the CPU (fp3
       }
       at += u.numel;
     }
+    if (lo && fusion == GeluFusion::kNone) unfused = grads[1];
+    if (fusion != GeluFusion::kNone) CHECK(grads[1] != unfused);
   }
+  REQUIRE(gpu->set_gelu_fusion(GeluFusion::kNone).is_ok());
   gpu->set_compute_dtype(DType::kF32);
 }
 

@@ -3,10 +3,14 @@
 // with fp32 or bf16 A/B and fp32 C/D, or bf16 C/D (bf16 A/B, beta 0) with a bf16 bias (cuBLASLt's bias type
 // defaults to D's), the result rounded once to nearest even. It checks what cuBLASLt would reject (leading dimensions,
 // C == D) and the alignment promises matmul.cu makes through the MIN_ALIGNMENT preferences, so the emulated test checks
-// matmul.cu's row-major <-> column-major mapping, its transposes, leading dimensions and bias handling.
+// matmul.cu's row-major <-> column-major mapping, its transposes, leading dimensions and bias handling. The GELU
+// epilogues (GELU_AUX, GELU_AUX_BIAS: D = GELU(sum), aux = the sum; DGELU: D = GELU'(aux) * sum), bf16 D and aux,
+// check the aux pointer and leading dimension as cuBLASLt documents them (ld >= rows, a multiple of 8; aligned
+// as the pointer given to the heuristic was).
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 
 #include "cuda_bf16.h"
@@ -16,12 +20,20 @@ constexpr int CUBLAS_STATUS_SUCCESS = 0;
 enum cublasOperation_t { CUBLAS_OP_N, CUBLAS_OP_T };
 enum cublasComputeType_t { CUBLAS_COMPUTE_32F };
 enum cudaDataType_t { CUDA_R_32F, CUDA_R_16BF };
-enum cublasLtEpilogue_t { CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS };
+enum cublasLtEpilogue_t {
+  CUBLASLT_EPILOGUE_DEFAULT,
+  CUBLASLT_EPILOGUE_BIAS,
+  CUBLASLT_EPILOGUE_GELU_AUX,
+  CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+  CUBLASLT_EPILOGUE_DGELU
+};
 enum cublasLtMatmulDescAttributes_t {
   CUBLASLT_MATMUL_DESC_TRANSA,
   CUBLASLT_MATMUL_DESC_TRANSB,
   CUBLASLT_MATMUL_DESC_EPILOGUE,
-  CUBLASLT_MATMUL_DESC_BIAS_POINTER
+  CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD
 };
 enum cublasLtMatmulPreferenceAttributes_t {
   CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -35,6 +47,8 @@ struct EmuLtDesc {
   cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
+  const void* aux = nullptr;  // the GELU input: written by GELU_AUX(_BIAS), read by DGELU; D's type
+  int64_t aux_ld = 0;
 };
 struct EmuLtLayout {
   cudaDataType_t type;
@@ -49,8 +63,8 @@ typedef EmuLtDesc* cublasLtMatmulDesc_t;
 typedef EmuLtLayout* cublasLtMatrixLayout_t;
 typedef EmuLtPref* cublasLtMatmulPreference_t;
 struct cublasLtMatmulAlgo_t {
-  uint32_t align[4];
-};  // the alignments the heuristic was promised (A, B, C, D)
+  uint32_t align[5];
+};  // the alignments the heuristic was promised (A, B, C, D) or, for the GELU input, read off its pointer
 struct cublasLtMatmulHeuristicResult_t {
   cublasLtMatmulAlgo_t algo;
 };
@@ -93,6 +107,12 @@ inline int cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmul
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
       emu_lt_set(d->bias, v, n);
       break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+      emu_lt_set(d->aux, v, n);
+      break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+      emu_lt_set(d->aux_ld, v, n);
+      break;
   }
   return 0;
 }
@@ -125,13 +145,23 @@ inline int cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cu
   }
   return 0;
 }
+// The largest power of two up to 256 dividing p's address (cuBLASLt takes the GELU input's from its pointer).
+inline uint32_t emu_lt_alignment(const void* p) {
+  uint32_t a = 256;
+  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
+inline bool emu_lt_gelu(cublasLtEpilogue_t e) {
+  return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
+}
 // The heuristic remembers the promised alignments in the algo (as the real algo is only valid for them), and
 // cublasLtMatmul checks the matrices against the algo it is given.
-inline int cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
+inline int cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t,
                                           cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
                                           cublasLtMatmulPreference_t p, int, cublasLtMatmulHeuristicResult_t* r,
                                           int* found) {
-  std::memcpy(r->algo.align, p->align, sizeof r->algo.align);
+  std::memcpy(r->algo.align, p->align, sizeof p->align);
+  r->algo.align[4] = emu_lt_gelu(d->epi) ? emu_lt_alignment(d->aux) : 1;
   *found = 1;
   return 0;
 }
@@ -161,8 +191,16 @@ inline int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* 
   if ((d->ta == CUBLAS_OP_N ? la->rows : la->cols) != m || (d->tb == CUBLAS_OP_N ? lb->rows : lb->cols) != k ||
       (d->tb == CUBLAS_OP_N ? lb->cols : lb->rows) != n)
     emu_fail("cublasLt: inconsistent shapes");
-  if (d->epi == CUBLASLT_EPILOGUE_BIAS && (d->bias == nullptr || reinterpret_cast<uintptr_t>(d->bias) % 16 != 0))
+  const bool with_bias = d->epi == CUBLASLT_EPILOGUE_BIAS || d->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  if (with_bias && (d->bias == nullptr || reinterpret_cast<uintptr_t>(d->bias) % 16 != 0))
     emu_fail("cublasLt: bias epilogue needs a 16-byte aligned bias");
+  if (emu_lt_gelu(d->epi)) {  // the GELU input: C's shape, an ld of a multiple of 8, bf16 here
+    if (d->aux == nullptr) emu_fail("cublasLt: a GELU epilogue without EPILOGUE_AUX_POINTER");
+    if (d->aux_ld < ld->rows || d->aux_ld % 8 != 0) emu_fail("cublasLt: EPILOGUE_AUX_LD below the rows or not a multiple of 8");
+    if (!d_bf16) emu_fail("cublasLt: the GELU epilogues are emulated for a bf16 D only");
+    if (reinterpret_cast<uintptr_t>(d->aux) % algo->align[4] != 0) emu_fail("cublasLt: GELU input less aligned than at the heuristic");
+    if (!emu_is_device(d->aux, (d->aux_ld * (n - 1) + m) * 2)) emu_fail("cublasLt: the GELU input is not device memory");
+  }
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);  // host scalars: now
   if (d_bf16 && be != 0.0f) emu_fail("cublasLt: emulated bf16 D only with beta 0");
   // The product when the stream gets to it, from the descriptors as they are now (the caller may reuse them).
@@ -187,7 +225,19 @@ inline void emu_lt_compute(const EmuLtDesc* d, const EmuLtLayout* la,
       }
       double r = al * s;
       if (be != 0.0f) r += static_cast<double>(be) * out[i + j * ld->ld];
-      if (d->epi == CUBLASLT_EPILOGUE_BIAS) r += emu_lt_load(d->bias, lc->type, i);  // the bias has D's type
+      const bool with_bias = d->epi == CUBLASLT_EPILOGUE_BIAS || d->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+      if (with_bias) r += emu_lt_load(d->bias, lc->type, i);  // the bias has D's type
+      // GELU, tanh form, on the fp32 sum (in double here: an implementation other than gelu.cu's)
+      const double kS = 0.7978845608028654, kA = 0.044715;
+      if (d->epi == CUBLASLT_EPILOGUE_GELU_AUX || d->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+        const float x = static_cast<float>(r);
+        static_cast<__nv_bfloat16*>(const_cast<void*>(d->aux))[i + j * d->aux_ld] = __float2bfloat16(x);
+        r = 0.5 * x * (1.0 + std::tanh(kS * (x + kA * x * x * x)));
+      } else if (d->epi == CUBLASLT_EPILOGUE_DGELU) {
+        const double x = __bfloat162float(static_cast<const __nv_bfloat16*>(d->aux)[i + j * d->aux_ld]);
+        const double t = std::tanh(kS * (x + kA * x * x * x));
+        r = static_cast<float>(r) * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * kS * (1.0 + 3.0 * kA * x * x));
+      }
       if (d_bf16) {
         out_h[i + j * ld->ld] = __float2bfloat16(static_cast<float>(r));
       } else {
