@@ -25,8 +25,8 @@
 # With nvidia-smi present, the device's memory.used is also sampled every 200 ms during each side (peak minus
 # the idle reading before it), the same yardstick for both (it counts PyTorch's cached blocks and both CUDA
 # contexts). A side that fails or times out prints its log's last lines and shows as "failed" in the table.
-# The table is printed next; then each variant (VARIANTS) of the gpt-train run, one line each, after the table so
-# that a variant cut short by a caller's time limit loses only its own line.
+# The table is printed next; then the per-op profile (PROFILE_STEPS) and each variant (VARIANTS) of the gpt-train
+# run, one line each, after the table so that a run cut short by a caller's time limit loses only its own lines.
 #
 # FLOPs/token = 6N + 12*L*H*Q*T (N = parameters without the position embedding, L layers, H heads, Q head
 # size, T sequence length); MFU = tokens/s * FLOPs/token / peak, peak = PEAK_TFLOPS (default 989: H100/H200
@@ -41,7 +41,9 @@
 # GPT_TRAIN_SET (extra "key=value" overrides for gpt-train, space-separated), VARIANTS (more gpt-train runs after the
 # table, ";"-separated, each a space-separated list of overrides on top of GPT_TRAIN_SET, e.g. "run.gelu_fusion=full";
 # default: run.gelu_fusion=forward and =full when the run is bf16 on cuda and this binary has that key; "" = none),
-# VARIANT_TIMEOUT (60 s each), GPT_TRAIN_CUDA_PROFILE (passed
+# VARIANT_TIMEOUT (60 s each), PROFILE_STEPS (on cuda 4, else 0 = none: after the table, a run of that many steps under
+# GPT_TRAIN_CUDA_PROFILE=1 whose per-op device time table is printed, the per-kernel breakdown of a step; 60 s at
+# most), GPT_TRAIN_CUDA_PROFILE (passed
 # through; when 1 the whole gpt-train log, with its per-op table, is printed), KEEP=1 keeps the temp dir.
 # Budget: under 4 minutes on one H200 with the defaults before the variants (the two timeouts sum to 210 s), each
 # variant at most VARIANT_TIMEOUT more.
@@ -69,6 +71,7 @@ THREADS=${THREADS:-0}
 GPT_TRAIN_SET=${GPT_TRAIN_SET:-}
 PARAM_DTYPE=${PARAM_DTYPE:-auto}
 VARIANT_TIMEOUT=${VARIANT_TIMEOUT:-60}
+PROFILE_STEPS=${PROFILE_STEPS:-$([[ $DEVICE == cuda ]] && echo 4 || echo 0)}
 (( WARMUP < STEPS )) || { echo "need WARMUP < STEPS" >&2; exit 2; }
 [[ $GPT_TRAIN == /* ]] || GPT_TRAIN=$PWD/$GPT_TRAIN
 [[ -x $GPT_TRAIN ]] || { echo "no gpt-train binary at $GPT_TRAIN (set GPT_TRAIN)" >&2; exit 2; }
@@ -342,7 +345,25 @@ json.dump({"gpt_tok": gpt["tok"] if gpt_ok else None, "torch_tok": torch["tok"] 
            "peak": peak}, open(f"{tmp}/reference.json", "w"))
 EOF
 
-# --- variants of the gpt-train run (after the table) ------------------------------------------------------------
+# --- the per-op breakdown (after the table) -------------------------------------------------------------------
+if ((PROFILE_STEPS > 0)); then
+  PDIR=$TMP/profile
+  P_RC=0
+  GPT_TRAIN_CUDA_PROFILE=1 timeout -k 5 60 "$GPT_TRAIN" train --config "$TMP/gpt.yaml" "${GPT_ARGS[@]}" \
+    --set "run.out_dir=$PDIR" --set "training.steps=$PROFILE_STEPS" >"$TMP/profile.log" 2>&1 || P_RC=$?
+  echo
+  if ((P_RC != 0)); then
+    echo "per-op profile run FAILED: $(why "$P_RC" 60); last lines of its log:"
+    tail -n 6 "$TMP/profile.log" | cut -c1-200 | sed 's/^/    | /'
+  else
+    echo "per-op device time, gpt-train as in the table, $PROFILE_STEPS steps and the final eval's one batch (each op"
+    echo "timed alone, so no overlap; the first step includes cuBLASLt's heuristics), the 20 largest:"
+    TABLE=$(sed -n '/CUDA op time/,/^ *total /p' "$TMP/profile.log" | sed 's/^.*\] //' | awk 'NR <= 22 || /^ *total /')
+    echo "${TABLE:-  (no per-op table in its log: GPT_TRAIN_CUDA_PROFILE times the CUDA backend only)}"
+  fi
+fi
+
+# --- variants of the gpt-train run (last) ---------------------------------------------------------------------
 IFS=';' read -r -a VARIANT_LIST <<<"$VARIANTS"
 ((${#VARIANT_LIST[@]})) && echo && echo "gpt-train variants (the same run with these overrides; medians as above):"
 for variant in "${VARIANT_LIST[@]}"; do

@@ -6,7 +6,8 @@
 # machine lacks OpenMPI, oneDNN, yaml-cpp, spdlog...); without one it builds with cmake (needs those there).
 # Steps, each PASS/FAIL/SKIP with seconds, and a summary printed LAST: GPU, libraries, CUDA backend parity
 # (gpt_tests [cuda]), NCCL singleton (gpt_mpi_tests [nccl]), Shakespeare 20 steps cpu vs cuda (losses within
-# 1e-4 relative), compute-sanitizer memcheck and racecheck, scripts/bench/gpu_vs_pytorch.sh if present.
+# 1e-4 relative), compute-sanitizer memcheck and racecheck, scripts/bench/gpu_vs_pytorch.sh if present (its
+# table, the per-op device time of a few steps, and the run.gelu_fusion variants).
 # Every step has a timeout and the whole check a budget (CHECK_BUDGET_S, 460 s), so it ends inside 8 minutes.
 # Full output: $OUT/check.log (the device tool brings $OUT back), or /tmp/gpt-check/check.log.
 #   CHECK_STEPS="parity nccl train"  # run only these (of: parity nccl train memcheck racecheck bench)
@@ -237,7 +238,9 @@ if wanted bench; then
   elif [ "$gpus" = 0 ]; then record SKIP "bench gpu vs pytorch" 0 "no GPU"
   else
     run_step "bench" 330 bash scripts/bench/gpu_vs_pytorch.sh
-    bench_tail=$(tail -n 25 "$OUTF" | cut -c1-160)
+    # From the table on: the table, the per-op profile and the variants (the whole output is in the log)
+    bench_tail=$(sed -n '/^GPU training throughput/,$p' "$OUTF" | head -n 70 | cut -c1-160)
+    [ -n "$bench_tail" ] || bench_tail=$(tail -n 25 "$OUTF" | cut -c1-160)
     if [ "$RC" = 200 ]; then record SKIP "bench gpu vs pytorch" 0 "no time left in the budget"
     elif [ "$RC" = 0 ]; then record PASS "bench gpu vs pytorch" "$T" ""
     else record FAIL "bench gpu vs pytorch" "$T" "exit $RC$([ "$RC" = 124 ] && echo ' (timed out)')"; fi
@@ -245,7 +248,7 @@ if wanted bench; then
 fi
 
 echo
-if [ -n "$bench_tail" ]; then echo "--- bench (last lines):"; echo "$bench_tail"; echo; fi
+if [ -n "$bench_tail" ]; then echo "--- bench:"; echo "$bench_tail"; echo; fi
 {
   echo "GPU check summary: $gpus GPU(s) visible, ${SECONDS}s, $([ -n "$tarball" ] && echo "bundle $tarball" || echo "built in ${BUILD:-?}"); full log $LOG"
   printf '  %s\n' "${summary[@]}"
