@@ -207,7 +207,8 @@ class Backend {
   // backward), and out = GELU(pre); pre and out as matmul_forward's and gelu_forward's outputs. Unfused (the
   // default, and GeluFusion::kNone): those two ops, bit for bit. Fused (the CUDA backend under kForward/kFull:
   // cuBLASLt's GELU_AUX_BIAS epilogue): pre as matmul_forward's; out is GELU of the fp32 sum before its rounding
-  // to pre's bf16, computed by cuBLASLt, so within a bf16 place of the unfused out.
+  // to pre's bf16, computed by cuBLASLt, so within a bf16 place of the unfused out (which is also what `selective`
+  // checkpointing recomputes in backward: gelu_forward of pre).
   virtual void matmul_gelu_forward(TensorPtr pre, TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight,
                                    ConstTensorPtr bias, int64_t N, int C, int OC) {
     matmul_forward(pre, inp, weight, bias, N, C, OC);

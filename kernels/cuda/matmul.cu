@@ -194,6 +194,10 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
         cublasLtMatmulAlgoGetHeuristic(lt(handle_), p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &heuristic, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     it = algos_->plans.emplace(key, p).first;  // owned by the cache from here, destroyed with it
+    // An epilogue this cuBLASLt (or GPU) has no kernel for at this shape is the user's choice to undo.
+    GPT_CHECK_MSG(act == Act::kNone || (st == CUBLAS_STATUS_SUCCESS && found > 0),
+                  "cuBLASLt has no algorithm for the GELU epilogue at this GEMM shape and alignment: run with "
+                  "run.gelu_fusion: none");
     GPT_CUBLAS_CHECK(st);
     GPT_CHECK_MSG(found > 0, "cuBLASLt found no algorithm for a matmul shape");
     it->second.algo = heuristic.algo;

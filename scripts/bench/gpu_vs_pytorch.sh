@@ -41,7 +41,8 @@
 # GPT_TRAIN_SET (extra "key=value" overrides for gpt-train, space-separated), VARIANTS (more gpt-train runs after the
 # table, ";"-separated, each a space-separated list of overrides on top of GPT_TRAIN_SET, e.g. "run.gelu_fusion=full";
 # default: run.gelu_fusion=forward and =full when the run is bf16 on cuda and this binary has that key; "" = none),
-# VARIANT_TIMEOUT (60 s each), PROFILE_STEPS (on cuda 4, else 0 = none: after the table, a run of that many steps under
+# VARIANT_TIMEOUT (60 s each), TIME_LIMIT (0; else seconds from the start: the profile run and each variant start
+# only if their timeout still fits, else say they were skipped), PROFILE_STEPS (on cuda 4, else 0 = none: after the table, a run of that many steps under
 # GPT_TRAIN_CUDA_PROFILE=1 whose per-op device time table is printed, the per-kernel breakdown of a step; 60 s at
 # most), GPT_TRAIN_CUDA_PROFILE (passed
 # through; when 1 the whole gpt-train log, with its per-op table, is printed), KEEP=1 keeps the temp dir.
@@ -71,11 +72,15 @@ THREADS=${THREADS:-0}
 GPT_TRAIN_SET=${GPT_TRAIN_SET:-}
 PARAM_DTYPE=${PARAM_DTYPE:-auto}
 VARIANT_TIMEOUT=${VARIANT_TIMEOUT:-60}
+TIME_LIMIT=${TIME_LIMIT:-0}
 PROFILE_STEPS=${PROFILE_STEPS:-$([[ $DEVICE == cuda ]] && echo 4 || echo 0)}
 (( WARMUP < STEPS )) || { echo "need WARMUP < STEPS" >&2; exit 2; }
 [[ $GPT_TRAIN == /* ]] || GPT_TRAIN=$PWD/$GPT_TRAIN
 [[ -x $GPT_TRAIN ]] || { echo "no gpt-train binary at $GPT_TRAIN (set GPT_TRAIN)" >&2; exit 2; }
 
+fits() {  # SECONDS_NEEDED: whether a run of at most that long ends inside TIME_LIMIT
+  ((TIME_LIMIT == 0 || $(date +%s) - START + $1 <= TIME_LIMIT))
+}
 why() {  # RC TIMEOUT: a failed side's exit status in words
   case $1 in 124 | 137) echo "timed out (limit $2 s, exit status $1)" ;; *) echo "exit status $1" ;; esac
 }
@@ -346,7 +351,10 @@ json.dump({"gpt_tok": gpt["tok"] if gpt_ok else None, "torch_tok": torch["tok"] 
 EOF
 
 # --- the per-op breakdown (after the table) -------------------------------------------------------------------
-if ((PROFILE_STEPS > 0)); then
+if ((PROFILE_STEPS > 0)) && ! fits 60; then
+  echo
+  echo "per-op profile run skipped: its 60 s would pass TIME_LIMIT ($TIME_LIMIT s; $(($(date +%s) - START)) s gone)"
+elif ((PROFILE_STEPS > 0)); then
   PDIR=$TMP/profile
   P_RC=0
   GPT_TRAIN_CUDA_PROFILE=1 timeout -k 5 60 "$GPT_TRAIN" train --config "$TMP/gpt.yaml" "${GPT_ARGS[@]}" \
@@ -368,6 +376,10 @@ IFS=';' read -r -a VARIANT_LIST <<<"$VARIANTS"
 ((${#VARIANT_LIST[@]})) && echo && echo "gpt-train variants (the same run with these overrides; medians as above):"
 for variant in "${VARIANT_LIST[@]}"; do
   [[ -n ${variant// /} ]] || continue
+  if ! fits "$VARIANT_TIMEOUT"; then
+    echo "  [$variant] skipped: its $VARIANT_TIMEOUT s would pass TIME_LIMIT ($TIME_LIMIT s)"
+    continue
+  fi
   VDIR=$TMP/variant
   rm -rf "$VDIR"
   VARGS=("${GPT_ARGS[@]}" --set "run.out_dir=$VDIR")
@@ -382,7 +394,7 @@ for variant in "${VARIANT_LIST[@]}"; do
     tail -n 6 "$TMP/variant.log" | cut -c1-200 | sed 's/^/    | /'
     continue
   fi
-  "$PYTHON" - "$TMP" "$WARMUP" "$variant" "$V_WALL" <<'EOF'
+  if "$PYTHON" - "$TMP" "$WARMUP" "$variant" "$V_WALL" <<'EOF'
 import json, statistics, sys
 tmp, warmup, variant, wall = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 ref = json.load(open(f"{tmp}/reference.json"))
@@ -395,4 +407,5 @@ vs = lambda base: f"{tok / base:.3f}x" if base else "n/a"
 print(f"  [{variant}] {tok:,.0f} tokens/s, {ms:.1f} ms/step, MFU {100 * tok * ref['fpt'] / ref['peak']:.1f}%,"
       f" {vs(ref['gpt_tok'])} the run above, {vs(ref['torch_tok'])} PyTorch, peak {mem / 2**30:.2f} GiB ({wall} s)")
 EOF
+  then :; else echo "  [$variant] ran, but its metrics.jsonl could not be read"; fi
 done
