@@ -88,6 +88,24 @@ constexpr size_t kStackBytes = 256 * 1024;
 
 struct Scheduler;
 
+// A suspended execution context: where a switch resumes it.
+struct Context {
+#if defined(__x86_64__)
+  void* sp = nullptr;
+#else
+  ucontext_t uc;
+#endif
+};
+
+// Saves the running context into `from` and resumes `to`; returns when something switches back to `from`.
+void swap_context(Context& from, Context& to) {
+#if defined(__x86_64__)
+  emu_ctx_switch(&from.sp, to.sp);
+#else
+  if (swapcontext(&from.uc, &to.uc) != 0) fail("swapcontext");
+#endif
+}
+
 struct Fiber {
   Scheduler* sched = nullptr;
   unsigned idx = 0;
@@ -95,11 +113,7 @@ struct Fiber {
   const uint64_t* wait = nullptr;  // waiting until *wait != seen
   uint64_t seen = 0;
   unsigned char* stack = nullptr;  // kStackBytes, above one guard page
-#if defined(__x86_64__)
-  void* sp = nullptr;
-#else
-  ucontext_t uc;
-#endif
+  Context ctx;
   void* asan_fake = nullptr;
   void* tsan = nullptr;
 };
@@ -110,13 +124,8 @@ struct Scheduler {
   void (*task)(void*, unsigned) = nullptr;
   void* arg = nullptr;
   bool woke = false;                  // a barrier completed during the last resume
-  bool reverse = true;                // this call's order (flipped at every call)
   char tsan_start = 0, tsan_end = 0;  // a launch's start happens before its threads, its threads before its end
-#if defined(__x86_64__)
-  void* sp = nullptr;
-#else
-  ucontext_t uc;
-#endif
+  Context ctx;
   void* tsan = nullptr;
   const void* asan_bottom = nullptr;  // the scheduler's stack, as ASan reports it to the fibers
   size_t asan_size = 0;
@@ -149,14 +158,15 @@ void init_fiber(Fiber* f) {
   *--sp = reinterpret_cast<void*>(&fiber_main);     // r13: the entry
   *--sp = nullptr;                                  // r14
   *--sp = nullptr;                                  // r15
-  f->sp = sp;
+  f->ctx.sp = sp;
 #else
-  if (getcontext(&f->uc) != 0) fail("getcontext");
-  f->uc.uc_stack.ss_sp = f->stack;
-  f->uc.uc_stack.ss_size = kStackBytes;
-  f->uc.uc_link = nullptr;
+  ucontext_t& uc = f->ctx.uc;
+  if (getcontext(&uc) != 0) fail("getcontext");
+  uc.uc_stack.ss_sp = f->stack;
+  uc.uc_stack.ss_size = kStackBytes;
+  uc.uc_link = nullptr;
   const auto p = reinterpret_cast<uintptr_t>(f);
-  makecontext(&f->uc, reinterpret_cast<void (*)()>(&fiber_main_uc), 2, static_cast<unsigned>(p >> 32),
+  makecontext(&uc, reinterpret_cast<void (*)()>(&fiber_main_uc), 2, static_cast<unsigned>(p >> 32),
               static_cast<unsigned>(p & 0xffffffffu));
 #endif
 #if defined(EMU_TSAN)
@@ -174,11 +184,7 @@ void resume(Scheduler* s, Fiber* f) {
 #if defined(EMU_TSAN)
   __tsan_switch_to_fiber(f->tsan, __tsan_switch_to_fiber_no_sync);  // ordered by barriers only
 #endif
-#if defined(__x86_64__)
-  emu_ctx_switch(&s->sp, f->sp);
-#else
-  if (swapcontext(&s->uc, &f->uc) != 0) fail("swapcontext");
-#endif
+  swap_context(s->ctx, f->ctx);
 #if defined(EMU_ASAN)
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
@@ -194,11 +200,7 @@ void suspend(Fiber* f) {
 #if defined(EMU_TSAN)
   __tsan_switch_to_fiber(s->tsan, __tsan_switch_to_fiber_no_sync);
 #endif
-#if defined(__x86_64__)
-  emu_ctx_switch(&f->sp, s->sp);
-#else
-  if (swapcontext(&f->uc, &s->uc) != 0) fail("swapcontext");
-#endif
+  swap_context(f->ctx, s->ctx);
 #if defined(EMU_ASAN)
   __sanitizer_finish_switch_fiber(f->asan_fake, &s->asan_bottom, &s->asan_size);
 #endif

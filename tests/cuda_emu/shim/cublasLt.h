@@ -151,6 +151,9 @@ inline uint32_t emu_lt_alignment(const void* p) {
   while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
   return a;
 }
+inline bool emu_lt_has_bias(cublasLtEpilogue_t e) {
+  return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
 inline bool emu_lt_gelu(cublasLtEpilogue_t e) {
   return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
 }
@@ -191,8 +194,7 @@ inline int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* 
   if ((d->ta == CUBLAS_OP_N ? la->rows : la->cols) != m || (d->tb == CUBLAS_OP_N ? lb->rows : lb->cols) != k ||
       (d->tb == CUBLAS_OP_N ? lb->cols : lb->rows) != n)
     emu_fail("cublasLt: inconsistent shapes");
-  const bool with_bias = d->epi == CUBLASLT_EPILOGUE_BIAS || d->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-  if (with_bias && (d->bias == nullptr || reinterpret_cast<uintptr_t>(d->bias) % 16 != 0))
+  if (emu_lt_has_bias(d->epi) && (d->bias == nullptr || reinterpret_cast<uintptr_t>(d->bias) % 16 != 0))
     emu_fail("cublasLt: bias epilogue needs a 16-byte aligned bias");
   if (emu_lt_gelu(d->epi)) {  // the GELU input: C's shape, an ld of a multiple of 8, bf16 here
     if (d->aux == nullptr) emu_fail("cublasLt: a GELU epilogue without EPILOGUE_AUX_POINTER");
@@ -225,8 +227,7 @@ inline void emu_lt_compute(const EmuLtDesc* d, const EmuLtLayout* la,
       }
       double r = al * s;
       if (be != 0.0f) r += static_cast<double>(be) * out[i + j * ld->ld];
-      const bool with_bias = d->epi == CUBLASLT_EPILOGUE_BIAS || d->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-      if (with_bias) r += emu_lt_load(d->bias, lc->type, i);  // the bias has D's type
+      if (emu_lt_has_bias(d->epi)) r += emu_lt_load(d->bias, lc->type, i);  // the bias has D's type
       // GELU, tanh form, on the fp32 sum (in double here: an implementation other than gelu.cu's)
       const double kS = 0.7978845608028654, kA = 0.044715;
       if (d->epi == CUBLASLT_EPILOGUE_GELU_AUX || d->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
