@@ -157,6 +157,13 @@ class Backend {
                                        "' cannot fuse the GELU into its GEMMs (run.gelu_fusion needs run.device cuda "
                                        "and parallel.param_dtype bf16)");
   }
+  // Whether matmul_backward_gelu of width C (bf16 dpre and pre, 16-byte aligned, as the model carves them) runs
+  // fused, leaving dinp unwritten: then the caller may pass no dinp, and Gpt::prepare carves none (the planner's
+  // activation_bytes asks the same of gelu_fusion full). False by default, and for kNone and kForward.
+  virtual bool gelu_backward_fused(int C) const {
+    (void)C;
+    return false;
+  }
 
   // out(N,OC) = inp(N,C) @ weight(OC,C)^T + bias(OC); bias may be null. inp and weight f32, or either bf16 under
   // bf16 compute (taken as it is; an fp32 operand is rounded to bf16 first).
@@ -217,12 +224,15 @@ class Backend {
   // The GEMM after the GELU, backward through both: dpre(N,C) = gelu_backward of dinp = dout @ weight at `pre`
   // (the GELU's input), dweight and dbias as matmul_backward's (inp is the GELU's output). Unfused (the default,
   // and kNone/kForward): matmul_backward into dinp (fp32 (N,C) scratch), then gelu_backward(dpre, pre, dinp),
-  // bit for bit; dpre may alias dinp. Fused (the CUDA backend under kFull: cuBLASLt's DGELU epilogue on the dinp
-  // GEMM): dpre bf16, written by the GEMM from its fp32 sum (dinp is not written), so within a bf16 place of
-  // the unfused dpre.
+  // bit for bit; dpre may alias dinp. Fused (gelu_backward_fused(C): the CUDA backend under kFull, cuBLASLt's
+  // DGELU epilogue on the dinp GEMM): dpre bf16, written by the GEMM from its fp32 sum (dinp is not written, and
+  // may be null), so within a bf16 place of the unfused dpre.
   virtual void matmul_backward_gelu(TensorPtr dpre, float* dinp, float* dweight, float* dbias, ConstTensorPtr dout,
                                     ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr pre, int64_t N, int C,
                                     int OC) {
+    GPT_CHECK_MSG(dinp != nullptr,
+                  "matmul_backward_gelu unfused needs dinp: was the model prepared under a fused "
+                  "GELU backward (run.gelu_fusion full) that is now off?");
     matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
     gelu_backward(dpre, pre, dinp, N * C);
   }

@@ -51,8 +51,10 @@ struct Gpt::Acts {
   ConstTensorPtr wte;
   ConstTensorPtr head;
   // gradient workspace. d4_lo: the GELU backward's output, the fc GEMM's output gradient (a GEMM input, bf16
-  // under bf16 compute; else d4 itself, in place); dqkv in qkv's dtype (the compute dtype).
+  // under bf16 compute; else d4 itself, in place); dqkv in qkv's dtype (the compute dtype). d4 (the GELU's
+  // output gradient, fp32) is null under a fused GELU backward, which writes d4_lo from the GEMM.
   float *dres = nullptr, *dtmp = nullptr, *dln = nullptr, *d4 = nullptr, *datty = nullptr;
+  bool fused_dgelu = false;  // Backend::gelu_backward_fused when prepared
   TensorPtr d4_lo, dqkv;
   bf16* dres_lo = nullptr;  // dres in bf16, the projections' output gradient (GEMM inputs in bf16 only)
 };
@@ -111,16 +113,21 @@ Gpt::BlockGrads Gpt::block_grads(float* base) const {
 
 void Gpt::prepare(int B, int T) {
   GPT_CHECK(B > 0 && T > 0 && T <= shape_.block_size);
-  if (acts_ != nullptr && B == B_ && T == T_) return;
+  const int64_t N = static_cast<int64_t>(B) * T, C = shape_.n_embd, L = shape_.n_layer;
+  const DType lo = gemm_input_dtype(), out = be_.compute_dtype();
+  // Under a fused GELU backward (the gradient at the GELU's input straight from the projection GEMM's epilogue, in
+  // bf16) there is no fp32 d4 (the gradient at its output); the planner's activation_bytes counts the same.
+  const bool fused_dgelu =
+      lo == DType::kBF16 && out == DType::kBF16 && be_.gelu_backward_fused(static_cast<int>(4 * C));
+  if (acts_ != nullptr && B == B_ && T == T_ && acts_->fused_dgelu == fused_dgelu) return;
   delete acts_;
   acts_ = new Acts();
+  acts_->fused_dgelu = fused_dgelu;
   B_ = B;
   T_ = T;
-  const int64_t N = static_cast<int64_t>(B) * T, C = shape_.n_embd, L = shape_.n_layer;
   const int64_t att = be_.attention_state_floats(B, T, shape_.n_head);
 
   // Lays out one block's set; tensors that are not `own`ed alias the scratch set.
-  const DType lo = gemm_input_dtype(), out = be_.compute_dtype();
   auto carve_block = [&](Carver& c, const BlockActs* scratch, bool keep_all) {
     const bool sel = ckpt_.selective();
     auto aliased = [&](bool cheap) { return scratch != nullptr && (!keep_all || (sel && cheap)); };
@@ -169,7 +176,7 @@ void Gpt::prepare(int B, int T) {
     acts_->dres = gr.take(N * C);
     acts_->dtmp = gr.take(N * C);
     acts_->dln = gr.take(N * C);
-    acts_->d4 = gr.take(4 * N * C);
+    acts_->d4 = fused_dgelu ? nullptr : gr.take(4 * N * C);
     acts_->d4_lo = lo == DType::kBF16 ? gr.take(4 * N * C, lo) : TensorPtr(acts_->d4);
     acts_->dqkv = gr.take(3 * N * C, out);
     acts_->datty = gr.take(N * C);

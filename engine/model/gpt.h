@@ -39,7 +39,8 @@ class Gpt {
   const GptShape& shape() const { return shape_; }
   const ModelLayout& layout() const { return layout_; }
 
-  // Allocates activations for micro-batches of B rows of T tokens (T <= block_size). Call again to resize.
+  // Allocates activations for micro-batches of B rows of T tokens (T <= block_size). Call again to resize, or
+  // after the backend's GELU fusion changed (Backend::gelu_backward_fused: no fp32 gradient at the GELU's output then).
   void prepare(int B, int T);
 
   // Rows of the LM head's chunks: at most kHeadRows (large enough that the head's GEMMs stay efficient). The

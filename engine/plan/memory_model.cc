@@ -18,7 +18,8 @@ int64_t carved(int64_t n, DType type = DType::kF32) {
 }  // namespace
 
 ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt,
-                                 bool fused_attention, DType gemm_inputs, std::optional<DType> compute) {
+                                 bool fused_attention, DType gemm_inputs, std::optional<DType> compute,
+                                 bool fused_gelu_backward) {
   const int64_t N = static_cast<int64_t>(B) * T, C = shape.n_embd, L = shape.n_layer, V = shape.vocab_size;
   const int64_t att = static_cast<int64_t>(B) * shape.n_head * T * (fused_attention ? 1 : T);
   const DType f32 = DType::kF32, lo = gemm_inputs, out = compute.value_or(gemm_inputs);
@@ -48,10 +49,12 @@ ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const Acti
   const int64_t head = Gpt::head_rows(N) * V;
   a.stored += carved(N * C, lo) + 2 * carved(N) + carved(head) + (lo == f32 ? 0 : carved(head, lo)) + carved(N);
   a.tokens = 2 * N * 4;  // the int32 inputs and targets, copied to the backend
-  // dres, dtmp, dln, d4, the GELU's bf16 output gradient (else in place in d4), dqkv (compute dtype), datty, and
-  // dres in bf16 (GEMM inputs in bf16)
-  a.workspace = 4 * carved(N * C) + carved(4 * N * C) + (lo == f32 ? 0 : carved(4 * N * C, lo) + carved(N * C, lo)) +
-                carved(3 * N * C, out);
+  // dres, dtmp, dln, d4 (none under a fused GELU backward, which takes bf16 GEMM inputs and outputs), the gradient
+  // at the GELU's input in bf16 (else in place in d4), dqkv (compute dtype), datty, and dres in bf16 (GEMM inputs in
+  // bf16)
+  const bool no_d4 = fused_gelu_backward && lo == DType::kBF16 && out == DType::kBF16;
+  a.workspace = 4 * carved(N * C) + (no_d4 ? 0 : carved(4 * N * C)) +
+                (lo == f32 ? 0 : carved(4 * N * C, lo) + carved(N * C, lo)) + carved(3 * N * C, out);
   return a;
 }
 

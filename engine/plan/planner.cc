@@ -5,11 +5,17 @@
 #include <algorithm>
 #include <limits>
 
+#include "backend/backend.h"  // parse_gelu_fusion
 #include "core/check.h"
+#include "kernels/cuda/workspace.h"  // gelu_epilogue_fits
 #include "plan/memory_model.h"
 #include "plan/report.h"  // format_count
 
 namespace gpt {
+
+bool PlanInput::fused_gelu_backward() const {
+  return gelu_fusion == "full" && bf16_compute() && cuda_workspace::gelu_epilogue_fits(int64_t{4} * shape.n_embd);
+}
 
 Status check_plan_input(const PlanInput& in) {
   const GptShape& s = in.shape;
@@ -39,6 +45,9 @@ Status check_plan_input(const PlanInput& in) {
   }
   if (in.sharding.prefetch < 0) {
     return Status::invalid_argument("parallel.prefetch must be >= 0, got " + std::to_string(in.sharding.prefetch));
+  }
+  if (const auto fusion = parse_gelu_fusion(in.gelu_fusion); !fusion) {
+    return Status::invalid_argument("run.gelu_fusion: " + fusion.status().message());
   }
   return ActivationCheckpointing::parse(in.activation_checkpointing)
       .status()
@@ -130,9 +139,9 @@ std::vector<StrategyPlan> plan_all(const PlanInput& in) {
   const ModelLayout layout = ModelLayout::build(in.shape);
   const ActivationCheckpointing ckpt = *ActivationCheckpointing::parse(in.activation_checkpointing);
   // Under bf16 compute the model stores its GEMM inputs in bf16.
-  const ActivationBytes act =
-      activation_bytes(in.shape, in.micro_batch, in.seq_len > 0 ? in.seq_len : in.shape.block_size, ckpt,
-                       in.fused_attention, in.bf16_compute() ? DType::kBF16 : DType::kF32);
+  const ActivationBytes act = activation_bytes(
+      in.shape, in.micro_batch, in.seq_len > 0 ? in.seq_len : in.shape.block_size, ckpt, in.fused_attention,
+      in.bf16_compute() ? DType::kBF16 : DType::kF32, std::nullopt, in.fused_gelu_backward());
   const int N = in.world_size;
   std::vector<StrategyPlan> plans;
   if (N == 1) plans.push_back(make_plan(in, layout, Strategy::kSingle, 1, act));
@@ -265,6 +274,7 @@ Expected<PlanInput> plan_input(const RunConfig& cfg, const GptShape& shape, int 
   in.shard_group_size = cfg.parallel.strategy == "hybrid" ? cfg.parallel.shard_group_size : 0;
   in.activation_checkpointing = cfg.training.activation_checkpointing;
   in.fused_attention = cfg.run.device == "cuda";
+  in.gelu_fusion = cfg.run.gelu_fusion;
   in.sharding = sharding_options(cfg.parallel);
   return in;
 }

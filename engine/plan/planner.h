@@ -48,8 +48,13 @@ struct PlanInput {
   // attention and GELU outputs) and the qkv and fc outputs, bf16 when fused_attention (run.device cuda) and param_dtype
   // bf16 (bf16 compute).
   ShardingOptions sharding;
+  // run.gelu_fusion: none | forward | full. Under full with bf16 compute the GELU backward is the projection GEMM's
+  // epilogue, so the model keeps no fp32 gradient at the GELU's output (where the epilogue takes the width).
+  std::string gelu_fusion = "none";
   // The trainer's compute dtype: bf16 on a GPU under param_dtype bf16 (the CPU computes in fp32).
   bool bf16_compute() const { return fused_attention && sharding.param_dtype == DType::kBF16; }
+  // Backend::gelu_backward_fused of the trainer's CUDA backend, for this shape.
+  bool fused_gelu_backward() const;
 };
 
 // Returns an error naming the field when `in` cannot be planned (shape, batch, ranks, checkpointing mode).

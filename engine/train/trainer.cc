@@ -322,24 +322,23 @@ Expected<float> Trainer::train_step(int64_t step) {
   return loss;
 }
 
-void Trainer::log_planned_vs_measured() const {
-  if (!plan_ || world_.rank() != 0) return;
+void Trainer::log_planned_vs_measured(TrainSummary& summary) const {
+  if (!plan_) return;
   const MemStats m = MemTracker::instance().stats();
-  auto peak = [&](MemCategory c) { return m.peak[static_cast<size_t>(c)]; };
-  const std::pair<const char*, std::pair<int64_t, int64_t>> rows[] = {
-      {"params", {plan_->params, peak(MemCategory::kParams)}},
-      {"grads", {plan_->grads, peak(MemCategory::kGrads)}},
-      {"master", {plan_->master, peak(MemCategory::kMaster)}},
-      {"optimizer", {plan_->optimizer, peak(MemCategory::kOptimizer)}},
-      {"activations", {plan_->activations, peak(MemCategory::kActivations)}},
-      {"workspace", {plan_->workspace, peak(MemCategory::kWorkspace)}},
-      {"comm", {plan_->comm_buffers, peak(MemCategory::kComm)}}};
+  const std::pair<MemCategory, int64_t> rows[] = {
+      {MemCategory::kParams, plan_->params},           {MemCategory::kGrads, plan_->grads},
+      {MemCategory::kMaster, plan_->master},           {MemCategory::kOptimizer, plan_->optimizer},
+      {MemCategory::kActivations, plan_->activations}, {MemCategory::kWorkspace, plan_->workspace},
+      {MemCategory::kComm, plan_->comm_buffers}};
   std::string table;
-  for (const auto& [name, v] : rows) {
-    table +=
-        fmt::format("\n  {:<12} planned {:>12}  measured {:>12}", name, format_bytes(v.first), format_bytes(v.second));
+  for (const auto& [category, planned] : rows) {
+    const auto c = static_cast<size_t>(category);
+    summary.planned_bytes[c] = planned;
+    summary.measured_bytes[c] = m.peak[c];
+    table += fmt::format("\n  {:<12} planned {:>12}  measured {:>12}", mem_category_name(category),
+                         format_bytes(planned), format_bytes(m.peak[c]));
   }
-  spdlog::info("memory per rank after step 1 ({}):{}", plan_->name(), table);
+  if (world_.rank() == 0) spdlog::info("memory per rank after step 1 ({}):{}", plan_->name(), table);
 }
 
 std::string Trainer::strategy_label() const {
@@ -473,7 +472,7 @@ Expected<TrainSummary> Trainer::run_steps() {
     summary.losses.push_back(loss);
     if (step == start_step_) {
       progress.clear_live();
-      log_planned_vs_measured();
+      log_planned_vs_measured(summary);
     }
     StepMetrics m;
     m.step = step + 1;

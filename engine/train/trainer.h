@@ -10,6 +10,7 @@
 // strategy, exactly (same losses bit for bit at the same world size and strategy).
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -45,6 +46,10 @@ struct TrainSummary {
   // Tracked allocations (host or device) after this run's first step, evaluations and saves included: 0 when
   // the memory pools were sized up front, as they must be.
   int64_t allocations_after_first_step = 0;
+  // Per MemCategory (its order), after the first step: the plan's bytes and the tracked peak, as the log's
+  // planned-vs-measured table prints them. All zero when the trainer has no plan.
+  std::array<int64_t, kNumMemCategories> planned_bytes{};
+  std::array<int64_t, kNumMemCategories> measured_bytes{};
 };
 
 // What a test may put in place of the real thing: the backend (instead of run.device's) and how device
@@ -104,7 +109,8 @@ class Trainer {
   [[nodiscard]] Status wait_for_save();
   std::string checkpoint_root() const;
   // Rank 0, after the first step: the planner's bytes per category beside the tracked allocator's peaks.
-  void log_planned_vs_measured() const;
+  // Fills summary's planned_bytes and measured_bytes; rank 0 logs them.
+  void log_planned_vs_measured(TrainSummary& summary) const;
   CommStats comm_stats() const;
   std::string strategy_label() const;  // "zero3", or "hybrid:zero3" (summary.json, checkpoint manifests)
   // Rank 0: <out_dir>/summary.json.

@@ -281,6 +281,9 @@ bool CudaBackend::gelu_fused(GeluFusion level, int64_t rows, std::initializer_li
   }
   return true;
 }
+bool CudaBackend::gelu_backward_fused(int C) const {
+  return gelu_fusion_ == GeluFusion::kFull && compute_dtype_ == DType::kBF16 && cuda::Matmul::gelu_fusable(C);
+}
 void CudaBackend::matmul_gelu_forward(TensorPtr pre, TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight,
                                       ConstTensorPtr bias, int64_t N, int C, int OC) {
   if (!gelu_fused(GeluFusion::kForward, OC, {pre, out})) {

@@ -45,6 +45,7 @@ class CudaBackend final : public Backend {
   void set_compute_dtype(DType type) override;
   DType compute_dtype() const override { return compute_dtype_; }
   Status set_gelu_fusion(GeluFusion fusion) override;
+  bool gelu_backward_fused(int C) const override;
 
   void embedding_forward(float* out, const int32_t* tokens, ConstTensorPtr wte, ConstTensorPtr wpe, int B, int T,
                          int C) override;

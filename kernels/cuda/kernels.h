@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "kernels/cuda/workspace.h"
 
 namespace gpt::cuda {
 
@@ -120,7 +121,7 @@ class Matmul {
                 DType type, int64_t N, int C, int OC, void* scratch);
   // Whether the GELU epilogues take these operands: bf16, rows (OC forward, C backward) a multiple of 8 (cuBLASLt's
   // rule for the GELU input's leading dimension).
-  static bool gelu_fusable(int64_t rows) { return rows % 8 == 0; }
+  static bool gelu_fusable(int64_t rows) { return cuda_workspace::gelu_epilogue_fits(rows); }
   // forward with cuBLASLt's GELU_AUX(_BIAS) epilogue, all bf16: pre = inp weight^T + bias (the bias bf16 and
   // 16-byte aligned, or null), out = GELU(pre) (tanh form) of the fp32 sum. REQUIRES: gelu_fusable(OC).
   void forward_gelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight, const bf16* bias, int64_t N, int C,

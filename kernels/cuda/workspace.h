@@ -16,6 +16,11 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // cuBLASLt's workspace, allocated once (cuBLAS's recommendation for Hopper).
 constexpr size_t kCublasLtBytes = size_t{32} << 20;
 
+// Whether cuBLASLt's GELU epilogues take a GELU tensor of `width` columns (OC forward, C backward): its leading
+// dimension must be a multiple of 8. The planner asks too: under run.gelu_fusion full the model then carves no fp32
+// gradient at the GELU's output (d4).
+inline bool gelu_epilogue_fits(int64_t width) { return width % 8 == 0; }
+
 // layernorm.cu: the backward's row chunks (fixed, so the sum order is too); scratch = row stats (N float2) and
 // per-chunk dweight/dbias partials (kLayerNormChunks x 2C floats).
 constexpr int kLayerNormChunks = 512;

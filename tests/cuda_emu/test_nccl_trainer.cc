@@ -12,9 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "comm/nccl_communicator.h"     // the converted one: make_nccl_emu_communicator
-#include "kernels/cuda/cuda_backend.h"  // the converted one: gpt::CudaEmuBackend
-#include "nccl.h"                       // the shim: nccl_emu_collectives
+#include "comm/nccl_communicator.h"          // the converted one: make_nccl_emu_communicator
+#include "cub/device/device_radix_sort.cuh"  // the shim: emu_sort_temp_bytes
+#include "kernels/cuda/cuda_backend.h"       // the converted one: gpt::CudaEmuBackend
+#include "kernels/cuda/workspace.h"
+#include "nccl.h"  // the shim: nccl_emu_collectives
 #include "parallel/run_helpers.h"
 #include "testing/mpi.h"
 #include "train/trainer.h"
@@ -27,7 +29,18 @@ struct DeviceRun {
   long long nccl_collectives = 0;  // issued on this rank
 };
 
-DeviceRun train_on_emulated_gpus(const RunConfig& cfg, Communicator& world) {
+// Every run is held to its plan: in each memory category, what it allocated by the end of step 1 over what was
+// allocated before it (the measured bytes in the result are that), byte for byte. cub's sort storage, which the
+// planner estimates without a GPU, is asked of the emulated cub at the estimate; the workspace's plan may exceed
+// the measured bytes by the two span tables' rounding (planned at one span per parameter tensor, AdamW merging
+// neighbours, ShardedParams' regions fewer): at most 2 x (256 + 256) bytes below the two tables of the bound.
+DeviceRun train_on_emulated_gpus(RunConfig cfg, Communicator& world) {
+  cfg.run.device = "cuda";  // as on GPUs: the plan is the CUDA backend's (the hooks give the emulated one)
+  const int64_t rows = int64_t{cfg.training.micro_batch_size} * cfg.model.block_size;
+  const size_t emulated_sort = cub::emu_sort_temp_bytes;
+  cub::emu_sort_temp_bytes = cuda_workspace::embedding_sort_estimate(rows);
+  MemTracker::instance().reset_peaks();
+  const MemStats mem_before = MemTracker::instance().stats();
   TrainerHooks hooks;
   const int device = testing::g_mpi->local_rank();
   hooks.backend = std::make_unique<CudaEmuBackend>(device);
@@ -38,8 +51,26 @@ DeviceRun train_on_emulated_gpus(const RunConfig& cfg, Communicator& world) {
   const long long before = nccl_emu_collectives();
   DeviceRun got{run_trainer(cfg, world, std::move(hooks), testing::g_mpi->local_size(), device), 0};
   got.nccl_collectives = nccl_emu_collectives() - before;
+  cub::emu_sort_temp_bytes = emulated_sort;
   REQUIRE(got.run.val_loss.has_value());
   CHECK(got.run.allocations_after_first_step == 0);
+  int64_t spans = 0;  // the planner's bound: the parameter tensors (as many at any vocabulary)
+  const GptShape shape{cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size, 1, 0.0f};
+  for (const UnitLayout& u : ModelLayout::build(shape).units) spans += static_cast<int64_t>(u.params.size());
+  const auto slack = static_cast<int64_t>(2 * cuda_workspace::span_table(spans) - 2 * cuda_workspace::span_table(1));
+  for (size_t c = 0; c < kNumMemCategories; ++c) {
+    const auto category = static_cast<MemCategory>(c);
+    CAPTURE(mem_category_name(category));
+    int64_t& measured = got.run.measured_bytes[c];
+    measured -= mem_before.current[c];
+    const int64_t planned = got.run.planned_bytes[c];
+    if (category != MemCategory::kWorkspace) {
+      CHECK(measured == planned);
+    } else {
+      CHECK(measured <= planned);
+      CHECK(planned - measured <= slack);
+    }
+  }
   return got;
 }
 
@@ -150,7 +181,8 @@ TEST_CASE("bf16 parameters and communication on emulated GPUs over emulated NCCL
 // most 1.4e-5 relative over the two steps, held to 2e-4 as the bf16 reductions above), and not identically (the fused
 // forward ran). The fused backward's input gradient here equals the kernels' after rounding (the emulated epilogue
 // computes GELU' in double, the kernel in fp32: a bf16 place apart only near a rounding boundary), so the weights
-// after full and forward can be equal; the parity test shows that epilogue running. At 1 rank: one GPU.
+// after full and forward can be equal; the parity test shows that epilogue running. The plan is what each level
+// allocates, and full allocates no fp32 gradient at the GELU's output. At 1 rank: one GPU.
 TEST_CASE("run.gelu_fusion on an emulated GPU: the Trainer fuses the GELU into the GEMMs, within bf16 rounding",
           "[nccl][gelu]") {
   auto world = testing::g_mpi->make_world();
@@ -159,14 +191,17 @@ TEST_CASE("run.gelu_fusion on an emulated GPU: the Trainer fuses the GELU into t
   RunConfig base = small_config(dir, "/emu_gelu", 1);
   base.parallel.param_dtype = "bf16";
   base.parallel.strategy = "single";
-  base.run.device = "cuda";
+  const int64_t rows = int64_t{base.training.micro_batch_size} * base.model.block_size;
   std::vector<Result> runs;
   for (const char* fusion : {"none", "forward", "full"}) {
     CAPTURE(fusion);
     RunConfig cfg = base;
     cfg.run.gelu_fusion = fusion;
     cfg.run.out_dir = dir + "/emu_gelu_" + fusion;
-    runs.push_back(train_on_emulated_gpus(cfg, *world).run);
+    runs.push_back(train_on_emulated_gpus(cfg, *world).run);  // which holds it to its plan
+    const auto ws = static_cast<size_t>(MemCategory::kWorkspace);
+    CHECK(runs.back().planned_bytes[ws] - runs.back().measured_bytes[ws] ==
+          runs.front().planned_bytes[ws] - runs.front().measured_bytes[ws]);
     const std::vector<float>& ref = runs.front().losses;
     const std::vector<float>& losses = runs.back().losses;
     REQUIRE(losses.size() == ref.size());
@@ -177,6 +212,13 @@ TEST_CASE("run.gelu_fusion on an emulated GPU: the Trainer fuses the GELU into t
     CHECK(max_rel <= 2e-4);
     if (runs.size() > 1) CHECK(max_rel > 0.0);
   }
+  // full keeps no fp32 gradient at the GELU's output (rows x 4C floats, 64-byte carved); forward keeps it.
+  const auto workspace = [&](size_t run) {
+    return runs[run].measured_bytes[static_cast<size_t>(MemCategory::kWorkspace)];
+  };
+  const int64_t d4 = (rows * 4 * base.model.n_embd * 4 + 63) / 64 * 64;
+  CHECK(workspace(1) == workspace(0));
+  CHECK(workspace(2) == workspace(0) - d4);
   std::filesystem::remove_all(dir);
 }
 

@@ -76,6 +76,7 @@ struct Result {
   std::vector<float> losses, weights;
   std::optional<float> val_loss;  // after the last step, if it was evaluated
   int64_t allocations_after_first_step = 0;
+  std::array<int64_t, kNumMemCategories> planned_bytes{}, measured_bytes{};  // TrainSummary's, after step 1
 };
 
 // The largest |a[i] - b[i]| (the sizes must match).
@@ -96,12 +97,23 @@ inline Result run_trainer(const RunConfig& cfg, Communicator& comm, TrainerHooks
   auto summary = (*trainer)->run();
   INFO(summary.status().message());
   REQUIRE(summary.has_value());
-  return {summary->losses, (*trainer)->full_weights(), summary->final_val_loss, summary->allocations_after_first_step};
+  return {summary->losses,         (*trainer)->full_weights(),
+          summary->final_val_loss, summary->allocations_after_first_step,
+          summary->planned_bytes,  summary->measured_bytes};
 }
 
+// The run must allocate nothing after step 1, and (the planner's promise, under every strategy) at step 1 exactly
+// what its plan says in every memory category: the tracked peaks over what was allocated before it started (e.g. a
+// probing Trainer still alive).
 inline Result train(const RunConfig& cfg, Communicator& comm) {
+  MemTracker::instance().reset_peaks();
+  const MemStats before = MemTracker::instance().stats();
   Result r = run_trainer(cfg, comm);
   REQUIRE(r.allocations_after_first_step == 0);  // ARCHITECTURE invariant 4, under every strategy
+  for (size_t c = 0; c < kNumMemCategories; ++c) {
+    CAPTURE(mem_category_name(static_cast<MemCategory>(c)));
+    CHECK(r.measured_bytes[c] - before.current[c] == r.planned_bytes[c]);
+  }
   return r;
 }
 

@@ -207,6 +207,36 @@ TEST_CASE("run.device cuda counts the CUDA backend's workspaces, bf16 compute ad
   CHECK(big < casts + (int64_t{64} << 20));
 }
 
+// run.gelu_fusion full: the GELU backward is the projection GEMM's DGELU epilogue, writing the bf16 gradient at the
+// GELU's input from the GEMM, so Gpt::prepare carves no fp32 (N, 4C) gradient at its output. Only under bf16 compute
+// on cuda, and where the epilogue takes the width (4C a multiple of 8); forward fusion changes no memory.
+// (test_nccl_trainer.cc holds the Trainer on an emulated GPU to these plans, byte for byte.)
+TEST_CASE("run.gelu_fusion full plans no fp32 gradient at the GELU's output", "[plan]") {
+  auto workspace = [](PlanInput in, const char* fusion) {
+    in.gelu_fusion = fusion;
+    REQUIRE(check_plan_input(in).is_ok());
+    return plan_all(in).front().workspace;
+  };
+  PlanInput in = small_input(1);
+  in.fused_attention = true;
+  in.sharding.param_dtype = DType::kBF16;
+  REQUIRE(in.bf16_compute());
+  const int64_t N = int64_t{in.micro_batch} * in.shape.block_size, C = in.shape.n_embd;
+  const int64_t d4 = (N * 4 * C * 4 + 63) / 64 * 64;
+  CHECK(workspace(in, "forward") == workspace(in, "none"));
+  CHECK(workspace(in, "none") - workspace(in, "full") == d4);
+  PlanInput f32 = in;  // fp32 compute: no epilogue
+  f32.sharding.param_dtype = DType::kF32;
+  CHECK(workspace(f32, "full") == workspace(f32, "none"));
+  PlanInput odd = in;  // 4C = 132: not a multiple of 8, the backend runs the two ops
+  odd.shape.n_embd = 33;
+  odd.shape.n_head = 3;
+  CHECK(!odd.fused_gelu_backward());
+  CHECK(workspace(odd, "full") == workspace(odd, "none"));
+  in.gelu_fusion = "fused";
+  CHECK(check_plan_input(in).message() == "run.gelu_fusion: expected one of none|forward|full, got 'fused'");
+}
+
 TEST_CASE("run.device cuda under bf16 stores GEMM inputs (ln, attention, GELU outputs, dlogits), qkv and fc in bf16",
           "[plan]") {
   for (const char* mode : {"none", "selective", "full"}) {
