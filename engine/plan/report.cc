@@ -17,6 +17,15 @@ std::string format_count(int64_t n) {
 
 namespace {
 std::string_view dtype_label(DType t) { return t == DType::kBF16 ? "bf16" : "fp32"; }
+std::string device_label(const PlanInput& in) {
+  if (!in.fused_attention) return "cpu";
+  std::string label = "cuda (fused attention; cuBLASLt, scratch and cast areas under workspace)";
+  if (in.gelu_fusion != "none") {
+    label += ", gelu_fusion " + in.gelu_fusion +
+             (in.fused_gelu_backward() ? " (no fp32 gradient at the GELU's output)" : "");
+  }
+  return label;
+}
 }  // namespace
 
 std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& plans) {
@@ -28,11 +37,13 @@ std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& pl
       "batch: micro-batches of {} x {} tokens, {} per rank per step; world size {} ({} rank(s) per node); "
       "activation checkpointing: {}\n"
       "parallel: param_dtype {}, reduce_dtype {}, prefetch {}, reshard_after_forward {} (master weights, "
-      "AdamW state, gradient accumulation and activations in fp32{})\n\n",
+      "AdamW state, gradient accumulation and activations in fp32{})\n"
+      "device: {}\n\n",
       s.n_layer, s.n_head, s.n_embd, s.block_size, s.vocab_size, format_count(s.num_params()), in.micro_batch, T,
       in.micro_batches_per_step, in.world_size, per_node, in.activation_checkpointing,
       dtype_label(in.sharding.param_dtype), dtype_label(in.sharding.reduce_dtype), in.sharding.prefetch,
-      in.sharding.reshard_after_forward, in.bf16_compute() ? ", but for the GEMM inputs and the qkv and fc outputs in bf16" : "");
+      in.sharding.reshard_after_forward,
+      in.bf16_compute() ? ", but for the GEMM inputs and the qkv and fc outputs in bf16" : "", device_label(in));
 
   constexpr int kLabel = 28, kCol = 14;
   auto row = [&](const std::string& label, const std::function<std::string(const StrategyPlan&)>& cell) {

@@ -129,7 +129,19 @@ Status write_run_summary(const std::string& path, const RunSummary& s) {
   for (size_t i = 0; i < kNumMemCategories; ++i) {
     j += fmt::format("\"{}\": {}, ", mem_category_name(static_cast<MemCategory>(i)), s.memory.peak[i]);
   }
-  j += fmt::format("\"total\": {}}},\n  \"comm\": {{", s.memory.total_peak);
+  j += fmt::format("\"total\": {}}},\n  \"mem_planned_bytes\": ", s.memory.total_peak);
+  if (s.mem_planned) {
+    int64_t total = 0;
+    j += "{";
+    for (size_t i = 0; i < kNumMemCategories; ++i) {
+      j += fmt::format("\"{}\": {}, ", mem_category_name(static_cast<MemCategory>(i)), (*s.mem_planned)[i]);
+      total += (*s.mem_planned)[i];
+    }
+    j += fmt::format("\"total\": {}}}", total);
+  } else {
+    j += "null";
+  }
+  j += ",\n  \"comm\": {";
   for (size_t i = 0; i < kNumCommOps; ++i) {
     const CommOpStats& c = s.comm.ops[i];
     j += fmt::format("{}\"{}\": {{\"calls\": {}, \"elements\": {}, \"bytes\": {}, \"seconds\": {:.6f}}}", i ? ", " : "",

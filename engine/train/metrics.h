@@ -2,6 +2,7 @@
 // formatting helpers for progress lines.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -83,6 +84,9 @@ struct RunSummary {
   std::string strategy;
   int world_size = 1;
   MemStats memory;
+  // The planner's bytes per MemCategory (what step 1 is held to; mem_peak_bytes are the whole run's peaks), when
+  // the run planned and took a step.
+  std::optional<std::array<int64_t, kNumMemCategories>> mem_planned;
   CommStats comm;
   std::string model_dir, latest_checkpoint;  // "" when none
 };

@@ -362,6 +362,7 @@ Status Trainer::write_summary(const TrainSummary& summary, int64_t steps_done, c
   s.strategy = strategy_label();
   s.world_size = world_.size();
   s.memory = MemTracker::instance().stats();
+  if (plan_ && summary.steps > 0) s.mem_planned = summary.planned_bytes;
   s.comm = comm_stats();
   s.model_dir = model_dir;
   s.latest_checkpoint = latest_checkpoint(checkpoint_root());

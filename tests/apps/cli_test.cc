@@ -52,6 +52,8 @@ TEST_CASE("prepare, train and sample end to end, resolved config and metrics are
     std::ifstream summary(out + "/summary.json");
     const std::string s((std::istreambuf_iterator<char>(summary)), {});
     REQUIRE(s.find("\"mfu\": null") != std::string::npos);
+    // What step 1 was planned to take, beside the measured peaks.
+    REQUIRE(s.find("\"mem_planned_bytes\": {\"params\": ") != std::string::npos);
   }
   // With a stated peak, MFU = achieved FLOP/s / peak appears in the progress lines and the summary.
   const auto with_peak = run_command(gpt_train() + " train --config " + cfg + " --set run.threads=2" +

@@ -65,6 +65,26 @@ TEST_CASE("gpt-train plan: one rank, overrides, unknown vocabulary, nothing fits
     CHECK(r.output.find("param_dtype bf16") != std::string::npos);
     CHECK(r.output.find("prefetch 2") != std::string::npos);
   }
+  SECTION("run.device cuda: the backend's workspaces; gelu_fusion full drops the fp32 GELU gradient") {
+    const std::string cuda =
+        gpt_train() + " plan -c " + kConfig + " -n 8 --set run.device=cuda --set parallel.param_dtype=bf16";
+    auto workspace_row = [](const std::string& out) {
+      const size_t at = out.find("\n  workspace");
+      REQUIRE(at != std::string::npos);
+      return out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+    };
+    const auto none = run_command(cuda);
+    INFO(none.output);
+    REQUIRE(none.exit_code == 0);
+    CHECK(none.output.find("device: cuda (fused attention") != std::string::npos);
+    const auto full = run_command(cuda + " --set run.gelu_fusion=full");
+    INFO(full.output);
+    REQUIRE(full.exit_code == 0);
+    CHECK(full.output.find("gelu_fusion full (no fp32 gradient at the GELU's output)") != std::string::npos);
+    CHECK(workspace_row(full.output) != workspace_row(none.output));
+    const auto cpu = run_command(gpt_train() + " plan -c " + kConfig + " -n 8 --set run.device=cpu");
+    CHECK(cpu.output.find("device: cpu\n") != std::string::npos);
+  }
   SECTION("a batch that does not split over the ranks") {
     const auto r = run_command(gpt_train() + " plan -c " + kConfig + " -n 3");
     INFO(r.output);
