@@ -6,13 +6,19 @@
 #      signal and exits 0, and the resubmitted job (`--resume auto`) finishes with the same losses
 #      (the final one included) as an uninterrupted run. (The job is submitted again rather than
 #      requeued as scripts/slurm/*.sbatch do: Slurm holds a requeued job back for about 2 minutes.)
+#   3. runs the shipped templates as a user submits them (scripts/slurm/cpu, single-node and multi-node.sbatch,
+#      sized down on the sbatch command line; the GPU ones on 4 GPUs Slurm counts, training on the CPU):
+#      each finishes with section 1's final loss, multi-node as hybrid (2 replicas x 2-rank zero3); and
+#      single-node.sbatch signalled mid-run checkpoints, requeues itself (scontrol requeue, then made eligible
+#      at once with scontrol update StartTime=now) and resumes to the uninterrupted run's every loss.
 # It installs munge and Slurm from Debian/Ubuntu packages when missing (munge slurmctld slurmd
 # slurm-client libpmix-dev; about 10 s), runs munged, slurmctld and slurmd in the foreground (-D) in
 # the background of this script with their own key, socket, config (SLURM_CONF), state, spool and
 # logs under a temporary directory, no cgroups (proctrack/linuxproc, task/none), MpiDefault=pmix,
-# and a node that claims 8 CPUs (SlurmdParameters=config_overrides). On exit it cancels its jobs,
+# and a node that claims 8 CPUs (SlurmdParameters=config_overrides) and 4 GPUs (gres.conf: character devices
+# that are /dev/null, made with mknod). On exit it cancels its jobs,
 # stops the daemons it started by PID and removes the directory. Prints PASS/FAIL per check and
-# exits non-zero on any failure. Needs root (slurmd runs the jobs). About 15 s on 2 cores once installed.
+# exits non-zero on any failure. Needs root (slurmd runs the jobs). About 40 s on 2 cores once installed.
 #
 # Environment:
 #   GPT_TRAIN           the binary (default $BUILD_DIR/gpt-train, BUILD_DIR default build, relative
@@ -206,9 +212,20 @@ KillWait=5
 MinJobAge=600
 SlurmctldDebug=info
 SlurmdDebug=info
-NodeName=$host NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
+GresTypes=gpu
+NodeName=$host NodeAddr=127.0.0.1 CPUs=8 RealMemory=8192 Gres=gpu:4 State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=30 State=UP
 EOF
+# Four GPUs for the GPU templates' --gpus-per-node: Slurm counts a gpu only with a device file, so these are
+# character devices that are /dev/null (1,3); nothing runs on them (the jobs train on the CPU).
+mkdir -p "$tmp/dev"
+for i in 0 1 2 3; do
+  mknod "$tmp/dev/gpu$i" c 1 3 2> /dev/null && continue
+  # Without CAP_MKNOD (some containers): plain files, which slurmd counts too, logging that they are not devices.
+  ((i == 0)) && log "mknod not permitted: the fake GPUs are plain files"
+  touch "$tmp/dev/gpu$i"
+done
+echo "NodeName=$host Name=gpu File=$tmp/dev/gpu[0-3]" > "$tmp/etc/gres.conf"
 slurmctld -D -f "$SLURM_CONF" > "$tmp/log/slurmctld.log" 2>&1 &
 pids+=($!)
 slurmd -D -f "$SLURM_CONF" > "$tmp/log/slurmd.log" 2>&1 &
@@ -390,6 +407,91 @@ else
 fi
 same_losses "every step's loss after signal + resume equals the uninterrupted run's" \
   "$sig_dir/metrics.jsonl" "$tmp/runs/reference/metrics.jsonl" "$steps"
+
+# --- 3. the shipped templates: scripts/slurm/*.sbatch -----------------------------------------------
+# Each as a user submits it (its #SBATCH lines, srun --mpi=pmix, the SIGUSR1 trap and requeue), sized down on
+# the sbatch command line to this node: 8 CPUs, 4 GPUs that Slurm counts but that have no devices, so the GPU
+# templates train on the CPU (the --set run.device=cpu passed after the script overrides their run.device=cuda).
+# The tiny config, 10 steps: the final loss as the srun run of section 1 (same global batch, other world sizes
+# and strategies: within 1e-4).
+ref_loss=$(losses "$tmp/runs/srun/metrics.jsonl" | tail -1 | cut -d' ' -f2)
+close_to_ref() { awk -v a="$1" -v b="$ref_loss" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= 1e-4 * (b < 0 ? -b : b)) }'; }
+template_job() {  # template_job NAME LOG [sbatch options...] -- [gpt-train train options...]: prints the job id
+  local name=$1 out=$2
+  shift 2
+  local opts=()
+  while (($#)) && [ "$1" != -- ]; do opts+=("$1"); shift; done
+  shift
+  (cd "$repo" && CONFIG=$cfg GPT_TRAIN=$gpt timeout 30 sbatch --parsable -p debug -t 5 --output="$out" \
+    "${opts[@]}" "scripts/slurm/$name.sbatch" "$@") | cut -d';' -f1
+}
+declare -A tpl_args=([single-node]="--set parallel.strategy=zero2")  # the tiny config's is single
+declare -A tpl_opts=(
+  [cpu]="--ntasks=2 --cpus-per-task=2 --mem-per-cpu=100M"
+  [single-node]="--gpus-per-node=2 --ntasks-per-node=2 --cpus-per-task=1"
+  [multi-node]="--nodes=1 --gpus-per-node=4 --ntasks-per-node=4 --cpus-per-task=1"
+)
+declare -A tpl_ranks=([cpu]=2 [single-node]=2 [multi-node]=4)
+declare -A tpl_label=([cpu]="zero1" [single-node]="single-node" [multi-node]="hybrid (2 replicas x 2-rank zero3")
+for t in cpu single-node multi-node; do
+  out=$tmp/log/tpl-$t.log
+  # shellcheck disable=SC2086 # the options a word each
+  jid=$(SHARD_GROUP=2 template_job "$t" "$out" ${tpl_opts[$t]} -- --set run.device=cpu ${tpl_args[$t]:-} \
+    --set run.out_dir="$tmp/runs/tpl-$t" --set logging.log_interval=100)
+  [ -n "$jid" ] || { fail "sbatch scripts/slurm/$t.sbatch ${tpl_opts[$t]}"; continue; }
+  st=$(wait_job "$jid" 120)
+  final=$(losses "$tmp/runs/tpl-$t/metrics.jsonl" | tail -1)
+  if [ "$st" = COMPLETED ] && [ "$(job_exit "$jid")" = 0:0 ] && grep -q "over ${tpl_ranks[$t]} rank(s)" "$out" &&
+    [ "${final%% *}" = 10 ] && close_to_ref "${final#* }"; then
+    pass "scripts/slurm/$t.sbatch (${tpl_opts[$t]}): ${tpl_ranks[$t]} ranks, 10 steps, final loss ${final#* } (srun zero3: $ref_loss)"
+  else
+    fail "scripts/slurm/$t.sbatch (${tpl_opts[$t]}): state ${st:-?}, exit $(job_exit "$jid"), last step/loss '${final:-none}' vs $ref_loss"
+    show_logs "$out"
+  fi
+  if [ "$t" = multi-node ] && ! grep -q "${tpl_label[$t]}" "$out"; then
+    fail "scripts/slurm/$t.sbatch: no '${tpl_label[$t]}' in its log (SHARD_GROUP=2 of 4 ranks)"
+    show_logs "$out"
+  fi
+done
+
+# single-node.sbatch's own requeue: SIGUSR1 to the batch shell, the ranks checkpoint and exit 0, the script
+# requeues the job (scontrol requeue), which Slurm holds back (about 2 minutes; made eligible at once here with
+# scontrol update StartTime=now), and the second run resumes (--resume auto) to the end: every step's loss as the
+# uninterrupted reference of section 2 (the same run config).
+out=$tmp/log/tpl-requeue.log
+rq_dir=$tmp/runs/tpl-requeue
+jid=$(template_job single-node "$out" --gpus-per-node=2 --ntasks-per-node=2 --cpus-per-task=1 -- \
+  --set run.device=cpu "${run2[@]:5}" --set run.out_dir="$rq_dir")
+if [ -z "$jid" ]; then
+  fail "sbatch scripts/slurm/single-node.sbatch (requeue run)"
+else
+  n=0
+  for ((i = 0; i < 1200; i++)); do  # until it has logged 20 steps (60 s at most)
+    n=$(grep -c '"loss"' "$rq_dir/metrics.jsonl" 2> /dev/null)
+    ((n >= 20)) && break
+    nap 0.05
+  done
+  ((n >= 20)) && timeout 10 scancel --signal=USR1 --batch "$jid"
+  restarted=0
+  for ((i = 0; i < 300; i++)); do  # until the script has requeued it (60 s at most)
+    info=$(timeout 10 scontrol show job -o "$jid" 2> /dev/null)
+    if grep -q 'Restarts=[1-9]' <<< "$info" && grep -q 'JobState=PENDING' <<< "$info"; then
+      timeout 10 scontrol update JobId="$jid" StartTime=now && restarted=1
+      break
+    fi
+    nap 0.2
+  done
+  st=$(wait_job "$jid" 120)
+  if ((restarted)) && [ "$st" = COMPLETED ] && [ "$(job_exit "$jid")" = 0:0 ] &&
+    grep -q "SIGUSR1: forwarding it to the ranks" "$out" && grep -q "(restart 1)" "$out" && grep -q "resumed from" "$out"; then
+    pass "scripts/slurm/single-node.sbatch: SIGUSR1, checkpoint, requeued by the script, resumed, exit 0"
+  else
+    fail "scripts/slurm/single-node.sbatch requeue: signalled after ${n} steps, requeued $restarted, state ${st:-?}, exit $(job_exit "$jid")"
+    show_logs "$out"
+  fi
+  same_losses "every step's loss after the template's requeue equals the uninterrupted run's" \
+    "$rq_dir/metrics.jsonl" "$tmp/runs/reference/metrics.jsonl" "$steps"
+fi
 
 if ((fails)); then
   show_logs "$tmp/log/slurmctld.log" "$tmp/log/slurmd.log"
