@@ -149,7 +149,9 @@ std::vector<StrategyPlan> plan_all(const PlanInput& in) {
     plans.push_back(make_plan(in, layout, s, N, act));
   }
   const int S = in.shard_group_size > 0 ? in.shard_group_size : in.ranks_per_node;
-  if (S > 1 && S < N && N % S == 0) {
+  // Hybrid needs 1 < S < N, or S = 1 asked for (parallel.shard_group_size 1: every rank its own shard group, the
+  // shards replicated over all ranks), so that every run the trainer accepts has its plan.
+  if ((S > 1 || in.shard_group_size == 1) && S < N && N % S == 0) {
     for (Strategy s : {Strategy::kZero2, Strategy::kZero3}) plans.push_back(make_plan(in, layout, s, S, act));
   }
   return plans;

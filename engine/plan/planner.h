@@ -57,7 +57,8 @@ struct PlanInput {
   bool fused_gelu_backward() const;
 };
 
-// Returns an error naming the field when `in` cannot be planned (shape, batch, ranks, checkpointing mode).
+// Returns an error naming the field when `in` cannot be planned (shape, batch, ranks, checkpointing mode,
+// gelu_fusion).
 [[nodiscard]] Status check_plan_input(const PlanInput& in);
 
 // Elements (or bytes) per rank per optimizer step, by collective.
@@ -98,7 +99,7 @@ struct StrategyPlan {
 
 // One plan per strategy: single (world_size == 1 only), ddp, zero1, zero2, zero3, in that order, then
 // hybrid zero2 and zero3 when the shard group size S (shard_group_size, else ranks_per_node) has
-// 1 < S < world_size and divides it.
+// 1 < S < world_size (or S = shard_group_size = 1) and divides it.
 // REQUIRES: check_plan_input(in).is_ok()
 std::vector<StrategyPlan> plan_all(const PlanInput& in);
 

@@ -47,7 +47,7 @@ struct TrainSummary {
   // the memory pools were sized up front, as they must be.
   int64_t allocations_after_first_step = 0;
   // Per MemCategory (its order), after the first step: the plan's bytes and the tracked peak, as the log's
-  // planned-vs-measured table prints them. All zero when the trainer has no plan.
+  // planned-vs-measured table prints them. All zero when the trainer has no plan or the run took no step.
   std::array<int64_t, kNumMemCategories> planned_bytes{};
   std::array<int64_t, kNumMemCategories> measured_bytes{};
 };
