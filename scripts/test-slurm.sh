@@ -346,6 +346,27 @@ wait_job() {  # wait_job ID SECONDS: until it has ended; prints its final state
   echo "$s"
 }
 
+# signal_after_20_steps JID METRICS [WHAT]: once METRICS has 20 steps (60 s at most, less if the job ends first),
+# SIGUSR1 to the job's batch shell; returns 0 when it was sent, else a FAIL (prefixed by WHAT) says why.
+signal_after_20_steps() {
+  local jid=$1 metrics=$2 what=${3:+$3: } n=0 i
+  for ((i = 0; i < 1200; i++)); do
+    n=$(grep -c '"loss"' "$metrics" 2> /dev/null)
+    ((n >= 20)) && break
+    if ((i % 20 == 19)); then  # now and then: has it ended without?
+      case $(job_state "$jid") in PENDING | CONFIGURING | RUNNING | "") ;; *) break ;; esac
+    fi
+    nap 0.05
+  done
+  if ((n < 20)); then
+    fail "${what}job $jid did not log 20 steps (state $(job_state "$jid"))"
+    return 1
+  fi
+  timeout 10 scancel --signal=USR1 --batch "$jid" && return 0
+  fail "${what}scancel --signal=USR1 --batch $jid"
+  return 1
+}
+
 # The uninterrupted reference, same config, another out_dir.
 run_child timeout -k 5 120 srun -p debug -n 2 --mpi=pmix -t 5 -J reference "$gpt" "${run2[@]}" \
   --set run.out_dir="$tmp/runs/reference" > "$tmp/log/reference.log" 2>&1 ||
@@ -353,21 +374,7 @@ run_child timeout -k 5 120 srun -p debug -n 2 --mpi=pmix -t 5 -J reference "$gpt
 
 jid=$(timeout 30 sbatch --parsable "$job") || bail "sbatch $job"
 jid=${jid%%;*}
-n=0
-i=0
-for ((i = 0; i < 1200; i++)); do  # until it has logged 20 steps (60 s at most)
-  n=$(grep -c '"loss"' "$sig_dir/metrics.jsonl" 2> /dev/null)
-  ((n >= 20)) && break
-  if ((i % 20 == 19)); then  # now and then: has it ended without?
-    case $(job_state "$jid") in PENDING | CONFIGURING | RUNNING | "") ;; *) break ;; esac
-  fi
-  nap 0.05
-done
-if ((n >= 20)); then
-  timeout 10 scancel --signal=USR1 --batch "$jid" || fail "scancel --signal=USR1 --batch $jid"
-else
-  fail "job $jid did not log 20 steps (state $(job_state "$jid"))"
-fi
+signal_after_20_steps "$jid" "$sig_dir/metrics.jsonl"
 st=$(wait_job "$jid" 90)
 jlog=$tmp/log/job-$jid.log
 ck_step=$(losses "$sig_dir/metrics.jsonl" | tail -1 | cut -d' ' -f1)
@@ -472,23 +479,8 @@ jid=$(template_job single-node "$out" ${tpl_opts[single-node]} -- --set run.devi
 if [ -z "$jid" ]; then
   fail "sbatch scripts/slurm/single-node.sbatch (requeue run)"
 else
-  n=0
-  for ((i = 0; i < 1200; i++)); do  # until it has logged 20 steps (60 s at most)
-    n=$(grep -c '"loss"' "$rq_dir/metrics.jsonl" 2> /dev/null)
-    ((n >= 20)) && break
-    if ((i % 20 == 19)); then  # now and then: has it ended without?
-      case $(job_state "$jid") in PENDING | CONFIGURING | RUNNING | "") ;; *) break ;; esac
-    fi
-    nap 0.05
-  done
   signalled=0
-  if ((n < 20)); then
-    fail "scripts/slurm/single-node.sbatch (requeue run): job $jid did not log 20 steps (state $(job_state "$jid"))"
-  elif timeout 10 scancel --signal=USR1 --batch "$jid"; then
-    signalled=1
-  else
-    fail "scancel --signal=USR1 --batch $jid"
-  fi
+  signal_after_20_steps "$jid" "$rq_dir/metrics.jsonl" "scripts/slurm/single-node.sbatch (requeue run)" && signalled=1
   restarted=0
   for ((i = 0; signalled && i < 300; i++)); do  # until the script has requeued it (60 s at most)
     info=$(timeout 10 scontrol show job -o "$jid" 2> /dev/null)
@@ -504,7 +496,7 @@ else
     grep -q "SIGUSR1: forwarding it to the ranks" "$out" && grep -q "(restart 1)" "$out" && grep -q "resumed from" "$out"; then
     pass "scripts/slurm/single-node.sbatch: SIGUSR1, checkpoint, requeued by the script, resumed, exit 0"
   else
-    fail "scripts/slurm/single-node.sbatch requeue: signalled $signalled (after $n steps), requeued $restarted, state ${st:-?}, exit $(job_exit "$jid")"
+    fail "scripts/slurm/single-node.sbatch requeue: signalled $signalled, requeued $restarted, state ${st:-?}, exit $(job_exit "$jid")"
     show_logs "$out"
   fi
   same_losses "every step's loss after the template's requeue equals the uninterrupted run's" \

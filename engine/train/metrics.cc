@@ -120,24 +120,25 @@ Status write_run_summary(const std::string& path, const RunSummary& s) {
       "{{\n  \"steps_done\": {},\n  \"total_steps\": {},\n  \"steps_this_run\": {},\n  \"interrupted\": {},\n"
       "  \"final_loss\": {},\n  \"final_val_loss\": {},\n  \"seconds\": {:.3f},\n  \"tokens_per_s\": {:.1f},\n"
       "  \"gflops\": {:.3f},\n  \"mfu\": {},\n  \"strategy\": \"{}\",\n  \"world_size\": {},\n  \"model_dir\": {},\n"
-      "  \"latest_checkpoint\": {},\n  \"mem_peak_bytes\": {{",
+      "  \"latest_checkpoint\": {},\n  \"mem_peak_bytes\": ",
       s.steps_done, s.total_steps, s.steps_this_run, s.interrupted, num(s.final_loss, "{:.6f}"),
       s.final_val_loss ? num(*s.final_val_loss, "{:.6f}") : "null", s.seconds, s.tokens_per_s, s.gflops,
       s.mfu ? num(*s.mfu, "{:.4f}") : "null", s.strategy, s.world_size,
       s.model_dir.empty() ? "null" : "\"" + s.model_dir + "\"",
       s.latest_checkpoint.empty() ? "null" : "\"" + s.latest_checkpoint + "\"");
-  for (size_t i = 0; i < kNumMemCategories; ++i) {
-    j += fmt::format("\"{}\": {}, ", mem_category_name(static_cast<MemCategory>(i)), s.memory.peak[i]);
-  }
-  j += fmt::format("\"total\": {}}},\n  \"mem_planned_bytes\": ", s.memory.total_peak);
+  // {"params": ..., one per category, "total": ...}
+  auto by_category = [](const std::array<int64_t, kNumMemCategories>& bytes, int64_t total) {
+    std::string o = "{";
+    for (size_t i = 0; i < kNumMemCategories; ++i) {
+      o += fmt::format("\"{}\": {}, ", mem_category_name(static_cast<MemCategory>(i)), bytes[i]);
+    }
+    return o + fmt::format("\"total\": {}}}", total);
+  };
+  j += by_category(s.memory.peak, s.memory.total_peak) + ",\n  \"mem_planned_bytes\": ";
   if (s.mem_planned) {
     int64_t total = 0;
-    j += "{";
-    for (size_t i = 0; i < kNumMemCategories; ++i) {
-      j += fmt::format("\"{}\": {}, ", mem_category_name(static_cast<MemCategory>(i)), (*s.mem_planned)[i]);
-      total += (*s.mem_planned)[i];
-    }
-    j += fmt::format("\"total\": {}}}", total);
+    for (const int64_t bytes : *s.mem_planned) total += bytes;
+    j += by_category(*s.mem_planned, total);
   } else {
     j += "null";
   }
