@@ -41,12 +41,15 @@ struct DropoutMask {
 
 // A run of the optimizer's local buffers: elements [begin, begin + length), weight-decayed or not. `index` is
 // the first element's index in the whole (unsharded) model's flat parameters, so what depends on it
-// (stochastic rounding) is the same under every strategy and world size.
+// (stochastic rounding) is the same under every strategy and world size. The bf16 copy of element i (the
+// param_lo / dst of the span ops) is at i + lo_shift: 0 when it is laid out like the fp32 buffers; bf16 ZeRO-1/2
+// write it straight into this rank's block of the gathered parameters.
 struct OptimSpan {
   int64_t begin = 0;
   int64_t length = 0;
   uint64_t index = 0;
   bool decay = false;
+  int64_t lo_shift = 0;
 };
 
 // One AdamW step's hyperparameters. step is 1-based; grads are scaled by grad_scale first (global-norm
@@ -262,7 +265,8 @@ class Backend {
                             float beta2, float eps, float weight_decay, float grad_scale, int64_t step) = 0;
   // AdamW over every span of the buffers in one pass where the backend can (the CUDA backend: one launch for
   // the whole shard, the multi-tensor kernel). The master weights equal adamw_update's on each span bit for
-  // bit; param_lo, when not null, gets the updated weights rounded to bf16 by `rounding` in the same pass.
+  // bit; param_lo, when not null, gets the updated weights rounded to bf16 by `rounding` in the same pass (element
+  // i at param_lo[i + lo_shift]).
   virtual void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo,
                                   const std::vector<OptimSpan>& spans, const AdamWStep& step,
                                   const Bf16Rounding& rounding) = 0;
@@ -270,7 +274,7 @@ class Backend {
   virtual double sum_squares(const float* x, int64_t n) = 0;
   // The sum of squares over every span (in double, a fixed order for given spans), with one wait.
   virtual double sum_squares_spans(const float* x, const std::vector<OptimSpan>& spans) = 0;
-  // dst = src rounded to bf16 by `rounding`, over the spans.
+  // dst = src rounded to bf16 by `rounding`, over the spans (element i at dst[i + lo_shift]).
   virtual void round_to_bf16_spans(bf16* dst, const float* src, const std::vector<OptimSpan>& spans,
                                    const Bf16Rounding& rounding) = 0;
   virtual void fill_zero(float* x, int64_t n) = 0;

@@ -16,13 +16,14 @@ AdamW::AdamW(Backend& backend, const ModelLayout& layout, const std::vector<Mast
       if (lo >= hi) continue;
       const int64_t local = r.local_offset + (lo - r.begin);
       const auto index = static_cast<uint64_t>(unit_index[static_cast<size_t>(r.unit)] + lo);
-      // Merge with the previous span when contiguous (locally and in the model) and of the same kind.
+      // Merge with the previous span when contiguous (locally, in the model and in the bf16 copy) and of the same
+      // kind.
       OptimSpan* last = spans_.empty() ? nullptr : &spans_.back();
       if (last != nullptr && last->decay == p.weight_decay && last->begin + last->length == local &&
-          last->index + static_cast<uint64_t>(last->length) == index) {
+          last->index + static_cast<uint64_t>(last->length) == index && last->lo_shift == r.lo_shift) {
         last->length += hi - lo;
       } else {
-        spans_.push_back({local, hi - lo, index, p.weight_decay});
+        spans_.push_back({local, hi - lo, index, p.weight_decay, r.lo_shift});
       }
     }
   }

@@ -21,12 +21,14 @@ struct AdamWConfig {
   float weight_decay = 0.0f;
 };
 
-// A slice of one unit's flat layout held locally. `length` excludes any padding past the unit's end.
+// A slice of one unit's flat layout held locally. `length` excludes any padding past the unit's end. The bf16 copy
+// of the region (master_lo of AdamW::step) starts lo_shift elements past local_offset (OptimSpan::lo_shift).
 struct MasterRegion {
   int unit = 0;
   int64_t begin = 0;
   int64_t length = 0;
   int64_t local_offset = 0;
+  int64_t lo_shift = 0;
 };
 
 class AdamW {

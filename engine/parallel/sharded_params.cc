@@ -48,6 +48,7 @@ ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Commun
   GPT_CHECK(host_group_.size() == size_ && host_group_.rank() == rank_);
   GPT_CHECK_MSG(replicas_ == nullptr || strategy >= Strategy::kZero2, "replicate groups need zero2 or zero3");
   const int n = static_cast<int>(layout.units.size());
+  const bool zero12 = strategy_ == Strategy::kZero1 || strategy_ == Strategy::kZero2;
   int64_t model_index = 0;  // the unit's first element in the whole model's flat parameters
   for (int u = 0; u < n; ++u) {
     UnitInfo info;
@@ -61,9 +62,11 @@ ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Commun
     info.local_offset = local_numel_;
     info.full_offset = full_numel_;
     const int64_t begin = shards_optimizer() ? rank_ * info.shard : 0;
-    regions_.push_back({u, begin, std::clamp<int64_t>(info.numel - begin, 0, info.shard), info.local_offset});
+    // bf16 zero1/zero2: the bf16 shard is this rank's block of the gathered parameters (all-gathered in place).
+    const int64_t lo_shift = lo_params() && zero12 ? info.full_offset + begin - info.local_offset : 0;
+    regions_.push_back({u, begin, std::clamp<int64_t>(info.numel - begin, 0, info.shard), info.local_offset, lo_shift});
     region_spans_.push_back(
-        {info.local_offset, regions_.back().length, static_cast<uint64_t>(model_index + begin), false});
+        {info.local_offset, regions_.back().length, static_cast<uint64_t>(model_index + begin), false, lo_shift});
     model_index += info.numel;
     local_numel_ += info.shard;
     full_numel_ += info.padded;
@@ -72,14 +75,19 @@ ShardedParams::ShardedParams(const ModelLayout& layout, Backend& backend, Commun
   master_ = be_.alloc(local_numel_ * sizeof(float), MemCategory::kMaster);
   // Full fp32 compute parameters: zero1/zero2, and single/ddp with bf16 parameters (else they are the master
   // weights); none when the parameters are bf16 only (bf16 compute).
-  const bool zero12 = strategy_ == Strategy::kZero1 || strategy_ == Strategy::kZero2;
   if (!lo_only_ && (zero12 || (!shards_optimizer() && lo_params()))) {
     params_full_ = be_.alloc(full_numel_ * sizeof(float), MemCategory::kParams);
   }
   if (lo_params()) {
-    param_shard_lo_ = be_.alloc((shards_optimizer() ? local_numel_ : full_numel_) * sizeof(bf16), MemCategory::kParams);
-    // zero1/zero2: the gathered bf16 parameters (the compute parameters themselves when bf16 only).
-    if (zero12) params_full_lo_ = be_.alloc(full_numel_ * sizeof(bf16), MemCategory::kParams);
+    // zero1/zero2: the gathered bf16 parameters (the compute parameters themselves when bf16 only), which hold the
+    // rank's bf16 shard too (as DeepSpeed's bit16 partitions are views of its flat bit16 buffer); else the bf16
+    // copy of the master buffer.
+    if (zero12) {
+      params_full_lo_ = be_.alloc(full_numel_ * sizeof(bf16), MemCategory::kParams);
+    } else {
+      param_shard_lo_ =
+          be_.alloc((shards_optimizer() ? local_numel_ : full_numel_) * sizeof(bf16), MemCategory::kParams);
+    }
   }
   if (!shards_grads()) grads_full_ = be_.alloc(full_numel_ * sizeof(float), MemCategory::kGrads);
   if (shards_optimizer()) grads_shard_ = be_.alloc(local_numel_ * sizeof(float), MemCategory::kGrads);
@@ -363,10 +371,10 @@ void ShardedParams::publish(int64_t step, bool lo_written) {
     // Padding past a unit's end stays 0 (the buffer starts zero-filled and the master padding is 0).
     if (lo_written) {
       // adamw_update_spans wrote them with the update.
-    } else if (options_.stochastic_rounding) {
-      be_.round_to_bf16_spans(param_shard_lo_.as<bf16>(), master(), region_spans_, rounding(step));
-    } else {
+    } else if (!param_shard_lo_.empty() && !options_.stochastic_rounding) {
       be_.cast_to_bf16(param_shard_lo_.as<bf16>(), master(), local_numel_);
+    } else {  // stochastic, or zero1/zero2 into their blocks of params_full_lo_ (whose padding stays 0)
+      be_.round_to_bf16_spans(master_lo(), master(), region_spans_, rounding(step));
     }
     if (!shards_optimizer()) {  // single/ddp: compute through fp32 from the bf16 values, unless bf16 only
       if (!lo_only_) be_.cast_from_bf16(params_full_.as<float>(), param_shard_lo_.as<bf16>(), full_numel_);
@@ -376,9 +384,9 @@ void ShardedParams::publish(int64_t step, bool lo_written) {
   if (strategy_ != Strategy::kZero1 && strategy_ != Strategy::kZero2) return;
   std::vector<Work> works;
   for (const UnitInfo& u : units_) {
-    if (lo_params()) {
-      works.push_back(group_.all_gather(param_shard_lo_.as<bf16>() + u.local_offset,
-                                        params_full_lo_.as<bf16>() + u.full_offset, u.shard, DType::kBF16));
+    if (lo_params()) {  // in place: this rank's block is its shard
+      bf16* full = params_full_lo_.as<bf16>() + u.full_offset;
+      works.push_back(group_.all_gather(full + rank_ * u.shard, full, u.shard, DType::kBF16));
     } else {
       works.push_back(
           group_.all_gather(master() + u.local_offset, params_full_.as<float>() + u.full_offset, u.shard, DType::kF32));

@@ -93,8 +93,13 @@ class ShardedParams final : public ParamSource {
   // optimizer already wrote master_lo() (adamw_update_spans with rounding(step)), so only the gathers remain.
   void publish(int64_t step, bool lo_written = false);
   // The bf16 copy of the master region the optimizer may write with the update (null unless param_dtype
-  // is bf16), and how it rounds at optimizer step `step`.
-  bf16* master_lo() { return options_.param_dtype == DType::kBF16 ? param_shard_lo_.as<bf16>() : nullptr; }
+  // is bf16), and how it rounds at optimizer step `step`. Element i of the master buffer in region r is at
+  // master_lo()[i + r.lo_shift]: zero1/zero2 hold it in the gathered parameters (this rank's block of each unit),
+  // the others in a buffer laid out like the master weights.
+  bf16* master_lo() {
+    if (!lo_params()) return nullptr;
+    return params_full_lo_.empty() ? param_shard_lo_.as<bf16>() : params_full_lo_.as<bf16>();
+  }
   Bf16Rounding rounding(int64_t step) const;
   // The master regions as spans of the local buffers (no decay flags), for sum_squares_spans and rounding.
   const std::vector<OptimSpan>& region_spans() const { return region_spans_; }
@@ -156,13 +161,13 @@ class ShardedParams final : public ParamSource {
 
   Buffer master_;          // (local_numel) fp32 master weights; ddp: also the compute parameters
   Buffer params_full_;     // (full_numel) fp32 compute parameters: zero1/zero2, bf16 single/ddp; none when bf16 only
-  Buffer params_full_lo_;  // (full_numel) the bf16 parameters as gathered, bf16 zero1/zero2
+  Buffer params_full_lo_;  // (full_numel) the bf16 parameters as gathered, bf16 zero1/zero2 (their shards included)
   Buffer grads_full_;      // (full_numel) gradient accumulator, ddp/zero1
   Buffer grads_shard_;     // (local_numel) reduced gradient shards, zero1/zero2/zero3
   float* local_grads_ = nullptr;
   std::vector<Work> grad_works_;        // ddp/zero1 reductions of this step
   std::vector<GradReduce> lo_reduces_;  // ddp/zero1 bf16 reductions of this step
-  Buffer param_shard_lo_;               // (local_numel) bf16 parameter shards, bf16 zero1/2/3
+  Buffer param_shard_lo_;               // bf16 single/ddp: (full_numel) the parameters; zero3: (local_numel) the shards
   std::vector<Buffer> gathered_lo_;     // zero3 bf16: per unit, the gathered bf16 parameters
   std::vector<bool> expanded_;          // zero3 bf16 under fp32 compute: gathered_ holds the fp32 copy already
   std::vector<Buffer> lo_pool_;         // bf16 buffers (gathers, gradient reductions)

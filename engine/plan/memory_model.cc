@@ -111,8 +111,8 @@ class ShardedParamsSim {
     alloc(u_.local * 4, MemCategory::kMaster);
     const bool zero12 = s_.strategy == Strategy::kZero1 || s_.strategy == Strategy::kZero2;
     if (!lo_only() && (zero12 || (!shards_optimizer() && lo_params()))) alloc(u_.full * 4, MemCategory::kParams);
-    if (lo_params()) alloc((shards_optimizer() ? u_.local : u_.full) * 2, MemCategory::kParams);
-    if (lo_params() && zero12) alloc(u_.full * 2, MemCategory::kParams);
+    // bf16: zero1/zero2 the gathered parameters (their shards a view of them), zero3 the shards, else the model.
+    if (lo_params()) alloc((s_.strategy == Strategy::kZero3 ? u_.local : u_.full) * 2, MemCategory::kParams);
     if (!shards_grads()) alloc(u_.full * 4, MemCategory::kGrads);
     if (shards_optimizer()) alloc(u_.local * 4, MemCategory::kGrads);
   }

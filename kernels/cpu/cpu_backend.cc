@@ -168,7 +168,9 @@ double CpuBackend::sum_squares_spans(const float* x, const std::vector<OptimSpan
 }
 void CpuBackend::round_to_bf16_spans(bf16* dst, const float* src, const std::vector<OptimSpan>& spans,
                                      const Bf16Rounding& rounding) {
-  for (const OptimSpan& sp : spans) cpu::round_to_bf16(dst + sp.begin, src + sp.begin, sp.length, sp.index, rounding);
+  for (const OptimSpan& sp : spans) {
+    cpu::round_to_bf16(dst + sp.begin + sp.lo_shift, src + sp.begin, sp.length, sp.index, rounding);
+  }
 }
 void CpuBackend::cast_to_bf16(bf16* dst, const float* src, int64_t n) {
 #pragma omp parallel for schedule(static)

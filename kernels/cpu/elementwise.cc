@@ -110,7 +110,7 @@ void adamw_update_spans(float* param, float* m, float* v, const float* grad, bf1
     const int64_t b = sp.begin;
     adamw_update(param + b, m + b, v + b, grad + b, sp.length, s.lr, s.beta1, s.beta2, s.eps,
                  sp.decay ? s.weight_decay : 0.0f, s.grad_scale, s.step);
-    if (param_lo != nullptr) round_to_bf16(param_lo + b, param + b, sp.length, sp.index, rounding);
+    if (param_lo != nullptr) round_to_bf16(param_lo + b + sp.lo_shift, param + b, sp.length, sp.index, rounding);
   }
 }
 

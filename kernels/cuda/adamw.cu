@@ -110,7 +110,9 @@ __global__ void adamw_spans_kernel(float* param, float* m, float* v, const float
     const float mhat = mi / bc1, vhat = vi / bc2;
     const float p = param[i] - s.lr * (mhat / (sqrtf(vhat) + s.eps) + wd * param[i]);
     param[i] = p;
-    if (param_lo != nullptr) param_lo[i] = round_bf16(p, rounding, tile.span->index + (i - tile.span->begin));
+    if (param_lo != nullptr) {
+      param_lo[i + tile.span->lo_shift] = round_bf16(p, rounding, tile.span->index + (i - tile.span->begin));
+    }
   }
 }
 
@@ -118,7 +120,7 @@ __global__ void round_spans_kernel(bf16* dst, const float* src, const OptimSpan*
                                    int count, Bf16Rounding rounding) {
   const Tile tile = tile_of(spans, tile_start, count, blockIdx.x);
   for (int64_t i = tile.first + threadIdx.x; i < tile.last; i += blockDim.x) {
-    dst[i] = round_bf16(src[i], rounding, tile.span->index + (i - tile.span->begin));
+    dst[i + tile.span->lo_shift] = round_bf16(src[i], rounding, tile.span->index + (i - tile.span->begin));
   }
 }
 

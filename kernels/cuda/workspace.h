@@ -47,7 +47,7 @@ inline size_t embedding_sort_estimate(int64_t n) { return align_up(static_cast<s
 constexpr int kSumBlocks = 256;
 inline size_t sum_squares() { return kSumBlocks * sizeof(double); }
 constexpr int64_t kOptimTile = 4096;
-constexpr size_t kOptimSpanBytes = 32;  // sizeof(OptimSpan)
+constexpr size_t kOptimSpanBytes = 40;  // sizeof(OptimSpan)
 // A span table (the spans and their tile prefix), in device memory of its own, one per distinct list.
 inline size_t span_table(int64_t spans) {
   return align_up(static_cast<size_t>(spans) * kOptimSpanBytes) + align_up(static_cast<size_t>(spans + 1) * 8);

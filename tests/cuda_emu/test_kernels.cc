@@ -459,15 +459,19 @@ void run_adamw_spans(bool stochastic) {
   using gpt::AdamWStep;
   using gpt::Bf16Rounding;
   using gpt::OptimSpan;
-  const int64_t n = 9400;
-  // A span over two tiles, an empty one, one that does not start on a tile boundary, a 1-element one.
-  const std::vector<OptimSpan> spans = {
-      {0, 10, 1000, true}, {10, 0, 5, false}, {16, 5000, 20000, false}, {5100, 4000, 7, true}, {9399, 1, 3, false}};
+  const int64_t n = 9400, n_lo = n + 16;
+  // A span over two tiles, an empty one, one that does not start on a tile boundary, a 1-element one. The first
+  // and the last have their bf16 copies elsewhere (lo_shift: [n, n + 10) and 12), as ZeRO-1/2's do.
+  const std::vector<OptimSpan> spans = {{0, 10, 1000, true, n},
+                                        {10, 0, 5, false},
+                                        {16, 5000, 20000, false},
+                                        {5100, 4000, 7, true},
+                                        {9399, 1, 3, false, 12 - 9399}};
   Buf<float> p(n), m(n), v(n), g(n), cp(n), cm(n), cv(n);
   randn(p), randn(g, 0.1f);
   m.fill(0), v.fill(0);
   cp.copy_from(p), cm.copy_from(m), cv.copy_from(v);
-  Buf<gpt::bf16> lo(n), clo(n);
+  Buf<gpt::bf16> lo(n_lo), clo(n_lo);
   lo.fill(gpt::bf16{0x1234}), clo.fill(gpt::bf16{0x1234});
   Bf16Rounding r;
   r.stochastic = stochastic;
@@ -487,23 +491,29 @@ void run_adamw_spans(bool stochastic) {
   CHECK(ep.rel() < 1e-6);
   CHECK(em.rel() < 1e-6);
   CHECK(ev.rel() < 1e-6);
-  // Gaps (10..15, 5016..5099) untouched; the bf16 copy is the rounding of the kernel's own master weights.
-  std::vector<bool> in_span(n, false);
+  // Gaps (10..15, 5016..5099) untouched; the bf16 copy (at i + lo_shift) is the rounding of the kernel's own master
+  // weights, and nothing else of the bf16 buffer is written.
+  std::vector<bool> in_span(n, false), lo_written(n_lo, false);
   for (const OptimSpan& sp : spans) {
     for (int64_t i = 0; i < sp.length; ++i) {
       in_span[sp.begin + i] = true;
+      const int64_t at = sp.begin + i + sp.lo_shift;
+      lo_written[at] = true;
       const uint32_t u = std::bit_cast<uint32_t>(p[sp.begin + i]);
       const uint16_t want =
           stochastic ? gpt::bf16_bits_stochastic(u, r.rng.u32(sp.index + i)) : gpt::f32_to_bf16(p[sp.begin + i]).bits;
-      if (lo[sp.begin + i].bits != want) FAIL_CHECK("bf16 copy wrong at " << sp.begin + i);
+      if (lo[at].bits != want) FAIL_CHECK("bf16 copy wrong at " << at);
     }
   }
   for (int64_t i = 0; i < n; ++i) {
     if (in_span[i]) continue;
-    if (m[i] != 0.0f || lo[i].bits != 0x1234 || std::isnan(p[i])) FAIL_CHECK("gap element written at " << i);
+    if (m[i] != 0.0f || std::isnan(p[i])) FAIL_CHECK("gap element written at " << i);
+  }
+  for (int64_t i = 0; i < n_lo; ++i) {
+    if (!lo_written[i] && lo[i].bits != 0x1234) FAIL_CHECK("bf16 element outside the spans' copies written at " << i);
   }
   // The same rounding on its own (publish after a restore).
-  Buf<gpt::bf16> lo2(n);
+  Buf<gpt::bf16> lo2(n_lo);
   lo2.fill(gpt::bf16{0x1234});
   emu::round_to_bf16_spans(lo2.p, p.p, table, r, nullptr);
   CHECK(lo2.same(lo));

@@ -693,9 +693,10 @@ TEST_CASE("parity: multi-tensor adamw with the bf16 copy, spans' sum of squares 
   Backend* gpu = cuda_or_skip("multi-tensor optimizer ops");
   if (!gpu) return;
   const int64_t n = 300000;
-  // Spans as AdamW builds them: decayed and not, gaps (padding) between, one over many 4096-element tiles.
+  // Spans as AdamW builds them: decayed and not, gaps (padding) between, one over many 4096-element tiles; the last
+  // with its bf16 copy 1 element on (lo_shift, as ZeRO-1/2's blocks of the gathered parameters), into the padding.
   const std::vector<OptimSpan> spans = {
-      {0, 700, 0, false}, {700, 200000, 700, true}, {200704, 0, 3, true}, {200800, 99199, 900000, false}};
+      {0, 700, 0, false}, {700, 200000, 700, true}, {200704, 0, 3, true}, {200800, 99199, 900000, false, 1}};
   auto p = randn(n, 70), m = randn(n, 71, 0.1f), g = randn(n, 73);
   std::vector<float> v = randn(n, 72);
   for (float& x : v) x = x * x;

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/kernel_test_util.h"
 
@@ -258,12 +259,15 @@ TEST_CASE("sum_squares matches a double loop", "[kernels]") {
 }
 
 TEST_CASE("adamw_update_spans: per-span AdamW with the decay mask, and the bf16 copy in the same pass", "[kernels]") {
-  const int64_t n = 64;
-  const std::vector<OptimSpan> spans = {{0, 20, 100, true}, {24, 30, 500, false}, {54, 0, 7, true}, {60, 4, 9, true}};
+  const int64_t n = 64, n_lo = 96;
+  // The bf16 copy at each span's lo_shift: [70, 90), [24, 54) and [0, 4) of a longer buffer (ZeRO-1/2 write into
+  // their blocks of the gathered parameters).
+  const std::vector<OptimSpan> spans = {
+      {0, 20, 100, true, 70}, {24, 30, 500, false, 0}, {54, 0, 7, true, 5}, {60, 4, 9, true, -60}};
   const AdamWStep s{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 3};
   const auto param0 = randn(n, 1), grad = randn(n, 2);
   std::vector<float> p = param0, m(n, 0.01f), v(n, 0.02f);
-  std::vector<bf16> lo(n, bf16{0x1234});
+  std::vector<bf16> lo(n_lo, bf16{0x1234});
   cpu::adamw_update_spans(p.data(), m.data(), v.data(), grad.data(), lo.data(), spans, s, Bf16Rounding{});
   std::vector<float> wp = param0, wm(n, 0.01f), wv(n, 0.02f);
   for (const OptimSpan& sp : spans) {
@@ -273,11 +277,15 @@ TEST_CASE("adamw_update_spans: per-span AdamW with the decay mask, and the bf16 
   REQUIRE(bitwise_equal(p, wp));  // elements outside the spans (20..23, 54..59) are untouched as well
   REQUIRE(bitwise_equal(m, wm));
   REQUIRE(bitwise_equal(v, wv));
-  for (int64_t i = 0; i < n; ++i) {
-    const bool inside = (i < 20) || (i >= 24 && i < 54) || (i >= 60);
-    CAPTURE(i);
-    REQUIRE(lo[i].bits == (inside ? f32_to_bf16(p[i]).bits : 0x1234));
+  for (int64_t j = 0; j < n_lo; ++j) {
+    const int64_t i = j >= 70 && j < 90 ? j - 70 : j >= 24 && j < 54 ? j : j < 4 ? j + 60 : -1;  // master element
+    CAPTURE(j);
+    REQUIRE(lo[j].bits == (i >= 0 ? f32_to_bf16(p[i]).bits : 0x1234));
   }
+  // round_to_bf16_spans writes the same places.
+  std::vector<bf16> lo2(n_lo, bf16{0x1234});
+  CpuBackend().round_to_bf16_spans(lo2.data(), p.data(), spans, Bf16Rounding{});
+  REQUIRE(std::memcmp(lo2.data(), lo.data(), lo.size() * sizeof(bf16)) == 0);
   // sum_squares_spans adds the spans' sums in order.
   double want = 0.0;
   for (const OptimSpan& sp : spans) want += cpu::sum_squares(grad.data() + sp.begin, sp.length);

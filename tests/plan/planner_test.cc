@@ -350,6 +350,9 @@ TEST_CASE("mixed precision: bf16 parameter copies and bf16 staging of reductions
     CHECK(lo.optimizer == hi.optimizer);
     CHECK(lo.comm_buffers > 0);
     CHECK(hi.comm_buffers == 0);
+    // zero1/zero2: the fp32 compute copy and the gathered bf16 parameters, whose blocks are the ranks' bf16 shards
+    // (no bf16 shard buffer of their own).
+    if (s != Strategy::kZero3) CHECK(lo.params == hi.params + 2 * hi.padded_params);
   }
 }
 
