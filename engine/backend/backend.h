@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -132,6 +133,10 @@ class Backend {
   virtual int device_index() const { return -1; }
   // The device's dense bf16 peak in FLOP/s, the denominator of MFU; 0 when not known (the CPU).
   virtual double peak_flops() const { return 0.0; }
+  // Device memory in use as the driver counts it (total - free: this process's buffers with what the CUDA
+  // context, cuBLAS(Lt) and NCCL allocate for themselves, and any other process's on the same device), in bytes;
+  // none on the CPU.
+  virtual std::optional<int64_t> device_memory_in_use() const { return std::nullopt; }
   virtual void* native_stream() const { return nullptr; }
 
   // Parameters (the embedding tables, LayerNorm weights and biases, GEMM biases) are read as fp32: f32, or bf16

@@ -164,7 +164,8 @@ std::span<const KeySpec> config_schema() {
        "+ params (FSDP full shard); hybrid: shard within groups, replicate across them (HSDP); auto: the "
        "least-communication strategy the planner finds fits parallel.device_memory_gb"},
       {GPT_KEY(parallel, device_memory_gb), at_least(0),
-       "auto: memory per rank to fit in, in GB (1e9 bytes); 0 = no limit"},
+       "auto: memory per rank for gpt-train's buffers, in GB (1e9 bytes), less what the CUDA context and NCCL "
+       "take (a run logs it after step 1); 0 = no limit"},
       {GPT_KEY(parallel, shard_group_size), at_least(0),
        "hybrid: ranks per shard group (world = replicas x this); 0 = ranks per node"},
       {GPT_KEY(parallel, hybrid_inner), one_of("zero2|zero3"), "hybrid: the sharding inside each shard group"},

@@ -92,6 +92,12 @@ std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& pl
   });
   out += "\n";
   for (const StrategyPlan& p : plans) out += fmt::format("{:<14}{}\n", p.name(), p.note);
+  if (in.fused_attention) {
+    out +=
+        "\nThe totals are gpt-train's own device buffers. The CUDA context, cuBLAS(Lt) and NCCL allocate more for\n"
+        "themselves; a run logs that amount after step 1 (\"device memory after step 1\"; summary.json\n"
+        "device_memory_bytes.untracked). Leave room for it in parallel.device_memory_gb.\n";
+  }
   return out;
 }
 

@@ -142,6 +142,13 @@ Status write_run_summary(const std::string& path, const RunSummary& s) {
   } else {
     j += "null";
   }
+  j += ",\n  \"device_memory_bytes\": ";
+  if (s.device_in_use_bytes) {
+    j += fmt::format("{{\"in_use\": {}, \"tracked\": {}, \"untracked\": {}}}", *s.device_in_use_bytes,
+                     s.device_tracked_bytes, *s.device_in_use_bytes - s.device_tracked_bytes);
+  } else {
+    j += "null";
+  }
   j += ",\n  \"comm\": {";
   for (size_t i = 0; i < kNumCommOps; ++i) {
     const CommOpStats& c = s.comm.ops[i];

@@ -341,6 +341,18 @@ void Trainer::log_planned_vs_measured(TrainSummary& summary) const {
   if (world_.rank() == 0) spdlog::info("memory per rank after step 1 ({}):{}", plan_->name(), table);
 }
 
+void Trainer::log_device_memory(TrainSummary& summary) const {
+  summary.device_in_use_bytes = backend_->device_memory_in_use();
+  if (!summary.device_in_use_bytes) return;
+  summary.device_tracked_bytes = MemTracker::instance().stats().total_current;
+  if (world_.rank() != 0) return;
+  spdlog::info(
+      "device memory after step 1: {} in use (the driver's total - free), {} of it gpt-train's buffers; the other {}: "
+      "the CUDA context, cuBLAS(Lt), NCCL's own buffers and allocation rounding, which the plan does not count",
+      format_bytes(*summary.device_in_use_bytes), format_bytes(summary.device_tracked_bytes),
+      format_bytes(*summary.device_in_use_bytes - summary.device_tracked_bytes));
+}
+
 std::string Trainer::strategy_label() const {
   const std::string inner(strategy_name(params_->strategy()));
   return replicate_group_ ? "hybrid:" + inner : inner;
@@ -363,6 +375,8 @@ Status Trainer::write_summary(const TrainSummary& summary, int64_t steps_done, c
   s.world_size = world_.size();
   s.memory = MemTracker::instance().stats();
   if (plan_ && summary.steps > 0) s.mem_planned = summary.planned_bytes;
+  s.device_in_use_bytes = summary.device_in_use_bytes;
+  s.device_tracked_bytes = summary.device_tracked_bytes;
   s.comm = comm_stats();
   s.model_dir = model_dir;
   s.latest_checkpoint = latest_checkpoint(checkpoint_root());
@@ -474,6 +488,7 @@ Expected<TrainSummary> Trainer::run_steps() {
     if (step == start_step_) {
       progress.clear_live();
       log_planned_vs_measured(summary);
+      log_device_memory(summary);
     }
     StepMetrics m;
     m.step = step + 1;

@@ -50,6 +50,11 @@ struct TrainSummary {
   // planned-vs-measured table prints them. All zero when the trainer has no plan or the run took no step.
   std::array<int64_t, kNumMemCategories> planned_bytes{};
   std::array<int64_t, kNumMemCategories> measured_bytes{};
+  // After the first step, on a device: what the driver counts in use (Backend::device_memory_in_use) and the
+  // tracked buffers' bytes at that moment; the difference is the CUDA context, cuBLAS(Lt), NCCL and allocation
+  // rounding, which no plan counts. Unset on the CPU or when the run took no step.
+  std::optional<int64_t> device_in_use_bytes;
+  int64_t device_tracked_bytes = 0;
 };
 
 // What a test may put in place of the real thing: the backend (instead of run.device's) and how device
@@ -111,6 +116,7 @@ class Trainer {
   // Rank 0, after the first step: the planner's bytes per category beside the tracked allocator's peaks.
   // Fills summary's planned_bytes and measured_bytes; rank 0 logs them.
   void log_planned_vs_measured(TrainSummary& summary) const;
+  void log_device_memory(TrainSummary& summary) const;
   CommStats comm_stats() const;
   std::string strategy_label() const;  // "zero3", or "hybrid:zero3" (summary.json, checkpoint manifests)
   // Rank 0: <out_dir>/summary.json.

@@ -115,6 +115,12 @@ double CudaBackend::peak_flops() const {
   return 0.0;
 }
 
+std::optional<int64_t> CudaBackend::device_memory_in_use() const {
+  size_t free = 0, total = 0;
+  GPT_CUDA_CHECK(cudaMemGetInfo(&free, &total));  // of the current device: this thread's, set at construction
+  return static_cast<int64_t>(total - free);
+}
+
 Buffer CudaBackend::alloc(size_t bytes, MemCategory category) {
   if (bytes == 0) return Buffer();
   void* p = nullptr;

@@ -54,6 +54,7 @@ TEST_CASE("prepare, train and sample end to end, resolved config and metrics are
     REQUIRE(s.find("\"mfu\": null") != std::string::npos);
     // What step 1 was planned to take, beside the measured peaks.
     REQUIRE(s.find("\"mem_planned_bytes\": {\"params\": ") != std::string::npos);
+    REQUIRE(s.find("\"device_memory_bytes\": null") != std::string::npos);  // a CPU run: no driver's count
   }
   // With a stated peak, MFU = achieved FLOP/s / peak appears in the progress lines and the summary.
   const auto with_peak = run_command(gpt_train() + " train --config " + cfg + " --set run.threads=2" +

@@ -64,6 +64,14 @@ DeviceRun train_on_emulated_gpus(RunConfig cfg, Communicator& world) {
   auto table = [](int64_t n) { return static_cast<int64_t>(cuda_workspace::span_table(n)); };
   const auto units = static_cast<int64_t>(layout.units.size());
   const int64_t slack_min = table(spans) - table(units), slack_max = 2 * table(spans) - table(units) - table(1);
+  // The driver's count after step 1 (the emulated cudaMemGetInfo: the live cudaMalloc'd bytes, rounded up to 256
+  // each, and a stand-in CUDA context) over the tracked buffers: the context and at most 255 bytes per buffer.
+  REQUIRE(got.run.device_in_use_bytes.has_value());
+  const int64_t untracked = *got.run.device_in_use_bytes - got.run.device_tracked_bytes;
+  CAPTURE(untracked);
+  CHECK(got.run.device_tracked_bytes > 0);
+  CHECK(untracked >= static_cast<int64_t>(kEmuContextBytes));
+  CHECK(untracked - static_cast<int64_t>(kEmuContextBytes) < 256 * MemTracker::instance().stats().allocations);
   for (size_t c = 0; c < kNumMemCategories; ++c) {
     const auto category = static_cast<MemCategory>(c);
     CAPTURE(mem_category_name(category));

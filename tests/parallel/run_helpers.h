@@ -78,6 +78,8 @@ struct Result {
   std::optional<float> val_loss;  // after the last step, if it was evaluated
   int64_t allocations_after_first_step = 0;
   std::array<int64_t, kNumMemCategories> planned_bytes{}, measured_bytes{};  // TrainSummary's, after step 1
+  std::optional<int64_t> device_in_use_bytes;                                // TrainSummary's (a device)
+  int64_t device_tracked_bytes = 0;
 };
 
 // The largest |a[i] - b[i]| (the sizes must match).
@@ -98,9 +100,14 @@ inline Result run_trainer(const RunConfig& cfg, Communicator& comm, TrainerHooks
   auto summary = (*trainer)->run();
   INFO(summary.status().message());
   REQUIRE(summary.has_value());
-  return {summary->losses,         (*trainer)->full_weights(),
-          summary->final_val_loss, summary->allocations_after_first_step,
-          summary->planned_bytes,  summary->measured_bytes};
+  return {summary->losses,
+          (*trainer)->full_weights(),
+          summary->final_val_loss,
+          summary->allocations_after_first_step,
+          summary->planned_bytes,
+          summary->measured_bytes,
+          summary->device_in_use_bytes,
+          summary->device_tracked_bytes};
 }
 
 // The run must allocate nothing after step 1, and (the planner's promise, under every strategy) at step 1 exactly
@@ -111,6 +118,7 @@ inline Result train(const RunConfig& cfg, Communicator& comm) {
   const MemStats before = MemTracker::instance().stats();
   Result r = run_trainer(cfg, comm);
   REQUIRE(r.allocations_after_first_step == 0);  // ARCHITECTURE invariant 4, under every strategy
+  CHECK(!r.device_in_use_bytes);                 // no device: nothing the driver counts
   if (!r.losses.empty()) {                       // a step ran (a resume past the end takes none)
     int64_t planned = 0;
     for (const int64_t bytes : r.planned_bytes) planned += bytes;

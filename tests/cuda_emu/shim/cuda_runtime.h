@@ -405,6 +405,17 @@ template <class T>
 int cudaMalloc(T** p, size_t n) {  // the runtime's typed overload
   return cudaMalloc(reinterpret_cast<void**>(p), n);
 }
+// An 80 GiB device of which this process's cudaMalloc'd bytes (rounded up as they are allocated) are in use,
+// plus kEmuContextBytes standing for the CUDA context (the driver's count includes it on a GPU).
+constexpr size_t kEmuDeviceBytes = size_t{80} << 30, kEmuContextBytes = size_t{300} << 20;
+inline int cudaMemGetInfo(size_t* free, size_t* total) {
+  std::lock_guard<std::mutex> g(emu_allocs().mu);
+  size_t used = kEmuContextBytes;
+  for (const auto& [p, n] : emu_allocs().device) used += n == 0 ? 256 : (n + 255) / 256 * 256;
+  *total = kEmuDeviceBytes;
+  *free = kEmuDeviceBytes - used;
+  return 0;
+}
 inline void emu_free(std::map<uintptr_t, size_t>& m, void* p, const char* what) {
   if (p == nullptr) return;
   emu_drain_all();  // CUDA's frees wait for the device
