@@ -51,6 +51,7 @@ struct OptimSpan {
   uint64_t index = 0;
   bool decay = false;
   int64_t lo_shift = 0;
+  bool operator==(const OptimSpan&) const = default;  // every field (CudaBackend finds its span tables by content)
 };
 
 // One AdamW step's hyperparameters. step is 1-based; grads are scaled by grad_scale first (global-norm

@@ -117,7 +117,8 @@ double CudaBackend::peak_flops() const {
 
 std::optional<int64_t> CudaBackend::device_memory_in_use() const {
   size_t free = 0, total = 0;
-  GPT_CUDA_CHECK(cudaMemGetInfo(&free, &total));  // of the current device: this thread's, set at construction
+  GPT_CUDA_CHECK(cudaSetDevice(device_));  // cudaMemGetInfo counts the calling thread's current device
+  GPT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   return static_cast<int64_t>(total - free);
 }
 
@@ -144,18 +145,8 @@ void CudaBackend::reserve(int B, int T, int C, int NH, int V, int64_t head_rows,
 // A list of spans is fixed for an optimizer's life (AdamW's runs, ShardedParams' regions): its table is
 // written to device memory of its own on first use (the first step) and found again by content after that.
 const cuda::SpanTable& CudaBackend::span_table(const std::vector<OptimSpan>& spans) {
-  auto same = [&](const std::vector<OptimSpan>& a) {
-    if (a.size() != spans.size()) return false;
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (a[i].begin != spans[i].begin || a[i].length != spans[i].length || a[i].index != spans[i].index ||
-          a[i].decay != spans[i].decay) {
-        return false;
-      }
-    }
-    return true;
-  };
   for (const SpanTableEntry& e : span_tables_) {
-    if (same(e.spans)) return e.table;
+    if (e.spans == spans) return e.table;  // every field: lo_shift too, or a table would write another layout
   }
   SpanTableEntry e;
   e.spans = spans;

@@ -57,6 +57,9 @@ def convert_comm(s):
     return s
 
 
+VECTOR_TYPES = r'\b(?:float4|float2|uint4|uint2|int4|int2|__nv_bfloat162)\b'
+
+
 def convert(s, name):
     if name in COMM_FILES:
         return convert_comm(s), (0, 0, 0)
@@ -78,6 +81,13 @@ def convert(s, name):
             m.group(1), m.group(2), m.group(3), m.group(1), m.group(3), m.group(1), m.group(3)), s)
     if '__shared__' in s:
         fail('a __shared__ declaration the converter does not handle')
+
+    # Vector accesses: a GPU faults on a float4/uint2/... load or store not aligned to its size, the CPU does not,
+    # so the pointer cast to a CUDA vector type becomes emu_vector_cast, which checks the alignment.
+    s = re.sub(r'reinterpret_cast<\s*((?:const\s+)?(?:%s)\s*\*)\s*>\s*\(' % VECTOR_TYPES,
+               lambda m: 'emu_vector_cast<%s>(' % m.group(1), s)
+    if re.search(r'reinterpret_cast<[^<>]*%s' % VECTOR_TYPES, s):
+        fail('a cast to a vector type the converter does not rewrite')
 
     # Launches. The kernel may be a template instance (`k<true>`) and the launch may span lines.
     s, n_launch = re.subn(r'([\w:]+(?:<[^<>();]*>)?)\s*<<<(.*?)>>>\s*\(',

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda_runtime.h"
+#include "kernels/cuda/common.cuh"  // the converted one: its vector loads and stores
 
 namespace {
 
@@ -116,4 +117,24 @@ TEST_CASE("cuda_emu: a barrier no thread can pass, or a shuffle with lanes missi
       run_aborting([&out] { emulate_launch(divergent_shuffle_kernel, dim3(1), dim3(32), 0, nullptr, out); });
   CHECK(shuffle_aborted);
   CHECK(shuffle.find("EMU: shuffle from an inactive/out-of-step lane") != std::string::npos);
+}
+
+TEST_CASE("cuda_emu: a vector load or store through a misaligned pointer aborts, as it faults on a GPU",
+          "[cuda_emu][emulator]") {
+  // The converted kernels' casts to CUDA vector types check the alignment: common.cuh's 8-byte bf16 accesses here.
+  alignas(16) gpt::bf16 buf[12] = {};
+  for (int i = 0; i < 12; ++i) buf[i] = gpt::f32_to_bf16(static_cast<float>(i));
+  float v[4] = {};
+  gpt::cuda_emu::load4_bf16(v, buf + 4);  // 8-byte aligned: fine
+  CHECK(v[0] == 4.0f);
+  CHECK(v[3] == 7.0f);
+  const auto [load, load_aborted] = run_aborting([&] { gpt::cuda_emu::load4_bf16(v, buf + 1); });
+  CHECK(load_aborted);
+  CHECK(load.find("EMU: misaligned vector access (8 bytes") != std::string::npos);
+  const float w[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+  const auto [store, store_aborted] = run_aborting([&] { gpt::cuda_emu::store4_bf16(buf + 2, w, true, 4); });
+  CHECK(store_aborted);
+  CHECK(store.find("EMU: misaligned vector access (8 bytes") != std::string::npos);
+  gpt::cuda_emu::store4_bf16(buf + 2, w, false, 4);  // the scalar path: any alignment
+  CHECK(gpt::bf16_to_f32(buf[5]) == 4.0f);
 }

@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "emu_fiber.h"
@@ -188,6 +189,18 @@ inline int64_t emu_grid_cap = 65535 * 8;
 [[noreturn]] inline void emu_fail(const char* what) {
   std::fprintf(stderr, "EMU: %s\n", what);
   std::abort();
+}
+// reinterpret_cast<V*>(q) for a CUDA vector type V (float4, uint2, ...: convert.py rewrites those casts): a GPU
+// faults on a vector access not aligned to V's size ("misaligned address"), so this aborts on such a pointer.
+template <class P, class Q>
+P emu_vector_cast(Q* q) {
+  using V = std::remove_cv_t<std::remove_pointer_t<P>>;
+  if (reinterpret_cast<uintptr_t>(q) % alignof(V) != 0) {
+    std::fprintf(stderr, "EMU: misaligned vector access (%zu bytes at %p)\n", sizeof(V),
+                 static_cast<const volatile void*>(q));
+    std::abort();
+  }
+  return reinterpret_cast<P>(q);
 }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
