@@ -25,11 +25,13 @@ void MemTracker::on_alloc(MemCategory c, int64_t bytes) {
   raise_peak(peak_[i], current_[i].fetch_add(bytes, std::memory_order_relaxed) + bytes);
   raise_peak(total_peak_, total_current_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   allocations_.fetch_add(1, std::memory_order_relaxed);
+  live_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void MemTracker::on_free(MemCategory c, int64_t bytes) {
   current_[static_cast<size_t>(c)].fetch_sub(bytes, std::memory_order_relaxed);
   total_current_.fetch_sub(bytes, std::memory_order_relaxed);
+  live_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 MemStats MemTracker::stats() const {
@@ -41,6 +43,7 @@ MemStats MemTracker::stats() const {
   s.total_current = total_current_.load();
   s.total_peak = total_peak_.load();
   s.allocations = allocations_.load();
+  s.live_buffers = live_.load();
   return s;
 }
 

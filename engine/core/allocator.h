@@ -29,6 +29,7 @@ struct MemStats {
   int64_t total_current = 0;
   int64_t total_peak = 0;
   int64_t allocations = 0;  // every allocation so far (ARCHITECTURE invariant 4: none in the step loop after step 1)
+  int64_t live_buffers = 0;  // allocated and not yet freed
 };
 
 class MemTracker {
@@ -46,6 +47,7 @@ class MemTracker {
   std::atomic<int64_t> total_current_{0};
   std::atomic<int64_t> total_peak_{0};
   std::atomic<int64_t> allocations_{0};
+  std::atomic<int64_t> live_{0};
 };
 
 // An owning, aligned, tracked allocation. Move-only. Zero-filled on allocation.

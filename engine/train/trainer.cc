@@ -344,7 +344,9 @@ void Trainer::log_planned_vs_measured(TrainSummary& summary) const {
 void Trainer::log_device_memory(TrainSummary& summary) const {
   summary.device_in_use_bytes = backend_->device_memory_in_use();
   if (!summary.device_in_use_bytes) return;
-  summary.device_tracked_bytes = MemTracker::instance().stats().total_current;
+  const MemStats m = MemTracker::instance().stats();
+  summary.device_tracked_bytes = m.total_current;
+  summary.device_tracked_buffers = m.live_buffers;
   if (world_.rank() != 0) return;
   spdlog::info(
       "device memory after step 1: {} in use (the driver's total - free), {} of it gpt-train's buffers; the other {}: "

@@ -55,6 +55,7 @@ struct TrainSummary {
   // rounding, which no plan counts. Unset on the CPU or when the run took no step.
   std::optional<int64_t> device_in_use_bytes;
   int64_t device_tracked_bytes = 0;
+  int64_t device_tracked_buffers = 0;  // how many buffers those bytes are
 };
 
 // What a test may put in place of the real thing: the backend (instead of run.device's) and how device

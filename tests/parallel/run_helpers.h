@@ -79,7 +79,7 @@ struct Result {
   int64_t allocations_after_first_step = 0;
   std::array<int64_t, kNumMemCategories> planned_bytes{}, measured_bytes{};  // TrainSummary's, after step 1
   std::optional<int64_t> device_in_use_bytes;                                // TrainSummary's (a device)
-  int64_t device_tracked_bytes = 0;
+  int64_t device_tracked_bytes = 0, device_tracked_buffers = 0;
 };
 
 // The largest |a[i] - b[i]| (the sizes must match).
@@ -107,7 +107,8 @@ inline Result run_trainer(const RunConfig& cfg, Communicator& comm, TrainerHooks
           summary->planned_bytes,
           summary->measured_bytes,
           summary->device_in_use_bytes,
-          summary->device_tracked_bytes};
+          summary->device_tracked_bytes,
+          summary->device_tracked_buffers};
 }
 
 // The run must allocate nothing after step 1, and (the planner's promise, under every strategy) at step 1 exactly
