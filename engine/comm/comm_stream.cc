@@ -66,8 +66,28 @@ std::vector<CollectiveRecord> CommStream::history() const {
 
 std::optional<double> CommStream::running_for() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!running_since_) return std::nullopt;
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - *running_since_).count();
+  std::optional<std::chrono::steady_clock::time_point> since = running_since_;
+  if (host_since_ && (!since || *host_since_ < *since)) since = host_since_;
+  if (!since) return std::nullopt;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - *since).count();
+}
+
+CommStream::HostCall CommStream::host_call(const char* what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  host_since_ = std::chrono::steady_clock::now();
+  host_what_ = what;
+  return HostCall(this);
+}
+
+CommStream::HostCall::~HostCall() {
+  std::lock_guard<std::mutex> lock(stream_->mu_);
+  stream_->host_since_.reset();
+  stream_->host_what_ = nullptr;
+}
+
+const char* CommStream::blocked_in() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return host_what_;
 }
 
 void CommStream::run_sync(std::function<void()> task) {

@@ -45,8 +45,27 @@ class CommStream {
   CommStats stats() const;
   // The last kHistory collectives submitted, oldest first.
   std::vector<CollectiveRecord> history() const;
-  // How long the collective running now has been running, if one is.
+  // How long the collective running now has been running, if one is (or the host call in progress, if longer).
   std::optional<double> running_for() const;
+
+  // A call on the caller's thread that waits for the peers to take part (NCCL's ncclCommInitRank, a launch that
+  // sets up connections, ncclCommDestroy): while the guard lives, running_for() counts it as a running collective,
+  // so the watchdog reports a rank stuck in it instead of the job hanging; `what` (a string literal) names it.
+  class HostCall {
+   public:
+    ~HostCall();
+    HostCall(const HostCall&) = delete;
+    HostCall& operator=(const HostCall&) = delete;
+
+   private:
+    friend class CommStream;
+    explicit HostCall(CommStream* s) : stream_(s) {}
+    CommStream* stream_;
+  };
+  [[nodiscard]] HostCall host_call(const char* what);
+  // The host call in progress, or null.
+  const char* blocked_in() const;
+  const std::string& group() const { return group_; }
 
  private:
   struct Task {
@@ -71,6 +90,8 @@ class CommStream {
   bool stall_next_ = false;  // ... after which the next one never completes
   std::deque<CollectiveRecord> history_;
   std::optional<std::chrono::steady_clock::time_point> running_since_;
+  std::optional<std::chrono::steady_clock::time_point> host_since_;  // host_call's
+  const char* host_what_ = nullptr;
   std::thread thread_;
 };
 

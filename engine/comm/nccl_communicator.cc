@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -39,31 +40,47 @@ ncclDataType_t nccl_type(DType t) {
   return ncclUint8;
 }
 
+// The NCCL call each CommOp launches (in CommOp's order), as a watchdog report names it.
+constexpr const char* kNcclCall[] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast",
+                                     "ncclAllReduce (barrier)"};
+static_assert(std::size(kNcclCall) == kNumCommOps);
+
 class NcclCommunicator final : public Communicator {
  public:
+  // `tasks`: the comm stream its collectives are timed and recorded on, already watched by `bootstrap`'s
+  // watchdog (if any) since before ncclCommInitRank.
   NcclCommunicator(Communicator& bootstrap, std::unique_ptr<Communicator> owned_bootstrap, int device,
-                   cudaStream_t compute, ncclComm_t comm, std::string name)
+                   cudaStream_t compute, ncclComm_t comm, std::string name, std::unique_ptr<CommStream> tasks)
       : bootstrap_(bootstrap),
         owned_bootstrap_(std::move(owned_bootstrap)),
         device_(device),
         compute_(compute),
         comm_(comm),
-        name_(std::move(name)) {
+        name_(std::move(name)),
+        tasks_(std::move(tasks)),
+        watchdog_(bootstrap_.watchdog()) {
     GPT_CUDA_CHECK(cudaSetDevice(device_));
     GPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     GPT_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
     GPT_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
     GPT_NCCL_CHECK(ncclCommCount(comm_, &size_));
-    // Its collectives' history goes to the same watchdog as the bootstrap's, under a name of its own.
-    tasks_ = std::make_unique<CommStream>("nccl:" + name_, rank_);
-    watchdog_ = bootstrap_.watchdog();
-    if (watchdog_ != nullptr) watchdog_->watch(tasks_.get());
   }
+  // Every step that can wait for the peers (the comm stream's last collectives, ncclCommDestroy) runs while the
+  // watchdog still watches this communicator, so a peer that never gets there ends the job with a report, not a
+  // hang on this rank.
   ~NcclCommunicator() override {
+    cudaSetDevice(device_);
+    {
+      const CommStream::HostCall call = tasks_->host_call("cudaStreamSynchronize (NCCL teardown)");
+      cudaStreamSynchronize(stream_);
+    }
+    tasks_->run_sync([] {});  // the queued waits end (their collectives are done)
+    if (comm_ != nullptr) {
+      const CommStream::HostCall call = tasks_->host_call("ncclCommDestroy");
+      ncclCommDestroy(comm_);
+    }
     if (watchdog_ != nullptr) watchdog_->unwatch(tasks_.get());
-    tasks_.reset();  // finish queued collectives first
-    cudaStreamSynchronize(stream_);
-    if (comm_ != nullptr) ncclCommDestroy(comm_);
+    tasks_.reset();
     cudaFree(barrier_buf_);
     cudaStreamDestroy(stream_);
   }
@@ -142,6 +159,8 @@ class NcclCommunicator final : public Communicator {
       // Not while the CommStream thread aborts the communicator after an asynchronous error (wait_for).
       std::lock_guard<std::mutex> lock(launch_mu_);
       GPT_CHECK_MSG(comm_ != nullptr, ("NCCL communicator '" + name_ + "' was aborted after an error").c_str());
+      // A launch may wait for the peers (NCCL sets up connections on first use): watched as a running collective.
+      const CommStream::HostCall call = tasks_->host_call(kNcclCall[static_cast<size_t>(op)]);
       enqueue();
     }
     GPT_CUDA_CHECK(cudaEventRecord(events->done, stream_));
@@ -241,15 +260,25 @@ Expected<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& boo
       return Status::failed_precondition("NCCL set-up failed on rank " + std::to_string(r) + " (its log has why)");
     }
   }
+  // The communicator's comm stream exists, watched, before ncclCommInitRank, which waits for every rank to join
+  // (and for NCCL's bootstrap network: a wrong NCCL_SOCKET_IFNAME would hang it): the watchdog reports it.
+  auto tasks = std::make_unique<CommStream>("nccl:" + name, bootstrap.rank());
+  CommWatchdog* watchdog = bootstrap.watchdog();
+  if (watchdog != nullptr) watchdog->watch(tasks.get());
   ncclComm_t comm = nullptr;
-  const ncclResult_t r = ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank());
+  ncclResult_t r;
+  {
+    const CommStream::HostCall call = tasks->host_call("ncclCommInitRank");
+    r = ncclCommInitRank(&comm, bootstrap.size(), id, bootstrap.rank());
+  }
   if (r != ncclSuccess) {
+    if (watchdog != nullptr) watchdog->unwatch(tasks.get());
     return Status::failed_precondition("ncclCommInitRank (rank " + std::to_string(bootstrap.rank()) + " of " +
                                        std::to_string(bootstrap.size()) + ", device " + std::to_string(device) +
                                        "): " + ncclGetErrorString(r));
   }
   return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(
-      bootstrap, nullptr, device, static_cast<cudaStream_t>(compute_stream), comm, std::move(name)));
+      bootstrap, nullptr, device, static_cast<cudaStream_t>(compute_stream), comm, std::move(name), std::move(tasks)));
 }
 
 }  // namespace gpt

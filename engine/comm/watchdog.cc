@@ -95,6 +95,7 @@ void CommWatchdog::loop() {
     std::vector<CollectiveRecord> mine;
     double stuck = 0;
     bool alerted = false;
+    std::string blocked;  // "; blocked in ncclCommInitRank (nccl:world)": host calls in progress
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const CommStream* s : streams_) stuck = std::max(stuck, s->running_for().value_or(0.0));
@@ -102,22 +103,23 @@ void CommWatchdog::loop() {
       for (const CommStream* s : streams_) {
         const auto h = s->history();
         mine.insert(mine.end(), h.begin(), h.end());
+        if (const char* what = s->blocked_in()) blocked += fmt::format("; blocked in {} ({})", what, s->group());
       }
     }
     if (!alerted) channel_.alert_all();
     std::string lines;
     for (const CollectiveRecord& r : mine) lines += fmt::format("\n  {} #{}: {}", r.group, r.seq, describe(r));
-    spdlog::error("{}; this rank's last collectives:{}",
+    spdlog::error("{}{}; this rank's last collectives:{}",
                   alerted ? std::string("another rank's collective watchdog fired")
                           : fmt::format("a collective has not finished after {:.0f} s (comm.timeout_s)", stuck),
-                  lines);
+                  blocked, lines);
     const auto all = channel_.exchange(mine);
     const std::string diagnosis =
         all ? diagnose_hang(*all)
             : "not every rank answered within comm.timeout_s (a rank may be stuck outside a collective or dead); "
               "this rank alone: " +
                   diagnose_hang({mine});
-    on_hang_(fmt::format("collective watchdog on rank {}: {}", rank_, diagnosis));
+    on_hang_(fmt::format("collective watchdog on rank {}: {}{}", rank_, diagnosis, blocked));
     return;
   }
 }

@@ -1,7 +1,11 @@
-// diagnose_hang: the watchdog's reading of every rank's recent collectives.
+// diagnose_hang: the watchdog's reading of every rank's recent collectives; the watchdog on a host call.
 #include "comm/watchdog.h"
 
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
 
 namespace gpt {
 namespace {
@@ -31,6 +35,47 @@ TEST_CASE("diagnose_hang names the first collective where ranks disagree", "[com
         "has not finished");
   CHECK(diagnose_hang({{rec(1, CommOp::kAllReduce, 4)}, {rec(1, CommOp::kAllReduce, 4)}}) ==
         "the ranks' recent collectives agree");
+}
+
+// A rank blocked in a call on its own thread (NCCL's ncclCommInitRank, waiting for a peer that never comes) is
+// stuck as surely as in a collective: the watchdog fires on the host call and names it.
+TEST_CASE("the watchdog fires on a host call that outlives comm.timeout_s, naming it", "[comm]") {
+  CommStream stream("nccl:world", 0);
+  CHECK_FALSE(stream.running_for().has_value());
+  CHECK(stream.blocked_in() == nullptr);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string report;
+  {
+    CommWatchdog watchdog;
+    watchdog.watch(&stream);
+    WatchdogChannel channel;  // one rank: its own history is everyone's
+    channel.exchange = [](const std::vector<CollectiveRecord>& mine) {
+      return std::optional<std::vector<std::vector<CollectiveRecord>>>({mine});
+    };
+    channel.alert_all = [] {};
+    channel.alerted = [] { return false; };
+    watchdog.start(0.3, 0, channel, [&](const std::string& why) {
+      std::lock_guard<std::mutex> lock(mu);
+      report = why;
+      cv.notify_all();
+    });
+    {
+      const CommStream::HostCall call = stream.host_call("ncclCommInitRank");
+      CHECK(std::string(stream.blocked_in()) == "ncclCommInitRank");
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, std::chrono::seconds(20), [&] { return !report.empty(); });
+      REQUIRE(stream.running_for().has_value());
+      CHECK(*stream.running_for() >= 0.3);
+    }
+    watchdog.unwatch(&stream);
+  }
+  CHECK(report ==
+        "collective watchdog on rank 0: the ranks' recent collectives agree; blocked in ncclCommInitRank "
+        "(nccl:world)");
+  // Over: nothing running, nothing blocked.
+  CHECK_FALSE(stream.running_for().has_value());
+  CHECK(stream.blocked_in() == nullptr);
 }
 
 }  // namespace
