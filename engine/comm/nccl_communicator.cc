@@ -2,11 +2,14 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <unistd.h>  // gethostname
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <iterator>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -215,6 +218,19 @@ class NcclCommunicator final : public Communicator {
   CommWatchdog* watchdog_ = nullptr;
 };
 
+// The GPU as "<host> <PCI bus id>", to find ranks sharing one (which NCCL reports only as "invalid usage");
+// "" when the bus id is not known.
+std::string gpu_identity(int device) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  char bus[64] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), device) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return std::string(host) + " " + bus;
+}
+
 }  // namespace
 
 int cuda_device_count() {
@@ -251,13 +267,30 @@ Expected<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& boo
   }
   bootstrap.broadcast(id_msg.data(), kIdWords, DType::kI32, 0).wait();
   std::memcpy(&id, id_msg.data(), sizeof(id));
-  const int32_t ok = local.is_ok() ? 1 : 0;
-  std::vector<int32_t> oks(static_cast<size_t>(bootstrap.size()), 0);
-  bootstrap.all_gather(&ok, oks.data(), 1, DType::kI32).wait();
+  // Per rank: whether it is ready, and its GPU (gpu_identity, NUL-padded), so that every rank sees the same
+  // verdict and none waits in ncclCommInitRank for one that gave up.
+  constexpr int64_t kWords = 64;
+  std::vector<int32_t> mine(kWords, 0);
+  mine[0] = local.is_ok() ? 1 : 0;
+  const std::string gpu = local.is_ok() ? gpu_identity(device) : "";
+  std::memcpy(mine.data() + 1, gpu.data(), std::min(gpu.size(), static_cast<size_t>((kWords - 1) * 4 - 1)));
+  std::vector<int32_t> all(static_cast<size_t>(bootstrap.size() * kWords), 0);
+  bootstrap.all_gather(mine.data(), all.data(), kWords, DType::kI32).wait();
   if (!local.is_ok()) return local;
-  for (size_t r = 0; r < oks.size(); ++r) {
-    if (oks[r] == 0) {
+  std::vector<std::string> gpus;
+  for (int r = 0; r < bootstrap.size(); ++r) {
+    const int32_t* m = all.data() + static_cast<size_t>(r) * kWords;
+    if (m[0] == 0) {
       return Status::failed_precondition("NCCL set-up failed on rank " + std::to_string(r) + " (its log has why)");
+    }
+    gpus.emplace_back(reinterpret_cast<const char*>(m + 1));
+  }
+  for (size_t a = 0; a < gpus.size(); ++a) {
+    for (size_t b = a + 1; b < gpus.size(); ++b) {
+      if (gpus[a].empty() || gpus[a] != gpus[b]) continue;
+      return Status::failed_precondition(
+          "ranks " + std::to_string(a) + " and " + std::to_string(b) + " of '" + name + "' would share one GPU (" +
+          gpus[a] + "); NCCL needs one rank per GPU: check CUDA_VISIBLE_DEVICES and the tasks per node");
     }
   }
   // The communicator's comm stream exists, watched, before ncclCommInitRank, which waits for every rank to join

@@ -24,7 +24,8 @@ int cuda_device_count();
 
 // Collective over `bootstrap` (which must outlive the result). `device`: the CUDA device of this rank (the
 // local rank); `compute_stream`: the cudaStream_t whose work each collective must follow (nullptr = the
-// legacy default stream). Errors: no such device, NCCL initialisation failure (with NCCL's message).
+// legacy default stream). Errors: no such device, two ranks on one GPU (by host and PCI bus id, naming them), NCCL
+// initialisation failure (with NCCL's message). Every rank gets the same verdict on the first two.
 Expected<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& bootstrap, int device,
                                                                void* compute_stream = nullptr,
                                                                std::string name = "world");

@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "comm/device_select.h"
@@ -105,6 +106,23 @@ TEST_CASE("NCCL collectives on GPUs match the host's sums and copies", "[mpi][nc
   DeviceBuffer<float> one(std::vector<float>(1, 1.0f));
   half->all_reduce(one.ptr, 1, DType::kF32).wait();
   REQUIRE(one.to_host()[0] == static_cast<float>(half->size()));
+}
+
+// Every rank on GPU 0 (CUDA_VISIBLE_DEVICES set alike for all): NCCL would fail in init with "invalid usage"; the
+// set-up says which ranks and which GPU, on every rank, before ncclCommInitRank.
+TEST_CASE("NCCL set-up refuses two ranks on one GPU, naming them, on every rank", "[mpi][nccl]") {
+  if (device_or_skip() < 0) return;
+  auto world = testing::g_mpi->make_world();
+  auto made = make_nccl_communicator(*world, 0, nullptr, "world");
+  if (world->size() == 1) {  // one rank: GPU 0 is its own
+    INFO(made.status().message());
+    REQUIRE(made.has_value());
+    return;
+  }
+  REQUIRE_FALSE(made.has_value());
+  INFO(made.status().message());
+  CHECK(made.status().message().find("ranks 0 and 1 of 'world' would share one GPU") != std::string::npos);
+  CHECK(made.status().message().find("one rank per GPU") != std::string::npos);
 }
 
 TEST_CASE("NCCL collectives are ordered against the compute stream both ways without a host wait", "[mpi][nccl]") {

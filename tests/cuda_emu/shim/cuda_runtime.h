@@ -460,6 +460,12 @@ inline int emu_device_count() {
 }
 inline int cudaSetDevice(int device) { return device >= 0 && device < emu_device_count() ? 0 : 1; }
 inline int cudaGetDeviceCount(int* n) { *n = emu_device_count(); return 0; }
+// Emulated device d is the same GPU in every process on this host, as device d is on a node.
+inline int cudaDeviceGetPCIBusId(char* id, int len, int device) {
+  if (device < 0 || device >= emu_device_count()) return 1;
+  std::snprintf(id, static_cast<size_t>(len), "0000:%02x:00.0", 0x10 + device);
+  return 0;
+}
 struct cudaDeviceProp { char name[256] = "CUDA emulator"; };
 inline int cudaGetDeviceProperties(cudaDeviceProp* p, int) { *p = cudaDeviceProp{}; return 0; }
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
