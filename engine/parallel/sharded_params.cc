@@ -367,15 +367,10 @@ Bf16Rounding ShardedParams::rounding(int64_t step) const {
 
 void ShardedParams::publish(int64_t step, bool lo_written) {
   if (lo_params()) {
-    // The parameters as stored and communicated: bf16 copies of the master weights (or of their shards).
-    // Padding past a unit's end stays 0 (the buffer starts zero-filled and the master padding is 0).
-    if (lo_written) {
-      // adamw_update_spans wrote them with the update.
-    } else if (!param_shard_lo_.empty() && !options_.stochastic_rounding) {
-      be_.cast_to_bf16(param_shard_lo_.as<bf16>(), master(), local_numel_);
-    } else {  // stochastic, or zero1/zero2 into their blocks of params_full_lo_ (whose padding stays 0)
-      be_.round_to_bf16_spans(master_lo(), master(), region_spans_, rounding(step));
-    }
+    // The parameters as stored and communicated: bf16 copies of the master weights (or of their shards), where
+    // master_lo() and the regions' lo_shift put them, rounded as the optimizer's pass rounds them (unless it
+    // already did). Padding past a unit's end is never written: it stays 0 (the buffers start zero-filled).
+    if (!lo_written) be_.round_to_bf16_spans(master_lo(), master(), region_spans_, rounding(step));
     if (!shards_optimizer()) {  // single/ddp: compute through fp32 from the bf16 values, unless bf16 only
       if (!lo_only_) be_.cast_from_bf16(params_full_.as<float>(), param_shard_lo_.as<bf16>(), full_numel_);
       return;
