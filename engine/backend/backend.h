@@ -31,6 +31,15 @@ namespace gpt {
 
 class Communicator;
 
+// A device's memory as its driver reports it, in bytes, and what of the used part the backend holds for itself.
+struct DeviceMemory {
+  int64_t total = 0;
+  int64_t free = 0;
+  // Of total - free: the buffers the backend allocated when it was made (cuBLASLt's workspace), which every
+  // plan counts in its workspace; so a plan may take free + this.
+  int64_t backend_bytes = 0;
+};
+
 // Identifies one dropout mask: element i of the mask is dropped iff rng.uniform(base + i) < p. `base` is
 // the first element's global index (from the global row), so masks do not depend on how rows are split.
 struct DropoutMask {
@@ -134,10 +143,16 @@ class Backend {
   virtual int device_index() const { return -1; }
   // The device's dense bf16 peak in FLOP/s, the denominator of MFU; 0 when not known (the CPU).
   virtual double peak_flops() const { return 0.0; }
-  // Device memory in use as the driver counts it (total - free: this process's buffers with what the CUDA
-  // context, cuBLAS(Lt) and NCCL allocate for themselves, and any other process's on the same device), in bytes;
-  // none on the CPU.
-  virtual std::optional<int64_t> device_memory_in_use() const { return std::nullopt; }
+  // The device's memory as the driver counts it (cudaMemGetInfo), in bytes: its size, and what is free now (less
+  // this process's buffers, what the CUDA context, cuBLAS(Lt) and NCCL allocate for themselves, and any other
+  // process's on the same device); none on the CPU.
+  virtual std::optional<DeviceMemory> device_memory() const { return std::nullopt; }
+  // total - free of device_memory(): the memory in use on the device; none on the CPU.
+  std::optional<int64_t> device_memory_in_use() const {
+    const std::optional<DeviceMemory> m = device_memory();
+    if (!m) return std::nullopt;
+    return m->total - m->free;
+  }
   virtual void* native_stream() const { return nullptr; }
 
   // Parameters (the embedding tables, LayerNorm weights and biases, GEMM biases) are read as fp32: f32, or bf16

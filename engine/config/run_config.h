@@ -57,16 +57,17 @@ struct TrainingSection {
 };
 
 struct ParallelSection {
-  std::string strategy = "single";     // single | ddp | zero1 | zero2 | zero3 | hybrid | auto
-  float device_memory_gb = 0.0f;       // auto: memory per rank to fit in (1 GB = 1e9 bytes); 0 = no limit
-  int shard_group_size = 0;            // hybrid: ranks per shard group S; 0 = ranks per node
-  std::string hybrid_inner = "zero3";  // hybrid: zero2 | zero3 inside each shard group
-  int prefetch = 1;                    // zero3: units all-gathered ahead of use (0..2)
-  bool reshard_after_forward = true;   // zero3: free a unit after its forward, gather again for backward
-  float bucket_mb = 25.0f;             // ddp: gradient bytes per all-reduce bucket (MiB); 0 = one per unit
-  std::string param_dtype = "fp32";    // fp32 | bf16: parameters as stored and communicated
-  std::string reduce_dtype = "fp32";   // fp32 | bf16: gradients as communicated
-  bool stochastic_rounding = false;    // bf16 params: round from the master weights stochastically
+  std::string strategy = "single";        // single | ddp | zero1 | zero2 | zero3 | hybrid | auto
+  float device_memory_gb = 0.0f;          // auto: memory per rank to fit in (1 GB = 1e9 bytes); 0 = the device's
+  float device_memory_reserve_gb = 2.0f;  // cuda: device memory kept free for what the plan does not count
+  int shard_group_size = 0;               // hybrid: ranks per shard group S; 0 = ranks per node
+  std::string hybrid_inner = "zero3";     // hybrid: zero2 | zero3 inside each shard group
+  int prefetch = 1;                       // zero3: units all-gathered ahead of use (0..2)
+  bool reshard_after_forward = true;      // zero3: free a unit after its forward, gather again for backward
+  float bucket_mb = 25.0f;                // ddp: gradient bytes per all-reduce bucket (MiB); 0 = one per unit
+  std::string param_dtype = "fp32";       // fp32 | bf16: parameters as stored and communicated
+  std::string reduce_dtype = "fp32";      // fp32 | bf16: gradients as communicated
+  bool stochastic_rounding = false;       // bf16 params: round from the master weights stochastically
 };
 
 struct CheckpointSection {

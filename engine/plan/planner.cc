@@ -159,21 +159,47 @@ std::vector<StrategyPlan> plan_all(const PlanInput& in) {
 
 int64_t ring_equivalent_elements(const CommVolume& v) { return 2 * v.all_reduce + v.reduce_scatter + v.all_gather; }
 
-Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double device_memory_gb) {
-  if (plans.empty()) return Status::invalid_argument("no strategies to choose from");
+std::string DeviceBudget::describe() const {
+  return fmt::format("the {} free on rank {}'s GPU less parallel.device_memory_reserve_gb ({}): {}", format_bytes(free),
+                     rank, format_bytes(reserve), format_bytes(bytes()));
+}
+
+namespace {
+
+// The plans auto chooses from, least communication first (ties to less sharding).
+std::vector<const StrategyPlan*> auto_candidates(const std::vector<StrategyPlan>& plans) {
   std::vector<const StrategyPlan*> order;
   for (const StrategyPlan& p : plans) {
     if (!p.hybrid()) order.push_back(&p);
   }
-  if (order.empty()) return Status::invalid_argument("no non-hybrid strategies to choose from");
   std::stable_sort(order.begin(), order.end(), [](const StrategyPlan* x, const StrategyPlan* y) {
     const int64_t cx = ring_equivalent_elements(x->comm_elements_per_step);
     const int64_t cy = ring_equivalent_elements(y->comm_elements_per_step);
     return cx != cy ? cx < cy : static_cast<int>(x->strategy) < static_cast<int>(y->strategy);
   });
-  const bool limited = device_memory_gb > 0;
-  const double limit = limited ? device_memory_gb * 1e9 : std::numeric_limits<double>::infinity();
-  const std::string where = fmt::format("{:g} GB per rank", device_memory_gb);
+  return order;
+}
+
+constexpr char kShrinkHint[] =
+    "try training.activation_checkpointing: full, a smaller training.micro_batch_size, or more ranks";
+
+}  // namespace
+
+Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double device_memory_gb,
+                                 const std::optional<DeviceBudget>& device) {
+  if (plans.empty()) return Status::invalid_argument("no strategies to choose from");
+  const std::vector<const StrategyPlan*> order = auto_candidates(plans);
+  if (order.empty()) return Status::invalid_argument("no non-hybrid strategies to choose from");
+  const bool limited = device_memory_gb > 0 || device.has_value();
+  double limit = std::numeric_limits<double>::infinity();
+  std::string where;
+  if (device_memory_gb > 0) {
+    limit = device_memory_gb * 1e9;
+    where = fmt::format("{:g} GB per rank", device_memory_gb);
+  } else if (device) {
+    limit = static_cast<double>(device->bytes());
+    where = device->describe();
+  }
   std::string skipped;
   for (const StrategyPlan* p : order) {
     const std::string name(strategy_name(p->strategy));
@@ -202,10 +228,28 @@ Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double 
   const StrategyPlan* smallest =
       *std::min_element(order.begin(), order.end(), [](auto* x, auto* y) { return x->total < y->total; });
   return Status::invalid_argument(
-      fmt::format("no strategy fits in {}: the smallest, {}, needs {} ({} of it activations); try "
-                  "training.activation_checkpointing: full, a smaller training.micro_batch_size, or more ranks",
-                  where, strategy_name(smallest->strategy), format_bytes(smallest->total),
-                  format_bytes(smallest->activations + smallest->workspace)));
+      fmt::format("no strategy fits in {}: the smallest, {}, needs {} ({} of it activations and workspace); {}", where,
+                  strategy_name(smallest->strategy), format_bytes(smallest->total),
+                  format_bytes(smallest->activations + smallest->workspace), kShrinkHint));
+}
+
+Status check_plan_fits(const StrategyPlan& plan, const std::vector<StrategyPlan>& plans, const DeviceBudget& device) {
+  if (plan.total <= device.bytes()) return Status::ok();
+  std::string fit;
+  int n = 0;
+  for (const StrategyPlan& p : plans) {
+    if (p.total > device.bytes() || p.name() == plan.name()) continue;
+    fit += fmt::format("{}{} ({})", n++ == 0 ? "" : ", ", p.name(), format_bytes(p.total));
+  }
+  std::string advice = n == 0   ? fmt::format("No other strategy fits either: {}", kShrinkHint)
+                       : n == 1 ? fmt::format("{} would fit (parallel.strategy), or {}", fit, kShrinkHint)
+                                : fmt::format("These would fit: {} (parallel.strategy); or {}", fit, kShrinkHint);
+  if (device.reserve > 0 && plan.total <= device.free) advice += ", or lower parallel.device_memory_reserve_gb";
+  return Status::invalid_argument(
+      fmt::format("{} needs {} per rank ({} of it activations and workspace), more than {}; nothing was allocated. {} "
+                  "(`gpt-train plan` prints every strategy's figures)",
+                  plan.name(), format_bytes(plan.total), format_bytes(plan.activations + plan.workspace),
+                  device.describe(), advice));
 }
 
 std::string format_bytes(int64_t bytes) {

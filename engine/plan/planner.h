@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -119,12 +120,31 @@ struct AutoChoice {
   Strategy strategy = Strategy::kSingle;
   std::string reason;
 };
+// What a run's planned buffers may take per rank on a device (run.device cuda): the least free device memory
+// over the ranks when the run starts (after the CUDA context is made, before NCCL's communicators), less
+// parallel.device_memory_reserve_gb, the room kept for what is allocated outside the plan later (NCCL's
+// buffers, cudaMalloc's rounding).
+struct DeviceBudget {
+  int64_t free = 0;     // the least free device memory over the ranks (DeviceMemory's free + backend_bytes)
+  int rank = 0;         // the first rank with that little
+  int64_t reserve = 0;  // parallel.device_memory_reserve_gb, in bytes
+  int64_t bytes() const { return free > reserve ? free - reserve : 0; }
+  // "the 139.10 GiB free on rank 0's GPU less parallel.device_memory_reserve_gb (1.86 GiB): 137.24 GiB"
+  std::string describe() const;
+};
+
 // The strategy `auto` runs: the least communication whose total fits in device_memory_gb (1 GB = 1e9
-// bytes; <= 0: unlimited). Communication is ring_equivalent_elements, ties going to less sharding, which
-// orders ddp <= zero1 <= zero2 < zero3 (single first at world size 1). Hybrid plans are not candidates:
-// what they save is inter-node traffic, which an element count does not see. Fails when nothing fits,
-// naming the smallest plan and what to change.
-Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double device_memory_gb);
+// bytes) or, where that is <= 0, in `device`'s budget (none: unlimited). Communication is
+// ring_equivalent_elements, ties going to less sharding, which orders ddp <= zero1 <= zero2 < zero3 (single
+// first at world size 1). Hybrid plans are not candidates: what they save is inter-node traffic, which an
+// element count does not see. Fails when nothing fits, naming the smallest plan and what to change.
+Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double device_memory_gb,
+                                 const std::optional<DeviceBudget>& device = std::nullopt);
+
+// OK when `plan` fits in `device`'s budget; else an error (before anything is allocated) with the plan's
+// figures, the budget's, and which of `plans` (the run's others) would fit.
+[[nodiscard]] Status check_plan_fits(const StrategyPlan& plan, const std::vector<StrategyPlan>& plans,
+                                     const DeviceBudget& device);
 
 // "512 B", "3.0 KiB", "12.4 MiB", "1.23 GiB".
 std::string format_bytes(int64_t bytes);

@@ -96,7 +96,9 @@ std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& pl
     out +=
         "\nThe totals are gpt-train's own device buffers. The CUDA context, cuBLAS(Lt) and NCCL allocate more for\n"
         "themselves; a run logs that amount after step 1 (\"device memory after step 1\"; summary.json\n"
-        "device_memory_bytes.untracked). Leave room for it in parallel.device_memory_gb.\n";
+        "device_memory_bytes.untracked). On cuda, train holds the plan to the GPU's free memory at the start less\n"
+        "parallel.device_memory_reserve_gb (NCCL's buffers come later), and stops before allocating if it does\n"
+        "not fit; auto fills that budget unless parallel.device_memory_gb is given.\n";
   }
   return out;
 }

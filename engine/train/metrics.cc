@@ -144,8 +144,12 @@ Status write_run_summary(const std::string& path, const RunSummary& s) {
   }
   j += ",\n  \"device_memory_bytes\": ";
   if (s.device_in_use_bytes) {
-    j += fmt::format("{{\"in_use\": {}, \"tracked\": {}, \"untracked\": {}}}", *s.device_in_use_bytes,
-                     s.device_tracked_bytes, *s.device_in_use_bytes - s.device_tracked_bytes);
+    const int64_t untracked = *s.device_in_use_bytes - s.device_tracked_bytes;
+    j += fmt::format(
+        "{{\"in_use\": {}, \"tracked\": {}, \"untracked\": {}, \"untracked_at_start\": {}, "
+        "\"untracked_since_start\": {}}}",
+        *s.device_in_use_bytes, s.device_tracked_bytes, untracked, s.device_untracked_at_start,
+        untracked - s.device_untracked_at_start);
   } else {
     j += "null";
   }

@@ -87,9 +87,11 @@ struct RunSummary {
   // The planner's bytes per MemCategory (what step 1 is held to; mem_peak_bytes are the whole run's peaks), when
   // the run planned and took a step.
   std::optional<std::array<int64_t, kNumMemCategories>> mem_planned;
-  // Rank 0's device memory after step 1 as the driver counts it, and its tracked buffers then (TrainSummary's).
+  // Rank 0's device memory after step 1 as the driver counts it, its tracked buffers then, and the untracked
+  // bytes at the start (TrainSummary's).
   std::optional<int64_t> device_in_use_bytes;
   int64_t device_tracked_bytes = 0;
+  int64_t device_untracked_at_start = 0;
   CommStats comm;
   std::string model_dir, latest_checkpoint;  // "" when none
 };

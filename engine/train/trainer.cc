@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -47,6 +48,21 @@ Expected<data::DataLoader> open_split(const RunConfig& cfg, const std::string& k
                                         std::to_string(cfg.model.block_size) + ")");
   }
   return loader;
+}
+
+// On a device (`mem`, this rank's), what the plan may take there: the least free memory over the ranks,
+// all-gathered so that every rank decides alike (every rank's backend is run.device's, so all or none take part).
+std::optional<DeviceBudget> device_budget(Communicator& world, const std::optional<DeviceMemory>& mem,
+                                          float reserve_gb) {
+  if (!mem) return std::nullopt;
+  std::vector<int64_t> free(static_cast<size_t>(world.size()));
+  const int64_t mine = mem->free + mem->backend_bytes;
+  world.all_gather(&mine, free.data(), 2, DType::kI32).wait();  // an int64 as two int32s
+  DeviceBudget budget;
+  budget.rank = static_cast<int>(std::min_element(free.begin(), free.end()) - free.begin());
+  budget.free = free[static_cast<size_t>(budget.rank)];
+  budget.reserve = std::llround(static_cast<double>(reserve_gb) * 1e9);
+  return budget;
 }
 
 }  // namespace
@@ -106,11 +122,17 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
     return Status::invalid_argument(cfg.where("model.tied_embeddings") +
                                     ": model.tied_embeddings: false is not supported yet (GPT-2 ties the LM head)");
   }
-  // The planner's figures for this run; under `auto` they also choose the strategy.
+  // The planner's figures for this run; under `auto` they also choose the strategy, within the device's free
+  // memory where there is a device (the backend is made first for that: its CUDA context is in what is not free).
   GPT_ASSIGN_OR_RETURN(PlanInput in, plan_input(cfg, shape, world.size(), ranks_per_node));
   const std::vector<StrategyPlan> plans = plan_all(in);
+  Expected<std::unique_ptr<Backend>> backend =
+      hooks.backend ? std::move(hooks.backend) : make_backend(cfg.run.device, local_rank, ranks_per_node);
+  if (!backend) return backend.status().with_context(cfg.where("run.device"));
+  const std::optional<DeviceMemory> device_memory = (*backend)->device_memory();
+  const std::optional<DeviceBudget> budget = device_budget(world, device_memory, cfg.parallel.device_memory_reserve_gb);
   if (automatic) {
-    auto choice = choose_auto(plans, cfg.parallel.device_memory_gb);
+    auto choice = choose_auto(plans, cfg.parallel.device_memory_gb, budget);
     if (!choice) {
       return choice.status().with_context(cfg.where("parallel.device_memory_gb") + ": parallel.strategy auto");
     }
@@ -121,6 +143,12 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   for (const StrategyPlan& p : plans) {
     if (p.strategy == strategy && p.hybrid() == (shard_group_size != world.size())) plan = p;
   }
+  if (plan && budget) {
+    const std::string key = automatic ? "parallel.device_memory_gb" : "parallel.strategy";
+    GPT_RETURN_IF_ERROR(check_plan_fits(*plan, plans, *budget).with_context(cfg.where(key) + ": " + key));
+    spdlog::info("device memory: {} plans {} per rank, within {}", plan->name(), format_bytes(plan->total),
+                 budget->describe());
+  }
   GPT_ASSIGN_OR_RETURN(std::optional<CheckpointReader> resume, open_resume(cfg, shape, world));
   if (resume && resume->manifest().sampling == "sequential" && resume->manifest().global_batch != cfg.global_batch()) {
     return Status::invalid_argument(cfg.where("training.global_batch_sequences") + ": the checkpoint " + resume->dir() +
@@ -130,12 +158,13 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
                                     "global batch; this run has " +
                                     std::to_string(cfg.global_batch()));
   }
-  Expected<std::unique_ptr<Backend>> backend =
-      hooks.backend ? std::move(hooks.backend) : make_backend(cfg.run.device, local_rank, ranks_per_node);
-  if (!backend) return backend.status().with_context(cfg.where("run.device"));
   std::unique_ptr<Trainer> trainer(new Trainer(cfg, world, strategy, shard_group_size, shape, std::move(train),
                                                std::move(val), std::move(tokenizer), ckpt, plan, std::move(resume),
                                                std::move(*backend), std::move(hooks)));
+  if (device_memory) {  // what this rank's device holds now beyond the tracked buffers (another trainer's, in tests)
+    trainer->device_untracked_at_start_ =
+        device_memory->total - device_memory->free - MemTracker::instance().stats().total_current;
+  }
   GPT_RETURN_IF_ERROR(trainer->init_state());
   // Loaded (and every slice read verified) before run() writes anything.
   if (trainer->resume_) GPT_RETURN_IF_ERROR(trainer->restore());
@@ -347,12 +376,23 @@ void Trainer::log_device_memory(TrainSummary& summary) const {
   const MemStats m = MemTracker::instance().stats();
   summary.device_tracked_bytes = m.total_current;
   summary.device_tracked_buffers = m.live_buffers;
+  summary.device_untracked_at_start = device_untracked_at_start_;
   if (world_.rank() != 0) return;
+  const int64_t untracked = *summary.device_in_use_bytes - summary.device_tracked_bytes;
+  const int64_t since_start = untracked - device_untracked_at_start_;
+  const int64_t reserve = std::llround(static_cast<double>(config_.parallel.device_memory_reserve_gb) * 1e9);
   spdlog::info(
       "device memory after step 1: {} in use (the driver's total - free), {} of it gpt-train's buffers; the other {}: "
-      "the CUDA context, cuBLAS(Lt), NCCL's own buffers and allocation rounding, which the plan does not count",
-      format_bytes(*summary.device_in_use_bytes), format_bytes(summary.device_tracked_bytes),
-      format_bytes(*summary.device_in_use_bytes - summary.device_tracked_bytes));
+      "the CUDA context, cuBLAS(Lt), NCCL's own buffers and allocation rounding, which the plan does not count; {} "
+      "of that was there at the start, {} came since (parallel.device_memory_reserve_gb keeps {} for it)",
+      format_bytes(*summary.device_in_use_bytes), format_bytes(summary.device_tracked_bytes), format_bytes(untracked),
+      format_bytes(device_untracked_at_start_), format_bytes(since_start), format_bytes(reserve));
+  if (since_start > reserve) {
+    spdlog::warn(
+        "device memory: {} was allocated outside the plan after the start, more than parallel.device_memory_reserve_gb "
+        "({}); a plan that fills the GPU may run out of memory: raise it to at least {:.2f}",
+        format_bytes(since_start), format_bytes(reserve), static_cast<double>(since_start) / 1e9);
+  }
 }
 
 std::string Trainer::strategy_label() const {
@@ -379,6 +419,7 @@ Status Trainer::write_summary(const TrainSummary& summary, int64_t steps_done, c
   if (plan_ && summary.steps > 0) s.mem_planned = summary.planned_bytes;
   s.device_in_use_bytes = summary.device_in_use_bytes;
   s.device_tracked_bytes = summary.device_tracked_bytes;
+  s.device_untracked_at_start = summary.device_untracked_at_start;
   s.comm = comm_stats();
   s.model_dir = model_dir;
   s.latest_checkpoint = latest_checkpoint(checkpoint_root());

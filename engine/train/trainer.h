@@ -56,6 +56,10 @@ struct TrainSummary {
   std::optional<int64_t> device_in_use_bytes;
   int64_t device_tracked_bytes = 0;
   int64_t device_tracked_buffers = 0;  // how many buffers those bytes are
+  // The same difference when the run started (before its buffers and NCCL's communicators): what
+  // parallel.device_memory_reserve_gb must cover is the growth since, device_in_use_bytes - device_tracked_bytes
+  // - this. Set with device_in_use_bytes.
+  int64_t device_untracked_at_start = 0;
 };
 
 // What a test may put in place of the real thing: the backend (instead of run.device's) and how device
@@ -150,6 +154,7 @@ class Trainer {
   bool step_skipped_ = false;                            // training.nonfinite: skip_step skipped this step's update
   const std::optional<TestFault> fault_ = test_fault();  // GPT_TRAIN_FAULT, read once for the step's hooks
   std::optional<StrategyPlan> plan_;                     // the planner's figures for this run's strategy
+  int64_t device_untracked_at_start_ = 0;                // on a device: TrainSummary's device_untracked_at_start
   std::optional<CheckpointReader> resume_;
   int64_t start_step_ = 0;                   // steps already taken (resumed runs)
   std::unique_ptr<Communicator> save_comm_;  // saves' collectives (unwatched; the async writer's thread)

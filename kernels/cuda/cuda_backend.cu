@@ -115,11 +115,14 @@ double CudaBackend::peak_flops() const {
   return 0.0;
 }
 
-std::optional<int64_t> CudaBackend::device_memory_in_use() const {
+std::optional<DeviceMemory> CudaBackend::device_memory() const {
   size_t free = 0, total = 0;
   GPT_CUDA_CHECK(cudaSetDevice(device_));  // cudaMemGetInfo counts the calling thread's current device
   GPT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  return static_cast<int64_t>(total - free);
+  // As alloc rounds them for cudaMalloc.
+  const auto rounded = [](const Buffer& b) { return static_cast<int64_t>((b.bytes() + 255) / 256 * 256); };
+  return DeviceMemory{static_cast<int64_t>(total), static_cast<int64_t>(free),
+                      rounded(cublas_workspace_) + rounded(result_)};
 }
 
 Buffer CudaBackend::alloc(size_t bytes, MemCategory category) {

@@ -41,7 +41,7 @@ class CudaBackend final : public Backend {
   void reserve(int B, int T, int C, int NH, int V, int64_t head_rows, bool dropout) override;
   int device_index() const override { return device_; }
   double peak_flops() const override;
-  std::optional<int64_t> device_memory_in_use() const override;
+  std::optional<DeviceMemory> device_memory() const override;
   void* native_stream() const override { return stream_; }
   void set_compute_dtype(DType type) override;
   DType compute_dtype() const override { return compute_dtype_; }

@@ -67,13 +67,18 @@ DeviceRun train_on_emulated_gpus(RunConfig cfg, Communicator& world) {
   // The driver's count after step 1 (the emulated cudaMemGetInfo: the live cudaMalloc'd bytes, rounded up to 256
   // each, and a stand-in CUDA context) over the tracked buffers: the context, the rounding (under 256 bytes a
   // buffer) and the NCCL communicators' 4-byte barrier buffers (cudaMalloc'd, 256 each; at most 4 communicators).
+  // At the start it was the context and the rounding of buffers alive then; what came since is what
+  // parallel.device_memory_reserve_gb is for.
   REQUIRE(got.run.device_in_use_bytes.has_value());
   const int64_t untracked = *got.run.device_in_use_bytes - got.run.device_tracked_bytes;
-  CAPTURE(untracked, got.run.device_tracked_buffers);
+  const int64_t since_start = untracked - got.run.device_untracked_at_start;
+  CAPTURE(untracked, since_start, got.run.device_tracked_buffers);
   CHECK(got.run.device_tracked_bytes > 0);
   CHECK(got.run.device_tracked_buffers > 0);
-  CHECK(untracked >= static_cast<int64_t>(kEmuContextBytes));
+  CHECK(got.run.device_untracked_at_start >= static_cast<int64_t>(kEmuContextBytes));
   CHECK(untracked - static_cast<int64_t>(kEmuContextBytes) <= 255 * got.run.device_tracked_buffers + 4 * 256);
+  CHECK(since_start >= 0);
+  CHECK(since_start <= 255 * got.run.device_tracked_buffers + 4 * 256);
   for (size_t c = 0; c < kNumMemCategories; ++c) {
     const auto category = static_cast<MemCategory>(c);
     CAPTURE(mem_category_name(category));
@@ -145,6 +150,79 @@ TEST_CASE("Every strategy trains on emulated GPUs over emulated NCCL like a sing
   }
   world->barrier().wait();
   if (r == 0) std::filesystem::remove_all(dir);
+}
+
+// The plan against the GPU's memory, on an emulated GPU made small (emu_device_bytes): at the start, what every
+// plan may take is the least free memory over the ranks (cudaMemGetInfo's, with the backend's own cuBLASLt
+// workspace counted as free, as every plan includes it) less parallel.device_memory_reserve_gb. The device is
+// sized so that this budget falls halfway between the smallest plan and the next larger one (at this size,
+// cuBLASLt's 32 MiB workspace outweighs the model: which strategy is smallest depends on the world size). `auto`
+// with no device_memory_gb then picks the smallest and trains within the device (every cudaMalloc beyond it fails,
+// as on a GPU); the larger one, asked for by name, stops in Trainer::create on every rank with the figures and
+// what would fit, before anything beyond the backend's own buffers is allocated.
+TEST_CASE("On a small emulated GPU, auto fits its plan in the free memory less the reserve; a plan beyond it stops",
+          "[nccl][train][memory]") {
+  auto world = testing::g_mpi->make_world();
+  const int n = world->size();
+  if (n < 2) return;  // one rank has one plan (single)
+  const std::string dir = shared_data_dir(*world);
+  RunConfig cfg = small_config(dir, "/emu_fit", n);
+  cfg.run.device = "cuda";
+  cfg.model.vocab_size = 128;  // above the corpus' characters, so the test can plan without the tokenizer
+  cfg.parallel.device_memory_reserve_gb = 0.001f;  // 1e6 bytes: the NCCL barrier buffers and rounding fit in it
+  const int64_t reserve = 1000000;
+  GptShape shape{cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.block_size, 128, 0.0f};
+  auto in = plan_input(cfg, shape, n, testing::g_mpi->local_size());
+  REQUIRE(in.has_value());
+  const std::vector<StrategyPlan> plans = plan_all(*in);
+  std::vector<const StrategyPlan*> order;  // auto's candidates, smallest first
+  for (const StrategyPlan& p : plans) {
+    if (!p.hybrid()) order.push_back(&p);
+  }
+  std::stable_sort(order.begin(), order.end(), [](auto* x, auto* y) { return x->total < y->total; });
+  const StrategyPlan* smallest = order.front();
+  const auto next_it = std::find_if(order.begin(), order.end(), [&](auto* p) { return p->total > smallest->total; });
+  REQUIRE(next_it != order.end());
+  const StrategyPlan* next = *next_it;  // the smallest of the larger ones
+  const int64_t budget = (smallest->total + next->total) / 2;
+  CAPTURE(n, smallest->name(), smallest->total, next->name(), next->total, budget);
+
+  struct DeviceSize {  // the emulated device's size, restored however the test ends
+    size_t saved = emu_device_bytes;
+    ~DeviceSize() { emu_device_bytes = saved; }
+  } restore;
+  size_t free = 0, total = 0;
+  REQUIRE(cudaMemGetInfo(&free, &total) == 0);
+  const size_t used = total - free;  // before the run's backend (whose own buffers every plan counts)
+  emu_device_bytes = used + static_cast<size_t>(reserve + budget);
+
+  cfg.parallel.strategy = "auto";
+  cfg.run.out_dir = dir + "/emu_fit_auto";
+  const DeviceRun fit = train_on_emulated_gpus(cfg, *world);  // held to its plan, category by category
+  int64_t planned = 0;
+  for (const int64_t bytes : fit.run.planned_bytes) planned += bytes;
+  CHECK(planned == smallest->total);  // auto chose (one of) the smallest, the only one that fits
+
+  cfg.parallel.strategy = next->name();
+  cfg.run.out_dir = dir + "/emu_fit_" + next->name();
+  const int64_t tracked_before = MemTracker::instance().stats().total_current;
+  {
+    TrainerHooks hooks;
+    hooks.backend = std::make_unique<CudaEmuBackend>(testing::g_mpi->local_rank());
+    auto trainer =
+        Trainer::create(cfg, *world, testing::g_mpi->local_size(), testing::g_mpi->local_rank(), std::move(hooks));
+    REQUIRE(!trainer.has_value());
+    const std::string msg = trainer.status().message();
+    INFO(msg);
+    CHECK(msg.find("parallel.strategy: " + next->name() + " needs " + format_bytes(next->total)) != std::string::npos);
+    CHECK(msg.find("less parallel.device_memory_reserve_gb (" + format_bytes(reserve) + "): " + format_bytes(budget)) !=
+          std::string::npos);
+    CHECK(msg.find(smallest->name() + " (" + format_bytes(smallest->total) + ")") != std::string::npos);
+    CHECK(msg.find("nothing was allocated") != std::string::npos);
+  }
+  CHECK(MemTracker::instance().stats().total_current == tracked_before);  // the backend's buffers went with it
+  world->barrier().wait();
+  if (world->rank() == 0) std::filesystem::remove_all(dir);
 }
 
 // bf16 parameters (so bf16 compute: tensor-core attention, bf16 GEMM inputs, the bf16-only ShardedParams) and

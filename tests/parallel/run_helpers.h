@@ -80,6 +80,7 @@ struct Result {
   std::array<int64_t, kNumMemCategories> planned_bytes{}, measured_bytes{};  // TrainSummary's, after step 1
   std::optional<int64_t> device_in_use_bytes;                                // TrainSummary's (a device)
   int64_t device_tracked_bytes = 0, device_tracked_buffers = 0;
+  int64_t device_untracked_at_start = 0;
 };
 
 // The largest |a[i] - b[i]| (the sizes must match).
@@ -108,7 +109,8 @@ inline Result run_trainer(const RunConfig& cfg, Communicator& comm, TrainerHooks
           summary->measured_bytes,
           summary->device_in_use_bytes,
           summary->device_tracked_bytes,
-          summary->device_tracked_buffers};
+          summary->device_tracked_buffers,
+          summary->device_untracked_at_start};
 }
 
 // The run must allocate nothing after step 1, and (the planner's promise, under every strategy) at step 1 exactly

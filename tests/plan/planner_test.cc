@@ -304,6 +304,65 @@ TEST_CASE("choose_auto: least communication that fits, ties to less sharding", "
   CHECK(choose_auto(plan_all(small_input(1)), 0)->strategy == Strategy::kSingle);
 }
 
+TEST_CASE("A device's free memory less the reserve: auto fills it, a plan beyond it is refused naming what fits",
+          "[plan]") {
+  const std::vector<StrategyPlan> plans = plan_all(small_input(4, 1, "none", 12));
+  const StrategyPlan& ddp = find(plans, Strategy::kDdp);
+  const StrategyPlan& z2 = find(plans, Strategy::kZero2);
+  const StrategyPlan& z3 = find(plans, Strategy::kZero3);
+  REQUIRE(z3.total < z2.total);
+  REQUIRE(z2.total < ddp.total);
+  DeviceBudget budget;
+  budget.rank = 3;
+  budget.reserve = 1000;
+  budget.free = (z3.total + z2.total) / 2 + budget.reserve;  // between zero3 and the next smallest
+  CHECK(budget.bytes() == (z3.total + z2.total) / 2);
+  CHECK(budget.describe().find("rank 3's GPU") != std::string::npos);
+  CHECK(budget.describe().find("parallel.device_memory_reserve_gb") != std::string::npos);
+
+  // auto with no device_memory_gb takes the device's budget; a device_memory_gb given wins.
+  const auto chosen = choose_auto(plans, 0, budget);
+  REQUIRE(chosen.has_value());
+  CHECK(chosen->strategy == Strategy::kZero3);
+  CHECK(chosen->reason.find("rank 3's GPU") != std::string::npos);
+  CHECK(chosen->reason.find("ddp needs") != std::string::npos);
+  CHECK(choose_auto(plans, 1000, budget)->strategy == Strategy::kDdp);
+  CHECK(choose_auto(plans, 0, std::nullopt)->strategy == Strategy::kDdp);  // no device: unlimited
+
+  // The fit check: zero3 fits; ddp does not, and the error names it, the budget and zero3 as what fits.
+  CHECK(check_plan_fits(z3, plans, budget).is_ok());
+  const Status refused = check_plan_fits(ddp, plans, budget);
+  REQUIRE(!refused.is_ok());
+  const std::string& msg = refused.message();
+  INFO(msg);
+  CHECK(msg.find("ddp needs " + format_bytes(ddp.total)) != std::string::npos);
+  CHECK(msg.find(budget.describe()) != std::string::npos);
+  CHECK(msg.find("zero3 (" + format_bytes(z3.total) + ") would fit") != std::string::npos);
+  CHECK(msg.find("nothing was allocated") != std::string::npos);
+  CHECK(msg.find("lower parallel.device_memory_reserve_gb") == std::string::npos);  // ddp exceeds the free bytes too
+  // Exactly the budget fits; one byte less does not.
+  budget.free = z3.total + budget.reserve;
+  CHECK(check_plan_fits(z3, plans, budget).is_ok());
+  budget.free -= 1;
+  const Status none = check_plan_fits(z3, plans, budget);
+  REQUIRE(!none.is_ok());
+  CHECK(none.message().find("No other strategy fits either") != std::string::npos);
+  CHECK(none.message().find("training.activation_checkpointing") != std::string::npos);
+  CHECK(none.message().find("or lower parallel.device_memory_reserve_gb") != std::string::npos);  // free would do
+  // With no reserve there is nothing to lower.
+  budget.reserve = 0;
+  budget.free = z2.total;
+  const Status two = check_plan_fits(ddp, plans, budget);
+  REQUIRE(!two.is_ok());
+  CHECK(two.message().find("These would fit: ") != std::string::npos);
+  CHECK(two.message().find("zero2 (") != std::string::npos);
+  CHECK(two.message().find("lower parallel.device_memory_reserve_gb") == std::string::npos);
+  // A free figure below the reserve leaves nothing.
+  budget.reserve = 10;
+  budget.free = 5;
+  CHECK(budget.bytes() == 0);
+}
+
 TEST_CASE("check_plan_input names what is wrong", "[plan]") {
   PlanInput in = small_input(2);
   CHECK(check_plan_input(in).is_ok());

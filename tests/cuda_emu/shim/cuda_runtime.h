@@ -208,7 +208,8 @@ inline int max(int a, int b) { return a > b ? a : b; }
 typedef int cudaError_t;
 constexpr int cudaSuccess = 0;
 typedef struct CUstream_st* cudaStream_t;
-inline const char* cudaGetErrorString(int) { return "emu"; }
+constexpr int cudaErrorMemoryAllocation = 2;
+inline const char* cudaGetErrorString(int e) { return e == cudaErrorMemoryAllocation ? "out of memory" : "emu"; }
 inline int cudaGetLastError() { return 0; }
 constexpr int cudaErrorCudartUnloading = 4;
 constexpr int cudaErrorNotReady = 600;
@@ -408,9 +409,24 @@ inline int cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t stream) {
   emu_enqueue(stream, [d, v, n] { std::memset(d, v, n); });
   return 0;
 }
+// The emulated device: emu_device_bytes (80 GiB unless a test sets less) of which this process's cudaMalloc'd
+// bytes (rounded up as they are allocated) are in use, plus kEmuContextBytes standing for the CUDA context (the
+// driver's count includes it on a GPU). A cudaMalloc beyond it fails as on a GPU, with cudaErrorMemoryAllocation.
+inline size_t emu_device_bytes = size_t{80} << 30;
+constexpr size_t kEmuContextBytes = size_t{300} << 20;
+inline size_t emu_rounded(size_t n) { return n == 0 ? 256 : (n + 255) / 256 * 256; }
+inline size_t emu_device_used_locked() {
+  size_t used = kEmuContextBytes;
+  for (const auto& [p, n] : emu_allocs().device) used += emu_rounded(n);
+  return used;
+}
 inline int cudaMalloc(void** p, size_t n) {
-  *p = std::aligned_alloc(256, n == 0 ? 256 : (n + 255) / 256 * 256);
   std::lock_guard<std::mutex> g(emu_allocs().mu);
+  if (emu_device_used_locked() + emu_rounded(n) > emu_device_bytes) {
+    *p = nullptr;
+    return cudaErrorMemoryAllocation;
+  }
+  *p = std::aligned_alloc(256, emu_rounded(n));
   emu_allocs().device[reinterpret_cast<uintptr_t>(*p)] = n;
   return 0;
 }
@@ -418,15 +434,11 @@ template <class T>
 int cudaMalloc(T** p, size_t n) {  // the runtime's typed overload
   return cudaMalloc(reinterpret_cast<void**>(p), n);
 }
-// An 80 GiB device of which this process's cudaMalloc'd bytes (rounded up as they are allocated) are in use,
-// plus kEmuContextBytes standing for the CUDA context (the driver's count includes it on a GPU).
-constexpr size_t kEmuDeviceBytes = size_t{80} << 30, kEmuContextBytes = size_t{300} << 20;
 inline int cudaMemGetInfo(size_t* free, size_t* total) {
   std::lock_guard<std::mutex> g(emu_allocs().mu);
-  size_t used = kEmuContextBytes;
-  for (const auto& [p, n] : emu_allocs().device) used += n == 0 ? 256 : (n + 255) / 256 * 256;
-  *total = kEmuDeviceBytes;
-  *free = kEmuDeviceBytes - used;
+  const size_t used = emu_device_used_locked();
+  *total = emu_device_bytes;
+  *free = used < emu_device_bytes ? emu_device_bytes - used : 0;
   return 0;
 }
 inline void emu_free(std::map<uintptr_t, size_t>& m, void* p, const char* what) {
