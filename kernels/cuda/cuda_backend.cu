@@ -125,11 +125,37 @@ std::optional<DeviceMemory> CudaBackend::device_memory() const {
                       rounded(cublas_workspace_) + rounded(result_)};
 }
 
+namespace {
+
+std::string mib(double bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return s;
+}
+
+}  // namespace
+
 Buffer CudaBackend::alloc(size_t bytes, MemCategory category) {
   if (bytes == 0) return Buffer();
   void* p = nullptr;
   const size_t rounded = (bytes + 255) / 256 * 256;
-  GPT_CUDA_CHECK(cudaMalloc(&p, rounded));
+  const cudaError_t err = cudaMalloc(&p, rounded);
+  if (err == cudaErrorMemoryAllocation) {  // the plan fitted at the start (Trainer::create): say what changed
+    (void)cudaGetLastError();
+    size_t free = 0, total = 0;
+    (void)cudaMemGetInfo(&free, &total);
+    const MemStats m = MemTracker::instance().stats();
+    const std::string msg =
+        "GPU " + std::to_string(device_) + " is out of memory: " + mib(static_cast<double>(rounded)) + " for " +
+        std::string(mem_category_name(category)) + " did not fit in the " + mib(static_cast<double>(free)) +
+        " free of " + mib(static_cast<double>(total)) + "; gpt-train's buffers hold " +
+        mib(static_cast<double>(m.total_current)) + " in " + std::to_string(m.live_buffers) +
+        " buffers. A training run's plan fitted in the free memory at its start less "
+        "parallel.device_memory_reserve_gb, so more than that reserve went elsewhere since (NCCL's buffers, "
+        "another process on this GPU): raise it, or choose what needs less (`gpt-train plan`)";
+    GPT_CHECK_MSG(false, msg.c_str());
+  }
+  GPT_CUDA_CHECK(err);
   GPT_CUDA_CHECK(cudaMemsetAsync(p, 0, rounded, stream_));
   return Buffer::adopt(p, bytes, category, cuda_free);
 }

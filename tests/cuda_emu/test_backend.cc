@@ -17,6 +17,7 @@
 #include "model/widened_params.h"
 #include "optim/adamw.h"
 #include "parallel/sharded_params.h"
+#include "run_aborting.h"
 
 namespace {
 
@@ -275,4 +276,23 @@ TEST_CASE("cuda_emu: matmul_forward takes a bf16 bias (aligned or not) as its fp
       }
     }
   }
+}
+
+// A cudaMalloc the device cannot satisfy (the emulated device made small) ends the process with what it asked, what
+// was free, what gpt-train held and what to change, not with cudaMalloc's bare "out of memory".
+TEST_CASE("cuda_emu: the CUDA backend out of device memory says what it asked for and what to change",
+          "[cuda_emu][backend]") {
+  const auto [out, aborted] = emu_test::run_aborting([] {
+    CudaEmuBackend dev(0);
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != 0) return;
+    emu_device_bytes = total - free + (size_t{1} << 20);  // 1 MiB left
+    Buffer small = dev.alloc(size_t{512} << 10, MemCategory::kActivations);
+    Buffer big = dev.alloc(size_t{3} << 20, MemCategory::kActivations);  // aborts
+  });
+  INFO(out);
+  CHECK(aborted);
+  CHECK(out.find("GPU 0 is out of memory: 3.0 MiB for activations did not fit in the 0.5 MiB free of ") !=
+        std::string::npos);
+  CHECK(out.find("parallel.device_memory_reserve_gb") != std::string::npos);
 }

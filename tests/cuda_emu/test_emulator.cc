@@ -1,20 +1,18 @@
 // The emulator itself (shim/cuda_runtime.h, fiber.cc): a block's threads meet at its barriers with their own
 // threadIdx, a missing __syncthreads shows (in both scheduling orders), and a barrier that no thread can pass
 // or a shuffle with lanes missing aborts with a message instead of hanging. The kernel tests rely on all of it.
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <csignal>
-#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "cuda_runtime.h"
 #include "kernels/cuda/common.cuh"  // the converted one: its vector loads and stores
+#include "run_aborting.h"
 
 namespace {
+
+using gpt::emu_test::run_aborting;
 
 // Each thread writes its linear index into shared memory, meets the others, and reads its mirror thread's value;
 // then records its own threadIdx and blockIdx, read after a second barrier (they must survive the switches).
@@ -48,31 +46,6 @@ void deadlock_kernel() {
 
 void divergent_shuffle_kernel(float* out) {
   if (threadIdx.x < 16) out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 16);
-}
-
-// Runs f in a child process; returns its stderr, and whether it died of SIGABRT.
-template <class F>
-std::pair<std::string, bool> run_aborting(F f) {
-  int fds[2];
-  REQUIRE(pipe(fds) == 0);
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {  // the child: no Catch signal handler (it would report the abort as a failed test)
-    close(fds[0]);
-    dup2(fds[1], 2);
-    std::signal(SIGABRT, SIG_DFL);
-    f();
-    _exit(0);  // did not abort
-  }
-  close(fds[1]);
-  std::string err;
-  char buf[256];
-  for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, static_cast<size_t>(r));
-  close(fds[0]);
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  return {err, WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT};
 }
 
 }  // namespace
