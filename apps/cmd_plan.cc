@@ -2,8 +2,12 @@
 // communication per step) and the strategy `auto` would pick, without allocating or reading data.
 // A config whose model.vocab_size is 0 (taken from the data at train time) is planned with --vocab-size,
 // or else with GPT-2's 50257, an upper bound for the tokenizers we ship, and a printed note saying so.
+#include <fmt/format.h>
+
+#include <cmath>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "apps/commands.h"
 #include "comm/communicator.h"
@@ -22,6 +26,7 @@ struct PlanArgs {
   int world_size = 1;
   int ranks_per_node = 0;  // 0 = world_size (one node)
   double device_memory_gb = 0;
+  double gpu_free_gb = 0;
   int vocab_size = 0;
 };
 
@@ -42,6 +47,11 @@ Command add_plan_command(CLI::App& app) {
   app.add_option("--device-memory-gb", args->device_memory_gb,
                  "Memory per rank in GB (1e9 bytes) for choosing `auto` (default: unlimited)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--gpu-free-gb", args->gpu_free_gb,
+                 "Free memory per GPU in GB (1e9 bytes) at the start, as a cuda training run measures it: `auto` "
+                 "picks within it less parallel.device_memory_reserve_gb (unless --device-memory-gb is given), and "
+                 "the configured strategy is checked against that as train does (exit 2 if it does not fit)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--vocab-size", args->vocab_size,
                  "Vocabulary size when the config's model.vocab_size is 0 (default: 50257, GPT-2's)")
       ->check(CLI::PositiveNumber);
@@ -49,13 +59,15 @@ Command add_plan_command(CLI::App& app) {
       "Prints bytes per rank for params, grads, master weights, optimizer state, activations, workspace and\n"
       "comm buffers, and elements/bytes communicated per step, for single (world size 1), ddp, zero1, zero2,\n"
       "zero3 and, when the ranks span several nodes, hybrid zero2/zero3 (shard groups of --ranks-per-node or\n"
-      "parallel.shard_group_size); then the strategy `auto` picks (least communication that fits) and why.\n"
+      "parallel.shard_group_size); then the strategy `auto` picks (least communication that fits) and why,\n"
+      "and with --gpu-free-gb whether the configured strategy fits on the GPU as a cuda run checks it.\n"
       "The parallel.* keys (param_dtype, reduce_dtype, prefetch, reshard_after_forward) apply to every column.\n"
       "Examples:\n"
       "  gpt-train plan --config configs/gpt2-124m.yaml --world-size 8 --device-memory-gb 80\n"
       "  gpt-train plan -c configs/gpt2-1.5b.yaml -n 32 --ranks-per-node 8 --device-memory-gb 40 \\\n"
       "      --set training.activation_checkpointing=full --set parallel.param_dtype=bf16\n"
-      "  gpt-train plan -c configs/shakespeare-char-cpu.yaml -n 1 --vocab-size 65 --device-memory-gb 2");
+      "  gpt-train plan -c configs/shakespeare-char-cpu.yaml -n 1 --vocab-size 65 --device-memory-gb 2\n"
+      "  gpt-train plan -c configs/gpt2-124m.yaml -n 8 --set parallel.strategy=auto --gpu-free-gb 139");
   return [args]() -> int {
     Expected<RunConfig> cfg = load_config_arg(args->config, args->overrides);
     if (!cfg) return report_error(cfg.status());
@@ -86,7 +98,13 @@ Command add_plan_command(CLI::App& app) {
 
     const std::vector<StrategyPlan> plans = plan_all(in);
     if (print) std::cout << plan_report(in, plans) << "\n";
-    Expected<AutoChoice> choice = choose_auto(plans, args->device_memory_gb);
+    std::optional<DeviceBudget> budget;
+    if (args->gpu_free_gb > 0) {
+      budget = DeviceBudget{std::llround(args->gpu_free_gb * 1e9), 0,
+                            std::llround(static_cast<double>(cfg->parallel.device_memory_reserve_gb) * 1e9),
+                            "each GPU (--gpu-free-gb)"};
+    }
+    Expected<AutoChoice> choice = choose_auto(plans, args->device_memory_gb, budget);
     if (!choice) return report_error(choice.status());
     if (print) {
       std::cout << "auto: " << strategy_name(choice->strategy) << ": " << choice->reason << "\n";
@@ -94,6 +112,30 @@ Command add_plan_command(CLI::App& app) {
       std::cout << "config: parallel.strategy is " << cfg->parallel.strategy
                 << (cfg->parallel.strategy == "hybrid" ? " of " + cfg->parallel.hybrid_inner : std::string()) << " "
                 << (where == "(default)" ? where : "(" + where + ")") << "\n";
+    }
+    if (!budget) return 0;
+    // The configured strategy against the GPU, as train checks it at its start.
+    const bool hybrid = cfg->parallel.strategy == "hybrid";
+    Strategy strategy = choice->strategy;
+    if (cfg->parallel.strategy != "auto") {
+      auto parsed = parse_strategy(hybrid ? cfg->parallel.hybrid_inner : cfg->parallel.strategy);
+      if (!parsed) return report_error(parsed.status());
+      strategy = *parsed;
+    }
+    const StrategyPlan* plan = nullptr;
+    for (const StrategyPlan& p : plans) {
+      if (p.strategy == strategy && p.hybrid() == hybrid) plan = &p;
+    }
+    if (plan == nullptr) {
+      if (print) std::cout << "fit: no " << (hybrid ? "hybrid " : "") << "plan at this world size to check\n";
+      return 0;
+    }
+    if (Status st = check_plan_fits(*plan, plans, *budget); !st.is_ok()) {
+      return report_error(st.with_context(fmt::format("--gpu-free-gb {:g}", args->gpu_free_gb)));
+    }
+    if (print) {
+      std::cout << "fit: " << plan->name() << " needs " << format_bytes(plan->total) << " per rank, within "
+                << budget->describe() << "\n";
     }
     return 0;
   };

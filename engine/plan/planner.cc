@@ -160,8 +160,9 @@ std::vector<StrategyPlan> plan_all(const PlanInput& in) {
 int64_t ring_equivalent_elements(const CommVolume& v) { return 2 * v.all_reduce + v.reduce_scatter + v.all_gather; }
 
 std::string DeviceBudget::describe() const {
-  return fmt::format("the {} free on rank {}'s GPU less parallel.device_memory_reserve_gb ({}): {}", format_bytes(free),
-                     rank, format_bytes(reserve), format_bytes(bytes()));
+  return fmt::format("the {} free on {} less parallel.device_memory_reserve_gb ({}): {}", format_bytes(free),
+                     gpu.empty() ? fmt::format("rank {}'s GPU", rank) : gpu, format_bytes(reserve),
+                     format_bytes(bytes()));
 }
 
 namespace {

@@ -128,6 +128,7 @@ struct DeviceBudget {
   int64_t free = 0;     // the least free device memory over the ranks (DeviceMemory's free + backend_bytes)
   int rank = 0;         // the first rank with that little
   int64_t reserve = 0;  // parallel.device_memory_reserve_gb, in bytes
+  std::string gpu;      // how describe() names the device ("" = "rank <rank>'s GPU")
   int64_t bytes() const { return free > reserve ? free - reserve : 0; }
   // "the 139.10 GiB free on rank 0's GPU less parallel.device_memory_reserve_gb (1.86 GiB): 137.24 GiB"
   std::string describe() const;

@@ -30,6 +30,32 @@ TEST_CASE("gpt-train plan prints every strategy and what auto picks", "[plan]") 
   CHECK(r.output.substr(header, r.output.find('\n', header) - header).find("single") == std::string::npos);
 }
 
+TEST_CASE("gpt-train plan --gpu-free-gb: auto within the GPU less the reserve, and the strategy checked as train does",
+          "[plan]") {
+  // GPT-2 124M at 8 ranks as shipped: ddp plans 9.02 GiB (9.7 GB), zero1 7.87 GiB (8.45 GB), zero3 7.55 GiB.
+  const std::string base = gpt_train() + " plan -c " + kConfig + " -n 8 --set parallel.device_memory_reserve_gb=0.5";
+  const auto fits = run_command(base + " --set parallel.strategy=zero3 --gpu-free-gb 80");
+  INFO(fits.output);
+  REQUIRE(fits.exit_code == 0);
+  CHECK(fits.output.find("auto: ddp: ddp needs ") != std::string::npos);
+  CHECK(fits.output.find("fit: zero3 needs ") != std::string::npos);
+  CHECK(fits.output.find("within the 74.51 GiB free on each GPU (--gpu-free-gb) less "
+                         "parallel.device_memory_reserve_gb (476.8 MiB)") != std::string::npos);
+  // 9 GB less 0.5: too little for ddp, so auto moves to zero1, and ddp asked for by name is refused, exit 2.
+  const auto tight = run_command(base + " --set parallel.strategy=ddp --gpu-free-gb 9");
+  INFO(tight.output);
+  CHECK(tight.exit_code == 2);
+  CHECK(tight.output.find("auto: zero1: zero1 needs ") != std::string::npos);
+  CHECK(tight.output.find("--gpu-free-gb 9: ddp needs ") != std::string::npos);
+  CHECK(tight.output.find("nothing was allocated") != std::string::npos);
+  CHECK(tight.output.find("zero3 (") != std::string::npos);
+  // --device-memory-gb still decides auto when given.
+  const auto given = run_command(base + " --set parallel.strategy=zero3 --gpu-free-gb 9 --device-memory-gb 100");
+  INFO(given.output);
+  CHECK(given.exit_code == 0);
+  CHECK(given.output.find("auto: ddp") != std::string::npos);
+}
+
 TEST_CASE("gpt-train plan: one rank, overrides, unknown vocabulary, nothing fits", "[plan]") {
   SECTION("world size 1 adds single, and auto picks it") {
     const auto r = run_command(gpt_train() + " plan -c " + kConfig +
