@@ -49,7 +49,7 @@ Command add_plan_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   app.add_option("--gpu-free-gb", args->gpu_free_gb,
                  "Free memory per GPU in GB (1e9 bytes) at the start, as a cuda training run measures it: `auto` "
-                 "picks within it less parallel.device_memory_reserve_gb (unless --device-memory-gb is given), and "
+                 "picks within it less parallel.device_memory_reserve_gb (and --device-memory-gb if smaller), and "
                  "the configured strategy is checked against that as train does (exit 2 if it does not fit)")
       ->check(CLI::PositiveNumber);
   app.add_option("--vocab-size", args->vocab_size,

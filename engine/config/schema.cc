@@ -162,14 +162,15 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(parallel, strategy), one_of("single|ddp|zero1|zero2|zero3|hybrid|auto"),
        "single: one process; ddp: replicate, all-reduce grads; zero1/zero2/zero3: shard optimizer state, + grads, "
        "+ params (FSDP full shard); hybrid: shard within groups, replicate across them (HSDP); auto: the "
-       "least-communication strategy the planner finds fits parallel.device_memory_gb"},
+       "least-communication strategy the planner finds fits parallel.device_memory_gb and, on cuda, the GPU's "
+       "free memory less parallel.device_memory_reserve_gb"},
       {GPT_KEY(parallel, device_memory_gb), at_least(0),
-       "auto: memory per rank for gpt-train's buffers, in GB (1e9 bytes); 0 = on cuda, the GPU's free memory at "
-       "the start less parallel.device_memory_reserve_gb, on cpu no limit"},
+       "auto: memory per rank for gpt-train's buffers, in GB (1e9 bytes); 0 = no limit but, on cuda, the GPU's "
+       "free memory at the start less parallel.device_memory_reserve_gb (which also bounds a value given here)"},
       {GPT_KEY(parallel, device_memory_reserve_gb), at_least(0),
        "cuda: GB (1e9 bytes) of the GPU's free memory at the start kept for what is allocated later outside the "
        "plan (NCCL's buffers, cudaMalloc's rounding; a run logs it after step 1 as untracked); a plan that does "
-       "not fit in the rest stops the run before anything is allocated"},
+       "not fit in the rest stops the run before its buffers are allocated"},
       {GPT_KEY(parallel, shard_group_size), at_least(0),
        "hybrid: ranks per shard group (world = replicas x this); 0 = ranks per node"},
       {GPT_KEY(parallel, hybrid_inner), one_of("zero2|zero3"), "hybrid: the sharding inside each shard group"},

@@ -197,7 +197,8 @@ Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double 
   if (device_memory_gb > 0) {
     limit = device_memory_gb * 1e9;
     where = fmt::format("{:g} GB per rank", device_memory_gb);
-  } else if (device) {
+  }
+  if (device && static_cast<double>(device->bytes()) < limit) {  // the GPU bounds a device_memory_gb above it too
     limit = static_cast<double>(device->bytes());
     where = device->describe();
   }
@@ -228,10 +229,12 @@ Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double 
   }
   const StrategyPlan* smallest =
       *std::min_element(order.begin(), order.end(), [](auto* x, auto* y) { return x->total < y->total; });
+  const bool reserve_would_do = device && device->reserve > 0 && smallest->total <= device->free;
   return Status::invalid_argument(
-      fmt::format("no strategy fits in {}: the smallest, {}, needs {} ({} of it activations and workspace); {}", where,
-                  strategy_name(smallest->strategy), format_bytes(smallest->total),
-                  format_bytes(smallest->activations + smallest->workspace), kShrinkHint));
+      fmt::format("no strategy fits in {}: the smallest, {}, needs {} ({} of it activations and workspace); {}{}",
+                  where, strategy_name(smallest->strategy), format_bytes(smallest->total),
+                  format_bytes(smallest->activations + smallest->workspace), kShrinkHint,
+                  reserve_would_do ? ", or lower parallel.device_memory_reserve_gb" : ""));
 }
 
 Status check_plan_fits(const StrategyPlan& plan, const std::vector<StrategyPlan>& plans, const DeviceBudget& device) {
@@ -240,17 +243,20 @@ Status check_plan_fits(const StrategyPlan& plan, const std::vector<StrategyPlan>
   int n = 0;
   for (const StrategyPlan& p : plans) {
     if (p.total > device.bytes() || p.name() == plan.name()) continue;
-    fit += fmt::format("{}{} ({})", n++ == 0 ? "" : ", ", p.name(), format_bytes(p.total));
+    // As the config says it: hybrid is parallel.strategy hybrid with its inner sharding.
+    const std::string name =
+        p.hybrid() ? fmt::format("hybrid with parallel.hybrid_inner {}", strategy_name(p.strategy)) : p.name();
+    fit += fmt::format("{}{} ({})", n++ == 0 ? "" : ", ", name, format_bytes(p.total));
   }
   std::string advice = n == 0   ? fmt::format("No other strategy fits either: {}", kShrinkHint)
                        : n == 1 ? fmt::format("{} would fit (parallel.strategy), or {}", fit, kShrinkHint)
                                 : fmt::format("These would fit: {} (parallel.strategy); or {}", fit, kShrinkHint);
   if (device.reserve > 0 && plan.total <= device.free) advice += ", or lower parallel.device_memory_reserve_gb";
-  return Status::invalid_argument(
-      fmt::format("{} needs {} per rank ({} of it activations and workspace), more than {}; nothing was allocated. {} "
-                  "(`gpt-train plan` prints every strategy's figures)",
-                  plan.name(), format_bytes(plan.total), format_bytes(plan.activations + plan.workspace),
-                  device.describe(), advice));
+  return Status::invalid_argument(fmt::format(
+      "{} needs {} per rank ({} of it activations and workspace), more than {}; none of its buffers was allocated. {} "
+      "(`gpt-train plan` prints every strategy's figures)",
+      plan.name(), format_bytes(plan.total), format_bytes(plan.activations + plan.workspace), device.describe(),
+      advice));
 }
 
 std::string format_bytes(int64_t bytes) {

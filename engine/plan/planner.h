@@ -142,7 +142,7 @@ struct DeviceBudget {
 Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double device_memory_gb,
                                  const std::optional<DeviceBudget>& device = std::nullopt);
 
-// OK when `plan` fits in `device`'s budget; else an error (before anything is allocated) with the plan's
+// OK when `plan` fits in `device`'s budget; else an error (made before the plan's buffers are allocated) with the plan's
 // figures, the budget's, and which of `plans` (the run's others) would fit.
 [[nodiscard]] Status check_plan_fits(const StrategyPlan& plan, const std::vector<StrategyPlan>& plans,
                                      const DeviceBudget& device);

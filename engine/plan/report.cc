@@ -97,8 +97,8 @@ std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& pl
         "\nThe totals are gpt-train's own device buffers. The CUDA context, cuBLAS(Lt) and NCCL allocate more for\n"
         "themselves; a run logs that amount after step 1 (\"device memory after step 1\"; summary.json\n"
         "device_memory_bytes.untracked). On cuda, train holds the plan to the GPU's free memory at the start less\n"
-        "parallel.device_memory_reserve_gb (NCCL's buffers come later), and stops before allocating if it does\n"
-        "not fit; auto fills that budget unless parallel.device_memory_gb is given.\n";
+        "parallel.device_memory_reserve_gb (NCCL's buffers come later) and stops before allocating the plan's\n"
+        "buffers if it does not fit; auto picks within that (and parallel.device_memory_gb if smaller).\n";
   }
   return out;
 }

@@ -167,7 +167,7 @@ if wanted train; then
     elif [ "$RC" = 0 ]; then
       # The driver's count after step 1 over the tracked buffers: the CUDA context, cuBLAS(Lt), allocation rounding;
       # and of that what came after the start, which parallel.device_memory_reserve_gb must cover.
-      dm=$(sed -nE 's/.*device memory after step 1: ([0-9.]+ [KMG]?i?B) in use.*the other ([0-9.]+ [KMG]?i?B).* ([0-9.]+ [KMG]?i?B) came since.*/device \1 in use, \2 untracked, \3 of it since the start/p' "$OUTF" | head -1)
+      dm=$(sed -nE 's/.*device memory after step 1: ([0-9.]+ [KMG]?i?B) in use.*the other ([0-9.]+ [KMG]?i?B).* (-?[0-9.]+ [KMG]?i?B) came since.*/device \1 in use, \2 untracked, \3 of it since the start/p' "$OUTF" | head -1)
       record PASS "train 20 steps cuda" "$T" "$(last_loss "$gpu_dir")${dm:+; $dm}"
     elif [ "$gpus" = 0 ]; then record SKIP "train 20 steps cuda" "$T" "no GPU: $(grep -iE 'error|cuda' "$OUTF" | tail -1 | cut -c1-150)"
     else record FAIL "train 20 steps cuda" "$T" "exit $RC"; tail_of; fi

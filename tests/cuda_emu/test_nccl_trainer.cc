@@ -184,6 +184,10 @@ TEST_CASE("On a small emulated GPU, auto fits its plan in the free memory less t
   const auto next_it = std::find_if(order.begin(), order.end(), [&](auto* p) { return p->total > smallest->total; });
   REQUIRE(next_it != order.end());
   const StrategyPlan* next = *next_it;  // the smallest of the larger ones
+  // At 3 and 4 ranks auto would pick another plan (less communication) without the budget, so the pick below is
+  // the budget's doing; at 2, ddp is itself the smallest (cuBLASLt's workspace outweighs the model), so there the
+  // auto half shows only that the plan trains within the device, and the refusal below is the test.
+  if (n > 2) REQUIRE(choose_auto(plans, 0)->strategy != smallest->strategy);
   const int64_t budget = (smallest->total + next->total) / 2;
   CAPTURE(n, smallest->name(), smallest->total, next->name(), next->total, budget);
 
@@ -218,7 +222,7 @@ TEST_CASE("On a small emulated GPU, auto fits its plan in the free memory less t
     CHECK(msg.find("less parallel.device_memory_reserve_gb (" + format_bytes(reserve) + "): " + format_bytes(budget)) !=
           std::string::npos);
     CHECK(msg.find(smallest->name() + " (" + format_bytes(smallest->total) + ")") != std::string::npos);
-    CHECK(msg.find("nothing was allocated") != std::string::npos);
+    CHECK(msg.find("none of its buffers was allocated") != std::string::npos);
   }
   CHECK(MemTracker::instance().stats().total_current == tracked_before);  // the backend's buffers went with it
   world->barrier().wait();

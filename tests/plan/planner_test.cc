@@ -326,7 +326,13 @@ TEST_CASE("A device's free memory less the reserve: auto fills it, a plan beyond
   CHECK(chosen->strategy == Strategy::kZero3);
   CHECK(chosen->reason.find("rank 3's GPU") != std::string::npos);
   CHECK(chosen->reason.find("ddp needs") != std::string::npos);
-  CHECK(choose_auto(plans, 1000, budget)->strategy == Strategy::kDdp);
+  // A device_memory_gb above the budget does not widen it; one below narrows it.
+  CHECK(choose_auto(plans, 1000, budget)->strategy == Strategy::kZero3);
+  CHECK(choose_auto(plans, 1000, budget)->reason.find("rank 3's GPU") != std::string::npos);
+  budget.free = ddp.total + budget.reserve;
+  CHECK(choose_auto(plans, 0, budget)->strategy == Strategy::kDdp);
+  CHECK(choose_auto(plans, static_cast<double>(z3.total) / 1e9 * 1.0000001, budget)->strategy == Strategy::kZero3);
+  budget.free = (z3.total + z2.total) / 2 + budget.reserve;
   CHECK(choose_auto(plans, 0, std::nullopt)->strategy == Strategy::kDdp);  // no device: unlimited
 
   // The fit check: zero3 fits; ddp does not, and the error names it, the budget and zero3 as what fits.
@@ -338,7 +344,7 @@ TEST_CASE("A device's free memory less the reserve: auto fills it, a plan beyond
   CHECK(msg.find("ddp needs " + format_bytes(ddp.total)) != std::string::npos);
   CHECK(msg.find(budget.describe()) != std::string::npos);
   CHECK(msg.find("zero3 (" + format_bytes(z3.total) + ") would fit") != std::string::npos);
-  CHECK(msg.find("nothing was allocated") != std::string::npos);
+  CHECK(msg.find("none of its buffers was allocated") != std::string::npos);
   CHECK(msg.find("lower parallel.device_memory_reserve_gb") == std::string::npos);  // ddp exceeds the free bytes too
   // Exactly the budget fits; one byte less does not.
   budget.free = z3.total + budget.reserve;
