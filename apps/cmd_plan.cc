@@ -100,8 +100,7 @@ Command add_plan_command(CLI::App& app) {
     if (print) std::cout << plan_report(in, plans) << "\n";
     std::optional<DeviceBudget> budget;
     if (args->gpu_free_gb > 0) {
-      budget = DeviceBudget{std::llround(args->gpu_free_gb * 1e9), 0,
-                            std::llround(static_cast<double>(cfg->parallel.device_memory_reserve_gb) * 1e9),
+      budget = DeviceBudget{std::llround(args->gpu_free_gb * 1e9), 0, device_memory_reserve_bytes(cfg->parallel),
                             "each GPU (--gpu-free-gb)"};
     }
     Expected<AutoChoice> choice = choose_auto(plans, args->device_memory_gb, budget);
@@ -122,10 +121,7 @@ Command add_plan_command(CLI::App& app) {
       if (!parsed) return report_error(parsed.status());
       strategy = *parsed;
     }
-    const StrategyPlan* plan = nullptr;
-    for (const StrategyPlan& p : plans) {
-      if (p.strategy == strategy && p.hybrid() == hybrid) plan = &p;
-    }
+    const StrategyPlan* plan = find_plan(plans, strategy, hybrid);
     if (plan == nullptr) {
       if (print) std::cout << "fit: no " << (hybrid ? "hybrid " : "") << "plan at this world size to check\n";
       return 0;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "backend/backend.h"  // parse_gelu_fusion
@@ -159,6 +160,17 @@ std::vector<StrategyPlan> plan_all(const PlanInput& in) {
 
 int64_t ring_equivalent_elements(const CommVolume& v) { return 2 * v.all_reduce + v.reduce_scatter + v.all_gather; }
 
+int64_t device_memory_reserve_bytes(const ParallelSection& parallel) {
+  return std::llround(static_cast<double>(parallel.device_memory_reserve_gb) * 1e9);
+}
+
+const StrategyPlan* find_plan(const std::vector<StrategyPlan>& plans, Strategy strategy, bool hybrid) {
+  for (const StrategyPlan& p : plans) {
+    if (p.strategy == strategy && p.hybrid() == hybrid) return &p;
+  }
+  return nullptr;
+}
+
 std::string DeviceBudget::describe() const {
   return fmt::format("the {} free on {} less parallel.device_memory_reserve_gb ({}): {}", format_bytes(free),
                      gpu.empty() ? fmt::format("rank {}'s GPU", rank) : gpu, format_bytes(reserve),
@@ -229,7 +241,7 @@ Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double 
   }
   const StrategyPlan* smallest =
       *std::min_element(order.begin(), order.end(), [](auto* x, auto* y) { return x->total < y->total; });
-  const bool reserve_would_do = device && device->reserve > 0 && smallest->total <= device->free;
+  const bool reserve_would_do = device && device->reserve_in_the_way(smallest->total);
   return Status::invalid_argument(
       fmt::format("no strategy fits in {}: the smallest, {}, needs {} ({} of it activations and workspace); {}{}",
                   where, strategy_name(smallest->strategy), format_bytes(smallest->total),
@@ -251,7 +263,7 @@ Status check_plan_fits(const StrategyPlan& plan, const std::vector<StrategyPlan>
   std::string advice = n == 0   ? fmt::format("No other strategy fits either: {}", kShrinkHint)
                        : n == 1 ? fmt::format("{} would fit (parallel.strategy), or {}", fit, kShrinkHint)
                                 : fmt::format("These would fit: {} (parallel.strategy); or {}", fit, kShrinkHint);
-  if (device.reserve > 0 && plan.total <= device.free) advice += ", or lower parallel.device_memory_reserve_gb";
+  if (device.reserve_in_the_way(plan.total)) advice += ", or lower parallel.device_memory_reserve_gb";
   return Status::invalid_argument(fmt::format(
       "{} needs {} per rank ({} of it activations and workspace), more than {}; none of its buffers was allocated. {} "
       "(`gpt-train plan` prints every strategy's figures)",

@@ -130,6 +130,8 @@ struct DeviceBudget {
   int64_t reserve = 0;  // parallel.device_memory_reserve_gb, in bytes
   std::string gpu;      // how describe() names the device ("" = "rank <rank>'s GPU")
   int64_t bytes() const { return free > reserve ? free - reserve : 0; }
+  // Whether `need` fails to fit only because of the reserve.
+  bool reserve_in_the_way(int64_t need) const { return reserve > 0 && need <= free; }
   // "the 139.10 GiB free on rank 0's GPU less parallel.device_memory_reserve_gb (1.86 GiB): 137.24 GiB"
   std::string describe() const;
 };
@@ -142,8 +144,14 @@ struct DeviceBudget {
 Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double device_memory_gb,
                                  const std::optional<DeviceBudget>& device = std::nullopt);
 
-// OK when `plan` fits in `device`'s budget; else an error (made before the plan's buffers are allocated) with the plan's
-// figures, the budget's, and which of `plans` (the run's others) would fit.
+// parallel.device_memory_reserve_gb in bytes.
+int64_t device_memory_reserve_bytes(const ParallelSection& parallel);
+
+// The plan of `strategy` in `plans`, hybrid or not; null if there is none.
+const StrategyPlan* find_plan(const std::vector<StrategyPlan>& plans, Strategy strategy, bool hybrid);
+
+// OK when `plan` fits in `device`'s budget; else an error (made before the plan's buffers are allocated) with the
+// plan's figures, the budget's, and which of `plans` (the run's others) would fit.
 [[nodiscard]] Status check_plan_fits(const StrategyPlan& plan, const std::vector<StrategyPlan>& plans,
                                      const DeviceBudget& device);
 

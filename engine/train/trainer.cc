@@ -53,7 +53,7 @@ Expected<data::DataLoader> open_split(const RunConfig& cfg, const std::string& k
 // On a device (`mem`, this rank's), what the plan may take there: the least free memory over the ranks,
 // all-gathered so that every rank decides alike (every rank's backend is run.device's, so all or none take part).
 std::optional<DeviceBudget> device_budget(Communicator& world, const std::optional<DeviceMemory>& mem,
-                                          float reserve_gb) {
+                                          int64_t reserve) {
   if (!mem) return std::nullopt;
   std::vector<int64_t> free(static_cast<size_t>(world.size()));
   const int64_t mine = mem->free + mem->backend_bytes;
@@ -61,7 +61,7 @@ std::optional<DeviceBudget> device_budget(Communicator& world, const std::option
   DeviceBudget budget;
   budget.rank = static_cast<int>(std::min_element(free.begin(), free.end()) - free.begin());
   budget.free = free[static_cast<size_t>(budget.rank)];
-  budget.reserve = std::llround(static_cast<double>(reserve_gb) * 1e9);
+  budget.reserve = reserve;
   return budget;
 }
 
@@ -130,7 +130,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
       hooks.backend ? std::move(hooks.backend) : make_backend(cfg.run.device, local_rank, ranks_per_node);
   if (!backend) return backend.status().with_context(cfg.where("run.device"));
   const std::optional<DeviceMemory> device_memory = (*backend)->device_memory();
-  const std::optional<DeviceBudget> budget = device_budget(world, device_memory, cfg.parallel.device_memory_reserve_gb);
+  const std::optional<DeviceBudget> budget =
+      device_budget(world, device_memory, device_memory_reserve_bytes(cfg.parallel));
   if (automatic) {
     auto choice = choose_auto(plans, cfg.parallel.device_memory_gb, budget);
     if (!choice) {
@@ -140,9 +141,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
     spdlog::info("parallel.strategy auto chose {}: {}", strategy_name(strategy), choice->reason);
   }
   std::optional<StrategyPlan> plan;
-  for (const StrategyPlan& p : plans) {
-    if (p.strategy == strategy && p.hybrid() == (shard_group_size != world.size())) plan = p;
-  }
+  if (const StrategyPlan* p = find_plan(plans, strategy, shard_group_size != world.size())) plan = *p;
   if (plan && budget) {
     const std::string key = automatic ? "parallel.device_memory_gb" : "parallel.strategy";
     GPT_RETURN_IF_ERROR(check_plan_fits(*plan, plans, *budget).with_context(cfg.where(key) + ": " + key));
@@ -380,7 +379,7 @@ void Trainer::log_device_memory(TrainSummary& summary) const {
   if (world_.rank() != 0) return;
   const int64_t untracked = *summary.device_in_use_bytes - summary.device_tracked_bytes;
   const int64_t since_start = untracked - device_untracked_at_start_;
-  const int64_t reserve = std::llround(static_cast<double>(config_.parallel.device_memory_reserve_gb) * 1e9);
+  const int64_t reserve = device_memory_reserve_bytes(config_.parallel);
   spdlog::info(
       "device memory after step 1: {} in use (the driver's total - free), {} of it gpt-train's buffers; the other {}: "
       "the CUDA context, cuBLAS(Lt), NCCL's own buffers and allocation rounding, which the plan does not count; {} "

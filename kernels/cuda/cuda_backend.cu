@@ -115,14 +115,19 @@ double CudaBackend::peak_flops() const {
   return 0.0;
 }
 
+namespace {
+
+// What alloc asks cudaMalloc for `bytes`: whole 256-byte pieces.
+size_t malloc_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
 std::optional<DeviceMemory> CudaBackend::device_memory() const {
   size_t free = 0, total = 0;
   GPT_CUDA_CHECK(cudaSetDevice(device_));  // cudaMemGetInfo counts the calling thread's current device
   GPT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  // As alloc rounds them for cudaMalloc.
-  const auto rounded = [](const Buffer& b) { return static_cast<int64_t>((b.bytes() + 255) / 256 * 256); };
   return DeviceMemory{static_cast<int64_t>(total), static_cast<int64_t>(free),
-                      rounded(cublas_workspace_) + rounded(result_)};
+                      static_cast<int64_t>(malloc_bytes(cublas_workspace_.bytes()) + malloc_bytes(result_.bytes()))};
 }
 
 namespace {
@@ -138,7 +143,7 @@ std::string mib(double bytes) {
 Buffer CudaBackend::alloc(size_t bytes, MemCategory category) {
   if (bytes == 0) return Buffer();
   void* p = nullptr;
-  const size_t rounded = (bytes + 255) / 256 * 256;
+  const size_t rounded = malloc_bytes(bytes);
   const cudaError_t err = cudaMalloc(&p, rounded);
   if (err == cudaErrorMemoryAllocation) {  // the plan fitted at the start (Trainer::create): say what changed
     (void)cudaGetLastError();
