@@ -93,7 +93,9 @@ Command add_plan_command(CLI::App& app) {
         plan_input(*cfg, shape, args->world_size, args->ranks_per_node > 0 ? args->ranks_per_node : args->world_size);
     if (!planned) return report_error(planned.status());
     PlanInput in = *planned;
-    in.shard_group_size = cfg->parallel.shard_group_size;  // show the configured hybrid whatever the strategy
+    // Show the configured hybrid whatever the strategy (under hybrid, plan_input has its shard group size, the
+    // ranks per node where parallel.shard_group_size is 0).
+    if (cfg->parallel.strategy != "hybrid") in.shard_group_size = cfg->parallel.shard_group_size;
     if (Status st = check_plan_input(in); !st.is_ok()) return report_error(st);
 
     const std::vector<StrategyPlan> plans = plan_all(in);
@@ -121,10 +123,13 @@ Command add_plan_command(CLI::App& app) {
       if (!parsed) return report_error(parsed.status());
       strategy = *parsed;
     }
-    const StrategyPlan* plan = find_plan(plans, strategy, hybrid);
-    if (plan == nullptr) {
-      if (print) std::cout << "fit: no " << (hybrid ? "hybrid " : "") << "plan at this world size to check\n";
-      return 0;
+    // Hybrid with one shard group of the whole world runs as plain zero2/zero3, and is checked so.
+    const StrategyPlan* plan =
+        find_run_plan(plans, strategy, hybrid ? in.shard_group_size : args->world_size, args->world_size);
+    if (plan == nullptr) {  // plan_all plans every run that plan_input accepts
+      return report_error(Status::failed_precondition(
+          fmt::format("the planner has no plan for {}{} at world size {} (a bug in gpt-train)", hybrid ? "hybrid " : "",
+                      strategy_name(strategy), args->world_size)));
     }
     if (Status st = check_plan_fits(*plan, plans, *budget); !st.is_ok()) {
       return report_error(st.with_context(fmt::format("--gpu-free-gb {:g}", args->gpu_free_gb)));

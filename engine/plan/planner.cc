@@ -126,8 +126,8 @@ StrategyPlan make_plan(const PlanInput& in, const ModelLayout& layout, Strategy 
       break;
   }
   if (p.hybrid()) {
-    p.note = fmt::format("{} inside shard groups of {} ranks, gradient shards all-reduced over {} replicas; {}",
-                         strategy_name(strategy), group_size, p.replicas, p.note);
+    p.note = fmt::format("{} inside shard groups of {} rank{}, gradient shards all-reduced over {} replicas; {}",
+                         strategy_name(strategy), group_size, group_size == 1 ? "" : "s", p.replicas, p.note);
   }
   return p;
 }
@@ -150,8 +150,9 @@ std::vector<StrategyPlan> plan_all(const PlanInput& in) {
     plans.push_back(make_plan(in, layout, s, N, act));
   }
   const int S = in.shard_group_size > 0 ? in.shard_group_size : in.ranks_per_node;
-  // Hybrid needs 1 < S < N, or S = 1 asked for (parallel.shard_group_size 1: every rank its own shard group, the
-  // shards replicated over all ranks), so that every run the trainer accepts has its plan.
+  // Hybrid needs 1 < S < N, or S = 1 asked for (parallel.shard_group_size 1, or 0 with one rank per node, which
+  // plan_input resolves to 1: every rank its own shard group, the shards replicated over all ranks), so that every
+  // run the trainer accepts has its plan.
   if ((S > 1 || in.shard_group_size == 1) && S < N && N % S == 0) {
     for (Strategy s : {Strategy::kZero2, Strategy::kZero3}) plans.push_back(make_plan(in, layout, s, S, act));
   }
@@ -164,7 +165,9 @@ int64_t device_memory_reserve_bytes(const ParallelSection& parallel) {
   return std::llround(static_cast<double>(parallel.device_memory_reserve_gb) * 1e9);
 }
 
-const StrategyPlan* find_plan(const std::vector<StrategyPlan>& plans, Strategy strategy, bool hybrid) {
+const StrategyPlan* find_run_plan(const std::vector<StrategyPlan>& plans, Strategy strategy, int shard_group_size,
+                                  int world_size) {
+  const bool hybrid = shard_group_size != world_size;
   for (const StrategyPlan& p : plans) {
     if (p.strategy == strategy && p.hybrid() == hybrid) return &p;
   }
@@ -328,6 +331,20 @@ Status check_batch_split(const RunConfig& cfg, int world_size) {
                                   "training.micro_batch_size)");
 }
 
+Expected<int> run_shard_group_size(const RunConfig& cfg, int world_size, int ranks_per_node) {
+  if (cfg.parallel.strategy != "hybrid") return world_size;
+  const int configured = cfg.parallel.shard_group_size;
+  const int S = configured > 0 ? configured : ranks_per_node;
+  if (S <= 0 || world_size % S != 0) {
+    return Status::invalid_argument(cfg.where("parallel.shard_group_size") + ": " +
+                                    (configured > 0 ? "parallel.shard_group_size " + std::to_string(S)
+                                                    : "a shard group of " + std::to_string(S) +
+                                                          " ranks (parallel.shard_group_size 0: the ranks per node)") +
+                                    " does not divide the " + std::to_string(world_size) + " ranks of this job");
+  }
+  return S;
+}
+
 Expected<PlanInput> plan_input(const RunConfig& cfg, const GptShape& shape, int world_size, int ranks_per_node) {
   GPT_RETURN_IF_ERROR(check_batch_split(cfg, world_size));
   PlanInput in;
@@ -336,7 +353,9 @@ Expected<PlanInput> plan_input(const RunConfig& cfg, const GptShape& shape, int 
   in.micro_batches_per_step = cfg.global_batch() / world_size / cfg.training.micro_batch_size;
   in.world_size = world_size;
   in.ranks_per_node = ranks_per_node;
-  in.shard_group_size = cfg.parallel.strategy == "hybrid" ? cfg.parallel.shard_group_size : 0;
+  if (cfg.parallel.strategy == "hybrid") {
+    GPT_ASSIGN_OR_RETURN(in.shard_group_size, run_shard_group_size(cfg, world_size, ranks_per_node));
+  }
   in.activation_checkpointing = cfg.training.activation_checkpointing;
   in.fused_attention = cfg.run.device == "cuda";
   in.gelu_fusion = cfg.run.gelu_fusion;

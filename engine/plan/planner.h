@@ -108,8 +108,13 @@ std::vector<StrategyPlan> plan_all(const PlanInput& in);
 ShardingOptions sharding_options(const ParallelSection& parallel);
 // Errors, naming the keys, when the global batch does not split over `world_size` ranks into micro-batches.
 [[nodiscard]] Status check_batch_split(const RunConfig& cfg, int world_size);
-// The planner's input for a run config at a world size (after check_batch_split). The shard group size is
-// read only under parallel.strategy hybrid, as the trainer does.
+// The ranks that share the shards in a run of `world_size` ranks: under parallel.strategy hybrid,
+// parallel.shard_group_size, or where that is 0 `ranks_per_node`; the world size otherwise. An error naming the
+// key when it does not divide the world size. The trainer's mesh and the planner's input both come from it.
+Expected<int> run_shard_group_size(const RunConfig& cfg, int world_size, int ranks_per_node);
+// The planner's input for a run config at a world size (after check_batch_split). Under parallel.strategy
+// hybrid, shard_group_size is run_shard_group_size's (0 otherwise), so that plan_all has the plan of every
+// hybrid run the trainer accepts.
 Expected<PlanInput> plan_input(const RunConfig& cfg, const GptShape& shape, int world_size, int ranks_per_node);
 
 // The elements a step moves in the ring-equivalent sense (an all-reduce is a reduce-scatter plus an
@@ -147,8 +152,11 @@ Expected<AutoChoice> choose_auto(const std::vector<StrategyPlan>& plans, double 
 // parallel.device_memory_reserve_gb in bytes.
 int64_t device_memory_reserve_bytes(const ParallelSection& parallel);
 
-// The plan of `strategy` in `plans`, hybrid or not; null if there is none.
-const StrategyPlan* find_plan(const std::vector<StrategyPlan>& plans, Strategy strategy, bool hybrid);
+// The plan a run of `strategy` with shard groups of `shard_group_size` ranks (run_shard_group_size) follows:
+// hybrid when the groups are smaller than the world (hybrid with one group of the whole world runs as plain
+// zero2/zero3). Null if `plans` has none.
+const StrategyPlan* find_run_plan(const std::vector<StrategyPlan>& plans, Strategy strategy, int shard_group_size,
+                                  int world_size);
 
 // OK when `plan` fits in `device`'s budget; else an error (made before the plan's buffers are allocated) with the
 // plan's figures, the budget's, and which of `plans` (the run's others) would fit.

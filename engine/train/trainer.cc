@@ -75,15 +75,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   if (!automatic) {
     GPT_ASSIGN_OR_RETURN(strategy, parse_strategy(hybrid ? cfg.parallel.hybrid_inner : cfg.parallel.strategy));
   }
-  int shard_group_size = world.size();
-  if (hybrid) {
-    shard_group_size = cfg.parallel.shard_group_size > 0 ? cfg.parallel.shard_group_size : ranks_per_node;
-    if (world.size() % shard_group_size != 0) {
-      return Status::invalid_argument(cfg.where("parallel.shard_group_size") + ": parallel.shard_group_size " +
-                                      std::to_string(shard_group_size) + " does not divide the " +
-                                      std::to_string(world.size()) + " ranks of this job");
-    }
-  }
+  GPT_ASSIGN_OR_RETURN(const int shard_group_size, run_shard_group_size(cfg, world.size(), ranks_per_node));
   if (strategy == Strategy::kSingle && world.size() > 1) {
     return Status::invalid_argument(cfg.where("parallel.strategy") + ": parallel.strategy: single runs on one " +
                                     "process, but this job has " + std::to_string(world.size()) +
@@ -140,12 +132,18 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
     strategy = choice->strategy;
     spdlog::info("parallel.strategy auto chose {}: {}", strategy_name(strategy), choice->reason);
   }
-  std::optional<StrategyPlan> plan;
-  if (const StrategyPlan* p = find_plan(plans, strategy, shard_group_size != world.size())) plan = *p;
-  if (plan && budget) {
+  // plan_all plans every run accepted so far; a missing plan would skip the memory checks silently.
+  const StrategyPlan* found = find_run_plan(plans, strategy, shard_group_size, world.size());
+  if (found == nullptr) {
+    return Status::failed_precondition(
+        fmt::format("the planner has no plan for {}{} in shard groups of {} of the {} ranks (a bug in gpt-train)",
+                    hybrid ? "hybrid " : "", strategy_name(strategy), shard_group_size, world.size()));
+  }
+  const StrategyPlan& plan = *found;
+  if (budget) {
     const std::string key = automatic ? "parallel.device_memory_gb" : "parallel.strategy";
-    GPT_RETURN_IF_ERROR(check_plan_fits(*plan, plans, *budget).with_context(cfg.where(key) + ": " + key));
-    spdlog::info("device memory: {} plans {} per rank, within {}", plan->name(), format_bytes(plan->total),
+    GPT_RETURN_IF_ERROR(check_plan_fits(plan, plans, *budget).with_context(cfg.where(key) + ": " + key));
+    spdlog::info("device memory: {} plans {} per rank, within {}", plan.name(), format_bytes(plan.total),
                  budget->describe());
   }
   GPT_ASSIGN_OR_RETURN(std::optional<CheckpointReader> resume, open_resume(cfg, shape, world));
@@ -172,7 +170,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
 
 Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
                  data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
-                 ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan, std::optional<CheckpointReader> resume,
+                 ActivationCheckpointing ckpt, StrategyPlan plan, std::optional<CheckpointReader> resume,
                  std::unique_ptr<Backend> backend, TrainerHooks hooks)
     : config_(config),
       world_(world),
@@ -351,13 +349,12 @@ Expected<float> Trainer::train_step(int64_t step) {
 }
 
 void Trainer::log_planned_vs_measured(TrainSummary& summary) const {
-  if (!plan_) return;
   const MemStats m = MemTracker::instance().stats();
   const std::pair<MemCategory, int64_t> rows[] = {
-      {MemCategory::kParams, plan_->params},           {MemCategory::kGrads, plan_->grads},
-      {MemCategory::kMaster, plan_->master},           {MemCategory::kOptimizer, plan_->optimizer},
-      {MemCategory::kActivations, plan_->activations}, {MemCategory::kWorkspace, plan_->workspace},
-      {MemCategory::kComm, plan_->comm_buffers}};
+      {MemCategory::kParams, plan_.params},           {MemCategory::kGrads, plan_.grads},
+      {MemCategory::kMaster, plan_.master},           {MemCategory::kOptimizer, plan_.optimizer},
+      {MemCategory::kActivations, plan_.activations}, {MemCategory::kWorkspace, plan_.workspace},
+      {MemCategory::kComm, plan_.comm_buffers}};
   std::string table;
   for (const auto& [category, planned] : rows) {
     const auto c = static_cast<size_t>(category);
@@ -366,7 +363,7 @@ void Trainer::log_planned_vs_measured(TrainSummary& summary) const {
     table += fmt::format("\n  {:<12} planned {:>12}  measured {:>12}", mem_category_name(category),
                          format_bytes(planned), format_bytes(m.peak[c]));
   }
-  if (world_.rank() == 0) spdlog::info("memory per rank after step 1 ({}):{}", plan_->name(), table);
+  if (world_.rank() == 0) spdlog::info("memory per rank after step 1 ({}):{}", plan_.name(), table);
 }
 
 void Trainer::log_device_memory(TrainSummary& summary) const {
@@ -415,7 +412,7 @@ Status Trainer::write_summary(const TrainSummary& summary, int64_t steps_done, c
   s.strategy = strategy_label();
   s.world_size = world_.size();
   s.memory = MemTracker::instance().stats();
-  if (plan_ && summary.steps > 0) s.mem_planned = summary.planned_bytes;
+  if (summary.steps > 0) s.mem_planned = summary.planned_bytes;
   s.device_in_use_bytes = summary.device_in_use_bytes;
   s.device_tracked_bytes = summary.device_tracked_bytes;
   s.device_untracked_at_start = summary.device_untracked_at_start;

@@ -97,7 +97,7 @@ class Trainer {
  private:
   Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
           data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
-          ActivationCheckpointing ckpt, std::optional<StrategyPlan> plan, std::optional<CheckpointReader> resume,
+          ActivationCheckpointing ckpt, StrategyPlan plan, std::optional<CheckpointReader> resume,
           std::unique_ptr<Backend> backend, TrainerHooks hooks);
   // After the constructor: the device communicators, the parameters (initialised), the optimizer, the model's
   // activations.
@@ -153,7 +153,7 @@ class Trainer {
   bool stop_requested_ = false;                          // a rank received a stop signal before this step's end
   bool step_skipped_ = false;                            // training.nonfinite: skip_step skipped this step's update
   const std::optional<TestFault> fault_ = test_fault();  // GPT_TRAIN_FAULT, read once for the step's hooks
-  std::optional<StrategyPlan> plan_;                     // the planner's figures for this run's strategy
+  StrategyPlan plan_;                                    // the planner's figures for this run's strategy
   int64_t device_untracked_at_start_ = 0;                // on a device: TrainSummary's device_untracked_at_start
   std::optional<CheckpointReader> resume_;
   int64_t start_step_ = 0;                   // steps already taken (resumed runs)

@@ -37,13 +37,14 @@ TEST_CASE("Every strategy trains like a single process on the same global batch"
     // Validation batches are micro-batches: the same size as the ranks' below, so the val losses compare.
     ref_cfg.training.micro_batch_size = micro_batch_size_for(n);
     const Result ref = train(ref_cfg, *alone);
-    // hybrid:zeroK:S = zeroK inside shard groups of S ranks, replicated across the n/S groups.
+    // hybrid:zeroK:S = zeroK inside shard groups of S ranks, replicated across the n/S groups (S 0: the ranks per
+    // node, one here; train() checks that the run had its plan).
     // zero3:P:R = zero3 with prefetch P and reshard_after_forward R (0/1). ddp:M = ddp with bucket_mb M
     // (0: one all-reduce per unit; 0.06: buckets of about two blocks; the default 25: one bucket).
     std::vector<std::string> strategies = {"ddp",   "ddp:0",     "ddp:0.06",  "zero1",
                                            "zero2", "zero3:0:1", "zero3:1:1", "zero3:2:0"};
     if (n % 2 == 0) strategies.insert(strategies.end(), {"hybrid:zero3:2", "hybrid:zero2:2"});
-    if (n > 1) strategies.push_back("hybrid:zero3:1");
+    if (n > 1) strategies.insert(strategies.end(), {"hybrid:zero3:1", "hybrid:zero2:0"});
     for (const std::string& strategy : strategies) {
       CAPTURE(n, strategy, v.dropout, v.ckpt);
       RunConfig cfg = make_config(dir, dir + "/" + strategy, n, v.dropout, v.ckpt);

@@ -58,6 +58,24 @@ TEST_CASE("gpt-train plan --gpu-free-gb: auto within the GPU less the reserve, a
   INFO(wide.output);
   CHECK(wide.exit_code == 0);
   CHECK(wide.output.find("auto: zero1") != std::string::npos);
+  // Hybrid is checked against the plan train follows: one rank per node makes shard groups of one, and one node of
+  // all the ranks is a single shard group, plain zero3.
+  const std::string hybrid =
+      base + " --set parallel.strategy=hybrid --set parallel.hybrid_inner=zero3 --gpu-free-gb 80";
+  const auto apart = run_command(hybrid + " --ranks-per-node 1");
+  INFO(apart.output);
+  CHECK(apart.exit_code == 0);
+  CHECK(apart.output.find("shard groups of 1 rank,") != std::string::npos);
+  CHECK(apart.output.find("fit: hybrid-zero3 needs ") != std::string::npos);
+  const auto together = run_command(hybrid + " --ranks-per-node 8");
+  INFO(together.output);
+  CHECK(together.exit_code == 0);
+  CHECK(together.output.find("fit: zero3 needs ") != std::string::npos);
+  const auto uneven = run_command(hybrid + " --ranks-per-node 3");
+  INFO(uneven.output);
+  CHECK(uneven.exit_code == 2);
+  CHECK(uneven.output.find("a shard group of 3 ranks (parallel.shard_group_size 0: the ranks per node) does not "
+                           "divide the 8 ranks of this job") != std::string::npos);
 }
 
 TEST_CASE("gpt-train plan: one rank, overrides, unknown vocabulary, nothing fits", "[plan]") {

@@ -469,6 +469,52 @@ TEST_CASE("hybrid: shard groups of ranks_per_node, replicas all-reduce gradient 
   CHECK(!check_plan_input(in).is_ok());
 }
 
+// Every hybrid run the trainer accepts has its plan, so its memory checks never skip: shard groups of one rank
+// (parallel.shard_group_size 1, or 0 with one rank per node) plan as hybrid; one group of the whole world plans
+// as plain zero2/zero3, as it runs.
+TEST_CASE("run_shard_group_size and plan_input: the plan of every hybrid run", "[plan]") {
+  RunConfig cfg;
+  cfg.training.micro_batch_size = 2;
+  cfg.training.global_batch_sequences = 16;
+  cfg.parallel.strategy = "hybrid";
+  cfg.parallel.hybrid_inner = "zero3";
+  const GptShape shape{2, 2, 32, 16, 65, 0.0f};
+  struct Case {
+    int world, per_node, configured, groups_of;
+  };
+  for (const Case c : {Case{4, 1, 0, 1}, Case{4, 1, 1, 1}, Case{4, 2, 0, 2}, Case{8, 8, 2, 2}, Case{4, 4, 0, 4},
+                       Case{4, 1, 4, 4}, Case{2, 1, 0, 1}}) {
+    CAPTURE(c.world, c.per_node, c.configured);
+    cfg.parallel.shard_group_size = c.configured;
+    const Expected<int> S = run_shard_group_size(cfg, c.world, c.per_node);
+    REQUIRE(S.has_value());
+    CHECK(*S == c.groups_of);
+    const Expected<PlanInput> in = plan_input(cfg, shape, c.world, c.per_node);
+    REQUIRE(in.has_value());
+    const std::vector<StrategyPlan> plans = plan_all(*in);
+    const StrategyPlan* p = find_run_plan(plans, Strategy::kZero3, *S, c.world);
+    REQUIRE(p != nullptr);
+    CHECK(p->hybrid() == (c.groups_of < c.world));
+    CHECK(p->shard_group_size == c.groups_of);
+    CHECK(p->replicas == c.world / c.groups_of);
+  }
+  // Not hybrid: the shard group is the world, whatever parallel.shard_group_size says.
+  cfg.parallel.strategy = "zero2";
+  cfg.parallel.shard_group_size = 3;
+  CHECK(*run_shard_group_size(cfg, 4, 1) == 4);
+  cfg.parallel.strategy = "hybrid";
+  const Expected<int> three = run_shard_group_size(cfg, 4, 1);
+  REQUIRE(!three.has_value());
+  CHECK(three.status().message() == "(default): parallel.shard_group_size 3 does not divide the 4 ranks of this job");
+  cfg.parallel.shard_group_size = 0;
+  const Expected<int> per_node = run_shard_group_size(cfg, 4, 3);
+  REQUIRE(!per_node.has_value());
+  CHECK(per_node.status().message() ==
+        "(default): a shard group of 3 ranks (parallel.shard_group_size 0: the ranks per node) does not divide the 4 "
+        "ranks of this job");
+  CHECK(!plan_input(cfg, shape, 4, 3).has_value());
+}
+
 // Measured against planned in one process: every strategy and checkpointing mode (planner_mpi_test.cc does
 // it at world sizes 2 to 4, where units are padded).
 TEST_CASE("planned bytes and communication equal what the code allocates and counts (one rank)", "[plan]") {
