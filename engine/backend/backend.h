@@ -193,13 +193,23 @@ class Backend {
   // bf16 compute (taken as it is; an fp32 operand is rounded to bf16 first).
   // out f32, or bf16 under bf16 compute: the fp32 product plus the bias rounded to bf16 (the bias epilogue of a
   // bf16 GEMM output adds a bf16 bias; a bf16 bias is that already), rounded once to nearest even at the store.
+  // out's rows are ld_out >= OC elements apart (the LM head's logits are padded so that every row starts 64-byte
+  // aligned, as cuBLASLt's tensor-core kernels want); what the columns past OC hold afterwards is undefined.
   virtual void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N,
-                              int C, int OC) = 0;
+                              int C, int OC, int64_t ld_out) = 0;
+  void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
+                      int OC) {
+    matmul_forward(out, inp, weight, bias, N, C, OC, OC);
+  }
   // dinp(N,C) = dout @ weight (overwritten; skipped if null); dweight(OC,C) += dout^T @ inp; dbias += colsum
   // of dout as the GEMMs take it (under bf16 compute its bf16 values, summed in fp32). dout, inp and weight as inp
-  // in matmul_forward.
+  // in matmul_forward; dout's rows ld_dout >= OC elements apart (the columns past OC are not read).
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
-                               ConstTensorPtr weight, int64_t N, int C, int OC) = 0;
+                               ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) = 0;
+  void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
+                       ConstTensorPtr weight, int64_t N, int C, int OC) {
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, OC);
+  }
 
   // out(N,C) = (inp - mean) * rstd * weight + bias; mean(N), rstd(N) saved for backward (either may be null).
   // out f32, or bf16 (the fp32 result rounded to nearest even, bit for bit cast_to_bf16 of the f32 output).

@@ -1,6 +1,7 @@
 #include "model/gpt.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/check.h"
@@ -168,9 +169,9 @@ void Gpt::prepare(int B, int T) {
     acts_->lnf = st.take(N * C, lo);
     acts_->lnf_mean = st.take(N);
     acts_->lnf_rstd = st.take(N);
-    acts_->logits = st.take(head_rows(N, head_limit_) * shape_.vocab_size);
-    acts_->dlogits =
-        lo == DType::kBF16 ? st.take(head_rows(N, head_limit_) * shape_.vocab_size, lo) : TensorPtr(acts_->logits);
+    const int64_t head = head_rows(N, head_limit_) * logits_stride(shape_.vocab_size);
+    acts_->logits = st.take(head);
+    acts_->dlogits = lo == DType::kBF16 ? st.take(head, lo) : TensorPtr(acts_->logits);
     acts_->losses = st.take(N);
     Carver gr(pass ? &acts_->grads : nullptr);
     acts_->dres = gr.take(N * C);
@@ -266,7 +267,8 @@ void Gpt::forward(ParamSource& params, const int32_t* inputs, const StepContext&
 
 void Gpt::head_forward(int64_t r0, int64_t rows) {
   const int C = shape_.n_embd;
-  be_.matmul_forward(acts_->logits, acts_->lnf.at(r0 * C), acts_->wte, nullptr, rows, C, shape_.vocab_size);
+  be_.matmul_forward(acts_->logits, acts_->lnf.at(r0 * C), acts_->wte, nullptr, rows, C, shape_.vocab_size,
+                     logits_stride(shape_.vocab_size));
 }
 
 void Gpt::set_head_rows(int64_t limit) {
@@ -308,7 +310,7 @@ float Gpt::forward_loss(ParamSource& params, const int32_t* inputs, const int32_
     const int64_t rows = std::min(chunk, N - r0);
     head_forward(r0, rows);
     be_.crossentropy_forward_backward(acts_->losses + r0, nullptr, acts_->logits, tgt + r0, rows, shape_.vocab_size,
-                                      shape_.vocab_size, 0.0f);
+                                      static_cast<int>(logits_stride(shape_.vocab_size)), 0.0f);
   }
   params.release(layout_.head_unit());
   params.release(ModelLayout::kEmbedUnit);
@@ -319,19 +321,23 @@ const float* Gpt::forward_logits(ParamSource& params, const int32_t* inputs, con
   GPT_CHECK(acts_ != nullptr);
   forward(params, inputs, ctx);
   const int64_t N = static_cast<int64_t>(B_) * T_, chunk = head_rows(N, head_limit_), V = shape_.vocab_size;
-  if (be_.host_memory() && chunk == N) {  // one chunk in host memory (sampling on the CPU): no copy
+  const int64_t Vp = logits_stride(V);
+  if (be_.host_memory() && chunk == N && Vp == V) {  // one unpadded chunk in host memory (sampling on the CPU)
     head_forward(0, N);
     params.release(layout_.head_unit());
     params.release(ModelLayout::kEmbedUnit);
     return acts_->logits;
   }
+  // Each chunk's padded rows are copied whole, then the real columns moved together (a row only ever moves left).
   std::vector<float>& h = acts_->logits_host;
-  h.resize(static_cast<size_t>(N * V));
+  h.resize(static_cast<size_t>(N * Vp));
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t rows = std::min(chunk, N - r0);
     head_forward(r0, rows);
-    be_.to_host(h.data() + r0 * V, acts_->logits, static_cast<size_t>(rows * V) * sizeof(float));
+    be_.to_host(h.data() + r0 * Vp, acts_->logits, static_cast<size_t>(rows * Vp) * sizeof(float));
   }
+  for (int64_t i = 1; i < N; ++i)
+    std::memmove(h.data() + i * V, h.data() + i * Vp, static_cast<size_t>(V) * sizeof(float));
   params.release(layout_.head_unit());
   params.release(ModelLayout::kEmbedUnit);
   return h.data();
@@ -390,6 +396,7 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
   forward(params, inputs, ctx);
   const int64_t N = static_cast<int64_t>(B_) * T_;
   const int C = shape_.n_embd, V = shape_.vocab_size;
+  const int64_t Vp = logits_stride(V);
   // Head: logits = ln_f(x_L) @ wte^T, chunk by chunk: forward, cross-entropy with dlogits in place, and the
   // backward GEMMs (dln_f rows; wte's gradient accumulates into the embed unit, which stays acquired).
   const UnitLayout& eu = layout_.units[ModelLayout::kEmbedUnit];
@@ -399,10 +406,10 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t rows = std::min(chunk, N - r0);
     head_forward(r0, rows);
-    be_.crossentropy_forward_backward(acts_->losses + r0, acts_->dlogits, acts_->logits, tgt + r0, rows, V, V,
-                                      loss_scale);
+    be_.crossentropy_forward_backward(acts_->losses + r0, acts_->dlogits, acts_->logits, tgt + r0, rows, V,
+                                      static_cast<int>(Vp), loss_scale);
     be_.matmul_backward(acts_->dln + r0 * C, dembed + eu.params[0].offset, nullptr, acts_->dlogits,
-                        acts_->lnf.at(r0 * C), acts_->wte, rows, C, V);
+                        acts_->lnf.at(r0 * C), acts_->wte, rows, C, V, Vp);
   }
   const int head = layout_.head_unit();
   const ConstTensorPtr hp = acts_->head;

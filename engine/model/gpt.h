@@ -48,6 +48,11 @@ class Gpt {
   static constexpr int64_t kHeadRows = 4096;
   static int64_t head_rows(int64_t N, int64_t limit = kHeadRows) { return N < limit ? N : limit; }
   void set_head_rows(int64_t limit);
+  // The elements between rows of the LM head's logits and their gradient: V rounded up to a multiple of 16, so
+  // that every row starts 64-byte aligned (32 for bf16), as cuBLASLt's tensor-core GEMMs need of a leading
+  // dimension (GPT-2's 50257 is odd: unpadded, the head's GEMMs would run unaligned kernels). The GEMMs and the
+  // cross-entropy see only the first V columns; wte stays (V, C). The planner pads by the same function.
+  static int64_t logits_stride(int64_t V) { return (V + 15) / 16 * 16; }
 
   // The dtype of the activations only GEMMs read (the ln_1, ln_2 and ln_f outputs, the GELU output, its gradient
   // and the LM head's dlogits, which then get buffers of their own instead of overwriting fp32 ones): the

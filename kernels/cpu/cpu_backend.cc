@@ -71,28 +71,28 @@ void CpuBackend::finish(TensorPtr out, int64_t n) {
 }
 
 void CpuBackend::matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias,
-                                int64_t N, int C, int OC) {
+                                int64_t N, int C, int OC, int64_t ld_out) {
   if (compute_dtype_ == DType::kF32) {
-    cpu::matmul_forward(out.as_f32(), inp.as_f32(), weight.as_f32(), f32_view(4, bias, OC), N, C, OC);
+    cpu::matmul_forward(out.as_f32(), inp.as_f32(), weight.as_f32(), f32_view(4, bias, OC), N, C, OC, ld_out);
     return;
   }
   const float* a = bf16_operand(0, inp, N * C);
   const float* w = bf16_operand(1, weight, static_cast<int64_t>(OC) * C);
   // A bf16 output takes the bias rounded to bf16, as the CUDA backend's bias epilogue does.
   const float* b = out.is_bf16() && bias.data != nullptr ? bf16_operand(4, bias, OC) : f32_view(4, bias, OC);
-  cpu::matmul_forward(result_area(out, N * OC), a, w, b, N, C, OC);
-  finish(out, N * OC);
+  cpu::matmul_forward(result_area(out, N * ld_out), a, w, b, N, C, OC, ld_out);
+  finish(out, N * ld_out);
 }
 void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
-                                 ConstTensorPtr weight, int64_t N, int C, int OC) {
+                                 ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) {
   if (compute_dtype_ == DType::kF32) {
-    cpu::matmul_backward(dinp, dweight, dbias, dout.as_f32(), inp.as_f32(), weight.as_f32(), N, C, OC);
+    cpu::matmul_backward(dinp, dweight, dbias, dout.as_f32(), inp.as_f32(), weight.as_f32(), N, C, OC, ld_dout);
     return;
   }
   const float* a = bf16_operand(0, inp, N * C);
   const float* w = bf16_operand(1, weight, static_cast<int64_t>(OC) * C);
-  const float* d = bf16_operand(2, dout, N * OC);
-  cpu::matmul_backward(dinp, dweight, dbias, d, a, w, N, C, OC);  // dbias from the bf16 values, as on CUDA
+  const float* d = bf16_operand(2, dout, N * ld_dout);
+  cpu::matmul_backward(dinp, dweight, dbias, d, a, w, N, C, OC, ld_dout);  // dbias from the bf16 values, as on CUDA
 }
 void CpuBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                                    ConstTensorPtr bias, int64_t N, int C) {

@@ -15,9 +15,20 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 void embedding_forward(float* out, const int32_t* tokens, const bf16* wte, const bf16* wpe, int B, int T, int C);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC);
+// out's (and dout's) rows are ld elements apart, ld >= OC (the overloads without it: OC); the forward writes no
+// column past OC, the backward reads none.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC,
+                    int64_t ld);
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int64_t N, int C, int OC);
+                     const float* weight, int64_t N, int C, int OC, int64_t ld);
+inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                           int OC) {
+  matmul_forward(out, inp, weight, bias, N, C, OC, OC);
+}
+inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                            const float* weight, int64_t N, int C, int OC) {
+  matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, OC);
+}
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                        int64_t N, int C);

@@ -2,11 +2,10 @@
 // JIT kernels on the CPU's ISA at run time, so it is fast without OPENBLAS_CORETYPE-style settings).
 // Row-major throughout: out(N,OC) = inp(N,C) @ W(OC,C)^T + b.
 #include <dnnl.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <vector>
-
-#include <omp.h>
 
 #include "core/check.h"
 #include "kernels/cpu/kernels.h"
@@ -19,20 +18,23 @@ static void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, const float
   GPT_CHECK_MSG(st == dnnl_success, "dnnl_sgemm failed");
 }
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC) {
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC,
+                    int64_t ld) {
+  GPT_CHECK(ld >= OC);
   float beta = 0.0f;
   if (bias != nullptr) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; ++i) std::copy(bias, bias + OC, out + i * OC);
+    for (int64_t i = 0; i < N; ++i) std::copy(bias, bias + OC, out + i * ld);
     beta = 1.0f;
   }
-  sgemm('N', 'T', N, OC, C, inp, C, weight, C, beta, out, OC);
+  sgemm('N', 'T', N, OC, C, inp, C, weight, C, beta, out, ld);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int64_t N, int C, int OC) {
-  if (dinp != nullptr) sgemm('N', 'N', N, C, OC, dout, OC, weight, C, 0.0f, dinp, C);
-  if (dweight != nullptr) sgemm('T', 'N', OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
+                     const float* weight, int64_t N, int C, int OC, int64_t ld) {
+  GPT_CHECK(ld >= OC);
+  if (dinp != nullptr) sgemm('N', 'N', N, C, OC, dout, ld, weight, C, 0.0f, dinp, C);
+  if (dweight != nullptr) sgemm('T', 'N', OC, C, N, dout, ld, inp, C, 1.0f, dweight, C);
   if (dbias != nullptr) {
     // Column sums: each thread owns a slice of columns and walks the rows in order (deterministic).
 #pragma omp parallel
@@ -44,7 +46,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
         thread_local std::vector<float> acc;  // grows once, then reused: no allocation in the step loop
         acc.assign(hi - lo, 0.0f);
         for (int64_t i = 0; i < N; ++i) {
-          const float* row = dout + i * OC;
+          const float* row = dout + i * ld;
 #pragma omp simd
           for (int o = lo; o < hi; ++o) acc[o - lo] += row[o];
         }

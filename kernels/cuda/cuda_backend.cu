@@ -280,29 +280,30 @@ const void* CudaBackend::gemm_bias(ConstTensorPtr bias, DType out_type, int OC) 
   return area;
 }
 void CudaBackend::matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias,
-                                 int64_t N, int C, int OC) {
+                                 int64_t N, int C, int OC, int64_t ld_out) {
   const OpTimer timed = time_op("matmul_forward");
   if (compute_dtype_ == DType::kF32) {
     matmul_->forward(out.as_f32(), DType::kF32, inp.as_f32(), weight.as_f32(), DType::kF32,
-                     gemm_bias(bias, DType::kF32, OC), N, C, OC);
+                     gemm_bias(bias, DType::kF32, OC), N, C, OC, ld_out);
     return;
   }
   const bf16* a = gemm_input(0, inp, N * C);
   const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
-  matmul_->forward(out.data, out.dtype, a, w, DType::kBF16, gemm_bias(bias, out.dtype, OC), N, C, OC);
+  matmul_->forward(out.data, out.dtype, a, w, DType::kBF16, gemm_bias(bias, out.dtype, OC), N, C, OC, ld_out);
 }
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
-                                  ConstTensorPtr weight, int64_t N, int C, int OC) {
+                                  ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) {
   const OpTimer timed = time_op("matmul_backward");
   void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
   if (compute_dtype_ == DType::kF32) {
-    matmul_->backward(dinp, dweight, dbias, dout.as_f32(), inp.as_f32(), weight.as_f32(), DType::kF32, N, C, OC, s);
+    matmul_->backward(dinp, dweight, dbias, dout.as_f32(), inp.as_f32(), weight.as_f32(), DType::kF32, N, C, OC,
+                      ld_dout, s);
     return;
   }
   const bf16* a = gemm_input(0, inp, N * C);
   const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
-  const bf16* d = gemm_input(2, dout, N * OC);
-  matmul_->backward(dinp, dweight, dbias, d, a, w, DType::kBF16, N, C, OC, s);  // dbias sums the bf16 d
+  const bf16* d = gemm_input(2, dout, N * ld_dout);
+  matmul_->backward(dinp, dweight, dbias, d, a, w, DType::kBF16, N, C, OC, ld_dout, s);  // dbias sums the bf16 d
 }
 bool CudaBackend::gelu_fused(GeluFusion level, int64_t rows, std::initializer_list<ConstTensorPtr> gelu_tensors) const {
   if (static_cast<int>(gelu_fusion_) < static_cast<int>(level) || compute_dtype_ != DType::kBF16) return false;

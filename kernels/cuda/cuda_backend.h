@@ -52,10 +52,12 @@ class CudaBackend final : public Backend {
                          int C) override;
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                           int C) override;
+  using Backend::matmul_backward;  // the unpadded overloads
+  using Backend::matmul_forward;
   void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
-                      int OC) override;
+                      int OC, int64_t ld_out) override;
   void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
-                       ConstTensorPtr weight, int64_t N, int C, int OC) override;
+                       ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) override;
   void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                          ConstTensorPtr bias, int64_t N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

@@ -113,12 +113,14 @@ class Matmul {
   // out(N,OC) = inp(N,C) weight(OC,C)^T + bias; inp and weight of `type` (f32 or bf16). out of out_type: f32, or
   // bf16 (with bf16 inputs; then the bias, if any, is bf16 and 16-byte aligned: cuBLASLt's bias epilogue for a
   // bf16 output takes a bf16 bias); bias f32 otherwise.
+  // out's rows are ld >= OC elements apart (no column past OC is written).
   void forward(void* out, DType out_type, const void* inp, const void* weight, DType type, const void* bias, int64_t N,
-               int C, int OC);
+               int C, int OC, int64_t ld);
   static size_t backward_scratch_bytes(int64_t N, int OC);
-  // dout, inp and weight are the GEMM inputs of `type`; dbias sums dout's values (bf16 ones in fp32).
+  // dout, inp and weight are the GEMM inputs of `type`; dbias sums dout's values (bf16 ones in fp32). dout's rows
+  // are ld >= OC elements apart (no column past OC is read).
   void backward(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
-                DType type, int64_t N, int C, int OC, void* scratch);
+                DType type, int64_t N, int C, int OC, int64_t ld, void* scratch);
   // Whether the GELU epilogues take these operands: bf16, rows (OC forward, C backward) a multiple of 8 (cuBLASLt's
   // rule for the GELU input's leading dimension).
   static bool gelu_fusable(int64_t rows) { return cuda_workspace::gelu_epilogue_fits(rows); }
@@ -137,7 +139,7 @@ class Matmul {
             int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc, float beta, const void* bias,
             Act act = Act::kNone, const void* aux = nullptr);
   void dweight_dbias(float* dweight, float* dbias, const void* dout, const void* inp, DType type, int64_t N, int C,
-                     int OC, void* scratch);
+                     int OC, int64_t ld, void* scratch);
   cudaStream_t stream_;
   void* handle_ = nullptr;     // cublasLtHandle_t
   void* workspace_ = nullptr;  // kWorkspaceBytes of device memory, the owner's

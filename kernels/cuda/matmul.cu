@@ -37,18 +37,18 @@ constexpr int kRowsPerChunk = cuda_workspace::kDbiasRows;
 
 int64_t dbias_chunks(int64_t N) { return ceil_div(N, kRowsPerChunk); }
 
-// partial[chunk, oc] = sum of dout[n, oc] over the chunk's rows, in row order. Block: 32 columns x 8 rows
-// of threads; each thread sums a strided subset of the chunk's rows, then the 8 are added in order. In: float or
-// bf16 (read as fp32).
+// partial[chunk, oc] = sum of dout[n, oc] (rows ld apart) over the chunk's rows, in row order. Block: 32 columns x
+// 8 rows of threads; each thread sums a strided subset of the chunk's rows, then the 8 are added in order. In: float
+// or bf16 (read as fp32).
 template <typename In>
-__global__ void dbias_partial_kernel(float* partial, const In* dout, int64_t N, int OC) {
+__global__ void dbias_partial_kernel(float* partial, const In* dout, int64_t N, int OC, int64_t ld) {
   __shared__ float sums[8][kColsPerBlock];
   const int oc = blockIdx.x * kColsPerBlock + threadIdx.x;
   const int64_t lo = static_cast<int64_t>(blockIdx.y) * kRowsPerChunk;
   const int64_t hi = min(N, lo + kRowsPerChunk);
   float s = 0.0f;
   if (oc < OC) {
-    for (int64_t n = lo + threadIdx.y; n < hi; n += blockDim.y) s += load_value(dout + n * OC + oc);
+    for (int64_t n = lo + threadIdx.y; n < hi; n += blockDim.y) s += load_value(dout + n * ld + oc);
   }
   sums[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
@@ -60,8 +60,9 @@ __global__ void dbias_partial_kernel(float* partial, const In* dout, int64_t N, 
 }
 
 template <typename In>
-void launch_dbias_partial(float* partial, const In* dout, int64_t N, int OC, dim3 grid, cudaStream_t stream) {
-  dbias_partial_kernel<In><<<grid, dim3(kColsPerBlock, 8), 0, stream>>>(partial, dout, N, OC);
+void launch_dbias_partial(float* partial, const In* dout, int64_t N, int OC, int64_t ld, dim3 grid,
+                          cudaStream_t stream) {
+  dbias_partial_kernel<In><<<grid, dim3(kColsPerBlock, 8), 0, stream>>>(partial, dout, N, OC, ld);
 }
 
 __global__ void dbias_sum_kernel(float* dbias, const float* partial, int64_t chunks, int OC) {
@@ -223,20 +224,20 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
 }
 
 void Matmul::forward(void* out, DType out_type, const void* inp, const void* weight, DType type, const void* bias,
-                     int64_t N, int C, int OC) {
-  GPT_CHECK(N > 0 && C > 0 && OC > 0);
-  gemm(true, false, OC, N, C, weight, C, inp, C, type, out, out_type, OC, 0.0f, bias);
+                     int64_t N, int C, int OC, int64_t ld) {
+  GPT_CHECK(N > 0 && C > 0 && OC > 0 && ld >= OC);
+  gemm(true, false, OC, N, C, weight, C, inp, C, type, out, out_type, ld, 0.0f, bias);
 }
 
 size_t Matmul::backward_scratch_bytes(int64_t N, int OC) { return cuda_workspace::matmul_backward(N, OC); }
 
 void Matmul::backward(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
-                      DType type, int64_t N, int C, int OC, void* scratch) {
-  GPT_CHECK(N > 0 && C > 0 && OC > 0);
+                      DType type, int64_t N, int C, int OC, int64_t ld, void* scratch) {
+  GPT_CHECK(N > 0 && C > 0 && OC > 0 && ld >= OC);
   if (dinp != nullptr) {
-    gemm(false, false, C, N, OC, weight, C, dout, OC, type, dinp, DType::kF32, C, 0.0f, nullptr);
+    gemm(false, false, C, N, OC, weight, C, dout, ld, type, dinp, DType::kF32, C, 0.0f, nullptr);
   }
-  dweight_dbias(dweight, dbias, dout, inp, type, N, C, OC, scratch);
+  dweight_dbias(dweight, dbias, dout, inp, type, N, C, OC, ld, scratch);
 }
 
 void Matmul::forward_gelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight, const bf16* bias, int64_t N, int C,
@@ -250,20 +251,21 @@ void Matmul::backward_dgelu(bf16* dpre, const bf16* pre, float* dweight, float* 
   GPT_CHECK(N > 0 && C > 0 && OC > 0 && gelu_fusable(C));
   gemm(false, false, C, N, OC, weight, C, dout, OC, DType::kBF16, dpre, DType::kBF16, C, 0.0f, nullptr, Act::kDGelu,
        pre);
-  dweight_dbias(dweight, dbias, dout, inp, DType::kBF16, N, C, OC, scratch);
+  dweight_dbias(dweight, dbias, dout, inp, DType::kBF16, N, C, OC, OC, scratch);
 }
 
 void Matmul::dweight_dbias(float* dweight, float* dbias, const void* dout, const void* inp, DType type, int64_t N,
-                           int C, int OC, void* scratch) {
+                           int C, int OC, int64_t ld, void* scratch) {
   if (dweight != nullptr) {
-    gemm(false, true, C, OC, N, inp, C, dout, OC, type, dweight, DType::kF32, C, 1.0f, nullptr);
+    gemm(false, true, C, OC, N, inp, C, dout, ld, type, dweight, DType::kF32, C, 1.0f, nullptr);
   }
   if (dbias != nullptr) {
     auto* partial = static_cast<float*>(scratch);
     const int64_t chunks = dbias_chunks(N);
     GPT_CHECK_MSG(chunks <= 65535, "matmul_backward: too many rows for the dbias grid");
     const dim3 grid(static_cast<unsigned>(ceil_div(OC, kColsPerBlock)), static_cast<unsigned>(chunks));
-    with_dtype(ConstTensorPtr(dout, type), [&](auto* d) { launch_dbias_partial(partial, d, N, OC, grid, stream_); });
+    with_dtype(ConstTensorPtr(dout, type),
+               [&](auto* d) { launch_dbias_partial(partial, d, N, OC, ld, grid, stream_); });
     GPT_CUDA_CHECK_LAUNCH();
     dbias_sum_kernel<<<static_cast<unsigned>(ceil_div(OC, 256)), 256, 0, stream_>>>(dbias, partial, chunks, OC);
     GPT_CUDA_CHECK_LAUNCH();

@@ -530,11 +530,35 @@ void run_adamw_spans(bool stochastic) {
 }
 
 // Matmul: the GEMMs through the emulated cuBLASLt (transposes, leading dimensions, bias epilogue or kernel)
-// and the dbias kernels, against kernels/cpu/matmul.cc. bias_off/other offsets misalign the operands.
-void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs) {
-  INFO("matmul N=" << N << " C=" << C << " OC=" << OC << " offset=" << off << " bf16=" << bf16_inputs);
-  Buf<float> inp(N * C, off), w(static_cast<size_t>(OC) * C, off), bias(OC, off), dout(N * OC, off);
+// and the dbias kernels, against kernels/cpu/matmul.cc. bias_off/other offsets misalign the operands. out's and
+// dout's rows are ld >= OC elements apart (the LM head's padded logits); their padding is NaN, which the forward
+// must leave so (it writes no column past OC) and the backward must not read (the results would not be finite).
+void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs, int64_t ld = 0) {
+  if (ld == 0) ld = OC;
+  INFO("matmul N=" << N << " C=" << C << " OC=" << OC << " ld=" << ld << " offset=" << off << " bf16=" << bf16_inputs);
+  // The N x OC values of rows ld apart, contiguous; and whether every padding element is still NaN.
+  auto real = [&](const float* x) {
+    std::vector<float> r(static_cast<size_t>(N * OC));
+    for (int64_t i = 0; i < N; ++i) std::copy(x + i * ld, x + i * ld + OC, r.begin() + i * OC);
+    return r;
+  };
+  auto padding_untouched = [&](const auto* x) {
+    for (int64_t i = 0; i < N; ++i) {
+      for (int64_t j = OC; j < ld; ++j) {
+        float v;
+        if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(x)>>, gpt::bf16>) {
+          v = gpt::bf16_to_f32(x[i * ld + j]);
+        } else {
+          v = x[i * ld + j];
+        }
+        if (!std::isnan(v)) return false;
+      }
+    }
+    return true;
+  };
+  Buf<float> inp(N * C, off), w(static_cast<size_t>(OC) * C, off), bias(OC, off), dout(N * ld, off);
   randn(inp), randn(w), randn(bias), randn(dout);
+  for (int64_t i = 0; i < N; ++i) std::fill(dout.p + i * ld + OC, dout.p + (i + 1) * ld, NAN);
   // With bf16 inputs the CPU twin gets the bf16-rounded values (the products are the same; only the order of
   // the fp32 sums differs).
   Buf<gpt::bf16> inp_h(inp.n, off), w_h(w.n, off), dout_h(dout.n, off);
@@ -552,33 +576,40 @@ void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs) {
 
   Buf<unsigned char> cublas_ws(gpt::cuda_workspace::kCublasLtBytes);
   emu::Matmul mm(nullptr, cublas_ws.p);
-  Buf<float> out(N * OC, off), cout(N * OC);
-  mm.forward(out.p, gpt::DType::kF32, inp_in, w_in, type, bias.p, N, C, OC);
-  cpu::matmul_forward(cout.p, inp.p, w.p, bias.p, N, C, OC);
-  const Cmp eo = compare(out.p, cout.p, out.n);
+  Buf<float> out(N * ld, off), cout(N * ld);
+  mm.forward(out.p, gpt::DType::kF32, inp_in, w_in, type, bias.p, N, C, OC, ld);
+  cpu::matmul_forward(cout.p, inp.p, w.p, bias.p, N, C, OC, ld);
+  CHECK(padding_untouched(out.p));
+  CHECK(padding_untouched(cout.p));
+  const Cmp eo = compare(real(out.p).data(), real(cout.p).data(), N * OC);
   CHECK(eo.nonfinite == 0);
   CHECK(eo.rel() < 1e-5);
   // The same shape again with another bias (the cached plan must take the new bias pointer).
-  Buf<float> bias2(OC, off), out2(N * OC, off), cout2(N * OC);
+  Buf<float> bias2(OC, off), out2(N * ld, off), cout2(N * ld);
   for (int j = 0; j < OC; ++j) bias2[j] = bias[j] + 1.0f;
-  mm.forward(out2.p, gpt::DType::kF32, inp_in, w_in, type, bias2.p, N, C, OC);
-  cpu::matmul_forward(cout2.p, inp.p, w.p, bias2.p, N, C, OC);
-  CHECK(compare(out2.p, cout2.p, out2.n).rel() < 1e-5);
+  mm.forward(out2.p, gpt::DType::kF32, inp_in, w_in, type, bias2.p, N, C, OC, ld);
+  cpu::matmul_forward(cout2.p, inp.p, w.p, bias2.p, N, C, OC, ld);
+  CHECK(compare(real(out2.p).data(), real(cout2.p).data(), N * OC).rel() < 1e-5);
   if (bf16_inputs) {
     // A bf16 output (the fc GEMM's under bf16 compute) with a bf16 bias (aligned: the backend's bias area) and
     // without: the fp32 sum, bias included, rounded once. The CPU twin's fp32 result with the bf16 bias, rounded,
     // may differ in the last bf16 place where the two sums round to either side of a tie.
-    Buf<gpt::bf16> bias_h(OC), out_h(N * OC, off);
-    Buf<float> bias_r(OC), cout_h(N * OC);
+    Buf<gpt::bf16> bias_h(OC), out_h(N * ld, off);
+    Buf<float> bias_r(OC), cout_h(N * ld);
     for (int j = 0; j < OC; ++j) bias_h[j] = gpt::f32_to_bf16(bias[j]), bias_r[j] = gpt::bf16_to_f32(bias_h[j]);
     for (const bool with_bias : {true, false}) {
       CAPTURE(with_bias);
-      mm.forward(out_h.p, gpt::DType::kBF16, inp_in, w_in, type, with_bias ? bias_h.p : nullptr, N, C, OC);
-      cpu::matmul_forward(cout_h.p, inp.p, w.p, with_bias ? bias_r.p : nullptr, N, C, OC);
+      out_h.fill(gpt::f32_to_bf16(NAN));
+      mm.forward(out_h.p, gpt::DType::kBF16, inp_in, w_in, type, with_bias ? bias_h.p : nullptr, N, C, OC, ld);
+      cpu::matmul_forward(cout_h.p, inp.p, w.p, with_bias ? bias_r.p : nullptr, N, C, OC, ld);
+      CHECK(padding_untouched(out_h.p));
       double worst = 0.0;
-      for (size_t i = 0; i < out_h.n; ++i) {
-        const double got = gpt::bf16_to_f32(out_h[i]), want = gpt::bf16_to_f32(gpt::f32_to_bf16(cout_h[i]));
-        worst = std::max(worst, std::abs(got - want) / std::max(std::abs(want), 1e-3));
+      for (int64_t i = 0; i < N; ++i) {
+        for (int64_t j = 0; j < OC; ++j) {
+          const double got = gpt::bf16_to_f32(out_h[i * ld + j]);
+          const double want = gpt::bf16_to_f32(gpt::f32_to_bf16(cout_h[i * ld + j]));
+          worst = std::max(worst, std::abs(got - want) / std::max(std::abs(want), 1e-3));
+        }
       }
       CHECK(worst <= 1.0 / 128);  // one bf16 place (2^-8 relative) at most
     }
@@ -588,17 +619,17 @@ void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs) {
   randn(dw0), randn(db0);
   Buf<float> cdinp(inp.n), cdw(w.n), cdb(OC), cdb_only(OC);
   cdw.copy_from(dw0), cdb.copy_from(db0), cdb_only.copy_from(db0);
-  cpu::matmul_backward(cdinp.p, cdw.p, nullptr, dout_r.p, inp.p, w.p, N, C, OC);
+  cpu::matmul_backward(cdinp.p, cdw.p, nullptr, dout_r.p, inp.p, w.p, N, C, OC, ld);
   Buf<float> dummy(inp.n), dummy_w(w.n);
   dummy_w.fill(0.0f);
-  cpu::matmul_backward(dummy.p, dummy_w.p, cdb_only.p, dout_r.p, inp.p, w.p, N, C,
-                       OC);  // dbias: dout as the GEMMs see it
+  cpu::matmul_backward(dummy.p, dummy_w.p, cdb_only.p, dout_r.p, inp.p, w.p, N, C, OC,
+                       ld);  // dbias: dout as the GEMMs see it
   Buf<float> dinp[2] = {Buf<float>(inp.n, off), Buf<float>(inp.n, off)},
              dw[2] = {Buf<float>(w.n, off), Buf<float>(w.n, off)}, db[2] = {Buf<float>(OC, off), Buf<float>(OC, off)};
   for (int r = 0; r < 2; ++r) {
     Buf<float> scratch(emu::Matmul::backward_scratch_bytes(N, OC) / sizeof(float));
     dw[r].copy_from(dw0), db[r].copy_from(db0);
-    mm.backward(dinp[r].p, dw[r].p, db[r].p, dout_in, inp_in, w_in, type, N, C, OC, scratch.p);
+    mm.backward(dinp[r].p, dw[r].p, db[r].p, dout_in, inp_in, w_in, type, N, C, OC, ld, scratch.p);
   }
   CHECK(dinp[0].same(dinp[1]));
   CHECK(dw[0].same(dw[1]));
@@ -683,4 +714,7 @@ TEST_CASE("cuda_emu: matmul.cu (cuBLASLt calls, dbias kernels) matches the CPU t
   run_matmul(300, 5, 40, 0, false);  // two dbias row chunks
   run_matmul(7, 6, 10, 1, false);    // 4-byte aligned operands: bias added by the kernel
   run_matmul(9, 16, 24, 0, true);    // bf16 GEMM inputs
+  // Rows of out and dout padded, as the LM head's logits are (Gpt::logits_stride): fp32 and bf16 inputs.
+  run_matmul(300, 8, 65, 0, false, 80);
+  run_matmul(9, 16, 65, 0, true, 80);
 }

@@ -182,6 +182,17 @@ TEST_CASE("The LM head in row chunks: the same loss, logits and gradients with l
     const float eval_loss = m.model->forward_loss(*m.params, batch.inputs.data(), batch.targets.data(), eval);
     const float* l = m.model->forward_logits(*m.params, batch.inputs.data(), eval);
     std::vector<float> logits(l, l + static_cast<size_t>(B) * T * shape.vocab_size);
+    // The logits are (B*T, V) however the head pads its rows (Gpt::logits_stride(37) = 48): their cross-entropy on
+    // the host is the evaluation loss.
+    double ce = 0.0;
+    for (int64_t i = 0; i < int64_t{B} * T; ++i) {
+      const float* z = logits.data() + i * shape.vocab_size;
+      const float zmax = *std::max_element(z, z + shape.vocab_size);
+      double sum = 0.0;
+      for (int j = 0; j < shape.vocab_size; ++j) sum += std::exp(static_cast<double>(z[j]) - zmax);
+      ce += std::log(sum) + zmax - z[batch.targets[static_cast<size_t>(i)]];
+    }
+    CHECK(ce / (B * T) == Approx(eval_loss).epsilon(1e-5));
     if (rows == 48) {
       ref_loss = loss, ref_eval = eval_loss, ref_grads = grads, ref_logits = logits, ref_act_bytes = act_bytes;
       continue;

@@ -69,15 +69,18 @@ class FakeDeviceBackend final : public Backend {
     cpu_->embedding_backward(fake_device::real(dwte), fake_device::real(dwpe), fake_device::real(dout),
                              fake_device::real(tokens), B, T, C);
   }
+  using Backend::matmul_backward;
+  using Backend::matmul_forward;
   void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
-                      int OC) override {
+                      int OC, int64_t ld_out) override {
     cpu_->matmul_forward(fake_device::real(out), fake_device::real(inp), fake_device::real(weight),
-                         fake_device::real(bias), N, C, OC);
+                         fake_device::real(bias), N, C, OC, ld_out);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
-                       ConstTensorPtr weight, int64_t N, int C, int OC) override {
+                       ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) override {
     cpu_->matmul_backward(fake_device::real(dinp), fake_device::real(dweight), fake_device::real(dbias),
-                          fake_device::real(dout), fake_device::real(inp), fake_device::real(weight), N, C, OC);
+                          fake_device::real(dout), fake_device::real(inp), fake_device::real(weight), N, C, OC,
+                          ld_dout);
   }
   void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                          ConstTensorPtr bias, int64_t N, int C) override {
