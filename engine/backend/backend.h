@@ -284,10 +284,11 @@ class Backend {
   // In-place dropout on x (used after the embedding).
   virtual void dropout_forward(float* x, int64_t N, const DropoutMask& drop) = 0;
 
-  // Fused softmax cross-entropy over rows of logits(N, Vp) whose first V columns are real. losses(N) gets
-  // each row's loss; if dlogits is non-null it gets (softmax - onehot) * dloss: f32 (may alias logits), or bf16
-  // (rounded as layernorm_forward's; separate memory), the LM head's GEMM input under bf16 compute.
-  virtual void crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits,
+  // Fused softmax cross-entropy over rows of logits(N, Vp) whose first V columns are real: f32, or bf16 (the LM
+  // head's GEMM output under bf16 compute, as PyTorch's autocast leaves it; read widened). losses(N) gets each
+  // row's loss; if dlogits is non-null it gets (softmax - onehot) * dloss: f32, or bf16 (rounded as
+  // layernorm_forward's), the LM head's GEMM input under bf16 compute; it may alias logits of its own dtype.
+  virtual void crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensorPtr logits,
                                              const int32_t* targets, int64_t N, int V, int Vp, float dloss) = 0;
 
   // AdamW on n elements: m, v updated; param -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * param).

@@ -37,16 +37,19 @@ struct Gpt::Acts {
   Buffer targets;                  // (B,T) on the backend (activations)
   std::vector<float> losses_host;  // (B,T) per-token losses, copied back for the mean
   std::vector<float> logits_host;  // (B,T,V) forward_logits' copy when the backend is not host memory
-  float* x = nullptr;              // residual stream (L+1, B,T,C): x[0] embedding output, x[l+1] block l output
+  std::vector<bf16> logits_lo_host;  // a chunk of bf16 logits, copied back to be widened into logits_host
+  float* x = nullptr;                // residual stream (L+1, B,T,C): x[0] embedding output, x[l+1] block l output
   std::vector<BlockActs> blocks;
   BlockActs recompute{};
   float* proj_out = nullptr;  // (B,T,C) temporary
   TensorPtr lnf;              // (B,T,C), a GEMM input
   float* lnf_mean = nullptr;  // (B,T)
   float* lnf_rstd = nullptr;  // (B,T)
-  float* logits = nullptr;    // (head rows, V): one chunk of the LM head's logits
-  TensorPtr dlogits;          // (head rows, V): their gradient, a GEMM input: in place over logits, or bf16
-  float* losses = nullptr;    // (B,T)
+  // (head rows, logits_stride(V)): one chunk of the LM head's logits, in the compute dtype (the GEMM's output, as
+  // PyTorch's autocast leaves it), and their gradient, a GEMM input: in place over the logits, or a buffer of its own
+  // where the GEMM input dtype differs.
+  TensorPtr logits, dlogits;
+  float* losses = nullptr;  // (B,T)
   // Set by forward(): the embed unit's wte, the tied LM head's GEMM weight, and the head unit's parameters (as the
   // ParamSource holds them).
   ConstTensorPtr wte;
@@ -170,8 +173,8 @@ void Gpt::prepare(int B, int T) {
     acts_->lnf_mean = st.take(N);
     acts_->lnf_rstd = st.take(N);
     const int64_t head = head_rows(N, head_limit_) * logits_stride(shape_.vocab_size);
-    acts_->logits = st.take(head);
-    acts_->dlogits = lo == DType::kBF16 ? st.take(head, lo) : TensorPtr(acts_->logits);
+    acts_->logits = st.take(head, out);
+    acts_->dlogits = lo == out ? acts_->logits : st.take(head, lo);
     acts_->losses = st.take(N);
     Carver gr(pass ? &acts_->grads : nullptr);
     acts_->dres = gr.take(N * C);
@@ -322,22 +325,37 @@ const float* Gpt::forward_logits(ParamSource& params, const int32_t* inputs, con
   forward(params, inputs, ctx);
   const int64_t N = static_cast<int64_t>(B_) * T_, chunk = head_rows(N, head_limit_), V = shape_.vocab_size;
   const int64_t Vp = logits_stride(V);
-  if (be_.host_memory() && chunk == N && Vp == V) {  // one unpadded chunk in host memory (sampling on the CPU)
+  const bool lo = acts_->logits.is_bf16();
+  if (be_.host_memory() && chunk == N && Vp == V && !lo) {  // one unpadded fp32 chunk in host memory: no copy
     head_forward(0, N);
     params.release(layout_.head_unit());
     params.release(ModelLayout::kEmbedUnit);
-    return acts_->logits;
+    return acts_->logits.as_f32();
   }
-  // Each chunk's padded rows are copied whole, then the real columns moved together (a row only ever moves left).
+  // fp32 chunks are copied whole into place and their real columns moved together afterwards (a row only ever
+  // moves left); bf16 ones through a chunk-sized copy, widened row by row.
   std::vector<float>& h = acts_->logits_host;
-  h.resize(static_cast<size_t>(N * Vp));
+  std::vector<bf16>& h_lo = acts_->logits_lo_host;
+  h.resize(static_cast<size_t>(N * (lo ? V : Vp)));
+  if (lo) h_lo.resize(static_cast<size_t>(chunk * Vp));
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t rows = std::min(chunk, N - r0);
     head_forward(r0, rows);
-    be_.to_host(h.data() + r0 * Vp, acts_->logits, static_cast<size_t>(rows * Vp) * sizeof(float));
+    if (!lo) {
+      be_.to_host(h.data() + r0 * Vp, acts_->logits.data, static_cast<size_t>(rows * Vp) * sizeof(float));
+      continue;
+    }
+    be_.to_host(h_lo.data(), acts_->logits.data, static_cast<size_t>(rows * Vp) * sizeof(bf16));
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < V; ++j) h[(r0 + i) * V + j] = bf16_to_f32(h_lo[i * Vp + j]);
+    }
   }
-  for (int64_t i = 1; i < N; ++i)
-    std::memmove(h.data() + i * V, h.data() + i * Vp, static_cast<size_t>(V) * sizeof(float));
+  if (!lo) {
+    for (int64_t i = 1; i < N; ++i) {
+      std::memmove(h.data() + i * V, h.data() + i * Vp, static_cast<size_t>(V) * sizeof(float));
+    }
+    h.resize(static_cast<size_t>(N * V));
+  }
   params.release(layout_.head_unit());
   params.release(ModelLayout::kEmbedUnit);
   return h.data();

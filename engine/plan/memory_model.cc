@@ -45,10 +45,10 @@ ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const Acti
   a.scratch += carved(N * C);  // proj_out
   a.stored += carved((L + 1) * N * C);
   for (int l = 0; l < L; ++l) a.stored += block(!any_scratch, !ckpt.recompute_block(l));
-  // ln_f out (a GEMM input), mean, rstd; one LM head chunk's logits, rows padded (and its bf16 dlogits, else in
-  // place); losses
+  // ln_f out (a GEMM input), mean, rstd; one LM head chunk's logits in the compute dtype, rows padded (and its
+  // dlogits where the GEMM input dtype differs, else in place); losses
   const int64_t head = Gpt::head_rows(N) * Gpt::logits_stride(V);
-  a.stored += carved(N * C, lo) + 2 * carved(N) + carved(head) + (lo == f32 ? 0 : carved(head, lo)) + carved(N);
+  a.stored += carved(N * C, lo) + 2 * carved(N) + carved(head, out) + (lo == out ? 0 : carved(head, lo)) + carved(N);
   a.tokens = 2 * N * 4;  // the int32 inputs and targets, copied to the backend
   // dres, dtmp, dln, d4 (none under a fused GELU backward, which takes bf16 GEMM inputs and outputs), the gradient
   // at the GELU's input in bf16 (else in place in d4), dqkv (compute dtype), datty, and dres in bf16 (GEMM inputs in

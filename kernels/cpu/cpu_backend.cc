@@ -140,13 +140,15 @@ void CpuBackend::dropout_backward(float* dinp, const float* dout, int64_t N, con
   cpu::dropout_backward(dinp, dout, N, drop);
 }
 void CpuBackend::dropout_forward(float* x, int64_t N, const DropoutMask& drop) { cpu::dropout_forward(x, N, drop); }
-void CpuBackend::crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits,
+void CpuBackend::crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensorPtr logits,
                                                const int32_t* targets, int64_t N, int V, int Vp, float dloss) {
+  // bf16 logits are widened first (so in place is safe: the kernel reads the widened copy).
+  const float* z = f32_view(0, logits, N * Vp);
   if (!dlogits.is_bf16()) {  // fp32, or none
-    cpu::crossentropy_forward_backward(losses, dlogits.as_f32(), logits, targets, N, V, Vp, dloss);
+    cpu::crossentropy_forward_backward(losses, dlogits.as_f32(), z, targets, N, V, Vp, dloss);
     return;
   }
-  cpu::crossentropy_forward_backward(losses, result_area(dlogits, N * Vp), logits, targets, N, V, Vp, dloss);
+  cpu::crossentropy_forward_backward(losses, result_area(dlogits, N * Vp), z, targets, N, V, Vp, dloss);
   finish(dlogits, N * Vp);
 }
 void CpuBackend::adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1,

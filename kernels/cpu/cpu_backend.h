@@ -48,7 +48,7 @@ class CpuBackend final : public Backend {
   void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override;
   void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) override;
   void dropout_forward(float* x, int64_t N, const DropoutMask& drop) override;
-  void crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits, const int32_t* targets,
+  void crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensorPtr logits, const int32_t* targets,
                                      int64_t N, int V, int Vp, float dloss) override;
   void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1, float beta2,
                     float eps, float weight_decay, float grad_scale, int64_t step) override;

@@ -16,10 +16,15 @@ namespace {
 
 constexpr int kThreads = 512;  // per block (one row); a multiple of 32, as block_max/block_sum require
 
-__device__ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// Whether p may be read or written 4 elements at a time (a float4, or 8 bytes of 4 bf16).
+template <typename T>
+__device__ inline bool vec4_aligned(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
+}
 
-// Reads elements [j, j + 4) of p into v: one float4 when p is 16-byte aligned and the group lies below n,
-// else scalars with elements at or past n read as `fill`. j is a multiple of 4, so p + j keeps p's alignment.
+// Reads elements [j, j + 4) of p into v: one float4 (or 8 bytes of 4 bf16) when p is aligned to 4 elements and
+// the group lies below n, else scalars with elements at or past n read as `fill`. j is a multiple of 4, so p + j
+// keeps p's alignment.
 __device__ inline void load4(float (&v)[4], const float* p, int j, int n, bool vec, float fill) {
   if (vec && j + 4 <= n) {
     const float4 t = *reinterpret_cast<const float4*>(p + j);
@@ -30,6 +35,14 @@ __device__ inline void load4(float (&v)[4], const float* p, int j, int n, bool v
   } else {
 #pragma unroll
     for (int k = 0; k < 4; ++k) v[k] = j + k < n ? p[j + k] : fill;
+  }
+}
+__device__ inline void load4(float (&v)[4], const bf16* p, int j, int n, bool vec, float fill) {
+  if (vec && j + 4 <= n) {
+    load4_bf16(v, p + j);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = j + k < n ? load_value(p + j + k) : fill;
   }
 }
 
@@ -50,20 +63,20 @@ __device__ inline void store4(bf16* p, int j, int n, bool vec, const float (&v)[
   store4_bf16(p + j, v, vec && j + 4 <= n, n - j);
 }
 
-// logits and fp32 dlogits may be the same memory (no __restrict__): every logit a thread reads in the dlogits
-// pass is one it alone writes, after reading it; z[target] and the row statistics are read before the
-// block reductions' __syncthreads, so before any thread writes. Out: float, or bf16 (the same fp32 gradient
-// rounded at the store; never in place).
-template <typename Out>
+// logits and dlogits of one dtype may be the same memory (no __restrict__): every logit a thread reads in the
+// dlogits pass is one it alone writes, after reading it; z[target] and the row statistics are read before the
+// block reductions' __syncthreads, so before any thread writes. In (logits) and Out (dlogits): float or bf16 (the
+// fp32 gradient rounded at the store).
+template <typename In, typename Out>
 __global__ void __launch_bounds__(kThreads)
-    crossentropy_kernel(float* __restrict__ losses, Out* dlogits, const float* logits,
-                        const int32_t* __restrict__ targets, int V, int Vp, float dloss) {
+    crossentropy_kernel(float* __restrict__ losses, Out* dlogits, const In* logits, const int32_t* __restrict__ targets,
+                        int V, int Vp, float dloss) {
   __shared__ float shared[kWarp];
   const int64_t i = blockIdx.x;
-  const float* z = logits + i * Vp;
+  const In* z = logits + i * Vp;
   const int y = targets[i];
-  const float zy = threadIdx.x == 0 ? z[y] : 0.0f;  // only thread 0 writes the loss
-  const bool z_vec = aligned16(z);
+  const float zy = threadIdx.x == 0 ? load_value(z + y) : 0.0f;  // only thread 0 writes the loss
+  const bool z_vec = vec4_aligned(z);
 
   // Online max/sum. m starts at -FLT_MAX rather than -inf so that a -inf logit adds exp(-inf) = 0 instead of
   // exp(-inf - -inf) = NaN; missing elements of the last group are -inf for the same reason.
@@ -87,7 +100,7 @@ __global__ void __launch_bounds__(kThreads)
   // dlogits = softmax * dloss, minus dloss at the target, zero over the padding [V, Vp).
   const float inv = 1.0f / sum;
   Out* dz = dlogits + i * Vp;
-  const bool dz_vec = reinterpret_cast<uintptr_t>(dz) % (4 * sizeof(Out)) == 0;
+  const bool dz_vec = vec4_aligned(dz);
   for (int j = 4 * threadIdx.x; j < Vp; j += 4 * kThreads) {
     float v[4], g[4];
     load4(v, z, j, V, z_vec, 0.0f);
@@ -100,27 +113,36 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <typename In>
+void launch_crossentropy(float* losses, TensorPtr dlogits, const In* logits, const int32_t* targets, int64_t N, int V,
+                         int Vp, float dloss, cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>(N);
+  if (dlogits.is_bf16()) {
+    crossentropy_kernel<In, bf16>
+        <<<grid, kThreads, 0, stream>>>(losses, dlogits.as_bf16(), logits, targets, V, Vp, dloss);
+  } else {
+    crossentropy_kernel<In, float>
+        <<<grid, kThreads, 0, stream>>>(losses, dlogits.as_f32(), logits, targets, V, Vp, dloss);
+  }
+}
+
 }  // namespace
 
-void crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits, const int32_t* targets,
+void crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensorPtr logits, const int32_t* targets,
                                    int64_t N, int V, int Vp, float dloss, cudaStream_t stream) {
   GPT_CHECK(N >= 0 && V > 0 && Vp >= V);
   GPT_CHECK(Vp <= INT32_MAX - 4 * kThreads);  // the column loops' int index cannot overflow
   GPT_CHECK(N <= INT32_MAX);                  // one block per row
-  GPT_CHECK(losses != nullptr && logits != nullptr && targets != nullptr);
-  // fp32 in place is allowed; any other overlap is not (rows would overwrite other rows before they are read).
-  if (dlogits.data != nullptr && !(dlogits.data == logits && !dlogits.is_bf16())) {
-    const auto d = reinterpret_cast<uintptr_t>(dlogits.data), l = reinterpret_cast<uintptr_t>(logits);
-    const auto bytes = static_cast<uintptr_t>(N) * Vp;
-    GPT_CHECK(d + bytes * dtype_size(dlogits.dtype) <= l || l + bytes * sizeof(float) <= d);
+  GPT_CHECK(losses != nullptr && logits.data != nullptr && targets != nullptr);
+  // In place (same memory, same dtype) is allowed; any other overlap is not (rows would overwrite other rows
+  // before they are read).
+  if (dlogits.data != nullptr && !(dlogits.data == logits.data && dlogits.dtype == logits.dtype)) {
+    const auto d = reinterpret_cast<uintptr_t>(dlogits.data), l = reinterpret_cast<uintptr_t>(logits.data);
+    const auto n = static_cast<uintptr_t>(N) * Vp;
+    GPT_CHECK(d + n * dtype_size(dlogits.dtype) <= l || l + n * dtype_size(logits.dtype) <= d);
   }
   if (N == 0) return;
-  const unsigned grid = static_cast<unsigned>(N);
-  if (dlogits.is_bf16()) {
-    crossentropy_kernel<bf16><<<grid, kThreads, 0, stream>>>(losses, dlogits.as_bf16(), logits, targets, V, Vp, dloss);
-  } else {
-    crossentropy_kernel<float><<<grid, kThreads, 0, stream>>>(losses, dlogits.as_f32(), logits, targets, V, Vp, dloss);
-  }
+  with_dtype(logits, [&](auto* z) { launch_crossentropy(losses, dlogits, z, targets, N, V, Vp, dloss, stream); });
   GPT_CUDA_CHECK_LAUNCH();
 }
 

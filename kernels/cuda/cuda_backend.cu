@@ -408,7 +408,7 @@ void CudaBackend::dropout_forward(float* x, int64_t N, const DropoutMask& drop) 
   const OpTimer timed = time_op("dropout_forward");
   cuda::dropout_forward(x, N, drop, stream_);
 }
-void CudaBackend::crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits,
+void CudaBackend::crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensorPtr logits,
                                                 const int32_t* targets, int64_t N, int V, int Vp, float dloss) {
   const OpTimer timed = time_op("crossentropy_forward_backward");
   cuda::crossentropy_forward_backward(losses, dlogits, logits, targets, N, V, Vp, dloss, stream_);

@@ -57,9 +57,9 @@ void attention_row_dot(float* dv, const float* dout, ConstTensorPtr out, bool ro
 void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
                         int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
 
-// crossentropy.cu: one pass per row over the vocabulary in chunks (online max and sum), then dlogits: f32
-// (may be logits itself) or bf16 (rounded at the store; separate memory).
-void crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits, const int32_t* targets,
+// crossentropy.cu: one pass per row over the vocabulary in chunks (online max and sum), then dlogits. logits f32
+// or bf16 (read widened); dlogits f32 or bf16 (rounded at the store), may be logits itself when of its dtype.
+void crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensorPtr logits, const int32_t* targets,
                                    int64_t N, int V, int Vp, float dloss, cudaStream_t stream);
 
 // gelu.cu. inp f32 or bf16; out f32 or bf16 (rounded at the store).

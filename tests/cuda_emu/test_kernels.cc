@@ -222,6 +222,28 @@ void run_crossentropy(int64_t N, int V, int Vp, bool inplace, bool with_grad, bo
       for (int j = V; j < Vp; ++j) pad0 &= d[0][i * Vp + j] == 0.0f;
     CHECK(pad0);
   }
+  // bf16 logits (the LM head's GEMM output under bf16 compute), read widened: the losses and gradients (fp32, bf16,
+  // and bf16 in place over the logits) are bit for bit those of the fp32 logits they widen to, scalar loads and
+  // vector loads alike (odd Vp puts rows at every alignment).
+  Buf<gpt::bf16> lg_h(N * Vp);
+  Buf<float> lg_w(N * Vp);
+  for (size_t i = 0; i < lg_h.n; ++i) lg_h[i] = gpt::f32_to_bf16(logits[i]), lg_w[i] = gpt::bf16_to_f32(lg_h[i]);
+  Buf<float> wl(N), wd(N * Vp), hl(N), hd(N * Vp);
+  emu::crossentropy_forward_backward(wl.p, with_grad ? wd.p : nullptr, lg_w.p, targets.p, N, V, Vp, dloss, nullptr);
+  emu::crossentropy_forward_backward(hl.p, with_grad ? hd.p : nullptr, lg_h.p, targets.p, N, V, Vp, dloss, nullptr);
+  CHECK(hl.same(wl));
+  if (with_grad) {
+    CHECK(hd.same(wd));
+    Buf<gpt::bf16> sep(N * Vp), inplace(N * Vp);
+    inplace.copy_from(lg_h);
+    Buf<float> sl(N), il(N);
+    emu::crossentropy_forward_backward(sl.p, sep.p, lg_h.p, targets.p, N, V, Vp, dloss, nullptr);
+    emu::crossentropy_forward_backward(il.p, inplace.p, inplace.p, targets.p, N, V, Vp, dloss, nullptr);
+    CHECK(sl.same(wl));
+    CHECK(il.same(wl));
+    CHECK(rounded_from(sep, wd));
+    CHECK(inplace.same(sep));
+  }
 }
 
 void run_embedding(int B, int T, int C, int vocab, int distinct) {

@@ -126,7 +126,7 @@ class FakeDeviceBackend final : public Backend {
   void dropout_forward(float* x, int64_t N, const DropoutMask& drop) override {
     cpu_->dropout_forward(fake_device::real(x), N, drop);
   }
-  void crossentropy_forward_backward(float* losses, TensorPtr dlogits, const float* logits, const int32_t* targets,
+  void crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensorPtr logits, const int32_t* targets,
                                      int64_t N, int V, int Vp, float dloss) override {
     cpu_->crossentropy_forward_backward(fake_device::real(losses), fake_device::real(dlogits),
                                         fake_device::real(logits), fake_device::real(targets), N, V, Vp, dloss);

@@ -252,10 +252,10 @@ TEST_CASE("run.device cuda under bf16 stores GEMM inputs (ln, attention, GELU ou
     const int64_t per_set = 2 * (carved(4 * N * C) - carved(2 * N * C)) + carved(16 * N * C) - carved(8 * N * C);
     const int64_t per_kept = carved(12 * N * C) - carved(6 * N * C) + carved(4 * N * C) - carved(2 * N * C) +
                              carved(16 * N * C) - carved(8 * N * C);
-    // ln_f's output, 4 bytes -> 2; the LM head's dlogits get a bf16 buffer of their own (else in place), rows
-    // padded as the logits'.
+    // ln_f's output, 4 bytes -> 2; so are the LM head's logits (the GEMM's output in the compute dtype), with
+    // dlogits in place over them in both; rows padded.
     const int64_t head = Gpt::head_rows(N) * Gpt::logits_stride(s.vocab_size);
-    const int64_t rest = carved(4 * N * C) - carved(2 * N * C) - carved(2 * head);
+    const int64_t rest = carved(4 * N * C) - carved(2 * N * C) + carved(4 * head) - carved(2 * head);
     // none: every block keeps its set; selective: ln/GELU outputs live in the recompute set only, the qkv,
     // attention and fc outputs in every block and the recompute set; full: one recompute set.
     const std::string m = mode;
