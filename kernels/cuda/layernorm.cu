@@ -17,10 +17,11 @@ constexpr float kEps = 1e-5f;
 constexpr int kRowWarps = 8;                    // rows (one warp each) per block in the row kernels
 constexpr int kRowThreads = kWarp * kRowWarps;  // their block size
 constexpr int kChunks =
-    cuda_workspace::kLayerNormChunks;  // most row chunks in the backward; fixed, so the sum order is too
-constexpr int kColThreads = 64;        // threads per block in the backward's column kernel (4 columns each)
-constexpr int kParamThreads = 256;     // threads per block in the partial-sum kernel
-constexpr size_t kScratchAlign = 256;  // each scratch piece starts on a 256-byte boundary
+    cuda_workspace::kLayerNormChunks;              // most row chunks in the backward; fixed, so the sum order is too
+constexpr int kColThreads = 64;                    // threads per block in the backward's column kernel (4 columns each)
+constexpr int kParamRows = 16;                     // chunk strides per column in the partial-sum kernel
+constexpr int kParamThreads = kWarp * kParamRows;  // its block: 32 columns x kParamRows
+constexpr size_t kScratchAlign = 256;              // each scratch piece starts on a 256-byte boundary
 
 // Reads elements [j, j + 4) of p into v. kVec: one float4 (the caller guarantees p is 16-byte aligned and
 // n % 4 == 0). Otherwise scalars, elements at or past n read as `fill`. Either way v holds the same values,
@@ -203,18 +204,28 @@ __global__ void __launch_bounds__(kColThreads)
   store4<kVec>(p + C, j, C, pb);
 }
 
-// Backward step 3: one thread per entry of [dweight | dbias], summing the chunks' partials in chunk order.
+// Backward step 3: [dweight | dbias] += the chunks' partials. A block is 32 entries x kParamRows threads; thread
+// (x, y) sums chunks y, y + kParamRows, ... in order, then row 0 adds the kParamRows sums in order: a fixed order for
+// a shape, with 2C / 32 blocks of kParamRows warps in flight (one thread per entry over every chunk was a handful of
+// blocks, each thread a chain of kChunks dependent loads).
 __global__ void __launch_bounds__(kParamThreads)
     layernorm_param_grad_kernel(float* __restrict__ dweight, float* __restrict__ dbias,
                                 const float* __restrict__ partial, int chunks, int C) {
-  const int e = blockIdx.x * kParamThreads + threadIdx.x;
-  if (e >= 2 * C) return;
+  __shared__ float sums[kParamRows][kWarp];
+  const int e = blockIdx.x * kWarp + threadIdx.x;
   float acc = 0.0f;
-  for (int g = 0; g < chunks; ++g) acc += partial[static_cast<int64_t>(g) * 2 * C + e];
+  if (e < 2 * C) {
+    for (int g = threadIdx.y; g < chunks; g += kParamRows) acc += partial[static_cast<int64_t>(g) * 2 * C + e];
+  }
+  sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || e >= 2 * C) return;
+  float total = 0.0f;
+  for (int r = 0; r < kParamRows; ++r) total += sums[r][threadIdx.x];
   if (e < C) {
-    dweight[e] += acc;
+    dweight[e] += total;
   } else {
-    dbias[e - C] += acc;
+    dbias[e - C] += total;
   }
 }
 
@@ -342,8 +353,8 @@ void launch_layernorm_backward(float* dinp, float* dweight, float* dbias, const 
         dinp, dinp_lo, lo_vec, partial, dout, inp, weight, mean, rstd, row_stats, N, C, rpc);
     GPT_CUDA_CHECK_LAUNCH();
   }
-  const dim3 param_grid(static_cast<unsigned>(ceil_div(2 * static_cast<int64_t>(C), kParamThreads)));
-  layernorm_param_grad_kernel<<<param_grid, kParamThreads, 0, stream>>>(dweight, dbias, partial, chunks, C);
+  const dim3 param_grid(static_cast<unsigned>(ceil_div(2 * static_cast<int64_t>(C), kWarp)));
+  layernorm_param_grad_kernel<<<param_grid, dim3(kWarp, kParamRows), 0, stream>>>(dweight, dbias, partial, chunks, C);
   GPT_CUDA_CHECK_LAUNCH();
 }
 

@@ -673,6 +673,7 @@ TEST_CASE("cuda_emu: layernorm.cu matches the CPU twin", "[cuda_emu][layernorm]"
   run_layernorm(3, 37, 1);
   run_layernorm(20, 130, 0);
   run_layernorm(5, 520, 0);
+  run_layernorm(1100, 40, 0);  // 367 row chunks: each partial-sum thread adds every 16th of them
 }
 
 TEST_CASE("cuda_emu: the fused residual + layernorm equals the two kernels", "[cuda_emu][layernorm]") {
