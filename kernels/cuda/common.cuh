@@ -72,6 +72,22 @@ __device__ inline void load4_bf16(float (&v)[4], const bf16* p) {
   v[3] = __uint_as_float(t.y & 0xffff0000u);
 }
 
+// Four elements at p as fp32, or four fp32 values stored there (bf16 rounded as store4_bf16), one 16-byte (fp32)
+// or 8-byte (bf16) access: the caller guarantees p is so aligned (aligned4 on the host). For elementwise kernels
+// templated on their element types.
+__device__ inline void load4_values(float (&v)[4], const float* p) {
+  const float4 t = *reinterpret_cast<const float4*>(p);
+  v[0] = t.x;
+  v[1] = t.y;
+  v[2] = t.z;
+  v[3] = t.w;
+}
+__device__ inline void load4_values(float (&v)[4], const bf16* p) { load4_bf16(v, p); }
+__device__ inline void store4_values(float* p, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ inline void store4_values(bf16* p, const float (&v)[4]) { store4_bf16(p, v, true, 4); }
+
 // Host side: p may be read or written 4 elements at a time (a float4, or 8 bytes of 4 bf16).
 template <typename T>
 inline bool aligned4(const T* p) {

@@ -10,37 +10,76 @@ constexpr int kThreads = 256;
 constexpr float kScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kCube = 0.044715f;
 
+__device__ inline float gelu(float x) { return 0.5f * x * (1.0f + tanhf(kScale * (x + kCube * x * x * x))); }
+
+__device__ inline float gelu_grad(float x) {
+  const float th = tanhf(kScale * (x + kCube * x * x * x));
+  const float sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * kScale * (1.0f + 3.0f * kCube * x * x);
+}
+
+// Each thread takes groups of 4 consecutive elements: one vector load and store per tensor where every pointer is
+// aligned to 4 elements (`vec`), else (and for the last, partial group) element by element. The values are the
+// same either way; the kernels are memory-bound, and 2-byte accesses (bf16) would leave most of the bandwidth unused.
+template <typename T>
+__device__ inline void load_group(float (&v)[4], const T* p, int64_t i, int64_t n, bool vec) {
+  if (vec && i + 4 <= n) {
+    load4_values(v, p + i);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = i + k < n ? load_value(p + i + k) : 0.0f;
+  }
+}
+template <typename T>
+__device__ inline void store_group(T* p, const float (&v)[4], int64_t i, int64_t n, bool vec) {
+  if (vec && i + 4 <= n) {
+    store4_values(p + i, v);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (i + k < n) store_value(p + i + k, v[k]);
+    }
+  }
+}
+
 // In, Out: float or bf16 (a bf16 output is the same fp32 value rounded at the store, as cast_to_bf16 rounds).
 template <typename In, typename Out>
-__global__ void gelu_forward_kernel(Out* out, const In* inp, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float x = load_value(inp + i);
-    store_value(out + i, 0.5f * x * (1.0f + tanhf(kScale * (x + kCube * x * x * x))));
+__global__ void gelu_forward_kernel(Out* out, const In* inp, int64_t n, bool vec) {
+  for (int64_t i = 4 * (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x); i < n;
+       i += 4 * static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float x[4], y[4];
+    load_group(x, inp, i, n, vec);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) y[k] = gelu(x[k]);
+    store_group(out, y, i, n, vec);
   }
 }
 
 template <typename In, typename Out>
 void launch_forward(Out* out, const In* inp, int64_t n, cudaStream_t stream) {
-  gelu_forward_kernel<In, Out><<<grid_for(n, kThreads), kThreads, 0, stream>>>(out, inp, n);
+  const bool vec = aligned4(out) && aligned4(inp);
+  gelu_forward_kernel<In, Out><<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, stream>>>(out, inp, n, vec);
 }
 
-// dinp may alias dout when both are fp32 (the model does that under fp32 compute).
+// dinp may alias dout when both are fp32 (the model does that under fp32 compute): a thread reads its group of
+// dout before it writes the same group of dinp.
 template <typename In, typename Out>
-__global__ void gelu_backward_kernel(Out* dinp, const In* inp, const float* dout, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float x = load_value(inp + i);
-    const float th = tanhf(kScale * (x + kCube * x * x * x));
-    const float sech2 = 1.0f - th * th;
-    const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kScale * (1.0f + 3.0f * kCube * x * x);
-    store_value(dinp + i, grad * dout[i]);
+__global__ void gelu_backward_kernel(Out* dinp, const In* inp, const float* dout, int64_t n, bool vec) {
+  for (int64_t i = 4 * (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x); i < n;
+       i += 4 * static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float x[4], dy[4], dx[4];
+    load_group(x, inp, i, n, vec);
+    load_group(dy, dout, i, n, vec);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) dx[k] = gelu_grad(x[k]) * dy[k];
+    store_group(dinp, dx, i, n, vec);
   }
 }
 
 template <typename In, typename Out>
 void launch_backward(Out* dinp, const In* inp, const float* dout, int64_t n, cudaStream_t stream) {
-  gelu_backward_kernel<In, Out><<<grid_for(n, kThreads), kThreads, 0, stream>>>(dinp, inp, dout, n);
+  const bool vec = aligned4(dinp) && aligned4(inp) && aligned4(dout);
+  gelu_backward_kernel<In, Out><<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, stream>>>(dinp, inp, dout, n, vec);
 }
 
 }  // namespace

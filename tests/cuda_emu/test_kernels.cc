@@ -444,6 +444,18 @@ void run_gelu(int64_t n) {
   Buf<gpt::bf16> loh(n);
   emu::gelu_forward(loh.p, gpt::ConstTensorPtr(xh.p), n, nullptr);
   CHECK(rounded_from(loh, ow));
+  // Tensors one element past 16-byte alignment take the element-by-element path: the same bits as the vector one.
+  Buf<float> xu(n, 1), ou(n, 1), du(n, 1), doutu(n, 1);
+  Buf<gpt::bf16> xhu(n, 1), lou(n, 1);
+  xu.copy_from(x), xhu.copy_from(xh), doutu.copy_from(dout);
+  emu::gelu_forward(ou.p, xu.p, n, nullptr);
+  CHECK(ou.same(o));
+  emu::gelu_backward(du.p, xu.p, doutu.p, n, nullptr);
+  CHECK(du.same(d));
+  emu::gelu_forward(lou.p, gpt::ConstTensorPtr(xhu.p), n, nullptr);
+  CHECK(lou.same(loh));
+  emu::gelu_backward(du.p, gpt::ConstTensorPtr(xhu.p), doutu.p, n, nullptr);
+  CHECK(du.same(dh));
 }
 
 void run_adamw(int64_t n, bool sum_squares) {
