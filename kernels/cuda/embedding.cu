@@ -86,35 +86,72 @@ __global__ void __launch_bounds__(kThreads) iota_kernel(int32_t* __restrict__ va
 // One block per sorted index i; the block of a run's first index (a segment head) owns that token's dwte
 // row, and each thread walks the run's positions in order (the sort is stable, so they are ascending) for
 // its channels. Blocks of other indices leave at once. Each dwte row is written by exactly one block.
+//
+// A frequent token's run is long (a few percent of the rows in real text: hundreds at B*T = 16k) and its block
+// ends last, so the walk keeps kBatch rows' loads in flight (added in order: the same sums), and the run's end is
+// found kRowThreads keys at a time (the keys are sorted, so a window's matches are a prefix of it).
+constexpr int kBatch = 8;
+
+template <typename Acc>
+__device__ inline void add_to(Acc& acc, const Acc& d) {
+  if constexpr (std::is_same_v<Acc, float4>) {
+    acc.x += d.x;
+    acc.y += d.y;
+    acc.z += d.z;
+    acc.w += d.w;
+  } else {
+    acc += d;
+  }
+}
+
+// acc += rows [i, end) of the run at column c of dout viewed as Acc (float4 or float) rows of `row` elements.
+template <typename Acc>
+__device__ inline Acc sum_run(Acc acc, const Acc* __restrict__ dout, const int32_t* __restrict__ positions, int i,
+                              int end, int64_t row, int c) {
+  int k = i;
+  for (; k + kBatch <= end; k += kBatch) {
+    Acc d[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) d[u] = dout[static_cast<int64_t>(positions[k + u]) * row + c];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) add_to(acc, d[u]);
+  }
+  for (; k < end; ++k) add_to(acc, dout[static_cast<int64_t>(positions[k]) * row + c]);
+  return acc;
+}
+
 template <bool kVec>
 __global__ void __launch_bounds__(kRowThreads)
     embedding_backward_wte_kernel(float* __restrict__ dwte, const float* __restrict__ dout,
                                   const int32_t* __restrict__ keys, const int32_t* __restrict__ positions, int n,
                                   int C) {
+  __shared__ int window_matches[1];
   const int i = blockIdx.x;
   const int32_t token = keys[i];
   if (i > 0 && keys[i - 1] == token) return;  // not a segment head; uniform over the block
   int end = i + 1;
-  while (end < n && keys[end] == token) ++end;
+  for (;;) {
+    if (threadIdx.x == 0) window_matches[0] = kRowThreads;
+    __syncthreads();
+    const int j = end + static_cast<int>(threadIdx.x);
+    const bool match = j < n && keys[j] == token;
+    // The window's first non-match (at most one thread) says how many matched.
+    if (!match && (threadIdx.x == 0 || (j - 1 < n && keys[j - 1] == token))) window_matches[0] = threadIdx.x;
+    __syncthreads();
+    const int matched = window_matches[0];
+    __syncthreads();  // every thread has read it before thread 0 resets it
+    end += matched;
+    if (matched < kRowThreads) break;
+  }
   float* te = dwte + static_cast<int64_t>(token) * C;
   if constexpr (kVec) {
+    const auto* d4 = reinterpret_cast<const float4*>(dout);
     for (int c = threadIdx.x; c < C / 4; c += kRowThreads) {
-      float4 acc = reinterpret_cast<const float4*>(te)[c];
-      for (int k = i; k < end; ++k) {
-        const float4 d = reinterpret_cast<const float4*>(dout + static_cast<int64_t>(positions[k]) * C)[c];
-        acc.x += d.x;
-        acc.y += d.y;
-        acc.z += d.z;
-        acc.w += d.w;
-      }
-      reinterpret_cast<float4*>(te)[c] = acc;
+      reinterpret_cast<float4*>(te)[c] =
+          sum_run(reinterpret_cast<const float4*>(te)[c], d4, positions, i, end, C / 4, c);
     }
   } else {
-    for (int c = threadIdx.x; c < C; c += kRowThreads) {
-      float acc = te[c];
-      for (int k = i; k < end; ++k) acc += dout[static_cast<int64_t>(positions[k]) * C + c];
-      te[c] = acc;
-    }
+    for (int c = threadIdx.x; c < C; c += kRowThreads) te[c] = sum_run(te[c], dout, positions, i, end, C, c);
   }
 }
 

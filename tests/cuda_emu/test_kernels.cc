@@ -708,6 +708,10 @@ TEST_CASE("cuda_emu: embedding.cu matches the CPU twin (repeated tokens)", "[cud
   run_embedding(2, 5, 7, 11, 3);
   run_embedding(2, 4, 8, 5, 2);
   run_embedding(3, 6, 36, 1000, 1);  // one token everywhere
+  // Runs longer than a block's key window (128) and than the batches of loads (8), with two column passes
+  // (C/4 = 130 float4s); and the scalar path (C odd).
+  run_embedding(4, 75, 520, 50, 1);
+  run_embedding(2, 150, 37, 50, 3);
 }
 
 TEST_CASE("cuda_emu: bf16 parameters (LayerNorm, embedding) read widened give the fp32 values' results bit for bit",
