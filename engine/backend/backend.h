@@ -203,7 +203,8 @@ class Backend {
   }
   // dinp(N,C) = dout @ weight (overwritten; skipped if null); dweight(OC,C) += dout^T @ inp; dbias += colsum
   // of dout as the GEMMs take it (under bf16 compute its bf16 values, summed in fp32). dout, inp and weight as inp
-  // in matmul_forward; dout's rows ld_dout >= OC elements apart (the columns past OC are not read).
+  // in matmul_forward; dout's rows ld_dout >= OC elements apart, N * ld_dout of them (a backend may convert the
+  // padding with the rest, but no result depends on the columns past OC).
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                                ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) = 0;
   void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,

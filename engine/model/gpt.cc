@@ -36,7 +36,7 @@ struct Gpt::Acts {
   Buffer tokens;                   // (B,T) the inputs, on the backend, for embedding forward and backward (activations)
   Buffer targets;                  // (B,T) on the backend (activations)
   std::vector<float> losses_host;  // (B,T) per-token losses, copied back for the mean
-  std::vector<float> logits_host;  // (B,T,V) forward_logits' copy when the backend is not host memory
+  std::vector<float> logits_host;  // (B,T,V) forward_logits' copy, unless one unpadded fp32 chunk in host memory
   std::vector<bf16> logits_lo_host;  // a chunk of bf16 logits, copied back to be widened into logits_host
   float* x = nullptr;                // residual stream (L+1, B,T,C): x[0] embedding output, x[l+1] block l output
   std::vector<BlockActs> blocks;

@@ -142,7 +142,8 @@ void CpuBackend::dropout_backward(float* dinp, const float* dout, int64_t N, con
 void CpuBackend::dropout_forward(float* x, int64_t N, const DropoutMask& drop) { cpu::dropout_forward(x, N, drop); }
 void CpuBackend::crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensorPtr logits,
                                                const int32_t* targets, int64_t N, int V, int Vp, float dloss) {
-  // bf16 logits are widened first (so in place is safe: the kernel reads the widened copy).
+  // bf16 logits are widened first (so in place is safe: the kernel reads the widened copy). Staging slot 0 grows to
+  // the logits' N * Vp floats; bf16 compute on the CPU is for the tests (the trainer computes in fp32 here).
   const float* z = f32_view(0, logits, N * Vp);
   if (!dlogits.is_bf16()) {  // fp32, or none
     cpu::crossentropy_forward_backward(losses, dlogits.as_f32(), z, targets, N, V, Vp, dloss);

@@ -689,6 +689,81 @@ TEST_CASE("parity: cross-entropy with padded vocab, in place", "[cuda]") {
   }
 }
 
+// The LM head as the model runs it: logit rows Gpt::logits_stride(V) apart (GPT-2's odd vocabulary padded, so
+// cuBLASLt takes aligned kernels), the forward writing the first V columns, the backward reading no others (NaN
+// there would show); under bf16 compute the logits are the GEMM's bf16 output and the cross-entropy reads them
+// widened and writes its bf16 gradient over them.
+TEST_CASE("parity: the LM head's GEMMs over padded logit rows, and cross-entropy of bf16 logits", "[cuda]") {
+  Backend* gpu = cuda_or_skip("padded LM head");
+  if (!gpu) return;
+  for (const int V : {65, 50257}) {
+    if (kEmulated && V > 1000) continue;  // GPT-2's head, on a GPU only
+    const int64_t N = 33, Vp = Gpt::logits_stride(V);
+    const int C = 64;
+    CAPTURE(V, Vp);
+    auto real = [&](const std::vector<float>& rows) {  // the first V columns of rows Vp apart
+      std::vector<float> r;
+      for (int64_t i = 0; i < N; ++i) r.insert(r.end(), rows.begin() + i * Vp, rows.begin() + i * Vp + V);
+      return r;
+    };
+    const auto x = randn(N * C, 90), w = randn(int64_t{V} * C, 91), dw0 = randn(int64_t{V} * C, 92);
+    auto dout = randn(N * Vp, 93);
+    for (int64_t i = 0; i < N; ++i) std::fill(dout.begin() + i * Vp + V, dout.begin() + (i + 1) * Vp, NAN);
+    for (const bool lo : {false, true}) {
+      CAPTURE(lo);
+      gpu->set_compute_dtype(lo ? DType::kBF16 : DType::kF32);
+      // The CPU in fp32 on the values the GPU's GEMMs take (bf16-rounded under bf16 compute).
+      const auto xc = lo ? rounded(x) : x, wc = lo ? rounded(w) : w, dc = lo ? rounded(dout) : dout;
+      std::vector<float> out(N * Vp, NAN), dx(N * C), dw = dw0;
+      cpu().matmul_forward(out.data(), xc.data(), wc.data(), nullptr, N, C, V, Vp);
+      cpu().matmul_backward(dx.data(), dw.data(), nullptr, dc.data(), xc.data(), wc.data(), N, C, V, Vp);
+      Dev<float> g_x(*gpu, x), g_w(*gpu, w), g_dout(*gpu, dout), g_dw(*gpu, dw0), g_dx(*gpu, dx.size());
+      gpu->matmul_backward(g_dx.p(), g_dw.p(), nullptr, g_dout.p(), g_x.p(), g_w.p(), N, C, V, Vp);
+      expect_close("padded head dinp", dx, g_dx.read(), kReduction);
+      expect_close("padded head dweight", dw, g_dw.read(), kReduction);
+      if (!lo) {
+        Dev<float> g_out(*gpu, std::vector<float>(N * Vp, NAN));
+        gpu->matmul_forward(g_out.p(), g_x.p(), g_w.p(), nullptr, N, C, V, Vp);
+        expect_close("padded head logits", real(out), real(g_out.read()), kReduction);
+        continue;
+      }
+      // bf16 logits: the fp32 sums rounded once (within the fp32 bound plus a bf16 place of the CPU's, rounded).
+      Dev<bf16> g_logits(*gpu, N * Vp);
+      gpu->matmul_forward(g_logits.p(), g_x.p(), g_w.p(), nullptr, N, C, V, Vp);
+      const std::vector<bf16> logits = g_logits.read();
+      std::vector<bf16> logits_real;
+      for (int64_t i = 0; i < N; ++i) {
+        logits_real.insert(logits_real.end(), logits.begin() + i * Vp, logits.begin() + i * Vp + V);
+      }
+      const std::vector<float> want = real(out);
+      CHECK(bf16_worst(want, logits_real, kReduction * max_abs(want)) <= 1.0);
+      // The cross-entropy of those bf16 logits, in place, against the CPU's on their widened values; and bit for
+      // bit the GPU's own on the widened values (bf16 dlogits of its own).
+      std::vector<float> widened(N * Vp);
+      for (size_t i = 0; i < widened.size(); ++i) widened[i] = bf16_to_f32(logits[i]);
+      const auto targets = rand_tokens(N, V, 94);
+      std::vector<float> c_losses(N), c_dl(N * Vp);
+      cpu().crossentropy_forward_backward(c_losses.data(), c_dl.data(), widened.data(), targets.data(), N, V,
+                                          static_cast<int>(Vp), 0.125f);
+      Dev<int32_t> g_targets(*gpu, targets);
+      Dev<float> g_losses(*gpu, N), g_losses_w(*gpu, N), g_widened(*gpu, widened);
+      Dev<bf16> g_dl_w(*gpu, N * Vp);
+      gpu->crossentropy_forward_backward(g_losses.p(), g_logits.p(), g_logits.p(), g_targets.p(), N, V,
+                                         static_cast<int>(Vp), 0.125f);
+      gpu->crossentropy_forward_backward(g_losses_w.p(), g_dl_w.p(), g_widened.p(), g_targets.p(), N, V,
+                                         static_cast<int>(Vp), 0.125f);
+      expect_close("cross-entropy of bf16 logits: losses", c_losses, g_losses.read(), kReduction);
+      REQUIRE(g_losses.read() == g_losses_w.read());
+      const std::vector<bf16> dl = g_logits.read(), dl_w = g_dl_w.read();
+      CHECK(std::memcmp(dl.data(), dl_w.data(), dl.size() * sizeof(bf16)) == 0);
+      std::vector<float> dl_f(dl.size());
+      for (size_t i = 0; i < dl.size(); ++i) dl_f[i] = bf16_to_f32(dl[i]);
+      expect_close("cross-entropy of bf16 logits: dlogits", rounded(c_dl), dl_f, 1.0 / 128);
+    }
+    gpu->set_compute_dtype(DType::kF32);
+  }
+}
+
 TEST_CASE("parity: multi-tensor adamw with the bf16 copy, spans' sum of squares and rounding", "[cuda]") {
   Backend* gpu = cuda_or_skip("multi-tensor optimizer ops");
   if (!gpu) return;
