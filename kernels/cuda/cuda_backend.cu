@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 
 #include "comm/device_select.h"
@@ -52,6 +53,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
+  for (Staging& st : staging_) {
+    if (st.read != nullptr) cudaEventDestroy(st.read);
+    cudaFreeHost(st.host);
+  }
   if (op_start_ != nullptr) cudaEventDestroy(op_start_);
   if (op_stop_ != nullptr) cudaEventDestroy(op_stop_);
   scratch_.release();
@@ -224,12 +229,32 @@ void* CudaBackend::scratch(size_t bytes) {
   return scratch_.data();
 }
 
-// From pageable memory, cudaMemcpyAsync returns once the source has been staged (CUDA's API synchronization
-// rules), so the caller may reuse it at once, and the copy is ordered before every later op on the stream:
-// no wait, so the host can queue the next forward while the device finishes the previous step.
+// A small upload (a micro-batch's tokens or targets) through the next pinned staging slot, so the host does not
+// wait for the stream (see staging_); a large one (parameters restored from a checkpoint, once) straight from the
+// caller's pageable memory, which CUDA may stage synchronously. Either way the caller may reuse src at once, and
+// the copy is ordered before every later op on the stream.
 void CudaBackend::to_device(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  GPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  if (bytes > kStagingMaxBytes) {
+    GPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    return;
+  }
+  Staging& st = staging_[next_staging_];
+  next_staging_ = (next_staging_ + 1) % static_cast<int>(std::size(staging_));
+  if (st.read != nullptr) {
+    GPT_CUDA_CHECK(cudaEventSynchronize(st.read));  // the copy that read this slot (four uploads ago) has run
+  } else {
+    GPT_CUDA_CHECK(cudaEventCreateWithFlags(&st.read, cudaEventDisableTiming));
+  }
+  if (st.bytes < bytes) {
+    GPT_CUDA_CHECK(cudaFreeHost(st.host));
+    st.host = nullptr;
+    GPT_CUDA_CHECK(cudaMallocHost(&st.host, bytes));
+    st.bytes = bytes;
+  }
+  std::memcpy(st.host, src, bytes);
+  GPT_CUDA_CHECK(cudaMemcpyAsync(dst, st.host, bytes, cudaMemcpyHostToDevice, stream_));
+  GPT_CUDA_CHECK(cudaEventRecord(st.read, stream_));
 }
 
 void CudaBackend::to_host(void* dst, const void* src, size_t bytes) {

@@ -1,5 +1,6 @@
 // CudaBackend: the Backend on one GPU. Every op is queued on the backend's own stream (in call order) and
-// returns at once; to_host, to_device, sum_squares and synchronize wait. Memory comes from cudaMalloc
+// returns at once; to_host, sum_squares and synchronize wait (to_device only for uploads over 4 MiB, which
+// leave the training step's loop: the micro-batches' tokens go through pinned staging). Memory comes from cudaMalloc
 // through Buffer::adopt, so it is counted by the same categories as on the CPU; kernels that need
 // temporaries share one scratch area that grows to the largest request (the first training step sizes it;
 // no allocation after that). Not thread-safe: one training thread drives it.
@@ -145,6 +146,19 @@ class CudaBackend final : public Backend {
   GeluFusion gelu_fusion_ = GeluFusion::kNone;
   Buffer result_;                  // one double on the device for sum_squares
   double* result_host_ = nullptr;  // pinned
+  // to_device's staging: cudaMemcpyAsync from pageable memory may wait for the stream to reach the copy (CUDA
+  // stages it itself, and may synchronize), which would stall the host at every micro-batch's token and target
+  // uploads. A small upload is copied into the next of these pinned slots instead, each reused once the copy that
+  // last read it has run (its event), so the host queues ahead. The slots grow to the largest small upload (the
+  // first step); cudaMallocHost'd, not device memory.
+  struct Staging {
+    void* host = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t read = nullptr;  // recorded after the copy that last read `host`
+  };
+  static constexpr size_t kStagingMaxBytes = size_t{4} << 20;
+  Staging staging_[4];
+  int next_staging_ = 0;
   bool profile_ = false;
   cudaEvent_t op_start_ = nullptr, op_stop_ = nullptr;
   struct OpTime {
