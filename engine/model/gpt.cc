@@ -35,7 +35,8 @@ struct Gpt::Acts {
   Buffer grads;                    // activation gradients for backward (workspace)
   Buffer tokens;                   // (B,T) the inputs, on the backend, for embedding forward and backward (activations)
   Buffer targets;                  // (B,T) on the backend (activations)
-  std::vector<float> losses_host;  // (B,T) per-token losses, copied back for the mean
+  std::vector<float> losses_host;  // (loss slots, B,T) per-token losses, copied back for the means
+  std::vector<float> mean_losses;  // mean_losses' answer
   std::vector<float> logits_host;  // (B,T,V) forward_logits' copy, unless one unpadded fp32 chunk in host memory
   std::vector<bf16> logits_lo_host;  // a chunk of bf16 logits, copied back to be widened into logits_host
   float* x = nullptr;                // residual stream (L+1, B,T,C): x[0] embedding output, x[l+1] block l output
@@ -49,7 +50,8 @@ struct Gpt::Acts {
   // PyTorch's autocast leaves it), and their gradient, a GEMM input: in place over the logits, or a buffer of its own
   // where the GEMM input dtype differs.
   TensorPtr logits, dlogits;
-  float* losses = nullptr;  // (B,T)
+  float* losses = nullptr;  // (loss slots, B,T)
+  int loss_slots = 1;
   // Set by forward(): the embed unit's wte, the tied LM head's GEMM weight, and the head unit's parameters (as the
   // ParamSource holds them).
   ConstTensorPtr wte;
@@ -115,7 +117,8 @@ Gpt::BlockGrads Gpt::block_grads(float* base) const {
   return {p(0), p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11)};
 }
 
-void Gpt::prepare(int B, int T) {
+void Gpt::prepare(int B, int T, int loss_slots) {
+  GPT_CHECK(loss_slots > 0);
   GPT_CHECK(B > 0 && T > 0 && T <= shape_.block_size);
   const int64_t N = static_cast<int64_t>(B) * T, C = shape_.n_embd, L = shape_.n_layer;
   const DType lo = gemm_input_dtype(), out = be_.compute_dtype();
@@ -123,10 +126,13 @@ void Gpt::prepare(int B, int T) {
   // bf16) there is no fp32 d4 (the gradient at its output); the planner's activation_bytes counts the same.
   const bool fused_dgelu =
       lo == DType::kBF16 && out == DType::kBF16 && be_.gelu_backward_fused(static_cast<int>(4 * C));
-  if (acts_ != nullptr && B == B_ && T == T_ && acts_->fused_dgelu == fused_dgelu) return;
+  if (acts_ != nullptr && B == B_ && T == T_ && acts_->fused_dgelu == fused_dgelu && acts_->loss_slots == loss_slots) {
+    return;
+  }
   delete acts_;
   acts_ = new Acts();
   acts_->fused_dgelu = fused_dgelu;
+  acts_->loss_slots = loss_slots;
   B_ = B;
   T_ = T;
   const int64_t att = be_.attention_state_floats(B, T, shape_.n_head);
@@ -175,7 +181,7 @@ void Gpt::prepare(int B, int T) {
     const int64_t head = head_rows(N, head_limit_) * logits_stride(shape_.vocab_size);
     acts_->logits = st.take(head, out);
     acts_->dlogits = lo == out ? acts_->logits : st.take(head, lo);
-    acts_->losses = st.take(N);
+    acts_->losses = st.take(loss_slots * N);
     Carver gr(pass ? &acts_->grads : nullptr);
     acts_->dres = gr.take(N * C);
     acts_->dtmp = gr.take(N * C);
@@ -191,7 +197,7 @@ void Gpt::prepare(int B, int T) {
       acts_->grads = be_.alloc(gr.used(), MemCategory::kWorkspace);
       acts_->tokens = be_.alloc(N * sizeof(int32_t), MemCategory::kActivations);
       acts_->targets = be_.alloc(N * sizeof(int32_t), MemCategory::kActivations);
-      acts_->losses_host.assign(N, 0.0f);
+      acts_->losses_host.assign(loss_slots * N, 0.0f);
       // The backend's own workspaces too, so that no step allocates (ARCHITECTURE invariant 4).
       be_.reserve(B, T, static_cast<int>(C), shape_.n_head, shape_.vocab_size, head_rows(N, head_limit_),
                   shape_.dropout > 0.0f);
@@ -290,13 +296,19 @@ void Gpt::set_gemm_input_dtype(DType type) {
 
 DType Gpt::gemm_input_dtype() const { return gemm_input_dtype_ ? *gemm_input_dtype_ : be_.compute_dtype(); }
 
-// The mean of the per-token losses, summed on the host in a fixed order.
-float Gpt::mean_loss() {
+const std::vector<float>& Gpt::mean_losses(int n) {
+  GPT_CHECK(acts_ != nullptr && n > 0 && n <= acts_->loss_slots);
+  const size_t N = static_cast<size_t>(B_) * T_;
   std::vector<float>& h = acts_->losses_host;
-  be_.to_host(h.data(), acts_->losses, h.size() * sizeof(float));
-  double s = 0.0;
-  for (float x : h) s += x;
-  return static_cast<float>(s / static_cast<double>(h.size()));
+  be_.to_host(h.data(), acts_->losses, n * N * sizeof(float));
+  std::vector<float>& means = acts_->mean_losses;
+  means.resize(static_cast<size_t>(n));
+  for (size_t slot = 0; slot < means.size(); ++slot) {
+    double s = 0.0;  // in token order
+    for (size_t i = slot * N; i < (slot + 1) * N; ++i) s += h[i];
+    means[slot] = static_cast<float>(s / static_cast<double>(N));
+  }
+  return means;
 }
 
 const int32_t* Gpt::upload_targets(const int32_t* targets) {
@@ -317,7 +329,7 @@ float Gpt::forward_loss(ParamSource& params, const int32_t* inputs, const int32_
   }
   params.release(layout_.head_unit());
   params.release(ModelLayout::kEmbedUnit);
-  return mean_loss();
+  return mean_losses(1)[0];
 }
 
 const float* Gpt::forward_logits(ParamSource& params, const int32_t* inputs, const StepContext& ctx) {
@@ -410,7 +422,13 @@ void Gpt::block_backward(int l, const BlockParams& p, const BlockGrads& g, const
 
 float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float loss_scale,
                             const StepContext& ctx) {
-  GPT_CHECK(acts_ != nullptr);
+  forward_backward_into(params, inputs, targets, loss_scale, ctx, 0);
+  return mean_losses(1)[0];
+}
+
+void Gpt::forward_backward_into(ParamSource& params, const int32_t* inputs, const int32_t* targets, float loss_scale,
+                                const StepContext& ctx, int slot) {
+  GPT_CHECK(acts_ != nullptr && slot >= 0 && slot < acts_->loss_slots);
   forward(params, inputs, ctx);
   const int64_t N = static_cast<int64_t>(B_) * T_;
   const int C = shape_.n_embd, V = shape_.vocab_size;
@@ -421,10 +439,11 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
   float* dembed = params.grads(ModelLayout::kEmbedUnit);
   const int32_t* tgt = upload_targets(targets);
   const int64_t chunk = head_rows(N, head_limit_);
+  float* losses = acts_->losses + slot * N;
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t rows = std::min(chunk, N - r0);
     head_forward(r0, rows);
-    be_.crossentropy_forward_backward(acts_->losses + r0, acts_->dlogits, acts_->logits, tgt + r0, rows, V,
+    be_.crossentropy_forward_backward(losses + r0, acts_->dlogits, acts_->logits, tgt + r0, rows, V,
                                       static_cast<int>(Vp), loss_scale);
     be_.matmul_backward(acts_->dln + r0 * C, dembed + eu.params[0].offset, nullptr, acts_->dlogits,
                         acts_->lnf.at(r0 * C), acts_->wte, rows, C, V, Vp);
@@ -452,8 +471,6 @@ float Gpt::forward_backward(ParamSource& params, const int32_t* inputs, const in
                          B_, T_, C);
   params.grads_done(ModelLayout::kEmbedUnit);
   params.release(ModelLayout::kEmbedUnit);
-  // Read back only now, with the whole backward queued: a device keeps computing while the host waits.
-  return mean_loss();
 }
 
 }  // namespace gpt

@@ -41,7 +41,9 @@ class Gpt {
 
   // Allocates activations for micro-batches of B rows of T tokens (T <= block_size). Call again to resize, or
   // after the backend's GELU fusion changed (Backend::gelu_backward_fused: no fp32 gradient at the GELU's output then).
-  void prepare(int B, int T);
+  // `loss_slots`: how many micro-batches' per-token losses forward_backward_into can hold before mean_losses reads
+  // them (the micro-batches of a step).
+  void prepare(int B, int T, int loss_slots = 1);
 
   // Rows of the LM head's chunks: at most kHeadRows (large enough that the head's GEMMs stay efficient). The
   // planner sizes the logits by the same function. set_head_rows (before prepare) is for tests.
@@ -68,6 +70,14 @@ class Gpt {
   // ParamSource's buffers. Returns the micro-batch's mean loss.
   float forward_backward(ParamSource& params, const int32_t* inputs, const int32_t* targets, float loss_scale,
                          const StepContext& ctx);
+  // forward_backward without waiting for it: the micro-batch's per-token losses stay on the backend in loss slot
+  // `slot` (below prepare's loss_slots) until mean_losses reads them, so a device computes a step's micro-batches
+  // back to back while the host queues them. REQUIRES: the slot's previous losses were read, or are not wanted.
+  void forward_backward_into(ParamSource& params, const int32_t* inputs, const int32_t* targets, float loss_scale,
+                             const StepContext& ctx, int slot);
+  // The mean loss of each of loss slots [0, n), each summed on the host in token order (as forward_backward's):
+  // one copy from the backend, which waits for them. Valid until the next call.
+  const std::vector<float>& mean_losses(int n);
   // Forward only: mean loss over the micro-batch.
   float forward_loss(ParamSource& params, const int32_t* inputs, const int32_t* targets, const StepContext& ctx);
   // Forward only: logits (B,T,V) in host memory, valid until the next call.
@@ -99,7 +109,6 @@ class Gpt {
   // dropout), else null; and the projection's output gradient: that copy, or dropout_grad's.
   bf16* residual_grad_lo(const StepContext& ctx) const;
   ConstTensorPtr projection_dout(const float* dres, const DropoutMask& drop, const StepContext& ctx);
-  float mean_loss();
   // The LM head over rows [r0, r0 + rows) of ln_f's output: logits for the chunk into acts_->logits.
   void head_forward(int64_t r0, int64_t rows);
   const int32_t* upload_targets(const int32_t* targets);

@@ -19,7 +19,7 @@ int64_t carved(int64_t n, DType type = DType::kF32) {
 
 ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt,
                                  bool fused_attention, DType gemm_inputs, std::optional<DType> compute,
-                                 bool fused_gelu_backward) {
+                                 bool fused_gelu_backward, int loss_slots) {
   const int64_t N = static_cast<int64_t>(B) * T, C = shape.n_embd, L = shape.n_layer, V = shape.vocab_size;
   const int64_t att = static_cast<int64_t>(B) * shape.n_head * T * (fused_attention ? 1 : T);
   const DType f32 = DType::kF32, lo = gemm_inputs, out = compute.value_or(gemm_inputs);
@@ -46,9 +46,10 @@ ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const Acti
   a.stored += carved((L + 1) * N * C);
   for (int l = 0; l < L; ++l) a.stored += block(!any_scratch, !ckpt.recompute_block(l));
   // ln_f out (a GEMM input), mean, rstd; one LM head chunk's logits in the compute dtype, rows padded (and its
-  // dlogits where the GEMM input dtype differs, else in place); losses
+  // dlogits where the GEMM input dtype differs, else in place); the losses of loss_slots micro-batches
   const int64_t head = Gpt::head_rows(N) * Gpt::logits_stride(V);
-  a.stored += carved(N * C, lo) + 2 * carved(N) + carved(head, out) + (lo == out ? 0 : carved(head, lo)) + carved(N);
+  a.stored += carved(N * C, lo) + 2 * carved(N) + carved(head, out) + (lo == out ? 0 : carved(head, lo)) +
+              carved(loss_slots * N);
   a.tokens = 2 * N * 4;  // the int32 inputs and targets, copied to the backend
   // dres, dtmp, dln, d4 (none under a fused GELU backward, which takes bf16 GEMM inputs and outputs), the gradient
   // at the GELU's input in bf16 (else in place in d4), dqkv (compute dtype), datty, and dres in bf16 (GEMM inputs in

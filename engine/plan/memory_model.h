@@ -31,7 +31,7 @@ struct ActivationBytes {
   int64_t tokens = 0;     // int32 token ids copied to the backend: inputs and targets
   int64_t workspace = 0;  // activation gradients (category workspace)
 };
-// Bytes Gpt::prepare(B, T) allocates.
+// Bytes Gpt::prepare(B, T, loss_slots) allocates.
 // `fused_attention`: the attention state is Backend::attention_state_floats of the CUDA backend (B,NH,T)
 // instead of the CPU's (B,NH,T,T). `gemm_inputs`: Gpt::gemm_input_dtype, the dtype of the activations GEMMs
 // read (bf16 under bf16 compute); `compute`: the backend's compute dtype, that of the qkv and fc GEMMs' outputs
@@ -40,7 +40,8 @@ struct ActivationBytes {
 // workspace.
 ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt,
                                  bool fused_attention = false, DType gemm_inputs = DType::kF32,
-                                 std::optional<DType> compute = std::nullopt, bool fused_gelu_backward = false);
+                                 std::optional<DType> compute = std::nullopt, bool fused_gelu_backward = false,
+                                 int loss_slots = 1);
 
 // The CUDA backend's own device memory (category workspace) over a training step: cuBLASLt's workspace, the
 // shared scratch area at the largest request of any op (embedding's cub sort storage estimated), the bf16 cast

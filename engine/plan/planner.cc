@@ -139,10 +139,11 @@ std::vector<StrategyPlan> plan_all(const PlanInput& in) {
   GPT_CHECK_MSG(st.is_ok(), st.message().c_str());
   const ModelLayout layout = ModelLayout::build(in.shape);
   const ActivationCheckpointing ckpt = *ActivationCheckpointing::parse(in.activation_checkpointing);
-  // Under bf16 compute the model stores its GEMM inputs in bf16.
-  const ActivationBytes act = activation_bytes(
-      in.shape, in.micro_batch, in.seq_len > 0 ? in.seq_len : in.shape.block_size, ckpt, in.fused_attention,
-      in.bf16_compute() ? DType::kBF16 : DType::kF32, std::nullopt, in.fused_gelu_backward());
+  // Under bf16 compute the model stores its GEMM inputs in bf16; the trainer keeps a loss slot per micro-batch.
+  const ActivationBytes act =
+      activation_bytes(in.shape, in.micro_batch, in.seq_len > 0 ? in.seq_len : in.shape.block_size, ckpt,
+                       in.fused_attention, in.bf16_compute() ? DType::kBF16 : DType::kF32, std::nullopt,
+                       in.fused_gelu_backward(), static_cast<int>(in.micro_batches_per_step));
   const int N = in.world_size;
   std::vector<StrategyPlan> plans;
   if (N == 1) plans.push_back(make_plan(in, layout, Strategy::kSingle, 1, act));

@@ -240,7 +240,8 @@ Status Trainer::init_state() {
   schedule_.min_lr = t.min_lr;
   schedule_.warmup_steps = t.warmup_steps;
   schedule_.decay_steps = t.decay_steps > 0 ? t.decay_steps : t.steps;
-  model_->prepare(t.micro_batch_size, shape_.block_size);
+  // One loss slot per micro-batch of a step: a step's losses are read once, after all of them are queued.
+  model_->prepare(t.micro_batch_size, shape_.block_size, static_cast<int>(rows_per_rank_ / t.micro_batch_size));
   if (config_.checkpoint.async || !backend_->host_memory()) allocate_save_copy();  // device: saves stage here
   const size_t n = static_cast<size_t>(t.micro_batch_size) * shape_.block_size;
   inputs_.resize(n);
@@ -308,14 +309,15 @@ Expected<float> Trainer::train_step(int64_t step) {
   const float loss_scale = 1.0f / static_cast<float>(config_.global_batch() * shape_.block_size);
   const uint64_t batch = train_.next_batch_index();
   const int64_t first_row = world_.rank() * rows_per_rank_;
-  float loss_sum = 0.0f;
   for (int64_t micro = 0; micro < accum; ++micro) {
     const int64_t row = first_row + micro * B;
     train_.fill_rows(batch, row, B, inputs_.data(), targets_.data());
     params_->begin_micro_batch(micro == 0, micro + 1 == accum);
     const StepContext ctx{config_.run.seed, step, row, true};
-    loss_sum += model_->forward_backward(*params_, inputs_.data(), targets_.data(), loss_scale, ctx);
+    model_->forward_backward_into(*params_, inputs_.data(), targets_.data(), loss_scale, ctx, static_cast<int>(micro));
   }
+  float loss_sum = 0.0f;  // in micro-batch order
+  for (const float micro_loss : model_->mean_losses(static_cast<int>(accum))) loss_sum += micro_loss;
   // The step's loss: the mean over every micro-batch of every rank. With it, whether any rank has been asked
   // to stop (SIGUSR1/SIGTERM/SIGINT), so that all stop after this step.
   float sums[2] = {loss_sum, stop_signal() != 0 ? 1.0f : 0.0f};

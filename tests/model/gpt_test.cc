@@ -212,6 +212,49 @@ TEST_CASE("The LM head in row chunks: the same loss, logits and gradients with l
   }
 }
 
+// A step's micro-batches queued without waiting (the trainer's way): their losses, read once from the loss slots,
+// and the accumulated gradients are bit for bit those of forward_backward one micro-batch at a time; the extra slots
+// are the planner's.
+TEST_CASE("forward_backward_into: a step's micro-batches in loss slots, read once, as forward_backward", "[model]") {
+  auto backend = std::move(*make_backend("cpu"));
+  GptShape shape = tiny_shape(0.1f);
+  shape.block_size = 16;
+  const int B = 2, T = 16, micro = 3;
+  const std::vector<Batch> batches = {make_batch(B, T, shape.vocab_size, 21), make_batch(B, T, shape.vocab_size, 22),
+                                      make_batch(B, T, shape.vocab_size, 23)};
+  auto run = [&](bool queued, std::vector<float>& losses, int64_t& act_bytes) {
+    Prepared m = prepare_model(*backend, shape, "none", Gpt::kHeadRows, B, T);
+    const int64_t one_slot = m.act_bytes;
+    auto& tracker = MemTracker::instance();
+    const int64_t before = tracker.stats().current[static_cast<size_t>(MemCategory::kActivations)];
+    if (queued) m.model->prepare(B, T, micro);
+    act_bytes = tracker.stats().current[static_cast<size_t>(MemCategory::kActivations)] - before + one_slot;
+    for (int k = 0; k < micro; ++k) {
+      m.params->begin_micro_batch(k == 0, k + 1 == micro);
+      const Batch& b = batches[static_cast<size_t>(k)];
+      const StepContext ctx{11, 5, static_cast<int64_t>(k) * B, true};
+      if (queued) {
+        m.model->forward_backward_into(*m.params, b.inputs.data(), b.targets.data(), 0.01f, ctx, k);
+      } else {
+        losses.push_back(m.model->forward_backward(*m.params, b.inputs.data(), b.targets.data(), 0.01f, ctx));
+      }
+    }
+    if (queued) losses = m.model->mean_losses(micro);
+    return std::vector<float>(m.params->local_grads(), m.params->local_grads() + m.params->local_numel());
+  };
+  std::vector<float> one_by_one, queued;
+  int64_t bytes_one = 0, bytes_queued = 0;
+  const std::vector<float> grads_one = run(false, one_by_one, bytes_one);
+  const std::vector<float> grads_queued = run(true, queued, bytes_queued);
+  REQUIRE(queued.size() == static_cast<size_t>(micro));
+  CHECK(std::memcmp(queued.data(), one_by_one.data(), queued.size() * sizeof(float)) == 0);
+  CHECK(queued[0] != queued[1]);  // different batches, different losses: the slots are not one
+  CHECK(std::memcmp(grads_queued.data(), grads_one.data(), grads_one.size() * sizeof(float)) == 0);
+  const ActivationBytes planned = activation_bytes(shape, B, T, *ActivationCheckpointing::parse("none"), false,
+                                                   DType::kF32, std::nullopt, false, micro);
+  CHECK(bytes_queued == planned.stored + planned.scratch + planned.tokens);
+}
+
 // Under bf16 compute the GEMMs multiply bf16 inputs, so the activations only GEMMs read (ln_1, ln_2, ln_f and
 // the GELU output) are stored in bf16: the same bits the GEMMs would round fp32 copies to, in half the memory.
 TEST_CASE("bf16 compute: GEMM inputs stored in bf16 compute bit for bit what fp32 copies rounded per GEMM do",
@@ -286,8 +329,8 @@ TEST_CASE("bf16 compute: bf16-only parameters give the results of their widened 
   const Batch batch = make_batch(B, T, shape.vocab_size, 8);
   const StepContext ctx{11, 5, 6, true}, eval{11, 0, 0, false};
   auto single = make_single_communicator();
-  for (const Strategy strategy : {Strategy::kSingle, Strategy::kDdp, Strategy::kZero1, Strategy::kZero2,
-                                  Strategy::kZero3}) {
+  for (const Strategy strategy :
+       {Strategy::kSingle, Strategy::kDdp, Strategy::kZero1, Strategy::kZero2, Strategy::kZero3}) {
     for (const DType param : {DType::kF32, DType::kBF16}) {
       CAPTURE(strategy_name(strategy), dtype_name(param));
       Gpt model(shape, *backend, *ActivationCheckpointing::parse("selective"));

@@ -56,15 +56,17 @@ inline Measured run_and_measure(const PlanInput& in, Strategy strategy, Communic
   backend->set_threads(1);
   if (bf16_compute) backend->set_compute_dtype(DType::kBF16);
   Gpt model(in.shape, *backend, *ActivationCheckpointing::parse(in.activation_checkpointing));
-  model.prepare(B, T);
+  model.prepare(B, T, static_cast<int>(in.micro_batches_per_step));
   ShardedParams params(model.layout(), *backend, group, strategy, replicas, in.sharding);
   params.init(in.shape, 1);
   AdamW opt(*backend, model.layout(), params.regions(), params.local_numel(), AdamWConfig{});
   auto step = [&](int64_t s) {
     for (int64_t micro = 0; micro < in.micro_batches_per_step; ++micro) {
       params.begin_micro_batch(micro == 0, micro + 1 == in.micro_batches_per_step);
-      model.forward_backward(params, inputs.data(), targets.data(), 1e-3f, StepContext{1, s, 0, true});
+      model.forward_backward_into(params, inputs.data(), targets.data(), 1e-3f, StepContext{1, s, 0, true},
+                                  static_cast<int>(micro));
     }
+    (void)model.mean_losses(static_cast<int>(in.micro_batches_per_step));
     params.finish_grads();
     (void)params.grad_sq_norm();
     opt.step(params.master(), params.local_grads(), 1e-3f, 1.0f, params.master_lo(),
