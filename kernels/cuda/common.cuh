@@ -87,7 +87,6 @@ __device__ inline void store4_values(float* p, const float (&v)[4]) {
   *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
 }
 __device__ inline void store4_values(bf16* p, const float (&v)[4]) { store4_bf16(p, v, true, 4); }
-
 // Host side: p may be read or written 4 elements at a time (a float4, or 8 bytes of 4 bf16).
 template <typename T>
 inline bool aligned4(const T* p) {
@@ -100,6 +99,31 @@ __device__ inline void store_value(bf16* p, float v) { p->bits = bf16_bits_neare
 // An input element as fp32.
 __device__ inline float load_value(const float* p) { return *p; }
 __device__ inline float load_value(const bf16* p) { return __uint_as_float(static_cast<uint32_t>(p->bits) << 16); }
+// Elements [i, i + 4) of p as fp32: one vector load when `vec` (p aligned to 4 elements) and the group lies below
+// n, else one by one, those at or past n read as `fill`. The same values either way, so sums over them do not
+// depend on which path ran.
+template <typename T>
+__device__ inline void load4_upto(float (&v)[4], const T* p, int64_t i, int64_t n, bool vec, float fill) {
+  if (vec && i + 4 <= n) {
+    load4_values(v, p + i);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = i + k < n ? load_value(p + i + k) : fill;
+  }
+}
+// v into elements [i, i + 4) of p, those at or past n skipped; one vector store under load4_upto's condition.
+template <typename T>
+__device__ inline void store4_upto(T* p, int64_t i, int64_t n, bool vec, const float (&v)[4]) {
+  if (vec && i + 4 <= n) {
+    store4_values(p + i, v);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (i + k < n) store_value(p + i + k, v[k]);
+    }
+  }
+}
+
 // Host side: calls f with x's pointer as float* or bf16* (const for a ConstTensorPtr), so a launcher templated on
 // the element type is written once and instantiated per dtype.
 template <class V, class F>

@@ -22,47 +22,6 @@ __device__ inline bool vec4_aligned(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
 }
 
-// Reads elements [j, j + 4) of p into v: one float4 (or 8 bytes of 4 bf16) when p is aligned to 4 elements and
-// the group lies below n, else scalars with elements at or past n read as `fill`. j is a multiple of 4, so p + j
-// keeps p's alignment.
-__device__ inline void load4(float (&v)[4], const float* p, int j, int n, bool vec, float fill) {
-  if (vec && j + 4 <= n) {
-    const float4 t = *reinterpret_cast<const float4*>(p + j);
-    v[0] = t.x;
-    v[1] = t.y;
-    v[2] = t.z;
-    v[3] = t.w;
-  } else {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = j + k < n ? p[j + k] : fill;
-  }
-}
-__device__ inline void load4(float (&v)[4], const bf16* p, int j, int n, bool vec, float fill) {
-  if (vec && j + 4 <= n) {
-    load4_bf16(v, p + j);
-  } else {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = j + k < n ? load_value(p + j + k) : fill;
-  }
-}
-
-// Writes v to elements [j, j + 4) of p, those at or past n skipped (same alignment rule as load4).
-__device__ inline void store4(float* p, int j, int n, bool vec, const float (&v)[4]) {
-  if (vec && j + 4 <= n) {
-    *reinterpret_cast<float4*>(p + j) = make_float4(v[0], v[1], v[2], v[3]);
-  } else {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (j + k < n) p[j + k] = v[k];
-    }
-  }
-}
-
-// The bf16 dlogits (vec: p 8-byte aligned).
-__device__ inline void store4(bf16* p, int j, int n, bool vec, const float (&v)[4]) {
-  store4_bf16(p + j, v, vec && j + 4 <= n, n - j);
-}
-
 // logits and dlogits of one dtype may be the same memory (no __restrict__): every logit a thread reads in the
 // dlogits pass is one it alone writes, after reading it; z[target] and the row statistics are read before the
 // block reductions' __syncthreads, so before any thread writes. In (logits) and Out (dlogits): float or bf16 (the
@@ -83,7 +42,7 @@ __global__ void __launch_bounds__(kThreads)
   float m = -FLT_MAX, s = 0.0f;
   for (int j = 4 * threadIdx.x; j < V; j += 4 * kThreads) {
     float v[4];
-    load4(v, z, j, V, z_vec, -INFINITY);
+    load4_upto(v, z, j, V, z_vec, -INFINITY);
     const float gm = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
     if (gm > m) {  // rescale the running sum to the new max
       s *= expf(m - gm);
@@ -103,13 +62,13 @@ __global__ void __launch_bounds__(kThreads)
   const bool dz_vec = vec4_aligned(dz);
   for (int j = 4 * threadIdx.x; j < Vp; j += 4 * kThreads) {
     float v[4], g[4];
-    load4(v, z, j, V, z_vec, 0.0f);
+    load4_upto(v, z, j, V, z_vec, 0.0f);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       g[k] = j + k < V ? expf(v[k] - maxv) * inv * dloss : 0.0f;
       if (j + k == y) g[k] -= dloss;
     }
-    store4(dz, j, Vp, dz_vec, g);
+    store4_upto(dz, j, Vp, dz_vec, g);
   }
 }
 

@@ -19,39 +19,18 @@ __device__ inline float gelu_grad(float x) {
 }
 
 // Each thread takes groups of 4 consecutive elements: one vector load and store per tensor where every pointer is
-// aligned to 4 elements (`vec`), else (and for the last, partial group) element by element. The values are the
-// same either way; the kernels are memory-bound, and 2-byte accesses (bf16) would leave most of the bandwidth unused.
-template <typename T>
-__device__ inline void load_group(float (&v)[4], const T* p, int64_t i, int64_t n, bool vec) {
-  if (vec && i + 4 <= n) {
-    load4_values(v, p + i);
-  } else {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = i + k < n ? load_value(p + i + k) : 0.0f;
-  }
-}
-template <typename T>
-__device__ inline void store_group(T* p, const float (&v)[4], int64_t i, int64_t n, bool vec) {
-  if (vec && i + 4 <= n) {
-    store4_values(p + i, v);
-  } else {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (i + k < n) store_value(p + i + k, v[k]);
-    }
-  }
-}
-
+// aligned to 4 elements (`vec`), else (and for the last, partial group) element by element (load4_upto,
+// store4_upto). The kernels are memory-bound, and 2-byte accesses (bf16) would leave most of the bandwidth unused.
 // In, Out: float or bf16 (a bf16 output is the same fp32 value rounded at the store, as cast_to_bf16 rounds).
 template <typename In, typename Out>
 __global__ void gelu_forward_kernel(Out* out, const In* inp, int64_t n, bool vec) {
   for (int64_t i = 4 * (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x); i < n;
        i += 4 * static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float x[4], y[4];
-    load_group(x, inp, i, n, vec);
+    load4_upto(x, inp, i, n, vec, 0.0f);
 #pragma unroll
     for (int k = 0; k < 4; ++k) y[k] = gelu(x[k]);
-    store_group(out, y, i, n, vec);
+    store4_upto(out, i, n, vec, y);
   }
 }
 
@@ -68,11 +47,11 @@ __global__ void gelu_backward_kernel(Out* dinp, const In* inp, const float* dout
   for (int64_t i = 4 * (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x); i < n;
        i += 4 * static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float x[4], dy[4], dx[4];
-    load_group(x, inp, i, n, vec);
-    load_group(dy, dout, i, n, vec);
+    load4_upto(x, inp, i, n, vec, 0.0f);
+    load4_upto(dy, dout, i, n, vec, 0.0f);
 #pragma unroll
     for (int k = 0; k < 4; ++k) dx[k] = gelu_grad(x[k]) * dy[k];
-    store_group(dinp, dx, i, n, vec);
+    store4_upto(dinp, i, n, vec, dx);
   }
 }
 
