@@ -425,13 +425,6 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
 }
 
-// Opts a kernel into `bytes` of dynamic shared memory (past the 48 KB default). Per launch rather than once:
-// the attribute belongs to the current device, and this is cheap next to the kernel.
-template <class Kernel>
-void set_smem(Kernel kernel, size_t bytes) {
-  GPT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
 float keep_scale(const DropoutMask& drop) { return drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f; }
 
 // Validates the shape; returns the head size.

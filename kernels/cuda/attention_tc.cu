@@ -582,14 +582,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Opts a kernel into `bytes` of dynamic shared memory when past the 48 KB default. Per launch rather than once:
-// the attribute belongs to the current device, and this is cheap next to the kernel.
-template <class Kernel>
-void set_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return;
-  GPT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
 float keep_scale(const DropoutMask& drop) { return drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f; }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }

@@ -87,6 +87,14 @@ __device__ inline void store4_values(float* p, const float (&v)[4]) {
   *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
 }
 __device__ inline void store4_values(bf16* p, const float (&v)[4]) { store4_bf16(p, v, true, 4); }
+// Host side: opts a kernel into `bytes` of dynamic shared memory when past the 48 KB default. Per launch rather
+// than once: the attribute belongs to the current device, and this is cheap next to the kernel.
+template <class Kernel>
+void set_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  GPT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
 // Host side: p may be read or written 4 elements at a time (a float4, or 8 bytes of 4 bf16).
 template <typename T>
 inline bool aligned4(const T* p) {

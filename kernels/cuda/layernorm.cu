@@ -17,11 +17,10 @@ constexpr float kEps = 1e-5f;
 constexpr int kRowWarps = 8;                    // rows (one warp each) per block in the row kernels
 constexpr int kRowThreads = kWarp * kRowWarps;  // their block size
 constexpr int kChunks =
-    cuda_workspace::kLayerNormChunks;              // most row chunks in the backward; fixed, so the sum order is too
-constexpr int kColThreads = 64;                    // threads per block in the backward's column kernel (4 columns each)
-constexpr int kParamRows = 16;                     // chunk strides per column in the partial-sum kernel
+    cuda_workspace::kLayerNormChunks;        // most row chunks in the backward; fixed, so the sum order is too
+constexpr size_t kBackwardSmem = 96 * 1024;  // the backward's accumulators per block: fits an A100's and an H100's SM
+constexpr int kParamRows = 16;               // chunk strides per column in the partial-sum kernel
 constexpr int kParamThreads = kWarp * kParamRows;  // its block: 32 columns x kParamRows
-constexpr size_t kScratchAlign = 256;              // each scratch piece starts on a 256-byte boundary
 
 // Reads elements [j, j + 4) of p into v. kVec: one float4 (the caller guarantees p is 16-byte aligned and
 // n % 4 == 0). Otherwise scalars, elements at or past n read as `fill`. Either way v holds the same values,
@@ -132,76 +131,78 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// Backward step 1, one warp per row: the row means of dnorm and dnorm * norm that every column's dinp needs.
+// Backward, one pass over the rows: a block per chunk of rows, `warps` warps (a launch parameter: as many as
+// kBackwardSmem holds accumulators for). Warp w takes the chunk's rows w, w + warps, ... in order; for each, the
+// row means of dnorm and dnorm * norm (a warp reduction over the same element-to-lane map as the forward), then
+// dinp, and the row's dweight/dbias terms added into the warp's accumulator in shared memory (2C floats; a lane
+// owns its columns, so no races). Then the block adds its warps' accumulators in warp order into
+// partial[chunk] = [dweight (C) | dbias (C)]. Each row's dout and inp come from memory once (the second read of a
+// row is a cache hit), where a row kernel and a column kernel read them twice.
 template <bool kVec, typename W>
 __global__ void __launch_bounds__(kRowThreads)
-    layernorm_backward_row_kernel(float2* __restrict__ row_stats, const float* __restrict__ dout,
-                                  const float* __restrict__ inp, const W* __restrict__ weight,
-                                  const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N, int C) {
-  const int lane = threadIdx.x % kWarp;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
-  if (row >= N) return;  // warp-uniform, as in the forward
-  const float* x = inp + row * C;
-  const float* dy = dout + row * C;
-  const float m = mean[row], s = rstd[row];
-  float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-  for (int j = 4 * lane; j < C; j += 4 * kWarp) {
-    float xv[4], dyv[4], w[4];
-    load4<kVec>(xv, x, j, C, 0.0f);
-    load4<kVec>(dyv, dy, j, C, 0.0f);  // fill 0: missing elements have dnorm = 0 and add nothing
-    load4<kVec>(w, weight, j, C, 0.0f);
+    layernorm_backward_kernel(float* __restrict__ dinp, bf16* __restrict__ dinp_lo, bool lo_vec,
+                              float* __restrict__ partial, const float* __restrict__ dout,
+                              const float* __restrict__ inp, const W* __restrict__ weight,
+                              const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N, int C,
+                              int64_t rpc) {
+  extern __shared__ float acc[];  // warps x [dweight (C) | dbias (C)]
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  float* wacc = acc + static_cast<int64_t>(warp) * 2 * C;
+  for (int j = 4 * lane; j < C; j += 4 * kWarp) {  // each lane zeroes the columns it alone adds into
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float norm = (xv[k] - m) * s;
-      const float dnorm = w[k] * dyv[k];
-      dnorm_mean += dnorm;
-      dnorm_norm_mean += dnorm * norm;
+      if (j + k < C) wacc[j + k] = wacc[C + j + k] = 0.0f;
     }
   }
-  dnorm_mean = warp_sum(dnorm_mean) / static_cast<float>(C);
-  dnorm_norm_mean = warp_sum(dnorm_norm_mean) / static_cast<float>(C);
-  if (lane == 0) row_stats[row] = make_float2(dnorm_mean, dnorm_norm_mean);
-}
-
-// Backward step 2: block (chunk, column tile); each thread owns 4 columns and walks the chunk's rows in
-// order, adding into dinp and keeping its columns' dweight/dbias partials in registers, written once to
-// partial[chunk] = [dweight (C) | dbias (C)]. No thread shares a column with another in its chunk: no races.
-template <bool kVec, typename W>
-__global__ void __launch_bounds__(kColThreads)
-    layernorm_backward_col_kernel(float* __restrict__ dinp, bf16* __restrict__ dinp_lo, bool lo_vec,
-                                  float* __restrict__ partial, const float* __restrict__ dout,
-                                  const float* __restrict__ inp, const W* __restrict__ weight,
-                                  const float* __restrict__ mean, const float* __restrict__ rstd,
-                                  const float2* __restrict__ row_stats, int64_t N, int C, int64_t rpc) {
-  const int j = 4 * (blockIdx.y * kColThreads + threadIdx.x);
-  if (j >= C) return;  // no __syncthreads in this kernel
   const int64_t r0 = blockIdx.x * rpc;
   const int64_t r1 = r0 + rpc < N ? r0 + rpc : N;
-  float w[4];
-  load4<kVec>(w, weight, j, C, 0.0f);
-  float pw[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4  // several rows' loads in flight: this loop is latency-bound otherwise
-  for (int64_t r = r0; r < r1; ++r) {
-    float xv[4], dyv[4], dx[4];
-    load4<kVec>(xv, inp + r * C, j, C, 0.0f);
-    load4<kVec>(dyv, dout + r * C, j, C, 0.0f);
-    load4<kVec>(dx, dinp + r * C, j, C, 0.0f);
-    const float m = mean[r], s = rstd[r];
-    const float2 st = row_stats[r];
+  for (int64_t row = r0 + warp; row < r1; row += warps) {  // warp-uniform
+    const float* x = inp + row * C;
+    const float* dy = dout + row * C;
+    float* dx = dinp + row * C;
+    const float m = mean[row], s = rstd[row];
+    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+    for (int j = 4 * lane; j < C; j += 4 * kWarp) {
+      float xv[4], dyv[4], w[4];
+      load4<kVec>(xv, x, j, C, 0.0f);
+      load4<kVec>(dyv, dy, j, C, 0.0f);  // fill 0: missing elements have dnorm = 0 and add nothing
+      load4<kVec>(w, weight, j, C, 0.0f);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float norm = (xv[k] - m) * s;
-      const float dnorm = w[k] * dyv[k];
-      pb[k] += dyv[k];
-      pw[k] += norm * dyv[k];
-      dx[k] += (dnorm - st.x - norm * st.y) * s;
+      for (int k = 0; k < 4; ++k) {
+        const float norm = (xv[k] - m) * s;
+        const float dnorm = w[k] * dyv[k];
+        dnorm_sum += dnorm;
+        dnorm_norm_sum += dnorm * norm;
+      }
     }
-    store4<kVec>(dinp + r * C, j, C, dx);
-    if (dinp_lo != nullptr) store4_bf16(dinp_lo + r * C + j, dx, lo_vec, C - j);
+    const float dnorm_mean = warp_sum(dnorm_sum) / static_cast<float>(C);
+    const float dnorm_norm_mean = warp_sum(dnorm_norm_sum) / static_cast<float>(C);
+    for (int j = 4 * lane; j < C; j += 4 * kWarp) {
+      float xv[4], dyv[4], w[4], d[4];
+      load4<kVec>(xv, x, j, C, 0.0f);
+      load4<kVec>(dyv, dy, j, C, 0.0f);
+      load4<kVec>(w, weight, j, C, 0.0f);
+      load4<kVec>(d, dx, j, C, 0.0f);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float norm = (xv[k] - m) * s;
+        d[k] += (w[k] * dyv[k] - dnorm_mean - norm * dnorm_norm_mean) * s;
+        if (j + k < C) {
+          wacc[j + k] += norm * dyv[k];
+          wacc[C + j + k] += dyv[k];
+        }
+      }
+      store4<kVec>(dx, j, C, d);
+      if (dinp_lo != nullptr) store4_bf16(dinp_lo + row * C + j, d, lo_vec, C - j);
+    }
   }
+  __syncthreads();
   float* p = partial + static_cast<int64_t>(blockIdx.x) * 2 * C;
-  store4<kVec>(p, j, C, pw);
-  store4<kVec>(p + C, j, C, pb);
+  for (int e = threadIdx.x; e < 2 * C; e += blockDim.x) {
+    float t = 0.0f;
+    for (int w = 0; w < warps; ++w) t += acc[static_cast<int64_t>(w) * 2 * C + e];
+    p[e] = t;
+  }
 }
 
 // Backward step 3: [dweight | dbias] += the chunks' partials. A block is 32 entries x kParamRows threads; thread
@@ -231,13 +232,15 @@ __global__ void __launch_bounds__(kParamThreads)
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-size_t align_up(size_t n) { return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
-
 // The backward's row chunking: depends only on N, so the dweight/dbias sum order is fixed for a shape.
 int64_t rows_per_chunk(int64_t N) { return ceil_div(N, kChunks); }
 
-// Scratch layout: row_stats (N float2), then the chunk partials (chunks x 2C floats).
-size_t row_stats_bytes(int64_t N) { return align_up(static_cast<size_t>(N) * sizeof(float2)); }
+// Warps per block of the backward: as many as kBackwardSmem holds accumulators (2C floats each) for, up to kRowWarps.
+int backward_warps(int C) {
+  const int64_t warps = static_cast<int64_t>(kBackwardSmem / (2 * static_cast<size_t>(C) * sizeof(float)));
+  GPT_CHECK_MSG(warps >= 1, "layernorm_backward: C over 12288 channels is not supported");
+  return static_cast<int>(warps < kRowWarps ? warps : kRowWarps);
+}
 
 }  // namespace
 
@@ -323,36 +326,21 @@ void launch_layernorm_backward(float* dinp, float* dweight, float* dbias, const 
   GPT_CHECK(weight != nullptr && mean != nullptr && rstd != nullptr);
   GPT_CHECK(dinp != dout && dinp != inp);  // the kernels read dout/inp through __restrict__ pointers
   if (N == 0) return;
-  GPT_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % alignof(float2) == 0);
-  GPT_CHECK(ceil_div(N, kRowWarps) <= INT32_MAX);
-  GPT_CHECK(ceil_div(C, 4 * kColThreads) <= 65535);  // gridDim.y limit
+  GPT_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 16 == 0);
 
   const int64_t rpc = rows_per_chunk(N);
   const int chunks = static_cast<int>(ceil_div(N, rpc));  // <= kChunks, each chunk non-empty
-  auto* row_stats = static_cast<float2*>(scratch);
-  float* partial = reinterpret_cast<float*>(static_cast<char*>(scratch) + row_stats_bytes(N));
-
-  const bool vec =
-      C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned4(weight) && aligned16(partial);
+  auto* partial = static_cast<float*>(scratch);
+  const bool vec = C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned4(weight);
   // Four bf16 in one 8-byte store when every row's column 4k is 8-byte aligned.
   const bool lo_vec = C % 4 == 0 && reinterpret_cast<uintptr_t>(dinp_lo) % 8 == 0;
-  const dim3 row_grid(static_cast<unsigned>(ceil_div(N, kRowWarps)));
-  const dim3 col_grid(static_cast<unsigned>(chunks), static_cast<unsigned>(ceil_div(C, 4 * kColThreads)));
-  if (vec) {
-    layernorm_backward_row_kernel<true, W>
-        <<<row_grid, kRowThreads, 0, stream>>>(row_stats, dout, inp, weight, mean, rstd, N, C);
-    GPT_CUDA_CHECK_LAUNCH();
-    layernorm_backward_col_kernel<true, W><<<col_grid, kColThreads, 0, stream>>>(
-        dinp, dinp_lo, lo_vec, partial, dout, inp, weight, mean, rstd, row_stats, N, C, rpc);
-    GPT_CUDA_CHECK_LAUNCH();
-  } else {
-    layernorm_backward_row_kernel<false, W>
-        <<<row_grid, kRowThreads, 0, stream>>>(row_stats, dout, inp, weight, mean, rstd, N, C);
-    GPT_CUDA_CHECK_LAUNCH();
-    layernorm_backward_col_kernel<false, W><<<col_grid, kColThreads, 0, stream>>>(
-        dinp, dinp_lo, lo_vec, partial, dout, inp, weight, mean, rstd, row_stats, N, C, rpc);
-    GPT_CUDA_CHECK_LAUNCH();
-  }
+  const int warps = backward_warps(C);
+  const size_t smem = static_cast<size_t>(warps) * 2 * C * sizeof(float);
+  auto* kernel = vec ? layernorm_backward_kernel<true, W> : layernorm_backward_kernel<false, W>;
+  set_smem(kernel, smem);
+  kernel<<<static_cast<unsigned>(chunks), warps * kWarp, smem, stream>>>(dinp, dinp_lo, lo_vec, partial, dout, inp,
+                                                                         weight, mean, rstd, N, C, rpc);
+  GPT_CUDA_CHECK_LAUNCH();
   const dim3 param_grid(static_cast<unsigned>(ceil_div(2 * static_cast<int64_t>(C), kWarp)));
   layernorm_param_grad_kernel<<<param_grid, dim3(kWarp, kParamRows), 0, stream>>>(dweight, dbias, partial, chunks, C);
   GPT_CUDA_CHECK_LAUNCH();

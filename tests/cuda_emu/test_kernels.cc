@@ -686,6 +686,9 @@ TEST_CASE("cuda_emu: layernorm.cu matches the CPU twin", "[cuda_emu][layernorm]"
   run_layernorm(20, 130, 0);
   run_layernorm(5, 520, 0);
   run_layernorm(1100, 40, 0);  // 367 row chunks: each partial-sum thread adds every 16th of them
+  // GPT-2 XL's width: the backward's accumulators take 7 warps and 87.5 KB of shared memory (past the 48 KB
+  // default, so the kernel's opt-in is needed), chunks of 2 rows leave warps idle.
+  run_layernorm(600, 1600, 0);
 }
 
 TEST_CASE("cuda_emu: the fused residual + layernorm equals the two kernels", "[cuda_emu][layernorm]") {
