@@ -1,6 +1,7 @@
 // CudaBackend: the Backend on one GPU. Every op is queued on the backend's own stream (in call order) and
-// returns at once; to_host, sum_squares and synchronize wait (to_device only for uploads over 4 MiB, which
-// leave the training step's loop: the micro-batches' tokens go through pinned staging). Memory comes from cudaMalloc
+// returns at once; to_host, sum_squares and synchronize wait. to_device waits only for the copy four small uploads
+// back (pinned staging) or, for an upload over 4 MiB (outside the step loop), as CUDA's pageable copies may. Memory
+// comes from cudaMalloc
 // through Buffer::adopt, so it is counted by the same categories as on the CPU; kernels that need
 // temporaries share one scratch area that grows to the largest request (the first training step sizes it;
 // no allocation after that). Not thread-safe: one training thread drives it.
@@ -149,8 +150,9 @@ class CudaBackend final : public Backend {
   // to_device's staging: cudaMemcpyAsync from pageable memory may wait for the stream to reach the copy (CUDA
   // stages it itself, and may synchronize), which would stall the host at every micro-batch's token and target
   // uploads. A small upload is copied into the next of these pinned slots instead, each reused once the copy that
-  // last read it has run (its event), so the host queues ahead. The slots grow to the largest small upload (the
-  // first step); cudaMallocHost'd, not device memory.
+  // last read it has run (its event), so the host queues ahead. The slots grow to the largest small upload (at
+  // start-up: parameter initialisation and a restore upload up to 4 MiB pieces, so at most 16 MiB); cudaMallocHost'd
+  // host memory, and a growth frees the old slot with cudaFreeHost, which may wait for the device (start-up only).
   struct Staging {
     void* host = nullptr;
     size_t bytes = 0;

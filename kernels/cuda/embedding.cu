@@ -188,7 +188,7 @@ SortScratch sort_scratch(void* scratch, int n) {
 
 int rows(int B, int T) {
   const int64_t n = static_cast<int64_t>(B) * T;
-  GPT_CHECK(n <= INT32_MAX);  // one block per row; int32 positions
+  GPT_CHECK(n <= INT32_MAX - kRowThreads);  // one block per row; int32 positions (and the run scan's window)
   return static_cast<int>(n);
 }
 

@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kRowThreads)
 // dinp, and the row's dweight/dbias terms added into the warp's accumulator in shared memory (2C floats; a lane
 // owns its columns, so no races). Then the block adds its warps' accumulators in warp order into
 // partial[chunk] = [dweight (C) | dbias (C)]. Each row's dout and inp come from memory once (the second read of a
-// row is a cache hit), where a row kernel and a column kernel read them twice.
+// row is a cache hit, in L1 or at wide C in L2), where a row kernel and a column kernel read them twice.
 template <bool kVec, typename W>
 __global__ void __launch_bounds__(kRowThreads)
     layernorm_backward_kernel(float* __restrict__ dinp, bf16* __restrict__ dinp_lo, bool lo_vec,
@@ -148,11 +148,12 @@ __global__ void __launch_bounds__(kRowThreads)
   extern __shared__ float acc[];  // warps x [dweight (C) | dbias (C)]
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
   float* wacc = acc + static_cast<int64_t>(warp) * 2 * C;
-  for (int j = 4 * lane; j < C; j += 4 * kWarp) {  // each lane zeroes the columns it alone adds into
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if (j + k < C) wacc[j + k] = wacc[C + j + k] = 0.0f;
-    }
+  // Each lane zeroes the columns it alone adds into. kVec: one float4 per group (a warp's accumulator starts
+  // 2C floats, a multiple of 16 bytes, after the last), so a warp's lanes hit shared memory without bank conflicts.
+  const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int j = 4 * lane; j < C; j += 4 * kWarp) {
+    store4<kVec>(wacc, j, C, zero);
+    store4<kVec>(wacc + C, j, C, zero);
   }
   const int64_t r0 = blockIdx.x * rpc;
   const int64_t r1 = r0 + rpc < N ? r0 + rpc : N;
@@ -183,15 +184,18 @@ __global__ void __launch_bounds__(kRowThreads)
       load4<kVec>(dyv, dy, j, C, 0.0f);
       load4<kVec>(w, weight, j, C, 0.0f);
       load4<kVec>(d, dx, j, C, 0.0f);
+      float aw[4], ab[4];
+      load4<kVec>(aw, wacc, j, C, 0.0f);
+      load4<kVec>(ab, wacc + C, j, C, 0.0f);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const float norm = (xv[k] - m) * s;
         d[k] += (w[k] * dyv[k] - dnorm_mean - norm * dnorm_norm_mean) * s;
-        if (j + k < C) {
-          wacc[j + k] += norm * dyv[k];
-          wacc[C + j + k] += dyv[k];
-        }
+        aw[k] += norm * dyv[k];
+        ab[k] += dyv[k];
       }
+      store4<kVec>(wacc, j, C, aw);
+      store4<kVec>(wacc + C, j, C, ab);
       store4<kVec>(dx, j, C, d);
       if (dinp_lo != nullptr) store4_bf16(dinp_lo + row * C + j, d, lo_vec, C - j);
     }
