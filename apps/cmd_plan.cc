@@ -124,18 +124,14 @@ Command add_plan_command(CLI::App& app) {
       strategy = *parsed;
     }
     // Hybrid with one shard group of the whole world runs as plain zero2/zero3, and is checked so.
-    const StrategyPlan* plan =
+    const Expected<const StrategyPlan*> plan =
         find_run_plan(plans, strategy, hybrid ? in.shard_group_size : args->world_size, args->world_size);
-    if (plan == nullptr) {  // plan_all plans every run that plan_input accepts
-      return report_error(Status::failed_precondition(
-          fmt::format("the planner has no plan for {}{} at world size {} (a bug in gpt-train)", hybrid ? "hybrid " : "",
-                      strategy_name(strategy), args->world_size)));
-    }
-    if (Status st = check_plan_fits(*plan, plans, *budget); !st.is_ok()) {
+    if (!plan) return report_error(plan.status());
+    if (Status st = check_plan_fits(**plan, plans, *budget); !st.is_ok()) {
       return report_error(st.with_context(fmt::format("--gpu-free-gb {:g}", args->gpu_free_gb)));
     }
     if (print) {
-      std::cout << "fit: " << plan->name() << " needs " << format_bytes(plan->total) << " per rank, within "
+      std::cout << "fit: " << (*plan)->name() << " needs " << format_bytes((*plan)->total) << " per rank, within "
                 << budget->describe() << "\n";
     }
     return 0;

@@ -166,13 +166,15 @@ int64_t device_memory_reserve_bytes(const ParallelSection& parallel) {
   return std::llround(static_cast<double>(parallel.device_memory_reserve_gb) * 1e9);
 }
 
-const StrategyPlan* find_run_plan(const std::vector<StrategyPlan>& plans, Strategy strategy, int shard_group_size,
-                                  int world_size) {
+Expected<const StrategyPlan*> find_run_plan(const std::vector<StrategyPlan>& plans, Strategy strategy,
+                                            int shard_group_size, int world_size) {
   const bool hybrid = shard_group_size != world_size;
   for (const StrategyPlan& p : plans) {
     if (p.strategy == strategy && p.hybrid() == hybrid) return &p;
   }
-  return nullptr;
+  return Status::failed_precondition(
+      fmt::format("the planner has no plan for {}{} in shard groups of {} of the {} ranks (a bug in gpt-train)",
+                  hybrid ? "hybrid " : "", strategy_name(strategy), shard_group_size, world_size));
 }
 
 std::string DeviceBudget::describe() const {

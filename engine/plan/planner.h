@@ -154,9 +154,10 @@ int64_t device_memory_reserve_bytes(const ParallelSection& parallel);
 
 // The plan a run of `strategy` with shard groups of `shard_group_size` ranks (run_shard_group_size) follows:
 // hybrid when the groups are smaller than the world (hybrid with one group of the whole world runs as plain
-// zero2/zero3). Null if `plans` has none.
-const StrategyPlan* find_run_plan(const std::vector<StrategyPlan>& plans, Strategy strategy, int shard_group_size,
-                                  int world_size);
+// zero2/zero3). plan_all plans every run that plan_input accepts, so none is a bug, said in the error: a missing
+// plan would otherwise skip the memory checks silently.
+Expected<const StrategyPlan*> find_run_plan(const std::vector<StrategyPlan>& plans, Strategy strategy,
+                                            int shard_group_size, int world_size);
 
 // OK when `plan` fits in `device`'s budget; else an error (made before the plan's buffers are allocated) with the
 // plan's figures, the budget's, and which of `plans` (the run's others) would fit.

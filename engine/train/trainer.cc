@@ -132,13 +132,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
     strategy = choice->strategy;
     spdlog::info("parallel.strategy auto chose {}: {}", strategy_name(strategy), choice->reason);
   }
-  // plan_all plans every run accepted so far; a missing plan would skip the memory checks silently.
-  const StrategyPlan* found = find_run_plan(plans, strategy, shard_group_size, world.size());
-  if (found == nullptr) {
-    return Status::failed_precondition(
-        fmt::format("the planner has no plan for {}{} in shard groups of {} of the {} ranks (a bug in gpt-train)",
-                    hybrid ? "hybrid " : "", strategy_name(strategy), shard_group_size, world.size()));
-  }
+  GPT_ASSIGN_OR_RETURN(const StrategyPlan* found, find_run_plan(plans, strategy, shard_group_size, world.size()));
   const StrategyPlan& plan = *found;
   if (budget) {
     const std::string key = automatic ? "parallel.device_memory_gb" : "parallel.strategy";

@@ -493,8 +493,9 @@ TEST_CASE("run_shard_group_size and plan_input: the plan of every hybrid run", "
     const Expected<PlanInput> in = plan_input(cfg, shape, c.world, c.per_node);
     REQUIRE(in.has_value());
     const std::vector<StrategyPlan> plans = plan_all(*in);
-    const StrategyPlan* p = find_run_plan(plans, Strategy::kZero3, *S, c.world);
-    REQUIRE(p != nullptr);
+    const Expected<const StrategyPlan*> found = find_run_plan(plans, Strategy::kZero3, *S, c.world);
+    REQUIRE(found.has_value());
+    const StrategyPlan* p = *found;
     CHECK(p->hybrid() == (c.groups_of < c.world));
     CHECK(p->shard_group_size == c.groups_of);
     CHECK(p->replicas == c.world / c.groups_of);
