@@ -73,7 +73,7 @@ __device__ inline void load4_bf16(float (&v)[4], const bf16* p) {
 }
 
 // Four elements at p as fp32, or four fp32 values stored there (bf16 rounded as store4_bf16), one 16-byte (fp32)
-// or 8-byte (bf16) access: the caller guarantees p is so aligned (aligned4 on the host). For elementwise kernels
+// or 8-byte (bf16) access: the caller guarantees p is so aligned (aligned4). For elementwise kernels
 // templated on their element types.
 __device__ inline void load4_values(float (&v)[4], const float* p) {
   const float4 t = *reinterpret_cast<const float4*>(p);
@@ -95,9 +95,9 @@ void set_smem(Kernel kernel, size_t bytes) {
   GPT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// Host side: p may be read or written 4 elements at a time (a float4, or 8 bytes of 4 bf16).
+// p may be read or written 4 elements at a time (a float4, or 8 bytes of 4 bf16).
 template <typename T>
-inline bool aligned4(const T* p) {
+GPT_HOST_DEVICE inline bool aligned4(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
 }
 

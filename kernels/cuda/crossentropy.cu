@@ -16,12 +16,6 @@ namespace {
 
 constexpr int kThreads = 512;  // per block (one row); a multiple of 32, as block_max/block_sum require
 
-// Whether p may be read or written 4 elements at a time (a float4, or 8 bytes of 4 bf16).
-template <typename T>
-__device__ inline bool vec4_aligned(const T* p) {
-  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
-}
-
 // logits and dlogits of one dtype may be the same memory (no __restrict__): every logit a thread reads in the
 // dlogits pass is one it alone writes, after reading it; z[target] and the row statistics are read before the
 // block reductions' __syncthreads, so before any thread writes. In (logits) and Out (dlogits): float or bf16 (the
@@ -35,7 +29,7 @@ __global__ void __launch_bounds__(kThreads)
   const In* z = logits + i * Vp;
   const int y = targets[i];
   const float zy = threadIdx.x == 0 ? load_value(z + y) : 0.0f;  // only thread 0 writes the loss
-  const bool z_vec = vec4_aligned(z);
+  const bool z_vec = aligned4(z);
 
   // Online max/sum. m starts at -FLT_MAX rather than -inf so that a -inf logit adds exp(-inf) = 0 instead of
   // exp(-inf - -inf) = NaN; missing elements of the last group are -inf for the same reason.
@@ -59,7 +53,7 @@ __global__ void __launch_bounds__(kThreads)
   // dlogits = softmax * dloss, minus dloss at the target, zero over the padding [V, Vp).
   const float inv = 1.0f / sum;
   Out* dz = dlogits + i * Vp;
-  const bool dz_vec = vec4_aligned(dz);
+  const bool dz_vec = aligned4(dz);
   for (int j = 4 * threadIdx.x; j < Vp; j += 4 * kThreads) {
     float v[4], g[4];
     load4_upto(v, z, j, V, z_vec, 0.0f);
