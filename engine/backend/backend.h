@@ -115,6 +115,11 @@ using ConstTensorPtr = BasicTensorPtr<const void>;
 enum class GeluFusion { kNone, kForward, kFull };
 Expected<GeluFusion> parse_gelu_fusion(std::string_view name);
 
+// run.attention_kernel: which tensor-core attention kernels the CUDA backend takes under bf16 compute: the
+// mma.sync flash-attention kernels where the shape allows (kAuto), or the WMMA ones (kWmma).
+enum class AttentionKernel { kAuto, kWmma };
+Expected<AttentionKernel> parse_attention_kernel(std::string_view name);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -180,6 +185,14 @@ class Backend {
     return Status::failed_precondition(std::string("backend '") + std::string(name()) +
                                        "' cannot fuse the GELU into its GEMMs (run.gelu_fusion needs run.device cuda "
                                        "and parallel.param_dtype bf16)");
+  }
+  // The tensor-core attention kernels (run.attention_kernel). An error for kWmma where there are none: the CPU
+  // backend, or the CUDA backend outside bf16 compute (set the compute dtype first). kAuto always succeeds.
+  virtual Status set_attention_kernel(AttentionKernel kernel) {
+    if (kernel == AttentionKernel::kAuto) return Status::ok();
+    return Status::failed_precondition(std::string("backend '") + std::string(name()) +
+                                       "' has no WMMA attention kernels (run.attention_kernel wmma needs run.device "
+                                       "cuda and parallel.param_dtype bf16)");
   }
   // Whether matmul_backward_gelu of width C (bf16 dpre and pre, 16-byte aligned, as the model carves them) runs
   // fused, leaving dinp unwritten: then the caller may pass no dinp, and Gpt::prepare carves none (the planner's

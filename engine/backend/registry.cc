@@ -16,6 +16,12 @@ Expected<GeluFusion> parse_gelu_fusion(std::string_view name) {
   return Status::invalid_argument("expected one of none|forward|full, got '" + std::string(name) + "'");
 }
 
+Expected<AttentionKernel> parse_attention_kernel(std::string_view name) {
+  if (name == "auto") return AttentionKernel::kAuto;
+  if (name == "wmma") return AttentionKernel::kWmma;
+  return Status::invalid_argument("expected one of auto|wmma, got '" + std::string(name) + "'");
+}
+
 Expected<std::unique_ptr<Backend>> make_backend(std::string_view device, int local_rank, int local_size) {
   if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
   if (device == "cuda") {

@@ -10,12 +10,13 @@
 namespace gpt {
 
 struct RunSection {
-  std::string name = "gpt";          // run name, used in logs and metrics
-  std::string out_dir = "runs/gpt";  // where the resolved config, metrics and final weights go
-  uint64_t seed = 1337;              // seeds init, dropout and data order
-  int threads = 0;                   // CPU threads for kernels; 0 = all cores
-  std::string device = "cpu";        // cpu, or cuda (one GPU per rank, chosen by the rank's index on its node)
-  std::string gelu_fusion = "none";  // none | forward | full: the MLP's GELU in the GEMM epilogues (cuda, bf16)
+  std::string name = "gpt";               // run name, used in logs and metrics
+  std::string out_dir = "runs/gpt";       // where the resolved config, metrics and final weights go
+  uint64_t seed = 1337;                   // seeds init, dropout and data order
+  int threads = 0;                        // CPU threads for kernels; 0 = all cores
+  std::string device = "cpu";             // cpu, or cuda (one GPU per rank, chosen by the rank's index on its node)
+  std::string gelu_fusion = "none";       // none | forward | full: the MLP's GELU in the GEMM epilogues (cuda, bf16)
+  std::string attention_kernel = "auto";  // auto | wmma: the tensor-core attention kernels (cuda, bf16)
 };
 
 struct ModelSection {

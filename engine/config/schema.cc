@@ -119,6 +119,9 @@ std::span<const KeySpec> config_schema() {
        "cuda with parallel.param_dtype bf16: the MLP's GELU computed in cuBLASLt's GEMM epilogues instead of its own "
        "kernels: forward (the fc GEMM writes the GELU's input and output), full (also its backward, in the "
        "projection GEMM's input gradient); within a bf16 rounding of none, not bit for bit"},
+      {GPT_KEY(run, attention_kernel), one_of("auto|wmma"),
+       "cuda with parallel.param_dtype bf16: auto takes the mma.sync flash-attention kernels (head size 32, 64 or "
+       "128), wmma the older WMMA kernels (for comparing them); the same math, within a bf16 rounding"},
 
       {GPT_KEY(model, n_layer), at_least(1), "transformer blocks"},
       {GPT_KEY(model, n_head), at_least(1), "attention heads per block; must divide n_embd"},

@@ -62,6 +62,13 @@ Status cross_key_rules(const RunConfig& cfg, const std::string& source) {
                     "bf16, got run.device: " +
                     cfg.run.device + ", parallel.param_dtype: " + cfg.parallel.param_dtype);
   }
+  if (cfg.run.attention_kernel != "auto" && (cfg.run.device != "cuda" || cfg.parallel.param_dtype != "bf16")) {
+    return fail({"run.attention_kernel", "run.device", "parallel.param_dtype"},
+                "run.attention_kernel: " + cfg.run.attention_kernel +
+                    " chooses between bf16 tensor-core kernels; it needs run.device: cuda and parallel.param_dtype: "
+                    "bf16, got run.device: " +
+                    cfg.run.device + ", parallel.param_dtype: " + cfg.parallel.param_dtype);
+  }
   if (t.decay_steps != 0 && t.decay_steps < t.warmup_steps) {
     return fail({"training.decay_steps", "training.warmup_steps"},
                 "training.decay_steps: must be 0 or >= training.warmup_steps (" + std::to_string(t.warmup_steps) +

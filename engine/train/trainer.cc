@@ -184,6 +184,9 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
   const GeluFusion fusion = parse_gelu_fusion(config_.run.gelu_fusion).value();  // validated
   const Status fused = backend_->set_gelu_fusion(fusion);
   GPT_CHECK_MSG(fused.is_ok(), fused.message().c_str());  // validation lets through only what the backend takes
+  const Status attention =
+      backend_->set_attention_kernel(parse_attention_kernel(config_.run.attention_kernel).value());  // validated
+  GPT_CHECK_MSG(attention.is_ok(), attention.message().c_str());
   model_ = std::make_unique<Gpt>(shape_, *backend_, ckpt);
   if (shard_group_size != world_.size()) {
     // The process mesh: world rank w is shard w % S of replica w / S.

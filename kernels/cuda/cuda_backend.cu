@@ -6,6 +6,7 @@
 #include <string>
 
 #include "comm/device_select.h"
+#include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
@@ -220,6 +221,16 @@ Status CudaBackend::set_gelu_fusion(GeluFusion fusion) {
   return Status::ok();
 }
 
+Status CudaBackend::set_attention_kernel(AttentionKernel kernel) {
+  if (kernel != AttentionKernel::kAuto && compute_dtype_ != DType::kBF16) {
+    return Status::failed_precondition(
+        "backend 'cuda': the WMMA attention kernels are bf16; run.attention_kernel wmma needs parallel.param_dtype "
+        "bf16");
+  }
+  attention_kernel_ = kernel;
+  return Status::ok();
+}
+
 void* CudaBackend::scratch(size_t bytes) {
   if (scratch_.bytes() < bytes) {
     GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old area may still be in use by queued kernels
@@ -385,32 +396,52 @@ void CudaBackend::residual_layernorm_forward(float* res_out, TensorPtr out, floa
   const OpTimer timed = time_op("residual_layernorm_forward");
   cuda::residual_layernorm_forward(res_out, out, mean, rstd, res, inp, weight, bias, N, C, drop, stream_);
 }
-// Under bf16 compute, the tensor-core kernels (attention_tc.cu) for the head sizes they cover and 16-byte
-// aligned tensors (they move float4s); else the fp32 kernels.
-bool CudaBackend::tensor_core_attention(int C, int NH, std::initializer_list<const void*> tensors) const {
-  if (compute_dtype_ != DType::kBF16 || !cuda::attention_tc_supported(C, NH)) return false;
-  for (const void* p : tensors) {
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+// Under bf16 compute, the tensor-core kernels for the head sizes they cover and 16-byte aligned tensors (they
+// move 16 bytes at a time): the mma.sync ones (attention_mma.cu) where every tensor but dout is bf16 and
+// run.attention_kernel is auto, else the WMMA ones (attention_tc.cu); else the fp32 kernels.
+CudaBackend::AttentionPath CudaBackend::attention_path(int C, int NH, std::initializer_list<ConstTensorPtr> tensors,
+                                                       const float* dout) const {
+  if (compute_dtype_ != DType::kBF16 || !cuda::attention_tc_supported(C, NH)) return AttentionPath::kFp32;
+  if (reinterpret_cast<uintptr_t>(dout) % 16 != 0) return AttentionPath::kFp32;
+  bool bf16 = true;
+  for (const ConstTensorPtr& t : tensors) {
+    if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return AttentionPath::kFp32;
+    bf16 = bf16 && t.is_bf16();
   }
-  return true;
+  const bool mma = attention_kernel_ == AttentionKernel::kAuto && bf16 && cuda::attention_mma_supported(C, NH);
+  return mma ? AttentionPath::kMma : AttentionPath::kWmma;
 }
 void CudaBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                                     const DropoutMask& drop) {
   const OpTimer timed = time_op("attention_forward");
-  if (tensor_core_attention(C, NH, {out.data, qkv.data})) {
-    cuda::attention_forward_tc(out, att, qkv, B, T, C, NH, drop, stream_);
-  } else {
-    cuda::attention_forward(out, att, qkv, B, T, C, NH, drop, stream_);
+  switch (attention_path(C, NH, {out, qkv})) {
+    case AttentionPath::kMma:
+      cuda::attention_forward_mma(out, att, qkv, B, T, C, NH, drop, stream_);
+      break;
+    case AttentionPath::kWmma:
+      cuda::attention_forward_tc(out, att, qkv, B, T, C, NH, drop, stream_);
+      break;
+    case AttentionPath::kFp32:
+      cuda::attention_forward(out, att, qkv, B, T, C, NH, drop, stream_);
+      break;
   }
 }
 void CudaBackend::attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out,
                                      const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
   const OpTimer timed = time_op("attention_backward");
-  void* s = scratch(cuda::attention_backward_scratch_bytes(B, T, C, NH));
-  if (tensor_core_attention(C, NH, {dqkv.data, dout, qkv.data, out.data})) {
-    cuda::attention_backward_tc(dqkv, dout, qkv, out, att, B, T, C, NH, drop, s, stream_);
-  } else {
-    cuda::attention_backward(dqkv, dout, qkv, out, att, B, T, C, NH, drop, s, stream_);
+  switch (attention_path(C, NH, {dqkv, qkv, out}, dout)) {
+    case AttentionPath::kMma:
+      cuda::attention_backward_mma(dqkv, dout, qkv, out, att, B, T, C, NH, drop,
+                                   scratch(cuda::attention_backward_mma_scratch_bytes(B, T, C, NH)), stream_);
+      break;
+    case AttentionPath::kWmma:
+      cuda::attention_backward_tc(dqkv, dout, qkv, out, att, B, T, C, NH, drop,
+                                  scratch(cuda::attention_backward_scratch_bytes(B, T, C, NH)), stream_);
+      break;
+    case AttentionPath::kFp32:
+      cuda::attention_backward(dqkv, dout, qkv, out, att, B, T, C, NH, drop,
+                               scratch(cuda::attention_backward_scratch_bytes(B, T, C, NH)), stream_);
+      break;
   }
 }
 void CudaBackend::gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) {

@@ -48,6 +48,7 @@ class CudaBackend final : public Backend {
   void set_compute_dtype(DType type) override;
   DType compute_dtype() const override { return compute_dtype_; }
   Status set_gelu_fusion(GeluFusion fusion) override;
+  Status set_attention_kernel(AttentionKernel kernel) override;
   bool gelu_backward_fused(int C) const override;
 
   void embedding_forward(float* out, const int32_t* tokens, ConstTensorPtr wte, ConstTensorPtr wpe, int B, int T,
@@ -126,7 +127,11 @@ class CudaBackend final : public Backend {
   const bf16* gemm_input(int slot, ConstTensorPtr x, int64_t n);
   // A GEMM's bias as Matmul takes it for an output of `out_type` (null for none); may use cast area 3.
   const void* gemm_bias(ConstTensorPtr bias, DType out_type, int OC);
-  bool tensor_core_attention(int C, int NH, std::initializer_list<const void*> tensors) const;
+  // Which attention kernels take these tensors (qkv, out, dqkv; the backward's fp32 dout), from the compute dtype,
+  // the shape, the tensors' dtypes and alignment, and run.attention_kernel.
+  enum class AttentionPath { kFp32, kWmma, kMma };
+  AttentionPath attention_path(int C, int NH, std::initializer_list<ConstTensorPtr> tensors,
+                               const float* dout = nullptr) const;
   // Whether a GELU epilogue takes these: at least `level` fusion asked for, bf16 compute, the GELU's input and
   // output bf16 and 16-byte aligned, `rows` (the GELU's width) a multiple of 8.
   bool gelu_fused(GeluFusion level, int64_t rows, std::initializer_list<ConstTensorPtr> gelu_tensors) const;
@@ -145,6 +150,7 @@ class CudaBackend final : public Backend {
   std::deque<SpanTableEntry> span_tables_;  // one per distinct list of spans (stable references)
   DType compute_dtype_ = DType::kF32;
   GeluFusion gelu_fusion_ = GeluFusion::kNone;
+  AttentionKernel attention_kernel_ = AttentionKernel::kAuto;
   Buffer result_;                  // one double on the device for sum_squares
   double* result_host_ = nullptr;  // pinned
   // to_device's staging: cudaMemcpyAsync from pageable memory may wait for the stream to reach the copy (CUDA

@@ -40,7 +40,8 @@
 # PARAM_DTYPE (auto: bf16 on cuda when this binary's parallel.param_dtype also makes the GEMMs bf16, else fp32),
 # GPT_TRAIN_SET (extra "key=value" overrides for gpt-train, space-separated), VARIANTS (more gpt-train runs after the
 # table, ";"-separated, each a space-separated list of overrides on top of GPT_TRAIN_SET, e.g. "run.gelu_fusion=full";
-# default: run.gelu_fusion=forward and =full when the run is bf16 on cuda and this binary has that key; "" = none),
+# default, when the run is bf16 on cuda and this binary has the keys: run.attention_kernel=wmma (the older attention
+# kernels beside the default mma.sync ones), run.gelu_fusion=forward and =full; "" = none),
 # VARIANT_TIMEOUT (60 s each), TIME_LIMIT (0; else seconds from the start: the profile run and each variant start
 # only if their timeout still fits, else say they were skipped), PROFILE_STEPS (on cuda 4, else 0 = none: after the table, a run of that many steps under
 # GPT_TRAIN_CUDA_PROFILE=1 whose per-op device time table is printed, the per-kernel breakdown of a step; 60 s at
@@ -142,8 +143,11 @@ if [[ $PARAM_DTYPE == auto ]]; then
 fi
 if [[ -z ${VARIANTS+set} ]]; then
   VARIANTS=""
-  [[ $DEVICE == cuda && $PARAM_DTYPE == bf16 ]] && grep -q '^  gelu_fusion ' <<<"$HELP_CONFIG" &&
-    VARIANTS="run.gelu_fusion=forward;run.gelu_fusion=full"
+  if [[ $DEVICE == cuda && $PARAM_DTYPE == bf16 ]]; then
+    grep -q '^  attention_kernel ' <<<"$HELP_CONFIG" && VARIANTS="run.attention_kernel=wmma"
+    grep -q '^  gelu_fusion ' <<<"$HELP_CONFIG" &&
+      VARIANTS="${VARIANTS:+$VARIANTS;}run.gelu_fusion=forward;run.gelu_fusion=full"
+  fi
 fi
 GPT_DIR=$TMP/gpt-run
 cat >"$TMP/gpt.yaml" <<EOF

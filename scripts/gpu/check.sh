@@ -7,7 +7,7 @@
 # Steps, each PASS/FAIL/SKIP with seconds, and a summary printed LAST: GPU, libraries, CUDA backend parity
 # (gpt_tests [cuda]), NCCL singleton (gpt_mpi_tests [nccl]), Shakespeare 20 steps cpu vs cuda (losses within
 # 1e-4 relative), compute-sanitizer memcheck and racecheck, scripts/bench/gpu_vs_pytorch.sh if present (its
-# table, the per-op device time of a few steps, and the run.gelu_fusion variants).
+# table, the per-op device time of a few steps, and the run.attention_kernel and run.gelu_fusion variants).
 # Every step has a timeout and the whole check a budget (CHECK_BUDGET_S, 460 s), so it ends inside 8 minutes.
 # Full output: $OUT/check.log (the device tool brings $OUT back), or /tmp/gpt-check/check.log.
 #   CHECK_STEPS="parity nccl train"  # run only these (of: parity nccl train memcheck racecheck bench)

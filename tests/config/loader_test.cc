@@ -135,6 +135,11 @@ TEST_CASE("Rules across keys are checked after overrides and placed at the key t
         "parallel.param_dtype: bf16, got run.device: cpu, parallel.param_dtype: fp32");
   CHECK(load_error("run:\n  gelu_fusion: fused\n") ==
         "x.yaml:2:16: run.gelu_fusion: expected one of none|forward|full, got 'fused'");
+  CHECK(load_error("run:\n  attention_kernel: wmma\n") ==
+        "x.yaml:2:21: run.attention_kernel: wmma chooses between bf16 tensor-core kernels; it needs run.device: cuda "
+        "and parallel.param_dtype: bf16, got run.device: cpu, parallel.param_dtype: fp32");
+  CHECK(load_error("run:\n  attention_kernel: flash\n") ==
+        "x.yaml:2:21: run.attention_kernel: expected one of auto|wmma, got 'flash'");
 }
 
 TEST_CASE("global_batch comes from sequences, else tokens, else the micro-batch", "[config]") {

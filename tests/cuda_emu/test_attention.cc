@@ -11,6 +11,7 @@
 #include "cuda_bf16.h"
 #include "emu_util.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/kernels.h"
 
@@ -141,33 +142,20 @@ void run_fp32(int B, int T, int C, int NH, float p) {
   CHECK(ed.rel() < 1e-4);
 }
 
-// attention_tc against (1) a double reference of the same bf16 math (roundings of q, k, v, dO, P and dS;
-// the 64-key tile schedule of the online softmax): max error 1e-3 of max, l2 1e-4; (2) the fp32 CPU twin:
-// l2 1.5e-2 (bf16 precision). These are the tolerances the kernel was verified with.
-void run_tc(int B, int NH, int hs, int T, float p) {
-  INFO("attention_tc B=" << B << " NH=" << NH << " hs=" << hs << " T=" << T << " p=" << p);
+// The bf16 math of the tensor-core kernels in double: roundings of q, k, v, dO, P (times Z) and dS; the 64-key tile
+// schedule of the online softmax; the backward from the kernel's output o (rounded to bf16 for D) and lse L.
+struct BfReference {
+  std::vector<double> out, lse, dqkv;
+};
+BfReference bf16_reference(const Buf<float>& qkv, const Buf<float>& dout, const Buf<float>& o, const Buf<float>& L,
+                           int B, int NH, int hs, int T, const DropoutMask& drop) {
   const int C = NH * hs;
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const size_t nqkv = static_cast<size_t>(B) * T * C3, nout = static_cast<size_t>(B) * T * C,
                nlse = static_cast<size_t>(B) * NH * T;
-  Buf<float> qkv(nqkv), dout(nout);
-  randn(qkv);
-  randn(dout);
-  const DropoutMask drop = make_drop(p, hs);
+  const float p = drop.p;
   const float keep = p > 0 ? 1.0f / (1.0f - p) : 1.0f;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  REQUIRE(emu::attention_tc_supported(C, NH));
-
-  Buf<float> out[2] = {Buf<float>(nout), Buf<float>(nout)}, lse[2] = {Buf<float>(nlse), Buf<float>(nlse)},
-             dqkv[2] = {Buf<float>(nqkv), Buf<float>(nqkv)};
-  run_twice_and_bf16([&](auto q, auto o, float* l) { emu::attention_forward_tc(o, l, q, B, T, C, NH, drop, nullptr); },
-                     [&](auto d, auto q, auto o, const float* l, float* scratch) {
-                       emu::attention_backward_tc(d, dout.p, q, o, l, B, T, C, NH, drop, scratch, nullptr);
-                     },
-                     qkv, emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float), out, lse, dqkv, true);
-  const Buf<float>& o = out[0];
-  const Buf<float>& L = lse[0];
-
   std::vector<double> rout(nout), rlse(nlse), rdqkv(nqkv, 0.0);
   std::vector<float> qb(nqkv), dob(nout);
   for (size_t i = 0; i < nqkv; ++i) qb[i] = bf(qkv[i]);
@@ -234,6 +222,36 @@ void run_tc(int B, int NH, int hs, int T, float p) {
       }
     }
   }
+  return {std::move(rout), std::move(rlse), std::move(rdqkv)};
+}
+
+// attention_tc against (1) a double reference of the same bf16 math (roundings of q, k, v, dO, P and dS;
+// the 64-key tile schedule of the online softmax): max error 1e-3 of max, l2 1e-4; (2) the fp32 CPU twin:
+// l2 1.5e-2 (bf16 precision). These are the tolerances the kernel was verified with.
+void run_tc(int B, int NH, int hs, int T, float p) {
+  INFO("attention_tc B=" << B << " NH=" << NH << " hs=" << hs << " T=" << T << " p=" << p);
+  const int C = NH * hs;
+  const int64_t C3 = 3 * static_cast<int64_t>(C);
+  const size_t nqkv = static_cast<size_t>(B) * T * C3, nout = static_cast<size_t>(B) * T * C,
+               nlse = static_cast<size_t>(B) * NH * T;
+  Buf<float> qkv(nqkv), dout(nout);
+  randn(qkv);
+  randn(dout);
+  const DropoutMask drop = make_drop(p, hs);
+  REQUIRE(emu::attention_tc_supported(C, NH));
+
+  Buf<float> out[2] = {Buf<float>(nout), Buf<float>(nout)}, lse[2] = {Buf<float>(nlse), Buf<float>(nlse)},
+             dqkv[2] = {Buf<float>(nqkv), Buf<float>(nqkv)};
+  run_twice_and_bf16([&](auto q, auto o, float* l) { emu::attention_forward_tc(o, l, q, B, T, C, NH, drop, nullptr); },
+                     [&](auto d, auto q, auto o, const float* l, float* scratch) {
+                       emu::attention_backward_tc(d, dout.p, q, o, l, B, T, C, NH, drop, scratch, nullptr);
+                     },
+                     qkv, emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float), out, lse, dqkv, true);
+  const Buf<float>& o = out[0];
+  const Buf<float>& L = lse[0];
+
+  const BfReference ref = bf16_reference(qkv, dout, o, L, B, NH, hs, T, drop);
+  const std::vector<double>&rout = ref.out, &rlse = ref.lse, &rdqkv = ref.dqkv;
   std::vector<float> cout(nout, NAN), att(static_cast<size_t>(B) * NH * T * T, NAN), cdqkv(nqkv, 0.0f);
   gpt::cpu::attention_forward(cout.data(), att.data(), qkv.p, B, T, C, NH, drop);
   gpt::cpu::attention_backward(cdqkv.data(), dout.p, qkv.p, att.data(), B, T, C, NH, drop);
@@ -246,6 +264,69 @@ void run_tc(int B, int NH, int hs, int T, float p) {
   CHECK(el.rel() < 1e-3);
   CHECK(ed.rel() < 1e-3);
   CHECK(std::max({eo.rel_l2(), el.rel_l2(), ed.rel_l2()}) < 1e-4);
+  CHECK(co.rel_l2() < 1.5e-2);
+  CHECK(cd.rel_l2() < 1.5e-2);
+}
+
+// Every element of got (bf16 widened) within its own rounding (2^-8 relative) plus `tol` of max |ref| of ref.
+double excess_over_bf16(const float* got, const double* ref, size_t n) {
+  double mag = 0, worst = 0;
+  for (size_t i = 0; i < n; ++i) mag = std::max(mag, std::abs(ref[i]));
+  for (size_t i = 0; i < n; ++i) {
+    const double d = std::isfinite(got[i]) ? std::abs(got[i] - ref[i]) - std::ldexp(std::abs(ref[i]), -8) : INFINITY;
+    worst = std::max(worst, d);
+  }
+  return mag > 0 ? worst / mag : worst;
+}
+
+// attention_mma (bf16 qkv, out and dqkv only) against the same double reference of the bf16 math as attention_tc:
+// max error 1e-3 of max beyond each element's bf16 rounding; lse (fp32) 1e-3 of max and l2 1e-4; and the fp32
+// CPU twin: l2 1.5e-2. Run twice: bitwise equal (outputs and scratch poisoned before each run).
+void run_mma(int B, int NH, int hs, int T, float p) {
+  INFO("attention_mma B=" << B << " NH=" << NH << " hs=" << hs << " T=" << T << " p=" << p);
+  const int C = NH * hs;
+  const size_t nqkv = static_cast<size_t>(B) * T * 3 * C, nout = static_cast<size_t>(B) * T * C,
+               nlse = static_cast<size_t>(B) * NH * T;
+  Buf<float> qkv(nqkv), dout(nout);
+  randn(qkv);
+  randn(dout);
+  for (size_t i = 0; i < nqkv; ++i) qkv[i] = bf(qkv[i]);  // the kernel's input is bf16: the reference's too
+  const DropoutMask drop = make_drop(p, hs);
+  REQUIRE(emu::attention_mma_supported(C, NH));
+
+  Buf<gpt::bf16> qh(nqkv);
+  for (size_t i = 0; i < nqkv; ++i) qh[i] = gpt::f32_to_bf16(qkv[i]);
+  Buf<gpt::bf16> out[2] = {Buf<gpt::bf16>(nout), Buf<gpt::bf16>(nout)},
+                 dqkv[2] = {Buf<gpt::bf16>(nqkv), Buf<gpt::bf16>(nqkv)};
+  Buf<float> lse[2] = {Buf<float>(nlse), Buf<float>(nlse)};
+  const size_t scratch_bytes = emu::attention_backward_mma_scratch_bytes(B, T, C, NH);
+  for (int r = 0; r < 2; ++r) {
+    Buf<unsigned char> scratch(scratch_bytes);
+    std::memset(scratch.p, 0xff, scratch_bytes);  // NaN as fp32 and as bf16
+    emu::attention_forward_mma(gpt::TensorPtr(out[r].p), lse[r].p, gpt::ConstTensorPtr(qh.p), B, T, C, NH, drop,
+                               nullptr);
+    emu::attention_backward_mma(gpt::TensorPtr(dqkv[r].p), dout.p, gpt::ConstTensorPtr(qh.p),
+                                gpt::ConstTensorPtr(out[r].p), lse[r].p, B, T, C, NH, drop, scratch.p, nullptr);
+  }
+  CHECK(out[0].same(out[1]));
+  CHECK(lse[0].same(lse[1]));
+  CHECK(dqkv[0].same(dqkv[1]));
+
+  Buf<float> o(nout), d(nqkv);
+  for (size_t i = 0; i < nout; ++i) o[i] = gpt::bf16_to_f32(out[0][i]);
+  for (size_t i = 0; i < nqkv; ++i) d[i] = gpt::bf16_to_f32(dqkv[0][i]);
+  const BfReference ref = bf16_reference(qkv, dout, o, lse[0], B, NH, hs, T, drop);
+  std::vector<float> cout(nout, NAN), att(static_cast<size_t>(B) * NH * T * T, NAN), cdqkv(nqkv, 0.0f);
+  gpt::cpu::attention_forward(cout.data(), att.data(), qkv.p, B, T, C, NH, drop);
+  gpt::cpu::attention_backward(cdqkv.data(), dout.p, qkv.p, att.data(), B, T, C, NH, drop);
+
+  const Cmp el = compare(lse[0].p, ref.lse.data(), nlse);
+  const Cmp co = compare(o.p, cout.data(), nout), cd = compare(d.p, cdqkv.data(), nqkv);
+  CHECK(co.nonfinite + el.nonfinite + cd.nonfinite == 0);
+  CHECK(excess_over_bf16(o.p, ref.out.data(), nout) < 1e-3);
+  CHECK(excess_over_bf16(d.p, ref.dqkv.data(), nqkv) < 1e-3);
+  CHECK(el.rel() < 1e-3);
+  CHECK(el.rel_l2() < 1e-4);
   CHECK(co.rel_l2() < 1.5e-2);
   CHECK(cd.rel_l2() < 1.5e-2);
 }
@@ -269,4 +350,18 @@ TEST_CASE("cuda_emu: attention_tc.cu forward and backward match the bf16 referen
   run_tc(1, 2, 64, 17, 0.2f);
   run_tc(1, 1, 64, 70, 0.0f);
   run_tc(1, 1, 128, 70, 0.1f);  // head size 128: K, V (Q, dO) tiles in shared memory, not in registers
+}
+
+TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 reference and the CPU twin",
+          "[cuda_emu][attention_mma]") {
+  run_mma(1, 2, 32, 17, 0.0f);
+  run_mma(2, 1, 32, 130, 0.2f);  // query tiles of 128 rows (two warps' m-tiles each), three key tiles, the last one row
+  run_mma(1, 2, 64, 17, 0.2f);
+  run_mma(1, 1, 64, 150, 0.0f);   // a key tile past the first warps' rows; the last query tile mostly padding
+  run_mma(1, 1, 128, 70, 0.1f);   // head size 128: one m-tile per warp; K, V (Q, dO) read from shared memory
+  run_mma(1, 1, 128, 100, 0.0f);  // dK/dV over query tiles of 32
+  // Tiles refilled while other warps may still read them: three query tiles, so the block of the last one (where
+  // only warp 0 has rows) is odd for the second head and the emulator runs its warps last to first.
+  run_mma(1, 2, 32, 260, 0.0f);
+  run_mma(1, 2, 128, 200, 0.0f);
 }

@@ -479,6 +479,38 @@ void compare_attention(Backend& gpu, const AttentionShape& s, const DropoutMask&
   REQUIRE(g_dqkv.read() == first);  // deterministic
 }
 
+// The same with qkv, the output and dqkv in bf16 (the model's storage under bf16 compute; under
+// run.attention_kernel auto the mma.sync kernels): the CPU runs on the bf16 qkv widened, the GPU's bf16 outputs
+// are compared widened.
+void compare_attention_bf16(Backend& gpu, const AttentionShape& s, const DropoutMask& drop, uint64_t seed, double tol,
+                            const std::string& what) {
+  const int64_t N = int64_t{s.B} * s.T, nq = N * 3 * s.C, no = N * s.C;
+  std::vector<bf16> qh(nq);
+  cpu().cast_to_bf16(qh.data(), randn(nq, seed).data(), nq);
+  std::vector<float> qkv(nq);
+  cpu().cast_from_bf16(qkv.data(), qh.data(), nq);
+  const auto dout = randn(no, seed + 1);
+  std::vector<float> out(no), dqkv(nq);
+  std::vector<float> att(cpu().attention_state_floats(s.B, s.T, s.NH));
+  cpu().attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH, drop);
+  cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH, drop);
+  Dev<bf16> g_qkv(gpu, qh), g_out(gpu, no), g_dqkv(gpu, nq);
+  Dev<float> g_dout(gpu, dout), g_att(gpu, gpu.attention_state_floats(s.B, s.T, s.NH));
+  gpu.attention_forward(g_out.p(), g_att.p(), g_qkv.p(), s.B, s.T, s.C, s.NH, drop);
+  gpu.attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop);
+  auto widened = [](const std::vector<bf16>& x) {
+    std::vector<float> w(x.size());
+    cpu().cast_from_bf16(w.data(), x.data(), static_cast<int64_t>(x.size()));
+    return w;
+  };
+  expect_close(what + " out", out, widened(g_out.read()), tol);
+  const auto first = g_dqkv.read();
+  expect_close(what + " dqkv", dqkv, widened(first), tol);
+  gpu.attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop);
+  const auto again = g_dqkv.read();
+  REQUIRE(std::memcmp(again.data(), first.data(), first.size() * sizeof(bf16)) == 0);  // deterministic
+}
+
 // Parameters held in bf16 (ShardedParams under bf16 compute) are read widened on the GPU: LayerNorm (plain, fused,
 // backward), the embedding and a GEMM's bias (bf16 output: the epilogue's own vector, aligned or copied; fp32 output:
 // widened) give what their fp32 values give, bit for bit.
@@ -567,10 +599,13 @@ TEST_CASE("parity: tensor-core attention (bf16 compute) against the CPU's fp32",
     for (float p : {0.0f, 0.2f}) {
       CAPTURE(s.B, s.T, s.C, s.NH, p);
       compare_attention(*gpu, s, mask(p, 987654321), 32, 2e-2, "tc attention");
+      // bf16 tensors: the mma.sync kernels; the bf16 output's own rounding (2^-9) fits the same tolerance.
+      compare_attention_bf16(*gpu, s, mask(p, 987654321), 32, 2e-2, "mma attention");
     }
   }
-  // qkv, the output and dqkv in bf16 (the model's storage under bf16 compute), on both kernels (head size 16 takes
-  // the fp32 one): bit for bit the fp32 tensors of the same values (qkv widened, the output and dqkv rounded).
+  // qkv, the output and dqkv in bf16 (the model's storage under bf16 compute), on the WMMA kernel and the fp32 one
+  // (head size 16): bit for bit the fp32 tensors of the same values (qkv widened, the output and dqkv rounded).
+  REQUIRE(gpu->set_attention_kernel(AttentionKernel::kWmma).is_ok());
   for (const Shape s : {Shape{2, 65, 128, 2}, Shape{2, 33, 64, 4}}) {
     CAPTURE(s.B, s.T, s.C, s.NH);
     const int64_t nq = int64_t{s.B} * s.T * 3 * s.C, no = int64_t{s.B} * s.T * s.C;
@@ -603,6 +638,7 @@ TEST_CASE("parity: tensor-core attention (bf16 compute) against the CPU's fp32",
     const std::vector<bf16> dgot = g_dh.read();
     CHECK(std::memcmp(dgot.data(), dwant.data(), dwant.size() * sizeof(bf16)) == 0);
   }
+  REQUIRE(gpu->set_attention_kernel(AttentionKernel::kAuto).is_ok());
   gpu->set_compute_dtype(DType::kF32);
 }
 

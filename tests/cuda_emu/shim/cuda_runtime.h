@@ -37,6 +37,8 @@
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
+// kernels/cuda/mma_ptx.cuh takes the emulated instructions (emu_ptx.h) instead of its inline PTX.
+#define GPT_CUDA_EMULATOR 1
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
@@ -45,6 +47,7 @@ struct emu_uint3 { unsigned x = 0, y = 0, z = 0; };
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
 struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
@@ -86,10 +89,23 @@ struct EmuWarp {
   double slot[32];
   uint64_t gen[32] = {};
   float wa[256], wb[256], wc[256];
+  const void* ptr[32];  // ldmatrix: each lane's row address
+};
+// One cp.async (emu_ptx.h): `bytes` to dst, the first `src_bytes` of them from src and the rest zeros.
+struct EmuAsyncCopy {
+  void* dst;
+  const void* src;
+  unsigned bytes, src_bytes;
+};
+// A thread's cp.async copies: those not yet committed, and the committed groups, oldest first.
+struct EmuAsyncCopies {
+  std::vector<EmuAsyncCopy> open;
+  std::deque<std::vector<EmuAsyncCopy>> groups;
 };
 struct EmuBlock {
   std::vector<std::unique_ptr<unsigned char[]>> bufs;
   std::vector<size_t> sizes;
+  std::map<unsigned, EmuAsyncCopies> async_copies;  // by the thread's linear index in the block
 };
 inline thread_local EmuBarrier* emu_block_bar;
 inline thread_local EmuWarp* emu_warp;

@@ -1,0 +1,738 @@
+// Fused causal attention on the tensor cores through mma.sync m16n8k16 (mma_ptx.cuh), FlashAttention-2 style: the
+// math, arguments, lse state, dropout mask and deterministic three-kernel backward of attention_tc.cu (read that
+// file and attention.cu first; this one says what differs).
+//  - The fragments' register layout is the PTX ISA's (mma_ptx.cuh), so each thread knows which (row, column) every
+//    accumulator element is: masks, dropout and the online softmax work on registers. The accumulators of S (or
+//    dP) over 16 keys, rounded to bf16 pairwise, are the A fragment of the next product: P, P Z and dS never go
+//    through shared memory (attention_tc.cu writes S and P to per-warp tiles).
+//  - A row's softmax statistics come from its four lanes (lane = 4 g + t holds rows g and g + 8): two shuffles for
+//    the max; l stays a per-lane partial sum until the end, as FlashAttention-2 keeps it.
+//  - bf16 tiles in shared memory have rows of D + 8 elements (16 bytes of padding): ldmatrix's eight row addresses
+//    of one matrix then fall in distinct banks. Tiles come from global memory by cp.async, 16 bytes per copy,
+//    zero-filled past T; the streamed operand (K, V in the forward and the dQ kernel; Q, dO in the dK/dV kernel)
+//    is double-buffered: the next tile's copies are in flight while this one is computed.
+//  - Every block has 4 warps; each warp owns whole rows of the products it accumulates (16 or 32 query rows in
+//    the forward, 16 keys in dK/dV, 16 queries in dQ), so sums run in a fixed order and no two warps write one
+//    element: deterministic, no atomics.
+//  - The backward first writes D = rowsum(dO * O) and dO rounded to bf16 (scratch), so the main kernels copy
+//    bf16 tiles only. lse is read as lse * log2(e), and the kernels exponentiate with exp2f.
+//  - Work above the diagonal is skipped 16 keys at a time (P and dS there are zero), as in attention_tc.cu.
+#include <cmath>
+#include <cstdint>
+
+#include "core/check.h"
+#include "kernels/cuda/attention_mma.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/mma_ptx.cuh"
+#include "kernels/cuda/workspace.h"
+
+namespace gpt::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * kWarp;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+constexpr size_t align128(size_t x) { return (x + 127) / 128 * 128; }
+
+// Shared layouts, in bytes (every tile 128-byte aligned). LD: a tile's row stride in bf16 elements.
+template <int D>
+struct FwdCfg {
+  static constexpr int MT = D <= 64 ? 2 : 1;  // 16-row m-tiles per warp (registers allow two for D <= 64)
+  static constexpr int BQ = kWarps * 16 * MT, BK = 64, LD = D + 8;
+  static constexpr size_t kTile = align128(sizeof(bf16) * BK * LD);  // one K or V tile
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kKV = align128(sizeof(bf16) * BQ * LD);  // stage s: K at kKV + 2 s kTile, V after it
+  static constexpr size_t kBytes = kKV + 4 * kTile;
+};
+
+template <int D>
+struct BwdKvCfg {
+  static constexpr int BK = kWarps * 16, BQ = D <= 64 ? 64 : 32, LD = D + 8;
+  static constexpr bool kKeep = D <= 64;  // K, V as A fragments in registers (else read from shared memory)
+  static constexpr size_t kKTile = align128(sizeof(bf16) * BK * LD), kQTile = align128(sizeof(bf16) * BQ * LD);
+  static constexpr size_t kK = 0, kV = kKTile;
+  // stage s: Q at kStage + s kStageBytes, dO after it, then lse (times log2 e) and D, BQ floats each
+  static constexpr size_t kStage = 2 * kKTile;
+  static constexpr size_t kStageBytes = 2 * kQTile + align128(2 * sizeof(float) * BQ);
+  static constexpr size_t kBytes = kStage + 2 * kStageBytes;
+};
+
+template <int D>
+struct BwdQCfg {
+  static constexpr int BQ = kWarps * 16, BK = 64, LD = D + 8;
+  static constexpr bool kKeep = D <= 64;  // Q, dO as A fragments in registers
+  static constexpr size_t kTile = align128(sizeof(bf16) * 64 * LD);
+  static constexpr size_t kQ = 0, kDo = kTile;
+  static constexpr size_t kKV = 2 * kTile;  // stage s: K at kKV + 2 s kTile, V after it
+  static constexpr size_t kBytes = kKV + 4 * kTile;
+};
+
+// Rows [row0, row0 + ROWS) x [0, D) of a bf16 matrix with row stride ld (elements) into a shared tile of row stride
+// LD, by cp.async in 16-byte pieces (consecutive threads on consecutive pieces of a row); rows at or past `rows`
+// are zero-filled (their source, row0's, is not read).
+template <int ROWS, int D, int LD>
+__device__ inline void copy_tile_async(bf16* dst, const bf16* src, int64_t ld, int row0, int rows) {
+  constexpr int kPieces = D / 8;
+  for (int i = threadIdx.x; i < ROWS * kPieces; i += kThreads) {
+    const int r = i / kPieces, c = (i % kPieces) * 8, row = row0 + r;
+    const bool in = row < rows;
+    cp_async_16(dst + r * LD + c, src + (in ? static_cast<int64_t>(row) * ld : 0) + c, in ? 16u : 0u);
+  }
+}
+
+// ldmatrix row addresses in a tile of row stride LD, for lane = 8 i + j:
+//  - a_row: the A fragment of rows [r0, r0 + 16) x columns [c0, c0 + 16); with ldmatrix_x4_trans, the B fragments
+//    of a (k = rows, n = columns) row-major tile: registers {0, 1} for columns c0.., {2, 3} for c0 + 8..
+//  - b_row: with ldmatrix_x4, the B fragments of B = tile^T for the 16 tile rows r0.. (n) x columns c0.. (k):
+//    registers {0, 1} for rows r0.., {2, 3} for rows r0 + 8..
+template <int LD>
+__device__ inline const bf16* a_row(const bf16* tile, int r0, int c0, int lane) {
+  const int i = lane >> 3, j = lane & 7;
+  return tile + (r0 + j + 8 * (i & 1)) * LD + c0 + 8 * (i >> 1);
+}
+template <int LD>
+__device__ inline const bf16* b_row(const bf16* tile, int r0, int c0, int lane) {
+  const int i = lane >> 3, j = lane & 7;
+  return tile + (r0 + j + 8 * (i >> 1)) * LD + c0 + 8 * (i & 1);
+}
+
+// The A fragment over 16 columns [16 c, 16 c + 16) of a warp's accumulator row block, from its two m16n8 tiles
+// 2c and 2c + 1 (already final values), rounded to bf16.
+__device__ inline void pack_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack_bf16x2(lo[0], lo[1]);
+  a[1] = pack_bf16x2(lo[2], lo[3]);
+  a[2] = pack_bf16x2(hi[0], hi[1]);
+  a[3] = pack_bf16x2(hi[2], hi[3]);
+}
+
+// Z for mask element i = ((b*NH + h)*T + t)*T + t2 (offset by drop.base inside), as attention_tc.cu.
+__device__ inline float dropout_factor(const DropoutMask& drop, float keep, uint64_t i) {
+  return drop.rng.uniform(drop.base + i) < drop.p ? 0.0f : keep;
+}
+
+// A warp's accumulators of `rows` x D (m-tiles of 16 rows; acc[m][n] the m16n8 tile of columns 8 n..), times
+// `mul`, as bf16 into global rows row0.. (row stride ld), those below T only, staged through the warp's own
+// `rows` rows of the shared tile `stage` (row stride LD) for 16-byte stores.
+template <int MT, int D, int LD>
+__device__ inline void store_rows(bf16* dst, int64_t ld, const float (&acc)[MT][D / 8][4], float mul, bf16* stage,
+                                  int row0, int T, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        *reinterpret_cast<uint32_t*>(stage + (mt * 16 + g + 8 * hf) * LD + n * 8 + 2 * t) =
+            pack_bf16x2(acc[mt][n][2 * hf] * mul, acc[mt][n][2 * hf + 1] * mul);
+      }
+    }
+  }
+  __syncwarp();
+  constexpr int kPieces = D / 8;
+  for (int i = lane; i < MT * 16 * kPieces; i += kWarp) {
+    const int r = i / kPieces, c = (i % kPieces) * 8;
+    if (row0 + r < T) {
+      *reinterpret_cast<uint4*>(dst + static_cast<int64_t>(row0 + r) * ld + c) =
+          *reinterpret_cast<const uint4*>(stage + r * LD + c);
+    }
+  }
+  __syncwarp();
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_forward_mma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2,
+                                 DropoutMask drop, float keep) {
+  using Cfg = FwdCfg<D>;
+  constexpr int MT = Cfg::MT, BQ = Cfg::BQ, BK = Cfg::BK, LD = Cfg::LD;
+  constexpr int KD = D / 16, ND = D / 8, NC = BK / 16;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sq = reinterpret_cast<bf16*>(smem_raw + Cfg::kQ);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane >> 2, tq = lane & 3;
+
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query tiles have the most keys: start them first
+  const int64_t C3 = 3 * static_cast<int64_t>(C);
+  const bf16* q = qkv + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
+  const bf16* k = q + C;
+  const bf16* v = q + 2 * C;
+  const uint64_t first = static_cast<uint64_t>(bh) * T * T;
+  const int num_kt = (min(q0 + BQ, T) - 1) / BK + 1;  // key tiles up to the last real query of this tile
+
+  auto stage_k = [&](int s) { return reinterpret_cast<bf16*>(smem_raw + Cfg::kKV + 2 * s * Cfg::kTile); };
+  auto stage_v = [&](int s) { return reinterpret_cast<bf16*>(smem_raw + Cfg::kKV + (2 * s + 1) * Cfg::kTile); };
+  copy_tile_async<BQ, D, LD>(sq, q, C3, q0, T);
+  copy_tile_async<BK, D, LD>(stage_k(0), k, C3, 0, T);
+  copy_tile_async<BK, D, LD>(stage_v(0), v, C3, 0, T);
+  cp_async_commit();
+
+  const int qr = warp * 16 * MT, qw = q0 + qr;  // this warp's first row (in the tile, in the sequence)
+  const int last = qw + 16 * MT - 1;            // and its last
+  uint32_t qa[MT][KD][4];
+  float o[MT][ND][4];
+  float m[MT][2], l[MT][2];  // per row (g, g + 8 of each m-tile): running max (log2 units) and partial sum
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][n][e] = 0.0f;
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) m[mt][hf] = -INFINITY, l[mt][hf] = 0.0f;
+  }
+
+  for (int kt = 0; kt < num_kt; ++kt) {
+    const int k0 = kt * BK, s = kt & 1;
+    if (kt + 1 < num_kt) {  // stage s ^ 1 was last read in iteration kt - 1, which ended with a barrier
+      copy_tile_async<BK, D, LD>(stage_k(s ^ 1), k, C3, k0 + BK, T);
+      copy_tile_async<BK, D, LD>(stage_v(s ^ 1), v, C3, k0 + BK, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's copies of tile kt (and of Q) have landed
+    if (kt == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk) ldmatrix_x4(qa[mt][kk], a_row<LD>(sq, qr + mt * 16, kk * 16, lane));
+      }
+    }
+    // 16-key chunks c < nc hold a key <= the warp's last row (none for a warp past T or before k0): warp-uniform.
+    const int nc = qw >= T || last < k0 ? 0 : min(NC, (last - k0) / 16 + 1);
+    if (nc > 0) {
+      const bf16* sk = stage_k(s);
+      const bf16* sv = stage_v(s);
+      float sc[MT][2 * NC][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < 2 * NC; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[mt][n][e] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          if (c >= nc) continue;
+          uint32_t kb[4];  // K^T for keys 16 c.. (two n-tiles) x channels 16 kk..
+          ldmatrix_x4(kb, b_row<LD>(sk, c * 16, kk * 16, lane));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_bf16_16816(sc[mt][2 * c], qa[mt][kk], kb[0], kb[1]);
+            mma_bf16_16816(sc[mt][2 * c + 1], qa[mt][kk], kb[2], kb[3]);
+          }
+        }
+      }
+      uint32_t pa[MT][NC][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        float alpha[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int t = qw + mt * 16 + g + 8 * hf;
+          float mx = -INFINITY;
+#pragma unroll
+          for (int n = 0; n < 2 * NC; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int t2 = k0 + n * 8 + 2 * tq + e;
+              float& x = sc[mt][n][2 * hf + e];
+              x = n < 2 * nc && t2 <= t ? x * scale_log2 : -INFINITY;
+              mx = fmaxf(mx, x);
+            }
+          }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          // Finite from the first tile on: key 0 is visible to every row. All four lanes of a row agree bitwise.
+          const float m_new = fmaxf(m[mt][hf], mx);
+          alpha[hf] = exp2f(m[mt][hf] - m_new);  // 0 on the first tile (m = -inf)
+          float sum = 0.0f;
+          const uint64_t row_first = first + static_cast<uint64_t>(t) * T;  // mask index of (t, 0)
+#pragma unroll
+          for (int n = 0; n < 2 * NC; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = sc[mt][n][2 * hf + e];
+              const float p = exp2f(x - m_new);  // 0 where masked
+              sum += p;
+              const int t2 = k0 + n * 8 + 2 * tq + e;
+              // Padded rows (t >= T) are never written: skip their RNG draws.
+              x = drop.active() && t2 <= t && t < T ? p * dropout_factor(drop, keep, row_first + t2) : p;
+            }
+          }
+          l[mt][hf] = l[mt][hf] * alpha[hf] + sum;  // normaliser of the undropped, unrounded P
+          m[mt][hf] = m_new;
+        }
+#pragma unroll
+        for (int n = 0; n < ND; ++n) {
+          o[mt][n][0] *= alpha[0], o[mt][n][1] *= alpha[0];
+          o[mt][n][2] *= alpha[1], o[mt][n][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int c = 0; c < NC; ++c) pack_a(pa[mt][c], sc[mt][2 * c], sc[mt][2 * c + 1]);
+      }
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        if (c >= nc) continue;
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t vb[4];  // V for keys 16 c.. x channels 16 dp.. (two n-tiles)
+          ldmatrix_x4_trans(vb, a_row<LD>(sv, c * 16, dp * 16, lane));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_bf16_16816(o[mt][2 * dp], pa[mt][c], vb[0], vb[1]);
+            mma_bf16_16816(o[mt][2 * dp + 1], pa[mt][c], vb[2], vb[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // everyone is done with stage s before iteration kt + 1 refills it
+  }
+
+  if (qw >= T) return;  // warp-uniform; no barrier follows
+  float inv[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float sum = l[mt][hf];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv[mt][hf] = 1.0f / sum;
+      const int t = qw + mt * 16 + g + 8 * hf;
+      if (tq == 0 && t < T) lse[static_cast<int64_t>(bh) * T + t] = (m[mt][hf] + log2f(sum)) * kLn2;
+    }
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      o[mt][n][0] *= inv[mt][0], o[mt][n][1] *= inv[mt][0];
+      o[mt][n][2] *= inv[mt][1], o[mt][n][3] *= inv[mt][1];
+    }
+  }
+  // The warp's own rows of the Q tile (read only by this warp, at kt = 0) stage its output.
+  store_rows<MT, D, LD>(out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D, C, o, 1.0f, sq + qr * LD,
+                        qw, T, lane);
+}
+
+// D(B,NH,T) = rowsum(dO * O) over each head's channels (fp32 dO, bf16 O; fp32 sums in a fixed order), and dO
+// rounded to bf16 (B,T,C). One warp per (b, t, h); lanes take 4 channels at a time.
+__global__ void attention_prep_mma_kernel(float* dvec, bf16* dob, const float* dout, const bf16* out, int64_t rows,
+                                          int T, int C, int NH, int hs) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (row >= rows) return;  // whole warps leave together
+  const int lane = threadIdx.x % kWarp;
+  const int64_t bt = row / NH;
+  const int h = static_cast<int>(row % NH);
+  const int64_t off = bt * C + static_cast<int64_t>(h) * hs;
+  float acc = 0.0f;
+  for (int c = lane * 4; c < hs; c += kWarp * 4) {
+    float d[4], o[4];
+    load4_values(d, dout + off + c);
+    load4_values(o, out + off + c);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc = fmaf(d[e], o[e], acc);
+    store4_values(dob + off + c, d);
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) {
+    const int64_t b = bt / T, t = bt % T;
+    dvec[(b * NH + h) * T + t] = acc;
+  }
+}
+
+// dK, dV for one 64-key tile of one (b, h); warp w owns keys k0 + 16 w.. and sums over the query tiles in
+// ascending order, on transposed scores S^T = K Q^T (keys x queries), as attention_tc.cu.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_backward_kv_mma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
+                                     int T, int C, int NH, float scale, float scale_log2, DropoutMask drop,
+                                     float keep) {
+  using Cfg = BwdKvCfg<D>;
+  constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LD = Cfg::LD, KD = D / 16, ND = D / 8, NC = BQ / 16;
+  constexpr bool kKeep = Cfg::kKeep;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sk = reinterpret_cast<bf16*>(smem_raw + Cfg::kK);
+  bf16* sv = reinterpret_cast<bf16*>(smem_raw + Cfg::kV);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane >> 2, tq = lane & 3;
+
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int k0 = blockIdx.x * BK;  // the first key tiles see the most queries: start them first
+  const int64_t C3 = 3 * static_cast<int64_t>(C);
+  const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
+  const bf16* q = qkv + qkv_off;
+  const bf16* dO = dob + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
+  const float* lse_bh = lse + static_cast<int64_t>(bh) * T;
+  const float* dvec_bh = dvec + static_cast<int64_t>(bh) * T;
+  const uint64_t first = static_cast<uint64_t>(bh) * T * T;
+
+  auto stage = [&](int s) { return smem_raw + Cfg::kStage + s * Cfg::kStageBytes; };
+  auto stage_q = [&](int s) { return reinterpret_cast<bf16*>(stage(s)); };
+  auto stage_do = [&](int s) { return reinterpret_cast<bf16*>(stage(s) + Cfg::kQTile); };
+  auto stage_lse = [&](int s) { return reinterpret_cast<float*>(stage(s) + 2 * Cfg::kQTile); };
+  auto stage_dv = [&](int s) { return stage_lse(s) + BQ; };
+  // Query tile qt's Q, dO (cp.async), lse * log2 e and D (plain loads) into stage s.
+  auto fetch = [&](int qt, int s) {
+    const int qs = qt * BQ;
+    copy_tile_async<BQ, D, LD>(stage_q(s), q, C3, qs, T);
+    copy_tile_async<BQ, D, LD>(stage_do(s), dO, C, qs, T);
+    for (int r = threadIdx.x; r < BQ; r += kThreads) {
+      const bool in = qs + r < T;
+      stage_lse(s)[r] = in ? lse_bh[qs + r] * kLog2e : 0.0f;
+      stage_dv(s)[r] = in ? dvec_bh[qs + r] : 0.0f;
+    }
+  };
+  const int qt0 = k0 / BQ, num_qt = (T + BQ - 1) / BQ;  // from the tile holding query k0 (the diagonal) down
+  copy_tile_async<BK, D, LD>(sk, q + C, C3, k0, T);
+  copy_tile_async<BK, D, LD>(sv, q + 2 * C, C3, k0, T);
+  fetch(qt0, 0);
+  cp_async_commit();
+
+  const int kr = warp * 16, kw = k0 + kr;  // this warp's first key (in the tile, in the sequence)
+  uint32_t ka[kKeep ? KD : 1][4], va[kKeep ? KD : 1][4];
+  float dk[1][ND][4], dv[1][ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[0][n][e] = 0.0f, dv[0][n][e] = 0.0f;
+  }
+
+  for (int qt = qt0; qt < num_qt; ++qt) {
+    const int q0 = qt * BQ, s = (qt - qt0) & 1;
+    if (qt + 1 < num_qt) {  // stage s ^ 1 was last read in the previous iteration, which ended with a barrier
+      fetch(qt + 1, s ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's copies of this tile (and of K, V) have landed
+    if constexpr (kKeep) {
+      if (qt == qt0) {
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk) {
+          ldmatrix_x4(ka[kk], a_row<LD>(sk, kr, kk * 16, lane));
+          ldmatrix_x4(va[kk], a_row<LD>(sv, kr, kk * 16, lane));
+        }
+      }
+    }
+    // 16-query chunks c >= c_lo end at or after the warp's first key (the others are all masked): warp-uniform.
+    const int c_lo = kw > q0 ? (kw - q0) / 16 : 0;
+    if (kw < T && c_lo < NC) {
+      const bf16* sq = stage_q(s);
+      const bf16* sdo = stage_do(s);
+      const float* slse = stage_lse(s);
+      const float* sdv = stage_dv(s);
+      float st[2 * NC][4], dpt[2 * NC][4];
+#pragma unroll
+      for (int n = 0; n < 2 * NC; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[n][e] = 0.0f, dpt[n][e] = 0.0f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+        uint32_t kf[4], vf[4];
+        if constexpr (kKeep) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) kf[e] = ka[kk][e], vf[e] = va[kk][e];
+        } else {
+          ldmatrix_x4(kf, a_row<LD>(sk, kr, kk * 16, lane));
+          ldmatrix_x4(vf, a_row<LD>(sv, kr, kk * 16, lane));
+        }
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          if (c < c_lo) continue;
+          uint32_t qb[4], ob[4];  // Q^T, dO^T for queries 16 c.. (two n-tiles) x channels 16 kk..
+          ldmatrix_x4(qb, b_row<LD>(sq, c * 16, kk * 16, lane));
+          ldmatrix_x4(ob, b_row<LD>(sdo, c * 16, kk * 16, lane));
+          mma_bf16_16816(st[2 * c], kf, qb[0], qb[1]);
+          mma_bf16_16816(st[2 * c + 1], kf, qb[2], qb[3]);
+          mma_bf16_16816(dpt[2 * c], vf, ob[0], ob[1]);
+          mma_bf16_16816(dpt[2 * c + 1], vf, ob[2], ob[3]);
+        }
+      }
+      // P^T Z into st and dS^T (not yet times scale) into dpt, element by element: key row r, query column col.
+#pragma unroll
+      for (int n = 0; n < 2 * NC; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = g + 8 * (e >> 1), col = n * 8 + 2 * tq + (e & 1);
+          const int t = q0 + col, t2 = kw + r;
+          const bool visible = n >= 2 * c_lo && t < T && t2 <= t;
+          const float p = visible ? exp2f(st[n][e] * scale_log2 - slse[col]) : 0.0f;
+          const float z =
+              visible && drop.active() ? dropout_factor(drop, keep, first + static_cast<uint64_t>(t) * T + t2) : 1.0f;
+          st[n][e] = p * z;
+          dpt[n][e] = p * (z * dpt[n][e] - sdv[col]);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        if (c < c_lo) continue;
+        uint32_t pa[4], dsa[4];
+        pack_a(pa, st[2 * c], st[2 * c + 1]);
+        pack_a(dsa, dpt[2 * c], dpt[2 * c + 1]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t ob[4], qb[4];  // dO, Q for queries 16 c.. x channels 16 dp.. (two n-tiles)
+          ldmatrix_x4_trans(ob, a_row<LD>(sdo, c * 16, dp * 16, lane));
+          ldmatrix_x4_trans(qb, a_row<LD>(sq, c * 16, dp * 16, lane));
+          mma_bf16_16816(dv[0][2 * dp], pa, ob[0], ob[1]);
+          mma_bf16_16816(dv[0][2 * dp + 1], pa, ob[2], ob[3]);
+          mma_bf16_16816(dk[0][2 * dp], dsa, qb[0], qb[1]);
+          mma_bf16_16816(dk[0][2 * dp + 1], dsa, qb[2], qb[3]);
+        }
+      }
+    }
+    __syncthreads();  // everyone is done with stage s (and, after the last tile, with K and V)
+  }
+
+  if (kw >= T) return;  // warp-uniform; no barrier follows
+  bf16* dk_out = dqkv + qkv_off + C;
+  // The warp's own rows of the K tile (free now) stage its outputs.
+  store_rows<1, D, LD>(dk_out, C3, dk, scale, sk + kr * LD, kw, T, lane);
+  store_rows<1, D, LD>(dk_out + C, C3, dv, 1.0f, sk + kr * LD, kw, T, lane);
+}
+
+// dQ for one 64-query tile of one (b, h); warp w owns queries q0 + 16 w.. and sums over the key tiles in
+// ascending order.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_backward_q_mma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
+                                    int T, int C, int NH, float scale, float scale_log2, DropoutMask drop, float keep) {
+  using Cfg = BwdQCfg<D>;
+  constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LD = Cfg::LD, KD = D / 16, ND = D / 8, NC = BK / 16;
+  constexpr bool kKeep = Cfg::kKeep;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sq = reinterpret_cast<bf16*>(smem_raw + Cfg::kQ);
+  bf16* sdo = reinterpret_cast<bf16*>(smem_raw + Cfg::kDo);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane >> 2, tq = lane & 3;
+
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query tiles have the most keys: start them first
+  const int64_t C3 = 3 * static_cast<int64_t>(C);
+  const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
+  const bf16* q = qkv + qkv_off;
+  const bf16* k = q + C;
+  const bf16* v = q + 2 * C;
+  const bf16* dO = dob + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
+  const uint64_t first = static_cast<uint64_t>(bh) * T * T;
+  const int num_kt = (min(q0 + BQ, T) - 1) / BK + 1;  // key tiles up to the last real query of this tile
+
+  auto stage_k = [&](int s) { return reinterpret_cast<bf16*>(smem_raw + Cfg::kKV + 2 * s * Cfg::kTile); };
+  auto stage_v = [&](int s) { return reinterpret_cast<bf16*>(smem_raw + Cfg::kKV + (2 * s + 1) * Cfg::kTile); };
+  copy_tile_async<BQ, D, LD>(sq, q, C3, q0, T);
+  copy_tile_async<BQ, D, LD>(sdo, dO, C, q0, T);
+  copy_tile_async<BK, D, LD>(stage_k(0), k, C3, 0, T);
+  copy_tile_async<BK, D, LD>(stage_v(0), v, C3, 0, T);
+  cp_async_commit();
+
+  const int qr = warp * 16, qw = q0 + qr;  // this warp's first query (in the tile, in the sequence)
+  const int last = qw + 15;
+  float lse2[2], dvr[2];  // rows g, g + 8: lse * log2 e and D (0 past T: those rows are masked)
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int t = qw + g + 8 * hf;
+    lse2[hf] = t < T ? lse[static_cast<int64_t>(bh) * T + t] * kLog2e : 0.0f;
+    dvr[hf] = t < T ? dvec[static_cast<int64_t>(bh) * T + t] : 0.0f;
+  }
+  uint32_t qa[kKeep ? KD : 1][4], doa[kKeep ? KD : 1][4];
+  float dq[1][ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dq[0][n][e] = 0.0f;
+  }
+
+  for (int kt = 0; kt < num_kt; ++kt) {
+    const int k0 = kt * BK, s = kt & 1;
+    if (kt + 1 < num_kt) {  // stage s ^ 1 was last read in iteration kt - 1, which ended with a barrier
+      copy_tile_async<BK, D, LD>(stage_k(s ^ 1), k, C3, k0 + BK, T);
+      copy_tile_async<BK, D, LD>(stage_v(s ^ 1), v, C3, k0 + BK, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's copies of tile kt (and of Q, dO) have landed
+    if constexpr (kKeep) {
+      if (kt == 0) {
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk) {
+          ldmatrix_x4(qa[kk], a_row<LD>(sq, qr, kk * 16, lane));
+          ldmatrix_x4(doa[kk], a_row<LD>(sdo, qr, kk * 16, lane));
+        }
+      }
+    }
+    const int nc = qw >= T || last < k0 ? 0 : min(NC, (last - k0) / 16 + 1);
+    if (nc > 0) {
+      const bf16* sk = stage_k(s);
+      const bf16* sv = stage_v(s);
+      float sc[2 * NC][4], dp[2 * NC][4];
+#pragma unroll
+      for (int n = 0; n < 2 * NC; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[n][e] = 0.0f, dp[n][e] = 0.0f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+        uint32_t qf[4], of[4];
+        if constexpr (kKeep) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qf[e] = qa[kk][e], of[e] = doa[kk][e];
+        } else {
+          ldmatrix_x4(qf, a_row<LD>(sq, qr, kk * 16, lane));
+          ldmatrix_x4(of, a_row<LD>(sdo, qr, kk * 16, lane));
+        }
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          if (c >= nc) continue;
+          uint32_t kb[4], vb[4];  // K^T, V^T for keys 16 c.. (two n-tiles) x channels 16 kk..
+          ldmatrix_x4(kb, b_row<LD>(sk, c * 16, kk * 16, lane));
+          ldmatrix_x4(vb, b_row<LD>(sv, c * 16, kk * 16, lane));
+          mma_bf16_16816(sc[2 * c], qf, kb[0], kb[1]);
+          mma_bf16_16816(sc[2 * c + 1], qf, kb[2], kb[3]);
+          mma_bf16_16816(dp[2 * c], of, vb[0], vb[1]);
+          mma_bf16_16816(dp[2 * c + 1], of, vb[2], vb[3]);
+        }
+      }
+      // dS (not yet times scale) into dp, element by element: query row r, key column col.
+#pragma unroll
+      for (int n = 0; n < 2 * NC; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int hf = e >> 1, r = g + 8 * hf, col = n * 8 + 2 * tq + (e & 1);
+          const int t = qw + r, t2 = k0 + col;
+          const bool visible = n < 2 * nc && t < T && t2 <= t;
+          const float p = visible ? exp2f(sc[n][e] * scale_log2 - lse2[hf]) : 0.0f;
+          const float z =
+              visible && drop.active() ? dropout_factor(drop, keep, first + static_cast<uint64_t>(t) * T + t2) : 1.0f;
+          dp[n][e] = p * (z * dp[n][e] - dvr[hf]);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        if (c >= nc) continue;
+        uint32_t dsa[4];
+        pack_a(dsa, dp[2 * c], dp[2 * c + 1]);
+#pragma unroll
+        for (int d2 = 0; d2 < D / 16; ++d2) {
+          uint32_t kb[4];  // K for keys 16 c.. x channels 16 d2.. (two n-tiles)
+          ldmatrix_x4_trans(kb, a_row<LD>(sk, c * 16, d2 * 16, lane));
+          mma_bf16_16816(dq[0][2 * d2], dsa, kb[0], kb[1]);
+          mma_bf16_16816(dq[0][2 * d2 + 1], dsa, kb[2], kb[3]);
+        }
+      }
+    }
+    __syncthreads();  // everyone is done with stage s before iteration kt + 1 refills it
+  }
+
+  if (qw >= T) return;  // warp-uniform; no barrier follows
+  // The warp's own rows of the Q tile (read only by this warp) stage its output.
+  store_rows<1, D, LD>(dqkv + qkv_off, C3, dq, scale, sq + qr * LD, qw, T, lane);
+}
+
+float keep_scale(const DropoutMask& drop) { return drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f; }
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Validates the shape; returns the head size.
+int check_shape(int B, int T, int C, int NH) {
+  GPT_CHECK(B >= 0 && T >= 0);
+  GPT_CHECK(attention_mma_supported(C, NH));
+  GPT_CHECK(static_cast<int64_t>(B) * NH <= 65535);  // gridDim.y
+  return C / NH;
+}
+
+template <int D>
+void forward_impl(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
+                  cudaStream_t stream) {
+  using Cfg = FwdCfg<D>;
+  constexpr size_t smem = Cfg::kBytes;
+  const auto kernel = attention_forward_mma_kernel<D>;
+  set_smem(kernel, smem);
+  const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
+  const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
+  kernel<<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, C, NH, scale_log2, drop, keep_scale(drop));
+  GPT_CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void backward_impl(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec, int B, int T,
+                   int C, int NH, const DropoutMask& drop, cudaStream_t stream) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
+  const float keep = keep_scale(drop);
+  {
+    using Cfg = BwdKvCfg<D>;
+    constexpr size_t smem = Cfg::kBytes;
+    const auto kernel = attention_backward_kv_mma_kernel<D>;
+    set_smem(kernel, smem);
+    const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BK)), static_cast<unsigned>(B * NH));
+    kernel<<<grid, kThreads, smem, stream>>>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
+    GPT_CUDA_CHECK_LAUNCH();
+  }
+  {
+    using Cfg = BwdQCfg<D>;
+    constexpr size_t smem = Cfg::kBytes;
+    const auto kernel = attention_backward_q_mma_kernel<D>;
+    set_smem(kernel, smem);
+    const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
+    kernel<<<grid, kThreads, smem, stream>>>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
+    GPT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+bool attention_mma_supported(int C, int NH) {
+  if (NH <= 0 || C <= 0 || C % NH != 0) return false;
+  const int hs = C / NH;
+  return hs == 32 || hs == 64 || hs == 128;
+}
+
+void attention_forward_mma(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
+                           const DropoutMask& drop, cudaStream_t stream) {
+  const int hs = check_shape(B, T, C, NH);
+  GPT_CHECK(out.is_bf16() && qkv.is_bf16());
+  if (B == 0 || T == 0) return;
+  GPT_CHECK(aligned16(out.data) && aligned16(qkv.data));  // cp.async and 16-byte stores
+  with_head_size(hs, [&](auto d) {
+    forward_impl<decltype(d)::value>(out.as_bf16(), lse, qkv.as_bf16(), B, T, C, NH, drop, stream);
+  });
+}
+
+size_t attention_backward_mma_scratch_bytes(int B, int T, int C, int NH) {
+  return cuda_workspace::attention_backward_mma(B, T, C, NH);
+}
+
+void attention_backward_mma(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
+                            int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream) {
+  const int hs = check_shape(B, T, C, NH);
+  GPT_CHECK(dqkv.is_bf16() && qkv.is_bf16() && out.is_bf16());
+  if (B == 0 || T == 0) return;
+  GPT_CHECK(aligned16(dqkv.data) && aligned16(dout) && aligned16(qkv.data) && aligned16(out.data) &&
+            aligned16(scratch));
+  float* dvec = static_cast<float*>(scratch);
+  bf16* dob = reinterpret_cast<bf16*>(static_cast<unsigned char*>(scratch) +
+                                      cuda_workspace::align_up(cuda_workspace::attention_backward(B, T, NH)));
+  {
+    const int64_t rows = static_cast<int64_t>(B) * T * NH;
+    constexpr int kPrepThreads = 256;
+    const dim3 grid(static_cast<unsigned>(ceil_div(rows, kPrepThreads / kWarp)));
+    attention_prep_mma_kernel<<<grid, kPrepThreads, 0, stream>>>(dvec, dob, dout, out.as_bf16(), rows, T, C, NH, hs);
+    GPT_CUDA_CHECK_LAUNCH();
+  }
+  with_head_size(hs, [&](auto d) {
+    backward_impl<decltype(d)::value>(dqkv.as_bf16(), dob, qkv.as_bf16(), lse, dvec, B, T, C, NH, drop, stream);
+  });
+}
+
+}  // namespace gpt::cuda

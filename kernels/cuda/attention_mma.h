@@ -1,0 +1,34 @@
+// FlashAttention-2-style fused causal attention on the tensor cores through mma.sync (attention_mma.cu): bf16 qkv,
+// output and dqkv, the same arguments, lse state, dropout mask and deterministic backward as attention_tc.cu, with
+// S, P, dP and dS kept in registers (never in shared memory) and the K/V (forward, dQ) or Q/dO (dK/dV) tiles
+// double-buffered through cp.async. The same roundings as attention_tc.cu: P times the dropout factor and dS
+// rounded to bf16 before their products, dO rounded to bf16, l summed over the fp32 P, D = rowsum(dO * O) in fp32.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "backend/backend.h"
+
+namespace gpt::cuda {
+
+// True when these kernels handle the shape: head size C / NH of 32, 64 or 128 (then C is a multiple of 8, so every
+// row of every head starts 16-byte aligned in qkv and out).
+bool attention_mma_supported(int C, int NH);
+
+// out(B,T,C) bf16 (rounded to nearest even), lse(B,NH,T) from qkv(B,T,3C) bf16. REQUIRES attention_mma_supported(C,
+// NH) and 16-byte aligned out and qkv.
+void attention_forward_mma(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
+                           const DropoutMask& drop, cudaStream_t stream);
+
+// The backward's scratch: D (B,NH,T floats) and dO rounded to bf16 (B,T,C).
+size_t attention_backward_mma_scratch_bytes(int B, int T, int C, int NH);
+
+// dqkv(B,T,3C) bf16 (overwritten) from dout(B,T,C) fp32, forward's out (bf16) and lse. REQUIRES
+// attention_mma_supported(C, NH), 16-byte aligned dqkv, dout, qkv, out and scratch of
+// attention_backward_mma_scratch_bytes.
+void attention_backward_mma(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
+                            int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
+
+}  // namespace gpt::cuda

@@ -1,0 +1,133 @@
+// Emulated PTX warp-level matrix instructions and cp.async for kernels/cuda/mma_ptx.cuh, in the register layouts
+// the PTX ISA documents (mma_ptx.cuh spells them out), so a kernel that indexes fragments wrongly gets wrong
+// results here as on a GPU.
+//  - mma.sync and ldmatrix are warp collectives: every lane deposits its part in per-warp storage, all 32 must
+//    arrive at the same call (checked, as for shuffles), then each computes or reads its own registers. mma.sync
+//    sums in double and rounds once to fp32 (bf16 products are exact in fp32; the tensor cores' own rounding of
+//    the sum is not modelled). ldmatrix checks that every row address it uses is 16-byte aligned.
+//  - A cp.async may land any time between the call and the wait that retires its group. So the emulation writes
+//    NaN to the destination at the call (a warp still reading the tile there, because a barrier is missing before
+//    the refill, reads NaN) and performs the copy when the thread's cp_async_wait retires the group (source read
+//    then, destination written then: reading before the wait, or another thread's copies before the
+//    __syncthreads after its wait, reads NaN too). Both addresses must be 16-byte aligned.
+#pragma once
+#include <bit>
+#include <cstdint>
+#include <cstring>
+
+#include "cuda_runtime.h"
+
+inline float emu_bf16_lo(uint32_t r) { return std::bit_cast<float>(r << 16); }
+inline float emu_bf16_hi(uint32_t r) { return std::bit_cast<float>(r & 0xffff0000u); }
+
+// One warp-collective exchange: deposit() writes this lane's part to emu_warp, then, once all 32 lanes have (and
+// are at the same call), collect() reads what it needs; nobody deposits again before all have collected.
+template <class Deposit, class Collect>
+void emu_warp_exchange(const char* what, Deposit deposit, Collect collect) {
+  const unsigned lane = emu_lane;
+  const uint64_t g = emu_next_warp_call();
+  deposit();
+  emu_warp->gen[lane] = g;
+  emu_warp->bar.arrive_and_wait();
+  for (int i = 0; i < 32; ++i) {
+    if (emu_warp->gen[i] != g) {
+      std::fprintf(stderr, "EMU: %s with diverged/inactive lanes\n", what);
+      std::abort();
+    }
+  }
+  collect();
+  emu_warp->bar.arrive_and_wait();
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: d = a b + d.
+inline void emu_mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  const int g = static_cast<int>(emu_lane / 4), t = static_cast<int>(emu_lane % 4);
+  float* A = emu_warp->wa;  // 16 x 16, row-major
+  float* B = emu_warp->wb;  // 16 (k) x 8 (n), row-major
+  float* C = emu_warp->wc;  // 16 x 8, row-major
+  float out[4];
+  emu_warp_exchange(
+      "mma.sync",
+      [&] {
+        for (int r = 0; r < 4; ++r) {
+          const int row = g + 8 * (r % 2), k = 2 * t + 8 * (r / 2);
+          A[row * 16 + k] = emu_bf16_lo(a[r]);
+          A[row * 16 + k + 1] = emu_bf16_hi(a[r]);
+        }
+        const uint32_t b[2] = {b0, b1};
+        for (int r = 0; r < 2; ++r) {
+          const int k = 2 * t + 8 * r;
+          B[k * 8 + g] = emu_bf16_lo(b[r]);
+          B[(k + 1) * 8 + g] = emu_bf16_hi(b[r]);
+        }
+        for (int r = 0; r < 4; ++r) C[(g + 8 * (r / 2)) * 8 + 2 * t + r % 2] = d[r];
+      },
+      [&] {
+        for (int r = 0; r < 4; ++r) {
+          const int row = g + 8 * (r / 2), col = 2 * t + r % 2;
+          double acc = C[row * 8 + col];
+          for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[row * 16 + k]) * B[k * 8 + col];
+          out[r] = static_cast<float>(acc);
+        }
+      });
+  for (int r = 0; r < 4; ++r) d[r] = out[r];
+}
+
+// ldmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16 {r}, [row].
+inline void emu_ldmatrix(uint32_t* r, int count, bool trans, const void* row) {
+  const unsigned lane = emu_lane, g = lane / 4, t = lane % 4;
+  if (lane < 8u * static_cast<unsigned>(count) && reinterpret_cast<uintptr_t>(row) % 16 != 0) {
+    emu_fail("ldmatrix row address not 16-byte aligned");
+  }
+  emu_warp_exchange(
+      "ldmatrix", [&] { emu_warp->ptr[lane] = row; },
+      [&] {
+        for (int i = 0; i < count; ++i) {
+          uint16_t e[2];
+          for (int j = 0; j < 2; ++j) {
+            const auto* p = static_cast<const uint16_t*>(emu_warp->ptr[8 * i + (trans ? 2 * t + j : g)]);
+            e[j] = p[trans ? g : 2 * t + j];
+          }
+          r[i] = static_cast<uint32_t>(e[0]) | static_cast<uint32_t>(e[1]) << 16;
+        }
+      });
+}
+
+// This CUDA thread's cp.async state (per block, by linear thread index).
+inline EmuAsyncCopies& emu_async_copies() {
+  EmuTsanIgnore ignore;
+  const unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  return emu_block->async_copies[tid];
+}
+inline void emu_cp_async_16(void* dst, const void* src, uint32_t src_bytes) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0) {
+    emu_fail("cp.async address not 16-byte aligned");
+  }
+  if (src_bytes != 0 && src_bytes != 16) emu_fail("cp.async src size other than 0 or 16");
+  std::memset(dst, 0xff, 16);  // NaN (fp32 and bf16) until the wait: a reader of the previous tile sees it
+  EmuAsyncCopies& c = emu_async_copies();
+  EmuTsanIgnore ignore;
+  c.open.push_back({dst, src, 16u, src_bytes});
+}
+inline void emu_cp_async_commit() {
+  EmuAsyncCopies& c = emu_async_copies();
+  EmuTsanIgnore ignore;
+  c.groups.push_back(std::move(c.open));
+  c.open.clear();
+}
+inline void emu_cp_async_wait(int n) {
+  EmuAsyncCopies& c = emu_async_copies();
+  for (;;) {
+    std::vector<EmuAsyncCopy> group;
+    {
+      EmuTsanIgnore ignore;
+      if (static_cast<int>(c.groups.size()) <= n) return;
+      group = std::move(c.groups.front());
+      c.groups.pop_front();
+    }
+    for (const EmuAsyncCopy& x : group) {  // this thread's accesses, as TSan should see them
+      std::memcpy(x.dst, x.src, x.src_bytes);
+      std::memset(static_cast<unsigned char*>(x.dst) + x.src_bytes, 0, x.bytes - x.src_bytes);
+    }
+  }
+}
