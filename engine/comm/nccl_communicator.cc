@@ -144,6 +144,31 @@ class NcclCommunicator final : public Communicator {
     Events(const Events&) = delete;
     Events& operator=(const Events&) = delete;
   };
+  // Events of finished collectives, for the next ones: a step issues dozens of collectives under zero3, and each
+  // would otherwise create (and destroy) two events on the host. A pair returns here when its last holder lets go:
+  // the CommStream task has then seen `done` complete (so `ready`, which the comm stream waited for before the
+  // collective, is complete too), and join(), if it ran, has enqueued its wait, which CUDA ties to the record
+  // current at that call, so recording the pair again cannot move it. Shared with every pair it lent, so a Work
+  // that outlives the communicator still has somewhere to return its events.
+  struct EventPool {
+    std::mutex mu;
+    std::vector<std::unique_ptr<Events>> free;
+  };
+  std::shared_ptr<Events> take_events() {
+    std::unique_ptr<Events> e;
+    {
+      std::lock_guard<std::mutex> lock(pool_->mu);
+      if (!pool_->free.empty()) {
+        e = std::move(pool_->free.back());
+        pool_->free.pop_back();
+      }
+    }
+    if (e == nullptr) e = std::make_unique<Events>();
+    return std::shared_ptr<Events>(e.release(), [pool = pool_](Events* p) {
+      std::lock_guard<std::mutex> lock(pool->mu);
+      pool->free.emplace_back(p);
+    });
+  }
 
   // Orders the collective after the compute stream's work so far and launches it on the comm stream. Its
   // Work completes when the GPU has finished it (the CommStream thread waits for `done`); its join() makes
@@ -155,7 +180,7 @@ class NcclCommunicator final : public Communicator {
   // different ranks, which NCCL documents as a possible deadlock. The CommStream thread only waits.
   Work submit(CommOp op, int64_t elements, int64_t n, DType dtype, const std::function<void()>& enqueue) {
     GPT_CUDA_CHECK(cudaSetDevice(device_));
-    auto events = std::make_shared<Events>();
+    std::shared_ptr<Events> events = take_events();
     GPT_CUDA_CHECK(cudaEventRecord(events->ready, compute_));
     GPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, events->ready, 0));
     {
@@ -216,6 +241,7 @@ class NcclCommunicator final : public Communicator {
   float* barrier_buf_ = nullptr;
   std::unique_ptr<CommStream> tasks_;
   CommWatchdog* watchdog_ = nullptr;
+  std::shared_ptr<EventPool> pool_ = std::make_shared<EventPool>();
 };
 
 // The GPU as "<host> <PCI bus id>", to find ranks sharing one (which NCCL reports only as "invalid usage");
