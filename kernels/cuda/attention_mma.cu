@@ -144,7 +144,7 @@ __device__ inline void store_rows(bf16* dst, int64_t ld, const float (&acc)[MT][
   __syncwarp();
 }
 
-template <int D>
+template <int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_mma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2,
                                  DropoutMask drop, float keep) {
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kThreads)
               sum += p;
               const int t2 = k0 + n * 8 + 2 * tq + e;
               // Padded rows (t >= T) are never written: skip their RNG draws.
-              x = drop.active() && t2 <= t && t < T ? p * dropout_factor(drop, keep, row_first + t2) : p;
+              x = kDrop && t2 <= t && t < T ? p * dropout_factor(drop, keep, row_first + t2) : p;
             }
           }
           l[mt][hf] = l[mt][hf] * alpha[hf] + sum;  // normaliser of the undropped, unrounded P
@@ -351,7 +351,7 @@ __global__ void attention_prep_mma_kernel(float* dvec, bf16* dob, const float* d
 
 // dK, dV for one 64-key tile of one (b, h); warp w owns keys k0 + 16 w.. and sums over the query tiles in
 // ascending order, on transposed scores S^T = K Q^T (keys x queries), as attention_tc.cu.
-template <int D>
+template <int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_kv_mma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
                                      int T, int C, int NH, float scale, float scale_log2, DropoutMask drop,
@@ -379,22 +379,30 @@ __global__ void __launch_bounds__(kThreads)
   auto stage_do = [&](int s) { return reinterpret_cast<bf16*>(stage(s) + Cfg::kQTile); };
   auto stage_lse = [&](int s) { return reinterpret_cast<float*>(stage(s) + 2 * Cfg::kQTile); };
   auto stage_dv = [&](int s) { return stage_lse(s) + BQ; };
-  // Query tile qt's Q, dO (cp.async), lse * log2 e and D (plain loads) into stage s.
-  auto fetch = [&](int qt, int s) {
-    const int qs = qt * BQ;
-    copy_tile_async<BQ, D, LD>(stage_q(s), q, C3, qs, T);
-    copy_tile_async<BQ, D, LD>(stage_do(s), dO, C, qs, T);
-    for (int r = threadIdx.x; r < BQ; r += kThreads) {
-      const bool in = qs + r < T;
-      stage_lse(s)[r] = in ? lse_bh[qs + r] * kLog2e : 0.0f;
-      stage_dv(s)[r] = in ? dvec_bh[qs + r] : 0.0f;
-    }
+  // Query tile qt's Q and dO into stage s (cp.async); its lse * log2 e and D (row threadIdx.x < BQ; 0 past T) into
+  // registers first, to be stored into the stage later, so their loads' latency overlaps a tile's products.
+  static_assert(BQ <= kThreads);
+  auto fetch_tiles = [&](int qt, int s) {
+    copy_tile_async<BQ, D, LD>(stage_q(s), q, C3, qt * BQ, T);
+    copy_tile_async<BQ, D, LD>(stage_do(s), dO, C, qt * BQ, T);
+  };
+  float row_lse = 0.0f, row_dv = 0.0f;
+  auto load_rows = [&](int qt) {
+    const int t = qt * BQ + static_cast<int>(threadIdx.x);
+    const bool in = static_cast<int>(threadIdx.x) < BQ && t < T;
+    row_lse = in ? lse_bh[t] * kLog2e : 0.0f;
+    row_dv = in ? dvec_bh[t] : 0.0f;
+  };
+  auto store_rows_to = [&](int s) {
+    if (static_cast<int>(threadIdx.x) < BQ) stage_lse(s)[threadIdx.x] = row_lse, stage_dv(s)[threadIdx.x] = row_dv;
   };
   const int qt0 = k0 / BQ, num_qt = (T + BQ - 1) / BQ;  // from the tile holding query k0 (the diagonal) down
   copy_tile_async<BK, D, LD>(sk, q + C, C3, k0, T);
   copy_tile_async<BK, D, LD>(sv, q + 2 * C, C3, k0, T);
-  fetch(qt0, 0);
+  fetch_tiles(qt0, 0);
   cp_async_commit();
+  load_rows(qt0);
+  store_rows_to(0);
 
   const int kr = warp * 16, kw = k0 + kr;  // this warp's first key (in the tile, in the sequence)
   uint32_t ka[kKeep ? KD : 1][4], va[kKeep ? KD : 1][4];
@@ -408,8 +416,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int qt = qt0; qt < num_qt; ++qt) {
     const int q0 = qt * BQ, s = (qt - qt0) & 1;
     if (qt + 1 < num_qt) {  // stage s ^ 1 was last read in the previous iteration, which ended with a barrier
-      fetch(qt + 1, s ^ 1);
+      fetch_tiles(qt + 1, s ^ 1);
       cp_async_commit();
+      load_rows(qt + 1);  // stored into stage s ^ 1 at the end of this iteration
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -469,7 +478,7 @@ __global__ void __launch_bounds__(kThreads)
           const bool visible = n >= 2 * c_lo && t < T && t2 <= t;
           const float p = visible ? exp2f(st[n][e] * scale_log2 - slse[col]) : 0.0f;
           const float z =
-              visible && drop.active() ? dropout_factor(drop, keep, first + static_cast<uint64_t>(t) * T + t2) : 1.0f;
+              visible && kDrop ? dropout_factor(drop, keep, first + static_cast<uint64_t>(t) * T + t2) : 1.0f;
           st[n][e] = p * z;
           dpt[n][e] = p * (z * dpt[n][e] - sdv[col]);
         }
@@ -492,6 +501,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
+    if (qt + 1 < num_qt) store_rows_to(s ^ 1);  // published by the barrier below
     __syncthreads();  // everyone is done with stage s (and, after the last tile, with K and V)
   }
 
@@ -504,7 +514,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // dQ for one 64-query tile of one (b, h); warp w owns queries q0 + 16 w.. and sums over the key tiles in
 // ascending order.
-template <int D>
+template <int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_q_mma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
                                     int T, int C, int NH, float scale, float scale_log2, DropoutMask drop, float keep) {
@@ -614,7 +624,7 @@ __global__ void __launch_bounds__(kThreads)
           const bool visible = n < 2 * nc && t < T && t2 <= t;
           const float p = visible ? exp2f(sc[n][e] * scale_log2 - lse2[hf]) : 0.0f;
           const float z =
-              visible && drop.active() ? dropout_factor(drop, keep, first + static_cast<uint64_t>(t) * T + t2) : 1.0f;
+              visible && kDrop ? dropout_factor(drop, keep, first + static_cast<uint64_t>(t) * T + t2) : 1.0f;
           dp[n][e] = p * (z * dp[n][e] - dvr[hf]);
         }
       }
@@ -657,7 +667,7 @@ void forward_impl(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, i
                   cudaStream_t stream) {
   using Cfg = FwdCfg<D>;
   constexpr size_t smem = Cfg::kBytes;
-  const auto kernel = attention_forward_mma_kernel<D>;
+  const auto kernel = drop.active() ? attention_forward_mma_kernel<D, true> : attention_forward_mma_kernel<D, false>;
   set_smem(kernel, smem);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
@@ -673,7 +683,8 @@ void backward_impl(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* ls
   {
     using Cfg = BwdKvCfg<D>;
     constexpr size_t smem = Cfg::kBytes;
-    const auto kernel = attention_backward_kv_mma_kernel<D>;
+    const auto kernel =
+        drop.active() ? attention_backward_kv_mma_kernel<D, true> : attention_backward_kv_mma_kernel<D, false>;
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BK)), static_cast<unsigned>(B * NH));
     kernel<<<grid, kThreads, smem, stream>>>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
@@ -682,7 +693,8 @@ void backward_impl(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* ls
   {
     using Cfg = BwdQCfg<D>;
     constexpr size_t smem = Cfg::kBytes;
-    const auto kernel = attention_backward_q_mma_kernel<D>;
+    const auto kernel =
+        drop.active() ? attention_backward_q_mma_kernel<D, true> : attention_backward_q_mma_kernel<D, false>;
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
     kernel<<<grid, kThreads, smem, stream>>>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);

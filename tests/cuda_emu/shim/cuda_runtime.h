@@ -106,7 +106,10 @@ struct EmuBlock {
   std::vector<std::unique_ptr<unsigned char[]>> bufs;
   std::vector<size_t> sizes;
   std::map<unsigned, EmuAsyncCopies> async_copies;  // by the thread's linear index in the block
+  size_t dynamic_bytes = 0;                          // the dynamic shared memory (at emu_smem)
 };
+// Whether [p, p + bytes) lies in the calling thread's block's shared memory (dynamic, or a static buffer).
+inline bool emu_in_shared(const void* p, size_t bytes);
 inline thread_local EmuBarrier* emu_block_bar;
 inline thread_local EmuWarp* emu_warp;
 inline thread_local EmuBlock* emu_block;
@@ -160,6 +163,17 @@ inline uint64_t emu_next_warp_call() {
   return ++emu_shfl_gen;
 }
 inline void __syncthreads() { emu_block_bar->arrive_and_wait(); }
+inline bool emu_in_shared(const void* p, size_t bytes) {
+  EmuTsanIgnore ignore;
+  const auto* c = static_cast<const unsigned char*>(p);
+  const auto* dyn = reinterpret_cast<const unsigned char*>(emu_smem);
+  if (c >= dyn && c + bytes <= dyn + emu_block->dynamic_bytes) return true;
+  for (size_t k = 0; k < emu_block->bufs.size(); ++k) {
+    const unsigned char* b = emu_block->bufs[k].get();
+    if (c >= b && c + bytes <= b + emu_block->sizes[k]) return true;
+  }
+  return false;
+}
 // Static __shared__ arrays: the k-th declaration a thread executes is the block's k-th buffer.
 inline void* emu_shared_alloc(size_t bytes) {  // a block's threads are fibers of one OS thread: no lock
   EmuTsanIgnore ignore;  // bookkeeping and the NaN fill: only the kernel's own accesses are TSan's business
@@ -601,6 +615,7 @@ void emu_run_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A.
       const size_t smem_alloc = smem == 0 ? 128 : (smem + 127) / 128 * 128;  // exact when smem is a multiple of 128
       st->sm.reset(static_cast<float*>(std::aligned_alloc(128, smem_alloc)));
       for (size_t i = 0; i < smem_alloc / sizeof(float); ++i) { const uint32_t pat = 0x7fc07fc0u; std::memcpy(&st->sm[i], &pat, 4); }
+      st->blk.dynamic_bytes = smem_alloc;
       st->bar = std::make_unique<EmuBarrier>(nthr);
       for (unsigned w = 0; w < (nthr + 31) / 32; ++w) st->warps.push_back(std::make_unique<EmuWarp>(std::min(32u, nthr - w * 32)));
       states.push_back(std::move(st));

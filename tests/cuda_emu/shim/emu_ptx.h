@@ -9,7 +9,8 @@
 //    NaN to the destination at the call (a warp still reading the tile there, because a barrier is missing before
 //    the refill, reads NaN) and performs the copy when the thread's cp_async_wait retires the group (source read
 //    then, destination written then: reading before the wait, or another thread's copies before the
-//    __syncthreads after its wait, reads NaN too). Both addresses must be 16-byte aligned.
+//    __syncthreads after its wait, reads NaN too). Both addresses must be 16-byte aligned, the destination in the
+//    block's shared memory and the source outside it (as ldmatrix's rows must be in it).
 #pragma once
 #include <bit>
 #include <cstdint>
@@ -76,8 +77,9 @@ inline void emu_mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b
 // ldmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16 {r}, [row].
 inline void emu_ldmatrix(uint32_t* r, int count, bool trans, const void* row) {
   const unsigned lane = emu_lane, g = lane / 4, t = lane % 4;
-  if (lane < 8u * static_cast<unsigned>(count) && reinterpret_cast<uintptr_t>(row) % 16 != 0) {
-    emu_fail("ldmatrix row address not 16-byte aligned");
+  if (lane < 8u * static_cast<unsigned>(count)) {
+    if (reinterpret_cast<uintptr_t>(row) % 16 != 0) emu_fail("ldmatrix row address not 16-byte aligned");
+    if (!emu_in_shared(row, 16)) emu_fail("ldmatrix row address not in the block's shared memory");
   }
   emu_warp_exchange(
       "ldmatrix", [&] { emu_warp->ptr[lane] = row; },
@@ -104,6 +106,8 @@ inline void emu_cp_async_16(void* dst, const void* src, uint32_t src_bytes) {
     emu_fail("cp.async address not 16-byte aligned");
   }
   if (src_bytes != 0 && src_bytes != 16) emu_fail("cp.async src size other than 0 or 16");
+  if (!emu_in_shared(dst, 16)) emu_fail("cp.async destination not in the block's shared memory");
+  if (emu_in_shared(src, 16)) emu_fail("cp.async source in shared memory (it must be global)");
   std::memset(dst, 0xff, 16);  // NaN (fp32 and bf16) until the wait: a reader of the previous tile sees it
   EmuAsyncCopies& c = emu_async_copies();
   EmuTsanIgnore ignore;
