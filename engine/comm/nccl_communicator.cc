@@ -117,13 +117,38 @@ class NcclCommunicator final : public Communicator {
       GPT_NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
     });
   }
+  // ncclCommSplit of this communicator (NCCL reuses its bootstrap: no new unique id to spread, no new socket
+  // set-up, which takes long at scale; PyTorch's split_from does the same), with the bootstrap's split beside it
+  // as the new communicator's own bootstrap (for its splits, and its collectives' watchdog names).
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override {
     std::unique_ptr<Communicator> sub = bootstrap_.split(color, key, name);
-    auto made = make_nccl_communicator(*sub, device_, compute_, name);
-    GPT_CHECK_MSG(made.has_value(), made.status().message().c_str());
-    auto* nccl = static_cast<NcclCommunicator*>(made->get());
-    nccl->owned_bootstrap_ = std::move(sub);
-    return std::move(*made);
+    GPT_CUDA_CHECK(cudaSetDevice(device_));
+    {
+      // Nothing of this communicator in flight while it splits.
+      const CommStream::HostCall call = tasks_->host_call("cudaStreamSynchronize (before ncclCommSplit)");
+      GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    // Watched, like ncclCommInitRank, while it waits for every rank to join.
+    auto tasks = std::make_unique<CommStream>("nccl:" + name, sub->rank());
+    CommWatchdog* watchdog = sub->watchdog();
+    if (watchdog != nullptr) watchdog->watch(tasks.get());
+    ncclComm_t comm = nullptr;
+    ncclResult_t r;
+    {
+      std::lock_guard<std::mutex> lock(launch_mu_);
+      GPT_CHECK_MSG(comm_ != nullptr, ("NCCL communicator '" + name_ + "' was aborted after an error").c_str());
+      const CommStream::HostCall call = tasks->host_call("ncclCommSplit");
+      r = ncclCommSplit(comm_, color, key, &comm, nullptr);  // null config: the parent's
+    }
+    if (r != ncclSuccess) {
+      if (watchdog != nullptr) watchdog->unwatch(tasks.get());
+      GPT_CHECK_MSG(false, ("ncclCommSplit of '" + name_ + "' into '" + name + "' (rank " + std::to_string(rank_) +
+                            " of " + std::to_string(size_) + "): " + ncclGetErrorString(r))
+                               .c_str());
+    }
+    Communicator& boot = *sub;
+    return std::make_unique<NcclCommunicator>(boot, std::move(sub), device_, compute_, comm, std::move(name),
+                                              std::move(tasks));
   }
   CommStats stats() const override { return tasks_->stats(); }
 

@@ -7,8 +7,8 @@
 // CommStream thread waits for an event after it, polling NCCL's async error, so Work::wait() works from the
 // host as for MPI, and the compute stream keeps going meanwhile); Work::join() instead makes the compute stream
 // wait for that event on the GPU, without blocking the host. Buffers are device pointers. Reductions are sums;
-// bf16 is summed by NCCL in bf16 (ncclBfloat16). split() splits the bootstrap and creates a new NCCL communicator on
-// it.
+// bf16 is summed by NCCL in bf16 (ncclBfloat16). split() splits the bootstrap and the NCCL
+// communicator alike (ncclCommSplit: no new unique id or bootstrap network).
 #pragma once
 
 #include <memory>

@@ -101,11 +101,15 @@ TEST_CASE("NCCL collectives on GPUs match the host's sums and copies", "[mpi][nc
   CHECK(s.ops[static_cast<size_t>(CommOp::kReduceScatter)].elements == k * n);
   CHECK(s.ops[static_cast<size_t>(CommOp::kAllGather)].calls == 1);
 
-  // A split into odd and even ranks sums within each half.
+  // A split into odd and even ranks sums within each half, ranked by the key.
   auto half = nccl.split(r % 2, r, "half");
-  DeviceBuffer<float> one(std::vector<float>(1, 1.0f));
-  half->all_reduce(one.ptr, 1, DType::kF32).wait();
-  REQUIRE(one.to_host()[0] == static_cast<float>(half->size()));
+  CHECK(half->size() == (n - r % 2 + 1) / 2);
+  CHECK(half->rank() == r / 2);
+  DeviceBuffer<float> rank_sum(std::vector<float>(1, static_cast<float>(r)));
+  half->all_reduce(rank_sum.ptr, 1, DType::kF32).wait();
+  float want = 0.0f;
+  for (int q = r % 2; q < n; q += 2) want += static_cast<float>(q);
+  REQUIRE(rank_sum.to_host()[0] == want);
 }
 
 // Every rank on GPU 0 (CUDA_VISIBLE_DEVICES set alike for all): NCCL would fail in init with "invalid usage"; the

@@ -8,7 +8,8 @@
 // rank, the communicator must be live (not destroyed or aborted).
 //
 // Limitation: ncclCommInitRank splits the whole world, so every rank of the job must initialise a
-// communicator at the same time (each its own). gpt-train does: the world, and splits every rank makes.
+// communicator at the same time (each its own). gpt-train does: the world; its splits are ncclCommSplit, a split
+// of the parent's MPI group.
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -142,6 +143,22 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   *comm = made.release();
   std::lock_guard<std::mutex> lock(g_mu);
   g_live.insert(*comm);
+  return ncclSuccess;
+}
+
+// The parent's ranks split by color, ordered by key (every rank of the parent calls it; no NCCL_SPLIT_NOCOLOR).
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  const char* call = "ncclCommSplit";
+  if (!is_live(comm)) return invalid(call, "not a live communicator");
+  if (config != nullptr) return invalid(call, "only a null config (the parent's) is emulated");
+  if (color < 0) return invalid(call, "a negative color (NCCL_SPLIT_NOCOLOR) is not emulated");
+  auto made = std::make_unique<ncclComm>();
+  made->group = comm->group->split(color, key, "nccl-emu-split." + std::to_string(color));
+  made->rank = made->group->rank();
+  made->size = made->group->size();
+  *newcomm = made.release();
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_live.insert(*newcomm);
   return ncclSuccess;
 }
 

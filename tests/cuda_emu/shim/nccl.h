@@ -27,6 +27,11 @@ typedef struct CUstream_st* cudaStream_t;
 const char* ncclGetErrorString(ncclResult_t result);
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
+// Only a null config (the parent's) is emulated.
+struct ncclConfig_t {
+  int emulated;
+};
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank);
