@@ -55,19 +55,20 @@ Status cross_key_rules(const RunConfig& cfg, const std::string& source) {
                 "parallel.stochastic_rounding: rounds bf16 parameters; it needs parallel.param_dtype: bf16, got " +
                     cfg.parallel.param_dtype);
   }
-  if (cfg.run.gelu_fusion != "none" && (cfg.run.device != "cuda" || cfg.parallel.param_dtype != "bf16")) {
-    return fail({"run.gelu_fusion", "run.device", "parallel.param_dtype"},
-                "run.gelu_fusion: " + cfg.run.gelu_fusion +
-                    " fuses the GELU into bf16 cuBLASLt GEMMs; it needs run.device: cuda and parallel.param_dtype: "
-                    "bf16, got run.device: " +
-                    cfg.run.device + ", parallel.param_dtype: " + cfg.parallel.param_dtype);
+  // Choices among the CUDA backend's bf16 kernels: only under run.device cuda and parallel.param_dtype bf16.
+  const bool cuda_bf16 = cfg.run.device == "cuda" && cfg.parallel.param_dtype == "bf16";
+  auto needs_cuda_bf16 = [&](const char* key, const std::string& value, const std::string& what) {
+    return fail({key, "run.device", "parallel.param_dtype"},
+                std::string(key) + ": " + value + " " + what +
+                    "; it needs run.device: cuda and parallel.param_dtype: bf16, got run.device: " + cfg.run.device +
+                    ", parallel.param_dtype: " + cfg.parallel.param_dtype);
+  };
+  if (cfg.run.gelu_fusion != "none" && !cuda_bf16) {
+    return needs_cuda_bf16("run.gelu_fusion", cfg.run.gelu_fusion, "fuses the GELU into bf16 cuBLASLt GEMMs");
   }
-  if (cfg.run.attention_kernel != "auto" && (cfg.run.device != "cuda" || cfg.parallel.param_dtype != "bf16")) {
-    return fail({"run.attention_kernel", "run.device", "parallel.param_dtype"},
-                "run.attention_kernel: " + cfg.run.attention_kernel +
-                    " chooses between bf16 tensor-core kernels; it needs run.device: cuda and parallel.param_dtype: "
-                    "bf16, got run.device: " +
-                    cfg.run.device + ", parallel.param_dtype: " + cfg.parallel.param_dtype);
+  if (cfg.run.attention_kernel != "auto" && !cuda_bf16) {
+    return needs_cuda_bf16("run.attention_kernel", cfg.run.attention_kernel,
+                           "chooses between bf16 tensor-core kernels");
   }
   if (t.decay_steps != 0 && t.decay_steps < t.warmup_steps) {
     return fail({"training.decay_steps", "training.warmup_steps"},
