@@ -161,11 +161,6 @@ __device__ inline float row_sum(float v) {
   return v;
 }
 
-// Z for mask element i = ((b*NH + h)*T + t)*T + t2 (offset by drop.base inside).
-__device__ inline float dropout_factor(const DropoutMask& drop, float keep, uint64_t i) {
-  return drop.rng.uniform(drop.base + i) < drop.p ? 0.0f : keep;
-}
-
 template <int D, class Cfg, typename In, typename Out>
 __global__ void __launch_bounds__(Cfg::kThreads)
     attention_forward_kernel(Out* out, float* lse, const In* qkv, int T, int C, int NH, int hs, float scale,
@@ -424,8 +419,6 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     }
   }
 }
-
-float keep_scale(const DropoutMask& drop) { return drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f; }
 
 // Validates the shape; returns the head size.
 int head_size(int B, int T, int C, int NH) {

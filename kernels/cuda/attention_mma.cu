@@ -22,6 +22,7 @@
 
 #include "core/check.h"
 #include "kernels/cuda/attention_mma.h"
+#include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/mma_ptx.cuh"
@@ -107,11 +108,6 @@ __device__ inline void pack_a(uint32_t (&a)[4], const float (&lo)[4], const floa
   a[1] = pack_bf16x2(lo[2], lo[3]);
   a[2] = pack_bf16x2(hi[0], hi[1]);
   a[3] = pack_bf16x2(hi[2], hi[3]);
-}
-
-// Z for mask element i = ((b*NH + h)*T + t)*T + t2 (offset by drop.base inside), as attention_tc.cu.
-__device__ inline float dropout_factor(const DropoutMask& drop, float keep, uint64_t i) {
-  return drop.rng.uniform(drop.base + i) < drop.p ? 0.0f : keep;
 }
 
 // A warp's accumulators of `rows` x D (m-tiles of 16 rows; acc[m][n] the m16n8 tile of columns 8 n..), times
@@ -650,10 +646,6 @@ __global__ void __launch_bounds__(kThreads)
   store_rows<1, D, LD>(dqkv + qkv_off, C3, dq, scale, sq + qr * LD, qw, T, lane);
 }
 
-float keep_scale(const DropoutMask& drop) { return drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f; }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Validates the shape; returns the head size.
 int check_shape(int B, int T, int C, int NH) {
   GPT_CHECK(B >= 0 && T >= 0);
@@ -704,11 +696,7 @@ void backward_impl(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* ls
 
 }  // namespace
 
-bool attention_mma_supported(int C, int NH) {
-  if (NH <= 0 || C <= 0 || C % NH != 0) return false;
-  const int hs = C / NH;
-  return hs == 32 || hs == 64 || hs == 128;
-}
+bool attention_mma_supported(int C, int NH) { return attention_tc_supported(C, NH); }  // the same head sizes
 
 void attention_forward_mma(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
                            const DropoutMask& drop, cudaStream_t stream) {

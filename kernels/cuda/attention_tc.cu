@@ -181,11 +181,6 @@ __device__ inline void make_index_frag(AccFrag& idx, float* staging, int lane) {
   __syncwarp();
 }
 
-// Z for mask element i = ((b*NH + h)*T + t)*T + t2 (offset by drop.base inside).
-__device__ inline float dropout_factor(const DropoutMask& drop, float keep, uint64_t i) {
-  return drop.rng.uniform(drop.base + i) < drop.p ? 0.0f : keep;
-}
-
 template <int D, typename In, typename Out>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_tc_kernel(Out* out, float* lse, const In* qkv, int T, int C, int NH, float scale,
@@ -581,10 +576,6 @@ __global__ void __launch_bounds__(kThreads)
     store_rows<D, LDO>(dqkv + qkv_off, C3, so, qw, T, lane);
   }
 }
-
-float keep_scale(const DropoutMask& drop) { return drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f; }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Validates the shape; returns the head size.
 int check_shape(int B, int T, int C, int NH) {

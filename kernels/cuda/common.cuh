@@ -87,6 +87,16 @@ __device__ inline void store4_values(float* p, const float (&v)[4]) {
   *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
 }
 __device__ inline void store4_values(bf16* p, const float (&v)[4]) { store4_bf16(p, v, true, 4); }
+// Dropout's factor Z for mask element i (offset by drop.base inside): 0 if dropped, else keep = 1/(1-p), as
+// `dropped` scales; the attention kernels' P Z.
+__device__ inline float dropout_factor(const DropoutMask& drop, float keep, uint64_t i) {
+  return drop.rng.uniform(drop.base + i) < drop.p ? 0.0f : keep;
+}
+// Host side: the keep factor 1/(1-p) the kernels take with a DropoutMask (1 without dropout).
+inline float keep_scale(const DropoutMask& drop) { return drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f; }
+// Host side: p may be accessed 16 bytes at a time.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // Host side: opts a kernel into `bytes` of dynamic shared memory when past the 48 KB default. Per launch rather
 // than once: the attribute belongs to the current device, and this is cheap next to the kernel.
 template <class Kernel>

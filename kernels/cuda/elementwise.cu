@@ -40,8 +40,6 @@ __global__ void from_bf16_kernel(float* dst, const bf16* src, int64_t n) {
   }
 }
 
-float keep_scale(const DropoutMask& drop) { return drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f; }
-
 }  // namespace
 
 void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop,

@@ -155,8 +155,6 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 size_t align_up(size_t n) { return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
 
 // Scratch layout, each piece 256-byte aligned: sorted keys (n int32), positions in (n), positions out (n),

@@ -234,8 +234,6 @@ __global__ void __launch_bounds__(kParamThreads)
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // The backward's row chunking: depends only on N, so the dweight/dbias sum order is fixed for a shape.
 int64_t rows_per_chunk(int64_t N) { return ceil_div(N, kChunks); }
 

@@ -40,33 +40,30 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
 #endif
 }
 
-// Four 8x8 bf16 matrices from shared memory: `row` is this lane's row address (see above).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+// Four 8x8 bf16 matrices from shared memory, transposed when kTrans: `row` is this lane's row address (see above).
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4_impl(uint32_t (&r)[4], const void* row) {
 #ifdef GPT_CUDA_EMULATOR
-  emu_ldmatrix(r, 4, false, row);
+  emu_ldmatrix(r, 4, kTrans, row);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+  }
 #elif defined(__CUDA_ARCH__)
   __trap();
 #endif
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
-#ifdef GPT_CUDA_EMULATOR
-  emu_ldmatrix(r, 4, true, row);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
-#elif defined(__CUDA_ARCH__)
-  __trap();
-#endif
-}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) { ldmatrix_x4_impl<false>(r, row); }
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) { ldmatrix_x4_impl<true>(r, row); }
 
 // 16 bytes from global `src` to shared `dst` (both 16-byte aligned), asynchronously: the first `src_bytes` (0 or
 // 16) from src, the rest zeros (src is not read when 0, but must still be a valid address). Complete for this
