@@ -26,9 +26,9 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   arch=()
   [ -n "${CUDA_ARCHS:-}" ] && arch=(-DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS")
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGPT_CUDA=ON "${arch[@]}" > /dev/null
-  cmake --build "$BUILD" -j "${JOBS:-2}" --target gpt-train gpt_tests gpt_mpi_tests
+  cmake --build "$BUILD" -j "${JOBS:-2}" --target gpt-train gpt_tests gpt_mpi_tests attention_bench
 fi
-BINS=("$BUILD/gpt-train" "$BUILD/tests/gpt_tests" "$BUILD/tests/comm/gpt_mpi_tests")
+BINS=("$BUILD/gpt-train" "$BUILD/tests/gpt_tests" "$BUILD/tests/comm/gpt_mpi_tests" "$BUILD/attention_bench")
 for b in "${BINS[@]}"; do [ -x "$b" ] || { echo "bundle.sh: $b is missing" >&2; exit 1; }; done
 # GPT_CUDA=ON or AUTO with nvcc found: either way the binary links the CUDA runtime.
 ldd "$BUILD/gpt-train" | grep -q libcudart || { echo "bundle.sh: $BUILD is not a CUDA build" >&2; exit 1; }
@@ -139,7 +139,9 @@ if [ "${VERIFY:-1}" = 1 ]; then
   run 'bin/gpt_mpi_tests "[nccl]"' | grep -E "SKIPPED|passed|failed"
   run 'bin/gpt-train train -c configs/shakespeare-char-cpu.yaml --set training.steps=3 --set training.eval_batches=1 \
        --set run.out_dir=/tmp/gpt-bundle-verify-run --set run.threads=2 2>&1' | tail -2
+  run 'bin/attention_bench --device cpu --dtype fp32 --batch 1 --seq 32 --embd 32 --heads 2 --iters 1' | tail -1
   rm -rf "$V" /tmp/gpt-bundle-verify-run
-  echo "bundle.sh: verified (libraries and OpenMPI components from the bundle; config tests, singleton MPI, 3 steps)"
+  echo "bundle.sh: verified (libraries and OpenMPI components from the bundle; config tests, singleton MPI, 3 steps," \
+    "attention_bench)"
 fi
 echo "bundle: $TARBALL $(du -h "$TARBALL" | cut -f1) ($(du -b "$TARBALL" | cut -f1) bytes)"

@@ -7,10 +7,11 @@
 # Steps, each PASS/FAIL/SKIP with seconds, and a summary printed LAST: GPU, libraries, CUDA backend parity
 # (gpt_tests [cuda]), NCCL singleton (gpt_mpi_tests [nccl]), Shakespeare 20 steps cpu vs cuda (losses within
 # 1e-4 relative), compute-sanitizer memcheck and racecheck, scripts/bench/gpu_vs_pytorch.sh if present (its
-# table, the per-op device time of a few steps, and the run.attention_kernel and run.gelu_fusion variants).
+# table, the per-op device time of a few steps, and the run.attention_kernel and run.gelu_fusion variants), then
+# scripts/bench/attention_vs_pytorch.sh (the attention kernels against PyTorch's SDPA) in what is left.
 # Every step has a timeout and the whole check a budget (CHECK_BUDGET_S, 460 s), so it ends inside 8 minutes.
 # Full output: $OUT/check.log (the device tool brings $OUT back), or /tmp/gpt-check/check.log.
-#   CHECK_STEPS="parity nccl train"  # run only these (of: parity nccl train memcheck racecheck bench)
+#   CHECK_STEPS="parity nccl train"  # run only these (of: parity nccl train memcheck racecheck bench attention)
 # Without a GPU (e.g. here) the GPU steps SKIP, saying why; with one visible, a test that skips is a FAIL.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -22,7 +23,7 @@ LOG=$LOGDIR/check.log
 WORK=/tmp/gpt-check-work
 rm -rf "$WORK" && mkdir -p "$WORK"
 DEADLINE=$((SECONDS + ${CHECK_BUDGET_S:-460}))
-STEPS=" ${CHECK_STEPS:-parity nccl train memcheck racecheck bench} "
+STEPS=" ${CHECK_STEPS:-parity nccl train memcheck racecheck bench attention} "
 summary=()
 fail=0
 
@@ -94,17 +95,18 @@ except TypeError: t.extractall("/tmp")' "$tarball" >> "$LOG" 2>&1
     record FAIL "bundle" $((SECONDS - t0)) "could not extract $tarball"
   fi
   GPT_TRAIN=/tmp/gpt-bundle/bin/gpt-train GPT_TESTS=/tmp/gpt-bundle/bin/gpt_tests
-  GPT_MPI_TESTS=/tmp/gpt-bundle/bin/gpt_mpi_tests HOME_DIR=/tmp/gpt-bundle
+  GPT_MPI_TESTS=/tmp/gpt-bundle/bin/gpt_mpi_tests HOME_DIR=/tmp/gpt-bundle ATTN_BENCH=/tmp/gpt-bundle/bin/attention_bench
 else
   BUILD=${BUILD_DIR:-build-gpu}
   run_step "configure" 120 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGPT_CUDA=ON
   if [ "$RC" = 0 ]; then record PASS "configure (no bundle)" "$T" "$BUILD"; else record FAIL "configure (no bundle)" "$T" "exit $RC"; tail_of; fi
-  run_step "build" 300 cmake --build "$BUILD" -j "${JOBS:-$(nproc)}" --target gpt-train gpt_tests gpt_mpi_tests
+  run_step "build" 300 cmake --build "$BUILD" -j "${JOBS:-$(nproc)}" --target gpt-train gpt_tests gpt_mpi_tests \
+    attention_bench
   if [ "$RC" = 0 ]; then record PASS "build" "$T" ""; else record FAIL "build" "$T" "exit $RC"; tail_of; fi
   GPT_TRAIN=$BUILD/gpt-train GPT_TESTS=$BUILD/tests/gpt_tests GPT_MPI_TESTS=$BUILD/tests/comm/gpt_mpi_tests
-  HOME_DIR=$ROOT
+  HOME_DIR=$ROOT ATTN_BENCH=$BUILD/attention_bench
 fi
-export GPT_TRAIN  # for the benchmark script
+export GPT_TRAIN ATTN_BENCH  # for the benchmark scripts
 echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}" >> "$LOG"
 env | grep -E '^(OMPI|OPAL)_' >> "$LOG"
 
@@ -254,8 +256,28 @@ if wanted bench; then
   fi
 fi
 
+# --- g. attention against PyTorch's SDPA (scripts/bench/attention_vs_pytorch.sh), in what is left of the budget
+attn_tail=""
+if wanted attention; then
+  if [ "$gpus" = 0 ]; then record SKIP "attention vs pytorch sdpa" 0 "no GPU"
+  elif [ $((DEADLINE - SECONDS)) -lt 60 ]; then
+    record SKIP "attention vs pytorch sdpa" 0 \
+      "$((DEADLINE - SECONDS)) s left of the budget, under the 60 s it needs (CHECK_STEPS=attention runs it alone)"
+  else
+    run_step "attention" 120 env TIMEOUT=50 bash scripts/bench/attention_vs_pytorch.sh
+    attn_tail=$(sed -n '/^Causal attention/,$p' "$OUTF" | head -n 20 | cut -c1-160)
+    if [ "$RC" = 200 ]; then record SKIP "attention vs pytorch sdpa" 0 "no time left in the budget"
+    elif [ "$RC" = 0 ]; then record PASS "attention vs pytorch sdpa" "$T" "every kernel within its bound of the CPU's"
+    else
+      record FAIL "attention vs pytorch sdpa" "$T" "exit $RC$([ "$RC" = 124 ] && echo ' (timed out)')$(grep -q 'wrong=1' "$OUTF" && echo ': a kernel is WRONG')"
+      [ -n "$attn_tail" ] || tail_of 8
+    fi
+  fi
+fi
+
 echo
 if [ -n "$bench_tail" ]; then echo "--- bench:"; echo "$bench_tail"; echo; fi
+if [ -n "$attn_tail" ]; then echo "--- attention:"; echo "$attn_tail"; echo; fi
 {
   echo "GPU check summary: $gpus GPU(s) visible, ${SECONDS}s, $([ -n "$tarball" ] && echo "bundle $tarball" || echo "built in ${BUILD:-?}"); full log $LOG"
   printf '  %s\n' "${summary[@]}"

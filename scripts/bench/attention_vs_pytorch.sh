@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Fused causal attention, gpt-train's kernels against PyTorch's scaled_dot_product_attention, forward and backward,
+# at GPT shapes, in one run (issue 5: where the step's attention time stands against FlashAttention's).
+#
+#   scripts/bench/attention_vs_pytorch.sh                     # on the GPU machine, from the repo root
+#   ATTN_BENCH=/tmp/gpt-bundle/bin/attention_bench SHAPES="16,1024,768,12" scripts/bench/attention_vs_pytorch.sh
+#   DEVICE=cpu DTYPE=fp32 PYTHON=/usr/bin/python3 SHAPES="2,128,64,2" BACKENDS=default \
+#     scripts/bench/attention_vs_pytorch.sh                   # pipeline smoke test, no GPU
+#
+# Per shape (B,T,C,NH), one after the other: build/attention_bench (every run.attention_kernel choice: auto, the
+# mma.sync kernels, and wmma; each checked against the CPU backend, its `wrong` column) and
+# scripts/bench/pytorch_attention.py (SDPA's default choice and each backend asked for by name), each under
+# `timeout`. Both time --iters calls after --warmup ones, divided by iters; FLOPs as FlashAttention counts them
+# (forward 2·B·NH·T²·hs for causal, backward 2.5 times that). The table: ms per call and TFLOP/s for forward,
+# backward and both, and the ratio PyTorch ms / gpt-train ms against SDPA's default and its fastest backend
+# (>= 1: gpt-train is as fast or faster).
+#
+# Environment (defaults): ATTN_BENCH (build/attention_bench), PYTHON (python3: the one with torch), DEVICE (cuda),
+# DTYPE (bf16), SHAPES ("16,1024,768,12 4,2048,2048,16": GPT-2 124M's attention, head size 64; and head size 128),
+# ITERS (20), WARMUP (3), KERNELS (the bench's default: auto,wmma on cuda bf16), BACKENDS
+# (default,flash,cudnn,efficient), TIMEOUT (90 s per side and shape). Exit status: 1 when a gpt-train kernel is
+# wrong or a side fails, else 0.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+ATTN_BENCH=${ATTN_BENCH:-build/attention_bench}
+PYTHON=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}
+DTYPE=${DTYPE:-bf16}
+SHAPES=${SHAPES:-16,1024,768,12 4,2048,2048,16}
+ITERS=${ITERS:-20}
+WARMUP=${WARMUP:-3}
+KERNELS=${KERNELS:-}
+BACKENDS=${BACKENDS:-default,flash,cudnn,efficient}
+TIMEOUT=${TIMEOUT:-90}
+[[ $ATTN_BENCH == /* ]] || ATTN_BENCH=$PWD/$ATTN_BENCH
+[[ -x $ATTN_BENCH ]] || { echo "no attention_bench binary at $ATTN_BENCH (set ATTN_BENCH)" >&2; exit 2; }
+TMP=$(mktemp -d /tmp/attn-bench.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+log() { echo "[attn-bench $(date +%H:%M:%S)] $*"; }
+
+status=0
+i=0
+for shape in $SHAPES; do
+  IFS=, read -r B T C NH <<<"$shape"
+  common=(--batch "$B" --seq "$T" --embd "$C" --heads "$NH" --iters "$ITERS" --warmup "$WARMUP")
+  log "shape $shape: gpt-train ($ATTN_BENCH, timeout ${TIMEOUT}s)"
+  kern=()
+  [[ -n $KERNELS ]] && kern=(--kernels "$KERNELS")
+  timeout -k 5 "$TIMEOUT" "$ATTN_BENCH" --device "$DEVICE" --dtype "$DTYPE" "${common[@]}" "${kern[@]}" \
+    >"$TMP/ours.$i" 2>&1
+  rc=$?
+  cat "$TMP/ours.$i"
+  if [[ $rc != 0 ]]; then
+    status=1
+    [[ $rc == 1 ]] || echo "gpt-train side failed: exit status $rc$([[ $rc == 124 ]] && echo ' (timed out)')"
+  fi
+  log "shape $shape: PyTorch ($PYTHON, timeout ${TIMEOUT}s)"
+  timeout -k 5 "$TIMEOUT" "$PYTHON" "$ROOT/scripts/bench/pytorch_attention.py" --device "$DEVICE" --dtype "$DTYPE" \
+    "${common[@]}" --backends "$BACKENDS" >"$TMP/torch.$i" 2>"$TMP/torch_err.$i"
+  rc=$?
+  cat "$TMP/torch.$i"
+  if [[ $rc != 0 ]]; then
+    status=1
+    echo "PyTorch side failed: exit status $rc$([[ $rc == 124 ]] && echo ' (timed out)'); its last lines:"
+    tail -n 5 "$TMP/torch_err.$i" | sed 's/^/  | /'
+  fi
+  i=$((i + 1))
+done
+
+# The table, from the lines both sides printed.
+"$PYTHON" - "$TMP" "$i" "$SHAPES" "$DEVICE" "$DTYPE" <<'EOF'
+import re, sys
+tmp, n, shapes, device, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4], sys.argv[5]
+
+def last_line(path):
+    try:
+        lines = [l for l in open(path).read().splitlines() if l.strip()]
+    except OSError:
+        return "no output"
+    return lines[-1][:110] if lines else "no output"
+
+def rows(path, prefix, key):
+    out = {}
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        if not line.startswith(prefix + " " + key + "="):
+            continue
+        fields = dict(re.findall(r"(\w+)=(\S+)", line))
+        if "fwd_ms" in fields:
+            out[fields[key]] = fields
+    return out
+
+print(f"\nCausal attention, {dtype} on {device}: gpt-train vs PyTorch SDPA, ms per call (TFLOP/s); "
+      "ratio = PyTorch ms / gpt-train ms (>= 1: gpt-train as fast or faster)")
+head = f"{'shape B,T,C,NH':<16} {'side':<22} {'forward':>16} {'backward':>16} {'fwd+bwd':>9} {'vs default':>10} {'vs best':>8} {'check':>6}"
+print(head)
+print("-" * len(head))
+for s in range(n):
+    ours = rows(f"{tmp}/ours.{s}", "attention_bench", "kernel")
+    torch = rows(f"{tmp}/torch.{s}", "pytorch_attention", "backend")
+    both = lambda r: float(r["fwd_ms"]) + float(r["bwd_ms"])
+    default = both(torch["default"]) if "default" in torch else None
+    best = min((both(r) for r in torch.values()), default=None)
+    tf = lambda x: f"{x:.0f}" if x >= 10 else f"{x:.2g}"
+    cell = lambda r, p: f"{float(r[p + '_ms']):.3f} ({tf(float(r[p + '_tflops']))})"
+    for name, r in ours.items():
+        ratio = lambda ref: f"{ref / both(r):.2f}" if ref else "-"
+        check = "WRONG" if r.get("wrong") == "1" else "ok"
+        print(f"{shapes[s]:<16} {'gpt-train ' + name:<22} {cell(r, 'fwd'):>16} {cell(r, 'bwd'):>16} "
+              f"{both(r):>9.3f} {ratio(default):>10} {ratio(best):>8} {check:>6}")
+    if not ours:
+        print(f"{shapes[s]:<16} {'gpt-train':<22} failed: {last_line(f'{tmp}/ours.{s}')}")
+    for name, r in torch.items():
+        print(f"{shapes[s]:<16} {'torch ' + name:<22} {cell(r, 'fwd'):>16} {cell(r, 'bwd'):>16} {both(r):>9.3f}")
+    if not torch:
+        print(f"{shapes[s]:<16} {'torch':<22} failed: {last_line(f'{tmp}/torch_err.{s}')}")
+EOF
+exit $status
