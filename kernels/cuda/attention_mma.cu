@@ -16,9 +16,13 @@
 //    element: deterministic, no atomics.
 //  - The backward first writes D = rowsum(dO * O) and dO rounded to bf16 (scratch), so the main kernels copy
 //    bf16 tiles only. lse is read as lse * log2(e), and the kernels exponentiate with exp2f.
-//  - Work above the diagonal is skipped 16 keys at a time (P and dS there are zero), as in attention_tc.cu.
+//  - Work above the diagonal is skipped 16 keys at a time (P and dS there are zero), as in attention_tc.cu. Tiles
+//    wholly below it for a warp (most of them) take a copy of the softmax / dS code without the per-element mask,
+//    as FlashAttention-2 separates its masking iterations (not with dropout, nor in the D = 128 forward: there
+//    ptxas spilled; either way the same math and roundings).
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/check.h"
 #include "kernels/cuda/attention_mma.h"
@@ -146,6 +150,7 @@ __global__ void __launch_bounds__(kThreads)
                                  DropoutMask drop, float keep) {
   using Cfg = FwdCfg<D>;
   constexpr int MT = Cfg::MT, BQ = Cfg::BQ, BK = Cfg::BK, LD = Cfg::LD;
+  constexpr bool kUnmaskedPath = !kDrop && D <= 64;
   constexpr int KD = D / 16, ND = D / 8, NC = BK / 16;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sq = reinterpret_cast<bf16*>(smem_raw + Cfg::kQ);
@@ -230,52 +235,64 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       uint32_t pa[MT][NC][4];
+      // The online softmax of this tile's scores into pa. kMasked: the causal mask and the padded rows; without it
+      // (a tile whose every key precedes the warp's every row, all of them real: most tiles) no test per element.
+      auto softmax = [&](auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        float alpha[2];
+        for (int mt = 0; mt < MT; ++mt) {
+          float alpha[2];
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int t = qw + mt * 16 + g + 8 * hf;
-          float mx = -INFINITY;
+          for (int hf = 0; hf < 2; ++hf) {
+            const int t = qw + mt * 16 + g + 8 * hf;
+            float mx = -INFINITY;
 #pragma unroll
-          for (int n = 0; n < 2 * NC; ++n) {
+            for (int n = 0; n < 2 * NC; ++n) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int t2 = k0 + n * 8 + 2 * tq + e;
-              float& x = sc[mt][n][2 * hf + e];
-              x = n < 2 * nc && t2 <= t ? x * scale_log2 : -INFINITY;
-              mx = fmaxf(mx, x);
+              for (int e = 0; e < 2; ++e) {
+                const int t2 = k0 + n * 8 + 2 * tq + e;
+                float& x = sc[mt][n][2 * hf + e];
+                x = !kMasked || (n < 2 * nc && t2 <= t) ? x * scale_log2 : -INFINITY;
+                mx = fmaxf(mx, x);
+              }
             }
-          }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          // Finite from the first tile on: key 0 is visible to every row. All four lanes of a row agree bitwise.
-          const float m_new = fmaxf(m[mt][hf], mx);
-          alpha[hf] = exp2f(m[mt][hf] - m_new);  // 0 on the first tile (m = -inf)
-          float sum = 0.0f;
-          const uint64_t row_first = first + static_cast<uint64_t>(t) * T;  // mask index of (t, 0)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // Finite from the first tile on: key 0 is visible to every row. All four lanes of a row agree bitwise.
+            const float m_new = fmaxf(m[mt][hf], mx);
+            alpha[hf] = exp2f(m[mt][hf] - m_new);  // 0 on the first tile (m = -inf)
+            float sum = 0.0f;
+            const uint64_t row_first = first + static_cast<uint64_t>(t) * T;  // mask index of (t, 0)
 #pragma unroll
-          for (int n = 0; n < 2 * NC; ++n) {
+            for (int n = 0; n < 2 * NC; ++n) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& x = sc[mt][n][2 * hf + e];
-              const float p = exp2f(x - m_new);  // 0 where masked
-              sum += p;
-              const int t2 = k0 + n * 8 + 2 * tq + e;
-              // Padded rows (t >= T) are never written: skip their RNG draws.
-              x = kDrop && t2 <= t && t < T ? p * dropout_factor(drop, keep, row_first + t2) : p;
+              for (int e = 0; e < 2; ++e) {
+                float& x = sc[mt][n][2 * hf + e];
+                const float p = exp2f(x - m_new);  // 0 where masked
+                sum += p;
+                const int t2 = k0 + n * 8 + 2 * tq + e;
+                // Padded rows (t >= T) are never written: skip their RNG draws.
+                x = kDrop && (!kMasked || (t2 <= t && t < T)) ? p * dropout_factor(drop, keep, row_first + t2) : p;
+              }
             }
+            l[mt][hf] = l[mt][hf] * alpha[hf] + sum;  // normaliser of the undropped, unrounded P
+            m[mt][hf] = m_new;
           }
-          l[mt][hf] = l[mt][hf] * alpha[hf] + sum;  // normaliser of the undropped, unrounded P
-          m[mt][hf] = m_new;
-        }
 #pragma unroll
-        for (int n = 0; n < ND; ++n) {
-          o[mt][n][0] *= alpha[0], o[mt][n][1] *= alpha[0];
-          o[mt][n][2] *= alpha[1], o[mt][n][3] *= alpha[1];
-        }
+          for (int n = 0; n < ND; ++n) {
+            o[mt][n][0] *= alpha[0], o[mt][n][1] *= alpha[0];
+            o[mt][n][2] *= alpha[1], o[mt][n][3] *= alpha[1];
+          }
 #pragma unroll
-        for (int c = 0; c < NC; ++c) pack_a(pa[mt][c], sc[mt][2 * c], sc[mt][2 * c + 1]);
+          for (int c = 0; c < NC; ++c) pack_a(pa[mt][c], sc[mt][2 * c], sc[mt][2 * c + 1]);
+        }
+      };
+      // Padded rows (past T) need no mask: they are never stored. The unmasked copy only where ptxas keeps both in
+      // registers: with dropout (RNG state live too) and at D = 128 it spilled.
+      if (kUnmaskedPath && k0 + BK - 1 <= qw) {  // then nc == NC too
+        softmax(std::false_type{});
+      } else {
+        softmax(std::true_type{});
       }
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
@@ -465,19 +482,31 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
       // P^T Z into st and dS^T (not yet times scale) into dpt, element by element: key row r, query column col.
+      // kMasked: the causal mask and the padded queries; without it (every query of the tile real and at or after
+      // the warp's every key: most tiles) no test per element.
+      auto scores_to_ds = [&](auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-      for (int n = 0; n < 2 * NC; ++n) {
+        for (int n = 0; n < 2 * NC; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = g + 8 * (e >> 1), col = n * 8 + 2 * tq + (e & 1);
-          const int t = q0 + col, t2 = kw + r;
-          const bool visible = n >= 2 * c_lo && t < T && t2 <= t;
-          const float p = visible ? exp2f(st[n][e] * scale_log2 - slse[col]) : 0.0f;
-          const float z =
-              visible && kDrop ? dropout_factor(drop, keep, first + static_cast<uint64_t>(t) * T + t2) : 1.0f;
-          st[n][e] = p * z;
-          dpt[n][e] = p * (z * dpt[n][e] - sdv[col]);
+          for (int e = 0; e < 4; ++e) {
+            const int r = g + 8 * (e >> 1), col = n * 8 + 2 * tq + (e & 1);
+            const int t = q0 + col, t2 = kw + r;
+            const bool visible = !kMasked || (n >= 2 * c_lo && t < T && t2 <= t);
+            const float p = visible ? exp2f(st[n][e] * scale_log2 - slse[col]) : 0.0f;
+            const float z =
+                visible && kDrop ? dropout_factor(drop, keep, first + static_cast<uint64_t>(t) * T + t2) : 1.0f;
+            st[n][e] = p * z;
+            dpt[n][e] = p * (z * dpt[n][e] - sdv[col]);
+          }
         }
+      };
+      // Padded queries would add nothing (zero-filled, lse and D 0) but stay masked, as a defence. With dropout
+      // ptxas spilled.
+      if (!kDrop && kw + 15 <= q0 && q0 + BQ <= T) {  // then c_lo == 0 too
+        scores_to_ds(std::false_type{});
+      } else {
+        scores_to_ds(std::true_type{});
       }
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
@@ -610,19 +639,30 @@ __global__ void __launch_bounds__(kThreads)
           mma_bf16_16816(dp[2 * c + 1], of, vb[2], vb[3]);
         }
       }
-      // dS (not yet times scale) into dp, element by element: query row r, key column col.
+      // dS (not yet times scale) into dp, element by element: query row r, key column col. kMasked: the causal mask
+      // and the padded rows; without it (every key of the tile before the warp's every row, all of them real: most
+      // tiles) no test per element.
+      auto scores_to_ds = [&](auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-      for (int n = 0; n < 2 * NC; ++n) {
+        for (int n = 0; n < 2 * NC; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int hf = e >> 1, r = g + 8 * hf, col = n * 8 + 2 * tq + (e & 1);
-          const int t = qw + r, t2 = k0 + col;
-          const bool visible = n < 2 * nc && t < T && t2 <= t;
-          const float p = visible ? exp2f(sc[n][e] * scale_log2 - lse2[hf]) : 0.0f;
-          const float z =
-              visible && kDrop ? dropout_factor(drop, keep, first + static_cast<uint64_t>(t) * T + t2) : 1.0f;
-          dp[n][e] = p * (z * dp[n][e] - dvr[hf]);
+          for (int e = 0; e < 4; ++e) {
+            const int hf = e >> 1, r = g + 8 * hf, col = n * 8 + 2 * tq + (e & 1);
+            const int t = qw + r, t2 = k0 + col;
+            const bool visible = !kMasked || (n < 2 * nc && t < T && t2 <= t);
+            const float p = visible ? exp2f(sc[n][e] * scale_log2 - lse2[hf]) : 0.0f;
+            const float z =
+                visible && kDrop ? dropout_factor(drop, keep, first + static_cast<uint64_t>(t) * T + t2) : 1.0f;
+            dp[n][e] = p * (z * dp[n][e] - dvr[hf]);
+          }
         }
+      };
+      // Padded rows (past T) need no mask: they are never stored. With dropout ptxas spilled.
+      if (!kDrop && k0 + BK - 1 <= qw) {  // then nc == NC too
+        scores_to_ds(std::false_type{});
+      } else {
+        scores_to_ds(std::true_type{});
       }
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
