@@ -19,7 +19,9 @@
 //  - Work above the diagonal is skipped 16 keys at a time (P and dS there are zero), as in attention_tc.cu. Tiles
 //    wholly below it for a warp (most of them) take a copy of the softmax / dS code without the per-element mask,
 //    as FlashAttention-2 separates its masking iterations (not with dropout, nor in the D = 128 forward: there
-//    ptxas spilled; either way the same math and roundings).
+//    ptxas spilled). The same math; in the unmasked copy the compiler may fuse the scaling into the exponent's
+//    argument (an FMA: the last bit of P's fp32 value may differ, far below its bf16 rounding). Pinning it with
+//    __fmul_rn cost registers (D = 64 forward: 239 -> 253).
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -112,6 +114,20 @@ __device__ inline void pack_a(uint32_t (&a)[4], const float (&lo)[4], const floa
   a[1] = pack_bf16x2(lo[2], lo[3]);
   a[2] = pack_bf16x2(hi[0], hi[1]);
   a[3] = pack_bf16x2(hi[2], hi[3]);
+}
+
+// f(std::true_type{}) (the masked copy of a tile's element-wise code), or f(std::false_type{}) (the unmasked copy)
+// where kAllowed and `unmasked` (warp-uniform: the tile is wholly visible to the warp). kAllowed false compiles no
+// unmasked copy at all.
+template <bool kAllowed, typename F>
+__device__ inline void with_mask(bool unmasked, F&& f) {
+  if constexpr (kAllowed) {
+    if (unmasked) {
+      f(std::false_type{});
+      return;
+    }
+  }
+  f(std::true_type{});
 }
 
 // A warp's accumulators of `rows` x D (m-tiles of 16 rows; acc[m][n] the m16n8 tile of columns 8 n..), times
@@ -289,11 +305,7 @@ __global__ void __launch_bounds__(kThreads)
       };
       // Padded rows (past T) need no mask: they are never stored. The unmasked copy only where ptxas keeps both in
       // registers: with dropout (RNG state live too) and at D = 128 it spilled.
-      if (kUnmaskedPath && k0 + BK - 1 <= qw) {  // then nc == NC too
-        softmax(std::false_type{});
-      } else {
-        softmax(std::true_type{});
-      }
+      with_mask<kUnmaskedPath>(k0 + BK - 1 <= qw, softmax);  // then nc == NC too
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
         if (c >= nc) continue;
@@ -503,11 +515,7 @@ __global__ void __launch_bounds__(kThreads)
       };
       // Padded queries would add nothing (zero-filled, lse and D 0) but stay masked, as a defence. With dropout
       // ptxas spilled.
-      if (!kDrop && kw + 15 <= q0 && q0 + BQ <= T) {  // then c_lo == 0 too
-        scores_to_ds(std::false_type{});
-      } else {
-        scores_to_ds(std::true_type{});
-      }
+      with_mask<!kDrop>(kw + 15 <= q0 && q0 + BQ <= T, scores_to_ds);  // then c_lo == 0 too
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
         if (c < c_lo) continue;
@@ -659,11 +667,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       };
       // Padded rows (past T) need no mask: they are never stored. With dropout ptxas spilled.
-      if (!kDrop && k0 + BK - 1 <= qw) {  // then nc == NC too
-        scores_to_ds(std::false_type{});
-      } else {
-        scores_to_ds(std::true_type{});
-      }
+      with_mask<!kDrop>(k0 + BK - 1 <= qw, scores_to_ds);  // then nc == NC too
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
         if (c >= nc) continue;
