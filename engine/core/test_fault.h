@@ -2,7 +2,8 @@
 // one hook to misbehave. This is the one reader of the variable; each hook matches its kind and numbers:
 //   kill_during_save:<rank>:<step>   checkpoint_writer.cc    nan_grad:<step>:<unit>   trainer.cc
 //   file_size_limit:<bytes>          checkpoint_writer.cc    hang:<rank>:<step>       trainer.cc
-//   skip_collective:<rank>:<seq>     comm_stream.cc           attention_bench_wrong     scripts/bench/attention_bench.cc
+//   skip_collective:<rank>:<seq>     comm_stream.cc
+//   attention_bench_wrong            scripts/bench/attention_bench.cc (the benchmark's correctness column)
 #pragma once
 
 #include <cstdint>

@@ -100,7 +100,7 @@ double ms_per_call(Backend& be, int warmup, int iters, F&& call) {
 
 int run(const Args& a, const BackendFactory& make_device) {
   if (a.batch < 1 || a.seq < 1 || a.heads < 1 || a.embd < 1 || a.embd % a.heads != 0 || a.iters < 1 || a.warmup < 0 ||
-      a.dropout < 0.0f || a.dropout >= 1.0f) {
+      !(a.dropout >= 0.0f && a.dropout < 1.0f)) {
     std::fprintf(stderr,
                  "attention_bench: expected batch, seq, heads, iters >= 1, warmup >= 0, embd a multiple of heads and "
                  "0 <= dropout < 1\n");
@@ -118,10 +118,26 @@ int run(const Args& a, const BackendFactory& make_device) {
   }
   Backend& be = **made;
   be.set_compute_dtype(dtype);
-  std::vector<std::string> kernels =
-      split_list(a.kernels.empty() ? (a.device == "cuda" && dtype == DType::kBF16 ? "auto,wmma" : "auto") : a.kernels);
-
   const int B = a.batch, T = a.seq, C = a.embd, NH = a.heads, hs = C / NH;
+  const bool tensor_cores = a.device == "cuda" && dtype == DType::kBF16;
+  if (tensor_cores && hs != 32 && hs != 64 && hs != 128) {
+    // The CUDA backend would run its fp32 kernels under every kernel name: the rows would be mislabelled.
+    std::fprintf(stderr,
+                 "attention_bench: head size %d: the tensor-core kernels take 32, 64 or 128 (other head sizes run "
+                 "the fp32 kernels: --dtype fp32)\n",
+                 hs);
+    return 2;
+  }
+  const std::vector<std::string> kernels =
+      split_list(a.kernels.empty() ? (tensor_cores ? "auto,wmma" : "auto") : a.kernels);
+  if (kernels.empty()) {
+    std::fprintf(stderr, "attention_bench: --kernels: expected a comma-separated list of auto|wmma, got '%s'\n",
+                 a.kernels.c_str());
+    return 2;
+  }
+
+  std::printf("attention_bench device=%s dtype=%s B=%d T=%d C=%d NH=%d hs=%d dropout=%g iters=%d\n", a.device.c_str(),
+              a.dtype.c_str(), B, T, C, NH, hs, a.dropout, a.iters);
   const size_t n_qkv = static_cast<size_t>(B) * T * 3 * C, n_out = static_cast<size_t>(B) * T * C;
   std::mt19937 gen(1234);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -155,8 +171,6 @@ int run(const Args& a, const BackendFactory& make_device) {
 
   const double fwd_flops = 4.0 * B * NH * static_cast<double>(T) * T * hs / 2.0, bwd_flops = 2.5 * fwd_flops;
   const double bound = dtype == DType::kBF16 ? 2e-2 : 1e-4;
-  std::printf("attention_bench device=%s dtype=%s B=%d T=%d C=%d NH=%d hs=%d dropout=%g iters=%d\n", a.device.c_str(),
-              a.dtype.c_str(), B, T, C, NH, hs, a.dropout, a.iters);
   bool wrong_any = false;
   const std::optional<TestFault> fault = test_fault();
   const bool perturb = fault && fault->is("attention_bench_wrong", 0);
@@ -194,6 +208,7 @@ int run(const Args& a, const BackendFactory& make_device) {
 }  // namespace
 
 int attention_bench_main(int argc, char** argv, const BackendFactory& make_device) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line out as it is printed, also into a file a timeout cuts short
   Args a;
   CLI::App app{"attention_bench: fused causal attention time and TFLOP/s per kernel, checked against the CPU"};
   app.add_option("--device", a.device, "cuda or cpu")->capture_default_str();

@@ -18,8 +18,9 @@
 # Environment (defaults): ATTN_BENCH (build/attention_bench), PYTHON (python3: the one with torch), DEVICE (cuda),
 # DTYPE (bf16), SHAPES ("16,1024,768,12 4,2048,2048,16": GPT-2 124M's attention, head size 64; and head size 128),
 # ITERS (20), WARMUP (3), KERNELS (the bench's default: auto,wmma on cuda bf16), BACKENDS
-# (default,flash,cudnn,efficient), TIMEOUT (90 s per side and shape). Exit status: 1 when a gpt-train kernel is
-# wrong or a side fails, else 0.
+# (default,flash,cudnn,efficient), TIMEOUT (90 s per side and shape). GPT_TRAIN_CUDA_PROFILE is unset for the bench
+# (it would synchronize after every op). Exit status: 1 when a gpt-train kernel is wrong or its side fails, else 3
+# when only the PyTorch side failed (no torch, say), else 0.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -47,9 +48,10 @@ for shape in $SHAPES; do
   log "shape $shape: gpt-train ($ATTN_BENCH, timeout ${TIMEOUT}s)"
   kern=()
   [[ -n $KERNELS ]] && kern=(--kernels "$KERNELS")
-  timeout -k 5 "$TIMEOUT" "$ATTN_BENCH" --device "$DEVICE" --dtype "$DTYPE" "${common[@]}" "${kern[@]}" \
-    >"$TMP/ours.$i" 2>&1
+  timeout -k 5 "$TIMEOUT" env -u GPT_TRAIN_CUDA_PROFILE "$ATTN_BENCH" --device "$DEVICE" --dtype "$DTYPE" \
+    "${common[@]}" ${kern[@]+"${kern[@]}"} >"$TMP/ours.$i" 2>&1
   rc=$?
+  echo "$rc" >"$TMP/ours_rc.$i"
   cat "$TMP/ours.$i"
   if [[ $rc != 0 ]]; then
     status=1
@@ -59,9 +61,10 @@ for shape in $SHAPES; do
   timeout -k 5 "$TIMEOUT" "$PYTHON" "$ROOT/scripts/bench/pytorch_attention.py" --device "$DEVICE" --dtype "$DTYPE" \
     "${common[@]}" --backends "$BACKENDS" >"$TMP/torch.$i" 2>"$TMP/torch_err.$i"
   rc=$?
+  echo "$rc" >"$TMP/torch_rc.$i"
   cat "$TMP/torch.$i"
   if [[ $rc != 0 ]]; then
-    status=1
+    [[ $status == 1 ]] || status=3
     echo "PyTorch side failed: exit status $rc$([[ $rc == 124 ]] && echo ' (timed out)'); its last lines:"
     tail -n 5 "$TMP/torch_err.$i" | sed 's/^/  | /'
   fi
@@ -73,15 +76,21 @@ done
 import re, sys
 tmp, n, shapes, device, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4], sys.argv[5]
 
-def last_line(path):
+def read(path):
     try:
-        lines = [l for l in open(path).read().splitlines() if l.strip()]
+        return open(path).read()
     except OSError:
-        return "no output"
-    return lines[-1][:110] if lines else "no output"
+        return ""
 
-def rows(path, prefix, key):
-    out = {}
+def why(side, s):  # a failed side: its exit status, and the last line of its stderr (else of its output)
+    rc = read(f"{tmp}/{side}_rc.{s}").strip() or "?"
+    lines = [l for l in read(f"{tmp}/{side}_err.{s}").splitlines() if l.strip()]
+    lines = lines or [l for l in read(f"{tmp}/{side}.{s}").splitlines() if l.strip()]
+    timed_out = " (timed out)" if rc in ("124", "137") else ""
+    return f"exit {rc}{timed_out}: {lines[-1][:90] if lines else 'no output'}"
+
+def rows(path, prefix, key):  # [(name, fields)] in the order printed
+    out = []
     try:
         lines = open(path).read().splitlines()
     except OSError:
@@ -91,7 +100,7 @@ def rows(path, prefix, key):
             continue
         fields = dict(re.findall(r"(\w+)=(\S+)", line))
         if "fwd_ms" in fields:
-            out[fields[key]] = fields
+            out.append((fields[key], fields))
     return out
 
 print(f"\nCausal attention, {dtype} on {device}: gpt-train vs PyTorch SDPA, ms per call (TFLOP/s); "
@@ -103,20 +112,20 @@ for s in range(n):
     ours = rows(f"{tmp}/ours.{s}", "attention_bench", "kernel")
     torch = rows(f"{tmp}/torch.{s}", "pytorch_attention", "backend")
     both = lambda r: float(r["fwd_ms"]) + float(r["bwd_ms"])
-    default = both(torch["default"]) if "default" in torch else None
-    best = min((both(r) for r in torch.values()), default=None)
+    default = next((both(r) for name, r in torch if name == "default"), None)
+    best = min((both(r) for _, r in torch), default=None)
     tf = lambda x: f"{x:.0f}" if x >= 10 else f"{x:.2g}"
     cell = lambda r, p: f"{float(r[p + '_ms']):.3f} ({tf(float(r[p + '_tflops']))})"
-    for name, r in ours.items():
-        ratio = lambda ref: f"{ref / both(r):.2f}" if ref else "-"
+    for name, r in ours:
+        ratio = lambda ref: f"{ref / both(r):.2f}" if ref and both(r) > 0 else "-"
         check = "WRONG" if r.get("wrong") == "1" else "ok"
         print(f"{shapes[s]:<16} {'gpt-train ' + name:<22} {cell(r, 'fwd'):>16} {cell(r, 'bwd'):>16} "
               f"{both(r):>9.3f} {ratio(default):>10} {ratio(best):>8} {check:>6}")
     if not ours:
-        print(f"{shapes[s]:<16} {'gpt-train':<22} failed: {last_line(f'{tmp}/ours.{s}')}")
-    for name, r in torch.items():
+        print(f"{shapes[s]:<16} {'gpt-train':<22} failed: {why('ours', s)}")
+    for name, r in torch:
         print(f"{shapes[s]:<16} {'torch ' + name:<22} {cell(r, 'fwd'):>16} {cell(r, 'bwd'):>16} {both(r):>9.3f}")
     if not torch:
-        print(f"{shapes[s]:<16} {'torch':<22} failed: {last_line(f'{tmp}/torch_err.{s}')}")
+        print(f"{shapes[s]:<16} {'torch':<22} failed: {why('torch', s)}")
 EOF
 exit $status

@@ -4,7 +4,8 @@ scripts/bench/attention_bench times gpt-train's kernels.
 
 Inputs as a nanoGPT block makes them: one (B, T, 3C) tensor from the qkv Linear, split into q, k, v and viewed as
 (B, NH, T, hs), strided, not copied. q, k and v are leaves, so the backward is SDPA's own (no accumulation into the
-qkv tensor); the output gradient is (B, NH, T, hs) in the input dtype.
+qkv tensor); the output gradient is in the input dtype, laid out (B, T, NH, hs) as the output projection's backward
+gives it.
 
 Times: CUDA events around --iters calls after --warmup ones (wall time with synchronize on the CPU), divided by
 iters. forward: SDPA with autograd recording (as in training, so the backend saves its log-sum-exp); backward:
@@ -96,7 +97,8 @@ def main():
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     gen = torch.Generator(device="cpu").manual_seed(1234)
     qkv = torch.randn(B, T, 3 * C, generator=gen).to(device=a.device, dtype=dtype)
-    dy = torch.randn(B, NH, T, hs, generator=gen).to(device=a.device, dtype=dtype)
+    # The output gradient in the layout training hands SDPA: (B, T, NH, hs) memory, viewed as (B, NH, T, hs).
+    dy = torch.randn(B, T, NH, hs, generator=gen).to(device=a.device, dtype=dtype).transpose(1, 2)
     q, k, v = (x.view(B, T, NH, hs).transpose(1, 2).detach().requires_grad_() for x in qkv.split(C, dim=2))
 
     fwd_flops = 4.0 * B * NH * T * T * hs / 2.0

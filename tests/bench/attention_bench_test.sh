@@ -31,6 +31,8 @@ expect "unknown dtype" 2 "dtype: expected bf16 or fp32, got 'fp16'" "$bench" "${
 expect "unknown option" 2 'unrecognized|not expected|--bogus' "$bench" "${small[@]}" --embd 32 --bogus 1
 expect "unknown kernel" 2 "kernels: expected one of auto\|wmma, got 'flash'" "$bench" "${small[@]}" --embd 32 --kernels flash
 expect "wmma on the cpu" 2 'kernel wmma: ' "$bench" "${small[@]}" --embd 32 --kernels wmma
+expect "no kernels" 2 "kernels: expected a comma-separated list" "$bench" "${small[@]}" --embd 32 --kernels ,
+expect "dropout nan" 2 '0 <= dropout < 1' "$bench" "${small[@]}" --embd 32 --dropout nan
 if [ -n "$emu" ]; then
   cuda=(--device cuda --iters 1 --warmup 0 --batch 2 --heads 2)
   expect "emulated cuda bf16, head size 64: auto" 0 'kernel=auto .* wrong=0' "$emu" "${cuda[@]}" --seq 80 --embd 128
@@ -39,6 +41,8 @@ if [ -n "$emu" ]; then
     --embd 64 --dropout 0.1
   expect "emulated cuda bf16, head size 128" 0 'kernel=wmma .* wrong=0' "$emu" "${cuda[@]}" --seq 33 --embd 256
   expect "emulated cuda fp32" 0 'kernel=auto .* wrong=0' "$emu" "${cuda[@]}" --seq 50 --embd 64 --dtype fp32
+  expect "emulated cuda bf16, head size 48" 2 'head size 48: the tensor-core kernels take 32, 64 or 128' "$emu" \
+    "${cuda[@]}" --seq 20 --embd 96
   expect "emulated cuda, spoiled" 1 'kernel=auto .* wrong=1' env GPT_TRAIN_FAULT=attention_bench_wrong \
     "$emu" "${cuda[@]}" --seq 40 --embd 64 --kernels auto
 fi
