@@ -45,7 +45,9 @@
 # VARIANT_TIMEOUT (60 s each), TIME_LIMIT (0; else seconds from the start: the profile run and each variant start
 # only if their timeout still fits, else say they were skipped), PROFILE_STEPS (on cuda 4, else 0 = none: after the table, a run of that many steps under
 # GPT_TRAIN_CUDA_PROFILE=1 whose per-op device time table is printed, the per-kernel breakdown of a step; 60 s at
-# most), GPT_TRAIN_CUDA_PROFILE (passed
+# most; and PyTorch runs as many more steps under torch.profiler after its RESULT line, so that scripts/bench/by_kind.py
+# prints both sides' device time per step by kind: GEMMs, attention, cross-entropy, optimizer, the rest),
+# GPT_TRAIN_CUDA_PROFILE (passed
 # through; when 1 the whole gpt-train log, with its per-op table, is printed), KEEP=1 keeps the temp dir.
 # Budget: under 4 minutes on one H200 with the defaults before the variants (the two timeouts sum to 210 s), each
 # variant at most VARIANT_TIMEOUT more.
@@ -221,6 +223,8 @@ TORCH_ARGS=(--steps "$STEPS" --warmup "$WARMUP" --batch "$MICRO_BATCH" --seq "$S
   --device "$DEVICE" --dtype "$TORCH_DTYPE" --n-layer "$N_LAYER" --n-head "$N_HEAD" --n-embd "$N_EMBD"
   --vocab "$VOCAB" --threads "$THREADS")
 [[ $COMPILE == 1 ]] && TORCH_ARGS+=(--compile) || TORCH_ARGS+=(--no-compile)
+# Its kernels' device time over PROFILE_STEPS more steps, after its RESULT line (a timeout there loses only them).
+((PROFILE_STEPS > 0)) && [[ $DEVICE == cuda ]] && TORCH_ARGS+=(--profile-steps "$PROFILE_STEPS")
 log "PyTorch: $PYTHON scripts/bench/pytorch_gpt2.py ${TORCH_ARGS[*]} (timeout ${TORCH_TIMEOUT}s)"
 TORCH_RC=0
 smi_start torch
@@ -228,11 +232,16 @@ T0=$(date +%s)
 timeout -k 5 "$TORCH_TIMEOUT" "$PYTHON" "$ROOT/scripts/bench/pytorch_gpt2.py" "${TORCH_ARGS[@]}" >"$TMP/torch.log" 2>&1 ||
   TORCH_RC=$?
 TORCH_OK=$((TORCH_RC == 0))
+# A RESULT line is its measurement: a failure after it (in the profile steps) costs the profile only.
+if ((!TORCH_OK)) && grep -q '^RESULT ' "$TMP/torch.log"; then
+  TORCH_OK=1
+  echo "--- PyTorch: $(why "$TORCH_RC" "$TORCH_TIMEOUT") after its RESULT line (in its profile steps); the table keeps its result"
+fi
 TORCH_WALL=$(($(date +%s) - T0))
 smi_stop
 if ((TORCH_OK)); then
   echo "--- PyTorch log, last 4 lines ($TORCH_WALL s) ---"
-  grep -v '^RESULT ' "$TMP/torch.log" | tail -n 4
+  grep -vE '^(RESULT|PROF) ' "$TMP/torch.log" | tail -n 4
 else
   echo "--- PyTorch FAILED: $(why "$TORCH_RC" "$TORCH_TIMEOUT") after $TORCH_WALL s; last 30 lines of its log ---"
   tail -n 30 "$TMP/torch.log"
@@ -372,6 +381,8 @@ elif ((PROFILE_STEPS > 0)); then
     echo "timed alone, so no overlap; the first step includes cuBLASLt's heuristics), the 20 largest:"
     TABLE=$(sed -n '/CUDA op time/,/^ *total /p' "$TMP/profile.log" | sed 's/^.*\] //' | awk 'NR <= 22 || /^ *total /')
     echo "${TABLE:-  (no per-op table in its log: GPT_TRAIN_CUDA_PROFILE times the CUDA backend only)}"
+    # Beside PyTorch's kernels (pytorch_gpt2.py --profile-steps), by kind, per step.
+    "$PYTHON" "$ROOT/scripts/bench/by_kind.py" "$TMP/profile.log" "$TMP/torch.log" "$PROFILE_STEPS"
   fi
 fi
 

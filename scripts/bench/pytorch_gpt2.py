@@ -143,6 +143,9 @@ def main():
     ap.add_argument("--grad-clip", type=float, default=1.0, help="0 = off")
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = torch's default)")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="after RESULT, this many more steps under torch.profiler (CUDA only): their kernels' device "
+                         "time, one 'PROF' line per kernel")
     args = ap.parse_args()
     if not 0 <= args.warmup < args.steps:
         ap.error("need 0 <= --warmup < --steps")
@@ -203,9 +206,8 @@ def main():
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     times, losses = [], []
-    for step in range(1, args.steps + 1):
-        sync()
-        t0 = time.perf_counter()
+
+    def train_step():
         x, y = get_batch()
         with autocast():
             loss = step_model(x, y)
@@ -214,6 +216,12 @@ def main():
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    for step in range(1, args.steps + 1):
+        sync()
+        t0 = time.perf_counter()
+        loss = train_step()
         sync()
         dt = time.perf_counter() - t0
         times.append(dt)
@@ -244,6 +252,31 @@ def main():
     print(f"median over steps {args.warmup + 1}..{args.steps}: {result['tokens_per_s']:.0f} tokens/s, "
           f"{step_s * 1e3:.1f} ms/step, {flops_per_token * result['tokens_per_s'] / 1e12:.1f} TFLOP/s", flush=True)
     print("RESULT " + json.dumps(result), flush=True)
+    if args.profile_steps > 0 and cuda:
+        profile_kernels(train_step, args.profile_steps)
+
+
+def profile_kernels(train_step, steps):
+    """Runs `steps` more training steps under torch.profiler and prints each CUDA kernel's device time, largest
+    first: 'PROF steps=N total_ms=... calls=... name=...' (the name last: it may hold spaces)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            train_step()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        # Kernel rows carry device time as their own; torch >= 2.4 names it device, older torch cuda.
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0)
+        if us > 0:
+            rows.append((us / 1e3, e.count, e.key))
+    rows.sort(reverse=True)
+    for ms, calls, name in rows:
+        print(f"PROF steps={steps} total_ms={ms:.3f} calls={calls} name={' '.join(name.split())[:160]}", flush=True)
 
 
 if __name__ == "__main__":
