@@ -42,10 +42,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   GPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const char* profile = std::getenv("GPT_TRAIN_CUDA_PROFILE");
   profile_ = profile != nullptr && std::string(profile) == "1";
-  if (profile_) {
-    GPT_CUDA_CHECK(cudaEventCreate(&op_start_));
-    GPT_CUDA_CHECK(cudaEventCreate(&op_stop_));
-  }
   cublas_workspace_ = alloc(cuda_workspace::kCublasLtBytes, MemCategory::kWorkspace);
   matmul_ = std::make_unique<cuda::Matmul>(stream_, cublas_workspace_.data());
   result_ = alloc(sizeof(double), MemCategory::kWorkspace);
@@ -58,8 +54,7 @@ CudaBackend::~CudaBackend() {
     if (st.read != nullptr) cudaEventDestroy(st.read);
     cudaFreeHost(st.host);
   }
-  if (op_start_ != nullptr) cudaEventDestroy(op_start_);
-  if (op_stop_ != nullptr) cudaEventDestroy(op_stop_);
+  for (cudaEvent_t e : op_events_) cudaEventDestroy(e);
   scratch_.release();
   span_tables_.clear();
   for (Buffer& b : cast_) b.release();
@@ -71,32 +66,53 @@ CudaBackend::~CudaBackend() {
 }
 
 CudaBackend::OpTimer::OpTimer(CudaBackend* be, const char* op) : be_(be), op_(op) {
-  if (be_ != nullptr) GPT_CUDA_CHECK(cudaEventRecord(be_->op_start_, be_->stream_));
+  if (be_ != nullptr) start_ = be_->record_op_event();
 }
 
 CudaBackend::OpTimer::~OpTimer() {
   if (be_ == nullptr) return;
-  GPT_CUDA_CHECK(cudaEventRecord(be_->op_stop_, be_->stream_));
-  GPT_CUDA_CHECK(cudaEventSynchronize(be_->op_stop_));
-  float ms = 0.0f;
-  GPT_CUDA_CHECK(cudaEventElapsedTime(&ms, be_->op_start_, be_->op_stop_));
-  for (OpTime& t : be_->op_times_) {
-    if (std::strcmp(t.op, op_) == 0) {
-      t.ms += ms;
-      ++t.calls;
-      return;
-    }
+  const size_t stop = be_->record_op_event();
+  if (stop != start_ + 1) return;  // the pool was read in between (an op of a thousand launches): not timed
+  be_->pending_ops_.push_back({op_, start_});
+}
+
+size_t CudaBackend::record_op_event() {
+  if (next_op_event_ == kMaxOpEvents) {  // full: wait for the stream once and start over
+    GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    read_op_times();
   }
-  be_->op_times_.push_back({op_, ms, 1});
+  if (next_op_event_ == op_events_.size()) {
+    cudaEvent_t e = nullptr;
+    GPT_CUDA_CHECK(cudaEventCreate(&e));
+    op_events_.push_back(e);
+  }
+  GPT_CUDA_CHECK(cudaEventRecord(op_events_[next_op_event_], stream_));
+  return next_op_event_++;
+}
+
+void CudaBackend::read_op_times() const {
+  for (const PendingOp& p : pending_ops_) {
+    float ms = 0.0f;
+    GPT_CUDA_CHECK(cudaEventElapsedTime(&ms, op_events_[p.start], op_events_[p.start + 1]));
+    auto it =
+        std::find_if(op_times_.begin(), op_times_.end(), [&](const OpTime& t) { return std::strcmp(t.op, p.op) == 0; });
+    if (it == op_times_.end()) it = op_times_.insert(op_times_.end(), OpTime{p.op});
+    it->ms += ms;
+    ++it->calls;
+  }
+  pending_ops_.clear();
+  next_op_event_ = 0;
 }
 
 std::string CudaBackend::profile_report() const {
   if (!profile_) return {};
+  GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  read_op_times();
   std::vector<OpTime> sorted = op_times_;
   std::sort(sorted.begin(), sorted.end(), [](const OpTime& a, const OpTime& b) { return a.ms > b.ms; });
   double total = 0.0;
   for (const OpTime& t : sorted) total += t.ms;
-  std::string out = "CUDA op time (GPT_TRAIN_CUDA_PROFILE=1; each op timed alone with events):\n";
+  std::string out = "CUDA op time (GPT_TRAIN_CUDA_PROFILE=1; events before and after each op, ops back to back):\n";
   char line[160];
   std::snprintf(line, sizeof(line), "  %-32s %10s %8s %10s %6s\n", "op", "total ms", "calls", "ms/call", "%");
   out += line;
@@ -272,9 +288,13 @@ void CudaBackend::to_host(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   GPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (profile_) read_op_times();
 }
 
-void CudaBackend::synchronize() { GPT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaBackend::synchronize() {
+  GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (profile_) read_op_times();
+}
 
 void CudaBackend::embedding_forward(float* out, const int32_t* tokens, ConstTensorPtr wte, ConstTensorPtr wpe, int B,
                                     int T, int C) {

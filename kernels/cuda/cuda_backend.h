@@ -104,8 +104,10 @@ class CudaBackend final : public Backend {
   std::string profile_report() const override;
 
  private:
-  // Under GPT_TRAIN_CUDA_PROFILE=1 every op is timed with CUDA events around it (and waits for itself, so
-  // the times are the ops' own, at the cost of the overlap between host and device); otherwise a no-op.
+  // Under GPT_TRAIN_CUDA_PROFILE=1 every op records a CUDA event on the stream before and after itself, without
+  // waiting: the ops run back to back as in an unprofiled run, and each op's time is the device time between its
+  // two events. The times are read where the host waits for the stream anyway (synchronize, to_host, the report)
+  // or when the event pool is full. Otherwise a no-op.
   class OpTimer {
    public:
     OpTimer(CudaBackend* be, const char* op);
@@ -116,6 +118,7 @@ class CudaBackend final : public Backend {
    private:
     CudaBackend* be_;
     const char* op_;
+    size_t start_ = 0;  // its first event's index in op_events_
   };
   OpTimer time_op(const char* op) { return OpTimer(profile_ ? this : nullptr, op); }
   void* scratch(size_t bytes);
@@ -168,13 +171,27 @@ class CudaBackend final : public Backend {
   Staging staging_[4];
   int next_staging_ = 0;
   bool profile_ = false;
-  cudaEvent_t op_start_ = nullptr, op_stop_ = nullptr;
+  // The profile (GPT_TRAIN_CUDA_PROFILE=1): the event pool, reused after each read (grown during the first step);
+  // the timed ops whose events are not read yet (events start, start + 1); the sums by op. Mutable: the report
+  // (const) reads what is pending first.
+  static constexpr size_t kMaxOpEvents = size_t{1} << 14;
+  mutable std::vector<cudaEvent_t> op_events_;
+  struct PendingOp {
+    const char* op;
+    size_t start;
+  };
+  mutable std::vector<PendingOp> pending_ops_;
+  mutable size_t next_op_event_ = 0;
   struct OpTime {
     const char* op;
     double ms = 0.0;
     int64_t calls = 0;
   };
-  std::vector<OpTime> op_times_;
+  mutable std::vector<OpTime> op_times_;
+  // The index of a fresh event recorded on the stream now.
+  size_t record_op_event();
+  // Adds the pending ops' times to op_times_ and frees the pool. REQUIRES: the stream is idle.
+  void read_op_times() const;
 };
 
 // The CUDA backend on the GPU of local rank `local_rank` of `local_size` (device_for_local_rank), or an error

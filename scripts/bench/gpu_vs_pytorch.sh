@@ -377,8 +377,8 @@ elif ((PROFILE_STEPS > 0)); then
     echo "per-op profile run FAILED: $(why "$P_RC" 60); last lines of its log:"
     tail -n 6 "$TMP/profile.log" | cut -c1-200 | sed 's/^/    | /'
   else
-    echo "per-op device time, gpt-train as in the table, $PROFILE_STEPS steps and the final eval's one batch (each op"
-    echo "timed alone, so no overlap; the first step includes cuBLASLt's heuristics), the 20 largest:"
+    echo "per-op device time, gpt-train as in the table, $PROFILE_STEPS steps and the final eval's one batch (events"
+    echo "before and after each op, ops back to back; the first step includes cuBLASLt's heuristics), the 20 largest:"
     TABLE=$(sed -n '/CUDA op time/,/^ *total /p' "$TMP/profile.log" | sed 's/^.*\] //' | awk 'NR <= 22 || /^ *total /')
     echo "${TABLE:-  (no per-op table in its log: GPT_TRAIN_CUDA_PROFILE times the CUDA backend only)}"
     # Beside PyTorch's kernels (pytorch_gpt2.py --profile-steps), by kind, per step.

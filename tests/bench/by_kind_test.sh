@@ -7,7 +7,7 @@ by_kind="$(cd "$(dirname "$0")/../.." && pwd)/scripts/bench/by_kind.py"
 work=$(mktemp -d /tmp/by-kind.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 cat > "$work/ours.log" <<'LOG'
-[12:00:00.000] [rank 0] [info] CUDA op time (GPT_TRAIN_CUDA_PROFILE=1; each op timed alone with events):
+[12:00:00.000] [rank 0] [info] CUDA op time (GPT_TRAIN_CUDA_PROFILE=1; events before and after each op, ops back to back):
     op                                 total ms    calls    ms/call      %
     matmul_backward                      100.00      200     0.5000  50.0%
     attention_backward                    40.00       48     0.8333  20.0%

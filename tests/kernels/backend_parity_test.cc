@@ -1026,6 +1026,35 @@ TEST_CASE("GELU fusion: a GPT step under full runs both fused GEMMs and no GELU 
   CHECK(report.find("\n  gelu_backward ") == std::string::npos);
 }
 
+// GPT_TRAIN_CUDA_PROFILE=1 records events around each op without waiting and reads them where the host waits
+// anyway: every call is counted, whether read at a synchronize, when the event pool fills up (16384 events, 8192
+// ops) or at the report.
+TEST_CASE("CUDA profile: every op call is counted, read at a synchronize, a full pool and the report", "[cuda]") {
+  if (!cuda_or_skip("CUDA op profile")) return;
+  ::setenv("GPT_TRAIN_CUDA_PROFILE", "1", 1);
+  auto made = make_gpu();
+  ::unsetenv("GPT_TRAIN_CUDA_PROFILE");
+  REQUIRE(made.has_value());
+  Backend& be = **made;
+  Dev<float> x(be, std::vector<float>(64, 1.0f)), y(be, 64);
+  for (int i = 0; i < 3; ++i) be.copy(y.p(), x.p(), 64);
+  be.synchronize();
+  for (int i = 0; i < 8200; ++i) be.copy(y.p(), x.p(), 64);
+  be.fill_zero(y.p(), 64);
+  const std::string report = be.profile_report();
+  INFO(report);
+  auto calls = [&](const std::string& op) {
+    const size_t at = report.find("\n  " + op + " ");
+    if (at == std::string::npos) return int64_t{-1};
+    double ms = 0.0;
+    long long n = -1;
+    return std::sscanf(report.c_str() + at, " %*s %lf %lld", &ms, &n) == 2 ? static_cast<int64_t>(n) : int64_t{-1};
+  };
+  CHECK(calls("copy") == 8203);
+  CHECK(calls("fill_zero") == 1);
+  CHECK(be.profile_report() == report);  // read once: a second report adds nothing
+}
+
 // ARCHITECTURE invariant 4 on the GPU: Gpt::prepare reserves the backend's scratch and cast areas
 // (Backend::reserve, from the sizes the planner uses), so not even the first step allocates (under bf16, with bf16
 // parameters, as ShardedParams hands them; with dropout, so the residual gradient's cast area is there).
