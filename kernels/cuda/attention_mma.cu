@@ -11,9 +11,10 @@
 //    of one matrix then fall in distinct banks. Tiles come from global memory by cp.async, 16 bytes per copy,
 //    zero-filled past T; the streamed operand (K, V in the forward and the dQ kernel; Q, dO in the dK/dV kernel)
 //    is double-buffered: the next tile's copies are in flight while this one is computed.
-//  - Every block has 4 warps; each warp owns whole rows of the products it accumulates (16 or 32 query rows in
-//    the forward, 16 keys in dK/dV, 16 queries in dQ), so sums run in a fixed order and no two warps write one
-//    element: deterministic, no atomics.
+//  - Every block has 4 warps; each warp owns whole rows of the products it accumulates (32 query rows in the
+//    forward, 16 with dropout at D = 128; 16 keys in dK/dV, 16 queries in dQ), so sums run in a fixed order and no
+//    two warps write one element: deterministic, no atomics. The forward keeps Q's fragments in registers at
+//    D <= 64 and reads them from shared memory per tile at D = 128, as FlashAttention-2 does there.
 //  - The backward first writes D = rowsum(dO * O) and dO rounded to bf16 (scratch), so the main kernels copy
 //    bf16 tiles only. lse is read as lse * log2(e), and the kernels exponentiate with exp2f.
 //  - Work above the diagonal is skipped 16 keys at a time (P and dS there are zero), as in attention_tc.cu. Tiles
@@ -46,9 +47,12 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr size_t align128(size_t x) { return (x + 127) / 128 * 128; }
 
 // Shared layouts, in bytes (every tile 128-byte aligned). LD: a tile's row stride in bf16 elements.
-template <int D>
+template <int D, bool kDrop>
 struct FwdCfg {
-  static constexpr int MT = D <= 64 ? 2 : 1;  // 16-row m-tiles per warp (registers allow two for D <= 64)
+  // 16-row m-tiles per warp: with two, each K or V fragment feeds two products (half the shared-memory reads per
+  // product); one where registers do not allow two (with dropout at D = 128, ptxas spilled).
+  static constexpr int MT = D <= 64 || !kDrop ? 2 : 1;
+  static constexpr bool kKeepQ = D <= 64;  // Q's A fragments in registers (else read from shared memory per tile)
   static constexpr int BQ = kWarps * 16 * MT, BK = 64, LD = D + 8;
   static constexpr size_t kTile = align128(sizeof(bf16) * BK * LD);  // one K or V tile
   static constexpr size_t kQ = 0;
@@ -164,7 +168,7 @@ template <int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_mma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2,
                                  DropoutMask drop, float keep) {
-  using Cfg = FwdCfg<D>;
+  using Cfg = FwdCfg<D, kDrop>;
   constexpr int MT = Cfg::MT, BQ = Cfg::BQ, BK = Cfg::BK, LD = Cfg::LD;
   constexpr bool kUnmaskedPath = !kDrop && D <= 64;
   constexpr int KD = D / 16, ND = D / 8, NC = BK / 16;
@@ -190,7 +194,8 @@ __global__ void __launch_bounds__(kThreads)
 
   const int qr = warp * 16 * MT, qw = q0 + qr;  // this warp's first row (in the tile, in the sequence)
   const int last = qw + 16 * MT - 1;            // and its last
-  uint32_t qa[MT][KD][4];
+  constexpr bool kKeepQ = Cfg::kKeepQ;
+  uint32_t qa[kKeepQ ? MT : 1][kKeepQ ? KD : 1][4];
   float o[MT][ND][4];
   float m[MT][2], l[MT][2];  // per row (g, g + 8 of each m-tile): running max (log2 units) and partial sum
 #pragma unroll
@@ -215,11 +220,13 @@ __global__ void __launch_bounds__(kThreads)
       cp_async_wait<0>();
     }
     __syncthreads();  // every thread's copies of tile kt (and of Q) have landed
-    if (kt == 0) {
+    if constexpr (kKeepQ) {
+      if (kt == 0) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int kk = 0; kk < KD; ++kk) ldmatrix_x4(qa[mt][kk], a_row<LD>(sq, qr + mt * 16, kk * 16, lane));
+          for (int kk = 0; kk < KD; ++kk) ldmatrix_x4(qa[mt][kk], a_row<LD>(sq, qr + mt * 16, kk * 16, lane));
+        }
       }
     }
     // 16-key chunks c < nc hold a key <= the warp's last row (none for a warp past T or before k0): warp-uniform.
@@ -238,6 +245,16 @@ __global__ void __launch_bounds__(kThreads)
       }
 #pragma unroll
       for (int kk = 0; kk < KD; ++kk) {
+        uint32_t qf[MT][4];  // Q for the warp's rows x channels 16 kk..
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if constexpr (kKeepQ) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) qf[mt][e] = qa[mt][kk][e];
+          } else {
+            ldmatrix_x4(qf[mt], a_row<LD>(sq, qr + mt * 16, kk * 16, lane));
+          }
+        }
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
           if (c >= nc) continue;
@@ -245,8 +262,8 @@ __global__ void __launch_bounds__(kThreads)
           ldmatrix_x4(kb, b_row<LD>(sk, c * 16, kk * 16, lane));
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            mma_bf16_16816(sc[mt][2 * c], qa[mt][kk], kb[0], kb[1]);
-            mma_bf16_16816(sc[mt][2 * c + 1], qa[mt][kk], kb[2], kb[3]);
+            mma_bf16_16816(sc[mt][2 * c], qf[mt], kb[0], kb[1]);
+            mma_bf16_16816(sc[mt][2 * c + 1], qf[mt], kb[2], kb[3]);
           }
         }
       }
@@ -343,7 +360,7 @@ __global__ void __launch_bounds__(kThreads)
       o[mt][n][2] *= inv[mt][1], o[mt][n][3] *= inv[mt][1];
     }
   }
-  // The warp's own rows of the Q tile (read only by this warp, at kt = 0) stage its output.
+  // The warp's own rows of the Q tile (read only by this warp, and no more) stage its output.
   store_rows<MT, D, LD>(out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D, C, o, 1.0f, sq + qr * LD,
                         qw, T, lane);
 }
@@ -698,17 +715,27 @@ int check_shape(int B, int T, int C, int NH) {
   return C / NH;
 }
 
-template <int D>
-void forward_impl(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
-                  cudaStream_t stream) {
-  using Cfg = FwdCfg<D>;
+template <int D, bool kDrop>
+void forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
+                    cudaStream_t stream) {
+  using Cfg = FwdCfg<D, kDrop>;
   constexpr size_t smem = Cfg::kBytes;
-  const auto kernel = drop.active() ? attention_forward_mma_kernel<D, true> : attention_forward_mma_kernel<D, false>;
+  const auto kernel = attention_forward_mma_kernel<D, kDrop>;
   set_smem(kernel, smem);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
   kernel<<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, C, NH, scale_log2, drop, keep_scale(drop));
   GPT_CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void forward_impl(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
+                  cudaStream_t stream) {
+  if (drop.active()) {
+    forward_launch<D, true>(out, lse, qkv, B, T, C, NH, drop, stream);
+  } else {
+    forward_launch<D, false>(out, lse, qkv, B, T, C, NH, drop, stream);
+  }
 }
 
 template <int D>
