@@ -72,7 +72,7 @@ CudaBackend::OpTimer::OpTimer(CudaBackend* be, const char* op) : be_(be), op_(op
 CudaBackend::OpTimer::~OpTimer() {
   if (be_ == nullptr) return;
   const size_t stop = be_->record_op_event();
-  if (stop != start_ + 1) return;  // the pool was read in between (an op of a thousand launches): not timed
+  if (stop != start_ + 1) return;  // another timed op ran inside this one (none does): left out, not mis-timed
   be_->pending_ops_.push_back({op_, start_});
 }
 

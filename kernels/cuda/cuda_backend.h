@@ -175,7 +175,7 @@ class CudaBackend final : public Backend {
   // the timed ops whose events are not read yet (events start, start + 1); the sums by op. Mutable: the report
   // (const) reads what is pending first.
   static constexpr size_t kMaxOpEvents = size_t{1} << 14;
-  mutable std::vector<cudaEvent_t> op_events_;
+  std::vector<cudaEvent_t> op_events_;
   struct PendingOp {
     const char* op;
     size_t start;

@@ -30,9 +30,17 @@ def ours_kind(op):
 
 def torch_kind(name):
     n = name.lower()
+    if n.startswith("triton_"):
+        # Inductor's kernels: GEMM templates (max-autotune), or fused element-wise ones named after the ops they
+        # came from (a layout copy around SDPA is named after it, yet is not attention).
+        if n.startswith("triton_tem_"):
+            return 0
+        if re.search(r"nll|cross_entropy|log_softmax", n):
+            return 2
+        return 4
     if re.search(r"flash|fmha|attention|attn|sdpa|cudnn", n):
         return 1
-    if re.search(r"gemm|gemv|cutlass|xmma|nvjet|cublas|matmul|_mm_|hopper_|ampere_|sm\d\d_", n):
+    if re.search(r"gemm|gemv|cutlass|xmma|nvjet|cublas|matmul|_mm_|hopper_|ampere_|sm\d\d_|splitkreduce", n):
         return 0
     if re.search(r"nll|cross_entropy|log_softmax|softmax", n):
         return 2
@@ -56,27 +64,33 @@ def ours_ms(path):
 
 
 def torch_ms(path):
-    """Total ms per kind from pytorch_gpt2.py's PROF lines; None when there are none."""
+    """Total ms per kind from pytorch_gpt2.py's PROF lines, and whether they end with 'PROF end'; None when there
+    are none."""
     out = [0.0] * len(KINDS)
-    found = False
+    found = complete = False
     for line in open(path, errors="replace"):
+        complete = complete or line.strip() == "PROF end"
         m = re.match(r"PROF steps=\d+ total_ms=([0-9.]+) calls=\d+ name=(.*)", line.strip())
         if m:
             found = True
             out[torch_kind(m.group(2))] += float(m.group(1))
-    return out if found else None
+    return (out, complete) if found else None
 
 
 def main():
     ours_log, torch_log, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
     ours = ours_ms(ours_log)
-    theirs = torch_ms(torch_log)
-    if theirs is None or not any(ours):
-        why = "no PyTorch kernel profile in its log" if theirs is None else "no per-op table in gpt-train's log"
+    prof = torch_ms(torch_log)
+    if prof is None or not any(ours):
+        why = "no PyTorch kernel profile in its log" if prof is None else "no per-op table in gpt-train's log"
         print(f"  (no by-kind comparison: {why})")
         return
-    print(f"device time by kind, ms per step ({steps} steps each; gpt-train's also hold its final eval's forward, "
-          "PyTorch's are its kernels after warm-up; kinds read off op and kernel names):")
+    theirs, complete = prof
+    print(f"device time by kind, ms per step ({steps} steps each; gpt-train's hold its first step and its final eval's"
+          " forward too, PyTorch's are kernels after warm-up; kinds read off op and kernel names, so approximate:"
+          " bias and GELU fused into GEMM epilogues count as GEMM on gpt-train's side, Triton's as the rest):")
+    if not complete:
+        print("  (PyTorch's profile was cut short: its kernel list has no 'PROF end' line; its column is partial)")
     print(f"  {'':<54} {'gpt-train':>10} {'PyTorch':>10} {'PyTorch/gpt-train':>18}")
     for k, name in enumerate(KINDS + ("total",)):
         a = (sum(ours) if name == "total" else ours[k]) / steps

@@ -257,18 +257,24 @@ def main():
 
 
 def profile_kernels(train_step, steps):
-    """Runs `steps` more training steps under torch.profiler and prints each CUDA kernel's device time, largest
-    first: 'PROF steps=N total_ms=... calls=... name=...' (the name last: it may hold spaces)."""
-    from torch.profiler import ProfilerActivity, profile
+    """Runs one warm-up step (CUPTI may drop kernels as a session starts) and `steps` more training steps under
+    torch.profiler, and prints each CUDA kernel's device time over those steps, largest first:
+    'PROF steps=N total_ms=... calls=... name=...' (the name last: it may hold spaces), then 'PROF end'."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
+    when = schedule(wait=0, warmup=1, active=steps, repeat=1)
+    with profile(activities=[ProfilerActivity.CUDA], schedule=when) as prof:
+        for _ in range(steps + 1):
             train_step()
-        torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            prof.step()
     rows = []
     for e in prof.key_averages():
-        # Kernel rows carry device time as their own; torch >= 2.4 names it device, older torch cuda.
+        if getattr(e, "device_type", DeviceType.CUDA) != DeviceType.CUDA:
+            continue  # a host-side row (none with the CUDA activity alone): its device time is its kernels'
+        # torch >= 2.4 names a kernel's own time device time, older torch cuda time.
         us = getattr(e, "self_device_time_total", None)
         if us is None:
             us = getattr(e, "self_cuda_time_total", 0)
@@ -277,6 +283,7 @@ def profile_kernels(train_step, steps):
     rows.sort(reverse=True)
     for ms, calls, name in rows:
         print(f"PROF steps={steps} total_ms={ms:.3f} calls={calls} name={' '.join(name.split())[:160]}", flush=True)
+    print("PROF end", flush=True)
 
 
 if __name__ == "__main__":

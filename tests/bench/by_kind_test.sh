@@ -24,6 +24,7 @@ PROF steps=4 total_ms=30.000 calls=48 name=void pytorch_flash::flash_bwd_dq_dk_d
 PROF steps=4 total_ms=8.000 calls=4 name=triton_red_fused__log_softmax_nll_loss_0
 PROF steps=4 total_ms=6.000 calls=8 name=void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>
 PROF steps=4 total_ms=10.000 calls=50 name=triton_per_fused_native_layer_norm_add_1
+PROF end
 LOG
 out=$(python3 "$by_kind" "$work/ours.log" "$work/torch.log" 4 2>&1)
 echo "$out"
@@ -33,6 +34,14 @@ for want in 'GEMMs \(with their epilogues\) +32\.50 +22\.50 +0\.69' 'attention +
     'the rest \(LayerNorm, GELU, residual, embedding, casts\) +3\.00 +2\.50 +0\.83' 'total +50\.00 +36\.00 +0\.72'; do
   grep -qE "$want" <<< "$out" || { echo "FAIL: no line matching: $want"; fail=1; }
 done
+grep -q 'cut short' <<< "$out" && { echo "FAIL: a complete profile called cut short"; fail=1; }
+# A layout copy Inductor names after SDPA is not attention; a cut-short profile says so.
+head -n 4 "$work/torch.log" > "$work/cut.log"
+echo 'PROF steps=4 total_ms=4.000 calls=8 name=triton_poi_fused__scaled_dot_product_flash_attention_3' >> "$work/cut.log"
+out=$(python3 "$by_kind" "$work/ours.log" "$work/cut.log" 4 2>&1)
+echo "$out"
+grep -qE 'attention +10\.00 +7\.50 ' <<< "$out" || { echo "FAIL: the Triton copy counted as attention"; fail=1; }
+grep -q 'cut short' <<< "$out" || { echo "FAIL: a profile without PROF end not called cut short"; fail=1; }
 out=$(python3 "$by_kind" "$work/ours.log" "$work/ours.log" 4 2>&1)
 grep -q 'no by-kind comparison: no PyTorch kernel profile' <<< "$out" || { echo "FAIL: without PROF lines: $out"; fail=1; }
 [ "$fail" = 0 ] && echo PASS || echo FAILED
