@@ -17,4 +17,6 @@ void init_logging(int rank, const std::string& level, bool all_ranks) {
   spdlog::set_default_logger(logger);
 }
 
+void log_warning(const std::string& message) { spdlog::warn("{}", message); }
+
 }  // namespace gpt

@@ -9,4 +9,8 @@ namespace gpt {
 // Installs the default logger. `level` is one of trace|debug|info|warn|error.
 void init_logging(int rank, const std::string& level = "info", bool all_ranks = false);
 
+// A warning through the default logger, for code nvcc compiles (fmt's compile-time format checks do not build
+// there): the message as it is.
+void log_warning(const std::string& message);
+
 }  // namespace gpt

@@ -23,6 +23,7 @@
 //    ptxas spilled). The same math; in the unmasked copy the compiler may fuse the scaling into the exponent's
 //    argument (an FMA: the last bit of P's fp32 value may differ, far below its bf16 rounding). Pinning it with
 //    __fmul_rn cost registers (D = 64 forward: 239 -> 253).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -768,6 +769,16 @@ void backward_impl(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* ls
 }  // namespace
 
 bool attention_mma_supported(int C, int NH) { return attention_tc_supported(C, NH); }  // the same head sizes
+
+size_t attention_mma_smem_bytes(int C, int NH) {
+  GPT_CHECK(attention_mma_supported(C, NH));
+  size_t bytes = 0;
+  with_head_size(C / NH, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    bytes = std::max({FwdCfg<D, false>::kBytes, FwdCfg<D, true>::kBytes, BwdKvCfg<D>::kBytes, BwdQCfg<D>::kBytes});
+  });
+  return bytes;
+}
 
 void attention_forward_mma(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
                            const DropoutMask& drop, cudaStream_t stream) {

@@ -17,6 +17,11 @@ namespace gpt::cuda {
 // row of every head starts 16-byte aligned in qkv and out).
 bool attention_mma_supported(int C, int NH);
 
+// The most dynamic shared memory one block of these kernels takes at this head size (forward with and without
+// dropout, dK/dV, dQ): a GPU that allows less per block (cudaDevAttrMaxSharedMemoryPerBlockOptin: 99 KB on sm_86
+// and sm_89, against 163 KB on A100 and 227 KB on H100) cannot run them. REQUIRES attention_mma_supported(C, NH).
+size_t attention_mma_smem_bytes(int C, int NH);
+
 // out(B,T,C) bf16 (rounded to nearest even), lse(B,NH,T) from qkv(B,T,3C) bf16. REQUIRES attention_mma_supported(C,
 // NH) and 16-byte aligned out and qkv.
 void attention_forward_mma(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,

@@ -23,6 +23,7 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -629,6 +630,16 @@ bool attention_tc_supported(int C, int NH) {
   if (NH <= 0 || C <= 0 || C % NH != 0) return false;
   const int hs = C / NH;
   return hs == 32 || hs == 64 || hs == 128;
+}
+
+size_t attention_tc_smem_bytes(int C, int NH) {
+  GPT_CHECK(attention_tc_supported(C, NH));
+  size_t bytes = 0;
+  with_head_size(C / NH, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    bytes = std::max({FwdCfg<D>::kBytes, BwdKvCfg<D>::kBytes, BwdQCfg<D>::kBytes});
+  });
+  return bytes;
 }
 
 void attention_forward_tc(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,

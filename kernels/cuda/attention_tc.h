@@ -17,6 +17,10 @@ namespace gpt::cuda {
 // True when the tensor-core kernels handle this shape: head size C / NH of 32, 64 or 128.
 bool attention_tc_supported(int C, int NH);
 
+// The most dynamic shared memory one block of these kernels takes at this head size (as attention_mma_smem_bytes).
+// REQUIRES attention_tc_supported(C, NH).
+size_t attention_tc_smem_bytes(int C, int NH);
+
 // out(B,T,C) (qkv's dtype; bf16 rounded to nearest even at the store), lse(B,NH,T) from qkv(B,T,3C). REQUIRES
 // attention_tc_supported(C, NH) and 16-byte aligned out and qkv.
 void attention_forward_tc(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,

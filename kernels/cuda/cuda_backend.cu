@@ -6,6 +6,7 @@
 #include <string>
 
 #include "comm/device_select.h"
+#include "core/logging.h"
 #include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/common.cuh"
@@ -39,6 +40,9 @@ Expected<std::unique_ptr<Backend>> make_cuda_backend(int local_rank, int local_s
 
 CudaBackend::CudaBackend(int device) : device_(device) {
   GPT_CUDA_CHECK(cudaSetDevice(device_));
+  int smem = 0;
+  GPT_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+  smem_per_block_ = static_cast<size_t>(smem);
   GPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   const char* profile = std::getenv("GPT_TRAIN_CUDA_PROFILE");
   profile_ = profile != nullptr && std::string(profile) == "1";
@@ -428,8 +432,24 @@ CudaBackend::AttentionPath CudaBackend::attention_path(int C, int NH, std::initi
     if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return AttentionPath::kFp32;
     bf16 = bf16 && t.is_bf16();
   }
+  // The kernels asked for, then those that fit this GPU's shared memory per block (the mma.sync ones take 102 KB at
+  // head size 128, over the 99 KB of sm_86/sm_89; the WMMA ones 77.5 KB; the fp32 ones 73 KB).
   const bool mma = attention_kernel_ == AttentionKernel::kAuto && bf16 && cuda::attention_mma_supported(C, NH);
-  return mma ? AttentionPath::kMma : AttentionPath::kWmma;
+  const size_t mma_bytes = mma ? cuda::attention_mma_smem_bytes(C, NH) : 0;
+  if (mma && mma_bytes <= smem_per_block_) return AttentionPath::kMma;
+  const size_t tc_bytes = cuda::attention_tc_smem_bytes(C, NH);
+  const AttentionPath path = tc_bytes <= smem_per_block_ ? AttentionPath::kWmma : AttentionPath::kFp32;
+  if (!attention_fallback_logged_ && (mma || path == AttentionPath::kFp32)) {
+    attention_fallback_logged_ = true;
+    char msg[256];
+    std::snprintf(msg, sizeof(msg),
+                  "attention at head size %d: the %s kernels take %zu bytes of shared memory per block, this GPU "
+                  "allows %zu: running the %s kernels",
+                  C / NH, mma ? "mma.sync" : "WMMA", mma ? mma_bytes : tc_bytes, smem_per_block_,
+                  path == AttentionPath::kWmma ? "WMMA" : "fp32");
+    log_warning(msg);
+  }
+  return path;
 }
 void CudaBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                                     const DropoutMask& drop) {

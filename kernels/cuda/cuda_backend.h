@@ -131,7 +131,8 @@ class CudaBackend final : public Backend {
   // A GEMM's bias as Matmul takes it for an output of `out_type` (null for none); may use cast area 3.
   const void* gemm_bias(ConstTensorPtr bias, DType out_type, int OC);
   // Which attention kernels take these tensors (qkv, out, dqkv; the backward's fp32 dout), from the compute dtype,
-  // the shape, the tensors' dtypes and alignment, and run.attention_kernel.
+  // the shape, the tensors' dtypes and alignment, run.attention_kernel, and the shared memory a block may have on
+  // this GPU (the first time a choice is given up for that, a warning says so).
   enum class AttentionPath { kFp32, kWmma, kMma };
   AttentionPath attention_path(int C, int NH, std::initializer_list<ConstTensorPtr> tensors,
                                const float* dout = nullptr) const;
@@ -140,6 +141,8 @@ class CudaBackend final : public Backend {
   bool gelu_fused(GeluFusion level, int64_t rows, std::initializer_list<ConstTensorPtr> gelu_tensors) const;
 
   int device_;
+  size_t smem_per_block_ = 0;  // the most dynamic shared memory a block may opt into on this GPU
+  mutable bool attention_fallback_logged_ = false;
   cudaStream_t stream_ = nullptr;
   Buffer cublas_workspace_;  // cuBLASLt's (workspace), before matmul_ so that it outlives it
   std::unique_ptr<cuda::Matmul> matmul_;

@@ -278,6 +278,53 @@ TEST_CASE("cuda_emu: matmul_forward takes a bf16 bias (aligned or not) as its fp
   }
 }
 
+// A GPU that allows a block less shared memory (sm_86 and sm_89: 99 KB) cannot launch the mma.sync attention at head
+// size 128 (102 KB): auto takes the WMMA kernels there instead of failing at the launch (the emulator, like
+// cudaFuncSetAttribute on such a GPU, ends the process at a launch past the limit); below what those need (77.5 KB),
+// the fp32 kernels, also when wmma was asked for. The mma.sync and WMMA kernels give the same bits by design.
+TEST_CASE("cuda_emu: attention takes the kernels that fit the GPU's shared memory per block", "[cuda_emu][backend]") {
+  const int B = 1, T = 40, C = 256, NH = 2;  // head size 128
+  const size_t nqkv = size_t{B} * T * 3 * C, nout = size_t{B} * T * C;
+  const CounterRng rng(12, 3);
+  std::vector<bf16> qkv(nqkv);
+  std::vector<float> dout(nout);
+  for (size_t i = 0; i < nqkv; ++i) qkv[i] = f32_to_bf16(rng.uniform(i) * 2.0f - 1.0f);
+  for (size_t i = 0; i < nout; ++i) dout[i] = rng.uniform(100000 + i) * 2.0f - 1.0f;
+  using Bits = std::vector<uint16_t>;
+  // A fresh backend's forward output and input gradient, as bits.
+  auto attend = [&](AttentionKernel kernel) {
+    CudaEmuBackend dev(0);
+    dev.set_compute_dtype(DType::kBF16);
+    REQUIRE(dev.set_attention_kernel(kernel).is_ok());
+    Buffer q = dev.alloc(nqkv * 2, MemCategory::kWorkspace), g = dev.alloc(nout * 4, MemCategory::kWorkspace);
+    dev.to_device(q.data(), qkv.data(), nqkv * 2);
+    dev.to_device(g.data(), dout.data(), nout * 4);
+    Buffer o = dev.alloc(nout * 2, MemCategory::kWorkspace), dq = dev.alloc(nqkv * 2, MemCategory::kWorkspace);
+    Buffer lse = dev.alloc(dev.attention_state_floats(B, T, NH) * 4, MemCategory::kWorkspace);
+    const ConstTensorPtr in(q.data(), DType::kBF16), out_c(o.data(), DType::kBF16);
+    dev.attention_forward(TensorPtr(o.data(), DType::kBF16), lse.as<float>(), in, B, T, C, NH, DropoutMask{});
+    dev.attention_backward(TensorPtr(dq.data(), DType::kBF16), g.as<float>(), in, out_c, lse.as<float>(), B, T, C, NH,
+                           DropoutMask{});
+    std::pair<Bits, Bits> bits{Bits(nout), Bits(nqkv)};
+    dev.to_host(bits.first.data(), o.data(), nout * 2);
+    dev.to_host(bits.second.data(), dq.data(), nqkv * 2);
+    return bits;
+  };
+  const auto mma = attend(AttentionKernel::kAuto), wmma = attend(AttentionKernel::kWmma);
+  REQUIRE(mma == wmma);
+  struct Restore {
+    size_t bytes = emu_smem_per_block();
+    ~Restore() { emu_smem_per_block() = bytes; }
+  } restore;
+  emu_smem_per_block() = 99 * 1024;
+  CHECK(attend(AttentionKernel::kAuto) == wmma);
+  emu_smem_per_block() = 76 * 1024;
+  const auto fp32 = attend(AttentionKernel::kAuto);
+  CHECK(fp32 != wmma);
+  CHECK(fp32 != mma);
+  CHECK(attend(AttentionKernel::kWmma) == fp32);
+}
+
 // A cudaMalloc the device cannot satisfy (the emulated device made small) ends the process with what it asked, what
 // was free, what gpt-train held and what to change, not with cudaMalloc's bare "out of memory".
 TEST_CASE("cuda_emu: the CUDA backend out of device memory says what it asked for and what to change",

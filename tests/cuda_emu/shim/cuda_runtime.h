@@ -510,6 +510,17 @@ inline int cudaDeviceGetPCIBusId(char* id, int len, int device) {
 }
 struct cudaDeviceProp { char name[256] = "CUDA emulator"; };
 inline int cudaGetDeviceProperties(cudaDeviceProp* p, int) { *p = cudaDeviceProp{}; return 0; }
+// The most dynamic shared memory a block may opt into: an H100's 227 KB unless a test makes the emulated GPU
+// smaller (an sm_86/sm_89 part allows 99 KB).
+inline size_t& emu_smem_per_block() {
+  static size_t bytes = 227 * 1024;
+  return bytes;
+}
+enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+inline int cudaDeviceGetAttribute(int* value, cudaDeviceAttr, int) {
+  *value = static_cast<int>(emu_smem_per_block());
+  return 0;
+}
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 // Per kernel: the dynamic shared memory it was opted into (a launch past 48 KB without it fails on a GPU).
 inline std::map<const void*, size_t>& emu_smem_optin() {
@@ -518,7 +529,9 @@ inline std::map<const void*, size_t>& emu_smem_optin() {
 }
 template <class... P>
 int cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute, int bytes) {
-  if (bytes < 0 || bytes > 227 * 1024) emu_fail("cudaFuncSetAttribute: more dynamic shared memory than an H100 has");
+  if (bytes < 0 || static_cast<size_t>(bytes) > emu_smem_per_block()) {
+    emu_fail("cudaFuncSetAttribute: more dynamic shared memory than the device allows a block");
+  }
   emu_smem_optin()[reinterpret_cast<const void*>(kernel)] = static_cast<size_t>(bytes);
   return 0;
 }
