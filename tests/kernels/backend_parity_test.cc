@@ -1000,13 +1000,19 @@ TEST_CASE("parity: a whole GPT forward and backward on CUDA matches the CPU (fp3
   gpu->set_compute_dtype(DType::kF32);
 }
 
+// A fresh CUDA backend under GPT_TRAIN_CUDA_PROFILE=1 (which it reads once, when made).
+Expected<std::unique_ptr<Backend>> make_profiling_gpu() {
+  ::setenv("GPT_TRAIN_CUDA_PROFILE", "1", 1);
+  auto made = make_gpu();
+  ::unsetenv("GPT_TRAIN_CUDA_PROFILE");
+  return made;
+}
+
 // The model takes both fused ops under full: a fresh backend under GPT_TRAIN_CUDA_PROFILE=1 lists the ops it ran
 // (times aside), and no GELU kernel is among them.
 TEST_CASE("GELU fusion: a GPT step under full runs both fused GEMMs and no GELU kernel", "[cuda]") {
   if (!cuda_or_skip("GELU fusion in the model")) return;
-  ::setenv("GPT_TRAIN_CUDA_PROFILE", "1", 1);
-  auto made = make_gpu();
-  ::unsetenv("GPT_TRAIN_CUDA_PROFILE");
+  auto made = make_profiling_gpu();
   REQUIRE(made.has_value());
   Backend& be = **made;
   be.set_compute_dtype(DType::kBF16);
@@ -1031,9 +1037,7 @@ TEST_CASE("GELU fusion: a GPT step under full runs both fused GEMMs and no GELU 
 // ops) or at the report.
 TEST_CASE("CUDA profile: every op call is counted, read at a synchronize, a full pool and the report", "[cuda]") {
   if (!cuda_or_skip("CUDA op profile")) return;
-  ::setenv("GPT_TRAIN_CUDA_PROFILE", "1", 1);
-  auto made = make_gpu();
-  ::unsetenv("GPT_TRAIN_CUDA_PROFILE");
+  auto made = make_profiling_gpu();
   REQUIRE(made.has_value());
   Backend& be = **made;
   Dev<float> x(be, std::vector<float>(64, 1.0f)), y(be, 64);
