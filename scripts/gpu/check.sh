@@ -4,8 +4,8 @@
 #   device tool `run`: carry ["gpu-bundle"], command "scripts/gpu/check.sh", timeout_s 540
 # With gpu-bundle/*.tar.* present it extracts the bundle to /tmp/gpt-bundle and sources its env.sh (the GPU
 # machine lacks OpenMPI, oneDNN, yaml-cpp, spdlog...); without one it builds with cmake (needs those there).
-# Steps, each PASS/FAIL/SKIP with seconds, and a summary printed LAST: GPU, libraries, CUDA backend parity
-# (gpt_tests [cuda]), NCCL singleton (gpt_mpi_tests [nccl]), Shakespeare 20 steps cpu vs cuda (losses within
+# Steps, each PASS/FAIL/SKIP with seconds, and a summary printed LAST: GPU, libraries, the PTX probe (the
+# mma.sync/ldmatrix/cvt/cp.async layouts alone), CUDA backend parity (gpt_tests [cuda]), NCCL singleton (gpt_mpi_tests [nccl]), Shakespeare 20 steps cpu vs cuda (losses within
 # 1e-4 relative), compute-sanitizer memcheck and racecheck, scripts/bench/gpu_vs_pytorch.sh if present (its
 # table, the per-op device time of a few steps, and the run.attention_kernel and run.gelu_fusion variants), then
 # scripts/bench/attention_vs_pytorch.sh (the attention kernels against PyTorch's SDPA) in what is left.
@@ -121,7 +121,13 @@ elif [ -n "$missing" ]; then record FAIL "libraries" $((SECONDS - t0)) "missing:
 else record PASS "libraries" $((SECONDS - t0)) "CUDA libs: ${cuda_from:0:300}"; fi
 
 # --- b. CUDA backend parity (tests/kernels/backend_parity_test.cc)
-if wanted parity; then run_step "parity" 120 "$GPT_TESTS" "[cuda]"; judge "parity [cuda]"; fi
+# First the PTX probe alone (its own line: whether mma.sync, ldmatrix, cvt and cp.async have the layouts the
+# attention kernels assume, apart from the kernels), then every [cuda] case.
+if wanted parity; then
+  run_step "ptx probe" 30 "$GPT_TESTS" "PTX probe*"; judge "PTX probe (mma/ldmatrix)"
+  grep -h "^PTX probe:" "$OUTF" | head -6 | cut -c1-200 | sed 's/^/      | /' | tee -a "$LOG"
+  run_step "parity" 120 "$GPT_TESTS" "[cuda]"; judge "parity [cuda]"
+fi
 
 # --- c. NCCL at one rank: a singleton (no mpirun in the bundle); more ranks where there are GPUs and mpirun
 if wanted nccl; then

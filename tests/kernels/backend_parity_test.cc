@@ -11,6 +11,7 @@
 // which is ~100 ulps of the largest value for sums of up to a few thousand terms. The whole model step is
 // held to 1e-4 on the loss and every gradient.
 #include <algorithm>
+#include <bit>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "backend/backend.h"
@@ -30,12 +32,21 @@
 #ifdef GPT_PARITY_EMULATED
 #include "kernels/cuda/cuda_backend.h"  // the emulator's conversion: gpt::CudaEmuBackend
 #endif
+#if defined(GPT_PARITY_EMULATED) || defined(GPT_WITH_CUDA)
+#include "kernels/mma_probe.h"  // in the emulator's binary its conversion (gpt::cuda_emu)
+#endif
 
 namespace gpt {
 namespace {
 
 using testing::rand_tokens;
 using testing::randn;
+
+#ifdef GPT_PARITY_EMULATED
+namespace cuda_probe = cuda_emu;
+#elif defined(GPT_WITH_CUDA)
+namespace cuda_probe = cuda;
+#endif
 
 #ifdef GPT_PARITY_EMULATED
 constexpr bool kEmulated = true;  // every CUDA thread and GEMM term runs in turn: GPT-2-sized shapes are left to GPUs
@@ -640,6 +651,100 @@ TEST_CASE("parity: tensor-core attention (bf16 compute) against the CPU's fp32",
   }
   REQUIRE(gpu->set_attention_kernel(AttentionKernel::kAuto).is_ok());
   gpu->set_compute_dtype(DType::kF32);
+}
+
+// The PTX probe (tests/kernels/mma_probe.h): the instructions under the mma.sync attention, alone. Every value is
+// exact (small integers: every product and sum fits fp32), so each output must match its table bit for bit. When
+// the attention cases above fail on a GPU and this passes, the fault is in a kernel, not in an instruction's layout.
+TEST_CASE("PTX probe: mma.sync, ldmatrix, cvt.bf16x2 and cp.async follow the PTX ISA's fragment tables", "[cuda]") {
+#if defined(GPT_PARITY_EMULATED) || defined(GPT_WITH_CUDA)
+  if (cuda_or_skip("PTX probe") == nullptr) return;
+  uint32_t state = 12345u;
+  auto next = [&state] { return state = state * 1664525u + 1013904223u; };
+  auto small = [&] { return static_cast<float>(static_cast<int>(next() >> 24) % 9 - 4); };  // -4 .. 4
+  auto bits = [](float x) { return f32_to_bf16(x).bits; };
+  auto value = [](uint16_t b) { return bf16_to_f32(bf16{b}); };
+  cuda_probe::MmaProbeIn in;
+  for (auto* m : {&in.a, &in.b, &in.kt}) {
+    for (int e = 0; e < 256; ++e) m->push_back(bits(small()));
+  }
+  for (int e = 0; e < 128; ++e) in.c.push_back(2.0f * small());
+  for (int e = 0; e < 256; ++e) in.codes.push_back(static_cast<uint16_t>(0x1000 + e));  // (row, column) in the bits
+  for (int l = 0; l < 32; ++l) {
+    in.lo.push_back(1.0f + static_cast<float>(l) / 1024.0f);  // lane 4: 1 + 2^-8, a tie (to even: 1)
+    in.hi.push_back(-3.0f - static_cast<float>(l) / 512.0f - 1.0f / 4096.0f);
+  }
+  for (int e = 0; e < 256; ++e) in.copy.push_back(static_cast<uint16_t>(next() >> 16));
+  const cuda_probe::MmaProbeOut out = cuda_probe::run_mma_probe(in);
+
+  // Mismatches against `want`, the first one printed.
+  auto show = [](auto v) {
+    char buf[64];
+    if constexpr (std::is_same_v<decltype(v), float>) {
+      std::snprintf(buf, sizeof buf, "%g (0x%08x)", static_cast<double>(v), std::bit_cast<uint32_t>(v));
+    } else {
+      std::snprintf(buf, sizeof buf, "0x%x", static_cast<unsigned>(v));
+    }
+    return std::string(buf);
+  };
+  auto mismatches = [&](const char* what, const auto& got, const auto& want) {
+    REQUIRE(got.size() == want.size());
+    int n = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::memcmp(&got[i], &want[i], sizeof(got[i])) != 0 && n++ == 0) {
+        std::printf("PTX probe: %s: first difference at %zu: got %s, want %s\n", what, i, show(got[i]).c_str(),
+                    show(want[i]).c_str());
+      }
+    }
+    return n;
+  };
+  // D = A B + C, n-tile by n-tile, with B from b (k x n) or from kt^T.
+  auto product = [&](bool from_kt) {
+    std::vector<float> d(256);
+    for (int nt = 0; nt < 2; ++nt) {
+      for (int r = 0; r < 16; ++r) {
+        for (int c = 0; c < 8; ++c) {
+          const int n = 8 * nt + c;
+          double s = in.c[static_cast<size_t>(r * 8 + c)];
+          for (int k = 0; k < 16; ++k) {
+            s += static_cast<double>(value(in.a[static_cast<size_t>(r * 16 + k)])) *
+                 value(from_kt ? in.kt[static_cast<size_t>(n * 16 + k)] : in.b[static_cast<size_t>(k * 16 + n)]);
+          }
+          d[static_cast<size_t>((nt * 16 + r) * 8 + c)] = static_cast<float>(s);
+        }
+      }
+    }
+    return d;
+  };
+  CHECK(mismatches("mma.sync, fragments by the tables", out.d_direct, product(false)) == 0);
+  CHECK(mismatches("mma.sync, ldmatrix A and ldmatrix.trans B", out.d_trans, product(false)) == 0);
+  CHECK(mismatches("mma.sync, ldmatrix A and ldmatrix B (kt^T)", out.d_kt, product(true)) == 0);
+  // ldmatrix: register m of lane 4 r + q from matrix m (rows 8 (m % 2).., columns 8 (m / 2).. of the codes).
+  std::vector<uint32_t> ld, ld_trans;
+  for (int lane = 0; lane < 32; ++lane) {
+    const int r = lane / 4, q = lane % 4;
+    for (int m = 0; m < 4; ++m) {
+      auto code = [&](int row, int col) {
+        return static_cast<uint32_t>(in.codes[static_cast<size_t>((8 * (m % 2) + row) * 16 + 8 * (m / 2) + col)]);
+      };
+      ld.push_back(code(r, 2 * q) | code(r, 2 * q + 1) << 16);
+      ld_trans.push_back(code(2 * q, r) | code(2 * q + 1, r) << 16);
+    }
+  }
+  CHECK(mismatches("ldmatrix.x4", out.ld, ld) == 0);
+  CHECK(mismatches("ldmatrix.x4.trans", out.ld_trans, ld_trans) == 0);
+  std::vector<uint32_t> packed;
+  for (int l = 0; l < 32; ++l) {
+    packed.push_back(static_cast<uint32_t>(bits(in.lo[static_cast<size_t>(l)])) |
+                     static_cast<uint32_t>(bits(in.hi[static_cast<size_t>(l)])) << 16);
+  }
+  CHECK(mismatches("cvt.rn.bf16x2.f32 (lo in the low half)", out.packed, packed) == 0);
+  std::vector<uint16_t> copied(in.copy);
+  for (int lane = 1; lane < 32; lane += 2) std::fill_n(copied.begin() + 8 * lane, 8, uint16_t{0});
+  CHECK(mismatches("cp.async (16 bytes, or zero-filled)", out.copied, copied) == 0);
+#else
+  std::printf("SKIPPED PTX probe: built without CUDA\n");
+#endif
 }
 
 TEST_CASE("parity: gelu, residual, dropout", "[cuda]") {
