@@ -24,6 +24,16 @@ void cuda_free(void* p) {
   if (err != cudaErrorCudartUnloading) GPT_CUDA_CHECK(err);
 }
 
+// A tensor's element size in bytes.
+int64_t esize(ConstTensorPtr t) { return static_cast<int64_t>(dtype_size(t.dtype)); }
+
+// The elements the spans cover.
+int64_t span_elements(const std::vector<OptimSpan>& spans) {
+  int64_t n = 0;
+  for (const OptimSpan& s : spans) n += s.length;
+  return n;
+}
+
 }  // namespace
 
 Expected<std::unique_ptr<Backend>> make_cuda_backend(int local_rank, int local_size) {
@@ -69,7 +79,7 @@ CudaBackend::~CudaBackend() {
   cudaStreamDestroy(stream_);
 }
 
-CudaBackend::OpTimer::OpTimer(CudaBackend* be, const char* op) : be_(be), op_(op) {
+CudaBackend::OpTimer::OpTimer(CudaBackend* be, const char* op, OpWork work) : be_(be), op_(op), work_(work) {
   if (be_ != nullptr) start_ = be_->record_op_event();
 }
 
@@ -77,7 +87,7 @@ CudaBackend::OpTimer::~OpTimer() {
   if (be_ == nullptr) return;
   const size_t stop = be_->record_op_event();
   if (stop != start_ + 1) return;  // another timed op ran inside this one (none does): left out, not mis-timed
-  be_->pending_ops_.push_back({op_, start_});
+  be_->pending_ops_.push_back({op_, work_, start_});
 }
 
 size_t CudaBackend::record_op_event() {
@@ -103,6 +113,8 @@ void CudaBackend::read_op_times() const {
     if (it == op_times_.end()) it = op_times_.insert(op_times_.end(), OpTime{p.op});
     it->ms += ms;
     ++it->calls;
+    it->work.flops += p.work.flops;
+    it->work.bytes += p.work.bytes;
   }
   pending_ops_.clear();
   next_op_event_ = 0;
@@ -117,13 +129,24 @@ std::string CudaBackend::profile_report() const {
   double total = 0.0;
   for (const OpTime& t : sorted) total += t.ms;
   std::string out = "CUDA op time (GPT_TRAIN_CUDA_PROFILE=1; events before and after each op, ops back to back):\n";
-  char line[160];
-  std::snprintf(line, sizeof(line), "  %-32s %10s %8s %10s %6s\n", "op", "total ms", "calls", "ms/call", "%");
+  char line[200];
+  std::snprintf(line, sizeof(line), "  %-32s %10s %8s %10s %6s %16s %14s\n", "op", "total ms", "calls", "ms/call", "%",
+                "least work/call", "rate");
   out += line;
   for (const OpTime& t : sorted) {
-    std::snprintf(line, sizeof(line), "  %-32s %10.2f %8lld %10.4f %5.1f%%\n", t.op, t.ms,
-                  static_cast<long long>(t.calls), t.ms / static_cast<double>(t.calls),
-                  total > 0 ? 100.0 * t.ms / total : 0.0);
+    const double calls = static_cast<double>(t.calls);
+    // The op's least work (OpWork) per call, and that work over the op's time: against the GPU's peak (H100/H200
+    // SXM: 989 dense bf16 TFLOP/s; H200 4.8 TB/s, H100 3.35 TB/s, by the datasheets), how far it is from its bound.
+    char work[32] = "-", rate[32] = "-";
+    if (t.work.flops > 0) {
+      std::snprintf(work, sizeof(work), "%.4g GFLOP", t.work.flops / calls * 1e-9);
+      if (t.ms > 0) std::snprintf(rate, sizeof(rate), "%.1f TFLOP/s", t.work.flops / (t.ms * 1e9));
+    } else if (t.work.bytes > 0) {
+      std::snprintf(work, sizeof(work), "%.4g MB", t.work.bytes / calls * 1e-6);
+      if (t.ms > 0) std::snprintf(rate, sizeof(rate), "%.0f GB/s", t.work.bytes / (t.ms * 1e6));
+    }
+    std::snprintf(line, sizeof(line), "  %-32s %10.2f %8lld %10.4f %5.1f%% %16s %14s\n", t.op, t.ms,
+                  static_cast<long long>(t.calls), t.ms / calls, total > 0 ? 100.0 * t.ms / total : 0.0, work, rate);
     out += line;
   }
   std::snprintf(line, sizeof(line), "  %-32s %10.2f\n", "total", total);
@@ -302,12 +325,13 @@ void CudaBackend::synchronize() {
 
 void CudaBackend::embedding_forward(float* out, const int32_t* tokens, ConstTensorPtr wte, ConstTensorPtr wpe, int B,
                                     int T, int C) {
-  const OpTimer timed = time_op("embedding_forward");
+  const OpTimer timed = time_op("embedding_forward", byte_work(int64_t{B} * T * C * (4 + esize(wte)) +
+                                                               int64_t{T} * C * esize(wpe) + int64_t{B} * T * 4));
   cuda::embedding_forward(out, tokens, wte, wpe, B, T, C, stream_);
 }
 void CudaBackend::embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                                      int C) {
-  const OpTimer timed = time_op("embedding_backward");
+  const OpTimer timed = time_op("embedding_backward", byte_work(int64_t{B} * T * (4 * C + 4) + 2 * int64_t{T} * C * 4));
   cuda::embedding_backward(dwte, dwpe, dout, tokens, B, T, C, scratch(cuda::embedding_backward_scratch_bytes(B, T)),
                            stream_);
 }
@@ -341,7 +365,7 @@ const void* CudaBackend::gemm_bias(ConstTensorPtr bias, DType out_type, int OC) 
 }
 void CudaBackend::matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias,
                                  int64_t N, int C, int OC, int64_t ld_out) {
-  const OpTimer timed = time_op("matmul_forward");
+  const OpTimer timed = time_op("matmul_forward", flop_work(2.0 * N * C * OC));
   if (compute_dtype_ == DType::kF32) {
     matmul_->forward(out.as_f32(), DType::kF32, inp.as_f32(), weight.as_f32(), DType::kF32,
                      gemm_bias(bias, DType::kF32, OC), N, C, OC, ld_out);
@@ -353,7 +377,8 @@ void CudaBackend::matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorP
 }
 void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                                   ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) {
-  const OpTimer timed = time_op("matmul_backward");
+  const OpTimer timed =
+      time_op("matmul_backward", flop_work(2.0 * N * C * OC * ((dinp != nullptr) + (dweight != nullptr))));
   void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
   if (compute_dtype_ == DType::kF32) {
     matmul_->backward(dinp, dweight, dbias, dout.as_f32(), inp.as_f32(), weight.as_f32(), DType::kF32, N, C, OC,
@@ -382,7 +407,7 @@ void CudaBackend::matmul_gelu_forward(TensorPtr pre, TensorPtr out, ConstTensorP
     Backend::matmul_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
     return;
   }
-  const OpTimer timed = time_op("matmul_gelu_forward");
+  const OpTimer timed = time_op("matmul_gelu_forward", flop_work(2.0 * N * C * OC));
   const bf16* a = gemm_input(0, inp, N * C);
   const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
   const auto* b = static_cast<const bf16*>(gemm_bias(bias, DType::kBF16, OC));
@@ -395,7 +420,7 @@ void CudaBackend::matmul_backward_gelu(TensorPtr dpre, float* dinp, float* dweig
     Backend::matmul_backward_gelu(dpre, dinp, dweight, dbias, dout, inp, weight, pre, N, C, OC);
     return;
   }
-  const OpTimer timed = time_op("matmul_backward_gelu");
+  const OpTimer timed = time_op("matmul_backward_gelu", flop_work(2.0 * N * C * OC * (1 + (dweight != nullptr))));
   void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
   const bf16* a = gemm_input(0, inp, N * C);
   const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
@@ -404,20 +429,23 @@ void CudaBackend::matmul_backward_gelu(TensorPtr dpre, float* dinp, float* dweig
 }
 void CudaBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                                     ConstTensorPtr bias, int64_t N, int C) {
-  const OpTimer timed = time_op("layernorm_forward");
+  const OpTimer timed =
+      time_op("layernorm_forward", byte_work(N * C * (4 + esize(out)) + 8 * N + 2 * int64_t{C} * esize(weight)));
   cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream_);
 }
 void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                      ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C,
                                      bf16* dinp_lo) {
-  const OpTimer timed = time_op("layernorm_backward");
+  const OpTimer timed = time_op("layernorm_backward", byte_work(N * C * (16 + (dinp_lo != nullptr ? 2 : 0)) + 8 * N +
+                                                                int64_t{C} * (esize(weight) + 16)));
   cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, dinp_lo,
                            scratch(cuda::layernorm_backward_scratch_bytes(N, C)), stream_);
 }
 void CudaBackend::residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
                                              const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N,
                                              int C, const DropoutMask& drop) {
-  const OpTimer timed = time_op("residual_layernorm_forward");
+  const OpTimer timed = time_op("residual_layernorm_forward",
+                                byte_work(N * C * (12 + esize(out)) + 8 * N + 2 * int64_t{C} * esize(weight)));
   cuda::residual_layernorm_forward(res_out, out, mean, rstd, res, inp, weight, bias, N, C, drop, stream_);
 }
 // Under bf16 compute, the tensor-core kernels for the head sizes they cover and 16-byte aligned tensors (they
@@ -453,7 +481,7 @@ CudaBackend::AttentionPath CudaBackend::attention_path(int C, int NH, std::initi
 }
 void CudaBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                                     const DropoutMask& drop) {
-  const OpTimer timed = time_op("attention_forward");
+  const OpTimer timed = time_op("attention_forward", flop_work(2.0 * B * T * T * C));
   switch (attention_path(C, NH, {out, qkv})) {
     case AttentionPath::kMma:
       cuda::attention_forward_mma(out, att, qkv, B, T, C, NH, drop, stream_);
@@ -468,7 +496,7 @@ void CudaBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qk
 }
 void CudaBackend::attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out,
                                      const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
-  const OpTimer timed = time_op("attention_backward");
+  const OpTimer timed = time_op("attention_backward", flop_work(5.0 * B * T * T * C));
   switch (attention_path(C, NH, {dqkv, qkv, out}, dout)) {
     case AttentionPath::kMma:
       cuda::attention_backward_mma(dqkv, dout, qkv, out, att, B, T, C, NH, drop,
@@ -485,37 +513,39 @@ void CudaBackend::attention_backward(TensorPtr dqkv, const float* dout, ConstTen
   }
 }
 void CudaBackend::gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) {
-  const OpTimer timed = time_op("gelu_forward");
+  const OpTimer timed = time_op("gelu_forward", byte_work(N * (esize(inp) + esize(out))));
   cuda::gelu_forward(out, inp, N, stream_);
 }
 void CudaBackend::gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N) {
-  const OpTimer timed = time_op("gelu_backward");
+  const OpTimer timed = time_op("gelu_backward", byte_work(N * (esize(dinp) + esize(inp) + 4)));
   cuda::gelu_backward(dinp, inp, dout, N, stream_);
 }
 void CudaBackend::residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) {
-  const OpTimer timed = time_op("residual_forward");
+  const OpTimer timed = time_op("residual_forward", byte_work(12 * N));
   cuda::residual_forward(out, res, inp, N, drop, stream_);
 }
 void CudaBackend::dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) {
-  const OpTimer timed = time_op("dropout_backward");
+  const OpTimer timed = time_op("dropout_backward", byte_work(8 * N));
   cuda::dropout_backward(dinp, dout, N, drop, stream_);
 }
 void CudaBackend::dropout_forward(float* x, int64_t N, const DropoutMask& drop) {
-  const OpTimer timed = time_op("dropout_forward");
+  const OpTimer timed = time_op("dropout_forward", byte_work(8 * N));
   cuda::dropout_forward(x, N, drop, stream_);
 }
 void CudaBackend::crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensorPtr logits,
                                                 const int32_t* targets, int64_t N, int V, int Vp, float dloss) {
-  const OpTimer timed = time_op("crossentropy_forward_backward");
+  const OpTimer timed = time_op(
+      "crossentropy_forward_backward",
+      byte_work(N * V * esize(logits) + (dlogits.data != nullptr ? N * int64_t{Vp} * esize(dlogits) : 0) + 8 * N));
   cuda::crossentropy_forward_backward(losses, dlogits, logits, targets, N, V, Vp, dloss, stream_);
 }
 void CudaBackend::adamw_update(float* param, float* m, float* v, const float* grad, int64_t n, float lr, float beta1,
                                float beta2, float eps, float weight_decay, float grad_scale, int64_t step) {
-  const OpTimer timed = time_op("adamw_update");
+  const OpTimer timed = time_op("adamw_update", byte_work(28 * n));
   cuda::adamw_update(param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, grad_scale, step, stream_);
 }
 double CudaBackend::sum_squares(const float* x, int64_t n) {
-  const OpTimer timed = time_op("sum_squares");
+  const OpTimer timed = time_op("sum_squares", byte_work(4 * n));
   cuda::sum_squares(result_.as<double>(), x, n, scratch(cuda::sum_squares_scratch_bytes()), stream_);
   GPT_CUDA_CHECK(cudaMemcpyAsync(result_host_, result_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
   GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -524,11 +554,12 @@ double CudaBackend::sum_squares(const float* x, int64_t n) {
 void CudaBackend::adamw_update_spans(float* param, float* m, float* v, const float* grad, bf16* param_lo,
                                      const std::vector<OptimSpan>& spans, const AdamWStep& step,
                                      const Bf16Rounding& rounding) {
-  const OpTimer timed = time_op("adamw_update_spans");
+  const OpTimer timed =
+      time_op("adamw_update_spans", byte_work(span_elements(spans) * (28 + (param_lo != nullptr ? 2 : 0))));
   cuda::adamw_update_spans(param, m, v, grad, param_lo, span_table(spans), step, rounding, stream_);
 }
 double CudaBackend::sum_squares_spans(const float* x, const std::vector<OptimSpan>& spans) {
-  const OpTimer timed = time_op("sum_squares_spans");
+  const OpTimer timed = time_op("sum_squares_spans", byte_work(4 * span_elements(spans)));
   const cuda::SpanTable& t = span_table(spans);
   cuda::sum_squares_spans(result_.as<double>(), x, t, scratch(cuda::sum_squares_spans_scratch_bytes(t)), stream_);
   GPT_CUDA_CHECK(cudaMemcpyAsync(result_host_, result_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
@@ -537,23 +568,23 @@ double CudaBackend::sum_squares_spans(const float* x, const std::vector<OptimSpa
 }
 void CudaBackend::round_to_bf16_spans(bf16* dst, const float* src, const std::vector<OptimSpan>& spans,
                                       const Bf16Rounding& rounding) {
-  const OpTimer timed = time_op("round_to_bf16_spans");
+  const OpTimer timed = time_op("round_to_bf16_spans", byte_work(6 * span_elements(spans)));
   cuda::round_to_bf16_spans(dst, src, span_table(spans), rounding, stream_);
 }
 void CudaBackend::fill_zero(float* x, int64_t n) {
-  const OpTimer timed = time_op("fill_zero");
+  const OpTimer timed = time_op("fill_zero", byte_work(4 * n));
   if (n > 0) GPT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), stream_));
 }
 void CudaBackend::cast_to_bf16(bf16* dst, const float* src, int64_t n) {
-  const OpTimer timed = time_op("cast_to_bf16");
+  const OpTimer timed = time_op("cast_to_bf16", byte_work(6 * n));
   cuda::cast_to_bf16(dst, src, n, stream_);
 }
 void CudaBackend::cast_from_bf16(float* dst, const bf16* src, int64_t n) {
-  const OpTimer timed = time_op("cast_from_bf16");
+  const OpTimer timed = time_op("cast_from_bf16", byte_work(6 * n));
   cuda::cast_from_bf16(dst, src, n, stream_);
 }
 void CudaBackend::copy(float* dst, const float* src, int64_t n) {
-  const OpTimer timed = time_op("copy");
+  const OpTimer timed = time_op("copy", byte_work(8 * n));
   if (n > 0) GPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
 }
 

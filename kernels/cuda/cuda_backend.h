@@ -108,9 +108,14 @@ class CudaBackend final : public Backend {
   // waiting: the ops run back to back as in an unprofiled run, and each op's time is the device time between its
   // two events. The times are read where the host waits for the stream anyway (synchronize, to_host, the report)
   // or when the event pool is full. Otherwise a no-op.
+  // An op's least work, for the report's rates: the floating-point operations of its products (GEMMs, attention), or
+  // else the bytes it must move (each tensor it reads or writes, once; its own temporaries not counted).
+  struct OpWork {
+    double flops, bytes;
+  };
   class OpTimer {
    public:
-    OpTimer(CudaBackend* be, const char* op);
+    OpTimer(CudaBackend* be, const char* op, OpWork work);
     ~OpTimer();
     OpTimer(const OpTimer&) = delete;
     OpTimer& operator=(const OpTimer&) = delete;
@@ -118,9 +123,12 @@ class CudaBackend final : public Backend {
    private:
     CudaBackend* be_;
     const char* op_;
+    OpWork work_;
     size_t start_ = 0;  // its first event's index in op_events_
   };
-  OpTimer time_op(const char* op) { return OpTimer(profile_ ? this : nullptr, op); }
+  OpTimer time_op(const char* op, OpWork work = {0.0, 0.0}) { return OpTimer(profile_ ? this : nullptr, op, work); }
+  static OpWork flop_work(double flops) { return OpWork{flops, 0.0}; }
+  static OpWork byte_work(int64_t bytes) { return OpWork{0.0, static_cast<double>(bytes)}; }
   void* scratch(size_t bytes);
   const cuda::SpanTable& span_table(const std::vector<OptimSpan>& spans);
   // bf16 copies of a GEMM's fp32 inputs: slot 0 inp, 1 weight, 2 dout, 3 the bias as the output's dtype wants it
@@ -181,6 +189,7 @@ class CudaBackend final : public Backend {
   std::vector<cudaEvent_t> op_events_;
   struct PendingOp {
     const char* op;
+    OpWork work;
     size_t start;
   };
   mutable std::vector<PendingOp> pending_ops_;
@@ -189,6 +198,7 @@ class CudaBackend final : public Backend {
     const char* op;
     double ms = 0.0;
     int64_t calls = 0;
+    OpWork work{0.0, 0.0};  // summed over the calls
   };
   mutable std::vector<OpTime> op_times_;
   // The index of a fresh event recorded on the stream now.

@@ -8,13 +8,13 @@ work=$(mktemp -d /tmp/by-kind.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 cat > "$work/ours.log" <<'LOG'
 [12:00:00.000] [rank 0] [info] CUDA op time (GPT_TRAIN_CUDA_PROFILE=1; events before and after each op, ops back to back):
-    op                                 total ms    calls    ms/call      %
-    matmul_backward                      100.00      200     0.5000  50.0%
-    attention_backward                    40.00       48     0.8333  20.0%
-    matmul_forward                        30.00      100     0.3000  15.0%
-    crossentropy_forward_backward         10.00        4     2.5000   5.0%
-    adamw_update_spans                     8.00        4     2.0000   4.0%
-    layernorm_backward                    12.00      100     0.1200   6.0%
+    op                                 total ms    calls    ms/call      %  least work/call           rate
+    matmul_backward                      100.00      200     0.5000  50.0%      154.6 GFLOP  309.2 TFLOP/s
+    attention_backward                    40.00       48     0.8333  20.0%      123.7 GFLOP  148.4 TFLOP/s
+    matmul_forward                        30.00      100     0.3000  15.0%      77.31 GFLOP  257.7 TFLOP/s
+    crossentropy_forward_backward         10.00        4     2.5000   5.0%         3298 MB      1319 GB/s
+    adamw_update_spans                     8.00        4     2.0000   4.0%         3480 MB      1740 GB/s
+    layernorm_backward                    12.00      100     0.1200   6.0%        201.4 MB      1678 GB/s
     total                                200.00
 LOG
 cat > "$work/torch.log" <<'LOG'

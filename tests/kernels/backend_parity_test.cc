@@ -1150,17 +1150,39 @@ TEST_CASE("CUDA profile: every op call is counted, read at a synchronize, a full
   be.synchronize();
   for (int i = 0; i < 8200; ++i) be.copy(y.p(), x.p(), 64);
   be.fill_zero(y.p(), 64);
+  constexpr int kN = 64, kC = 32, kOC = 48;
+  Dev<float> inp(be, randn(kN * kC, 1)), weight(be, randn(kOC * kC, 2)), out(be, kN * kOC);
+  for (int i = 0; i < 2; ++i) be.matmul_forward(out.p(), inp.p(), weight.p(), nullptr, kN, kC, kOC, kOC);
   const std::string report = be.profile_report();
   INFO(report);
-  auto calls = [&](const std::string& op) {
-    const size_t at = report.find("\n  " + op + " ");
-    if (at == std::string::npos) return int64_t{-1};
-    double ms = 0.0;
-    long long n = -1;
-    return std::sscanf(report.c_str() + at, " %*s %lf %lld", &ms, &n) == 2 ? static_cast<int64_t>(n) : int64_t{-1};
+  // An op's line: its calls, and its least work per call with the unit.
+  struct Line {
+    int64_t calls = -1;
+    double work = -1.0;
+    std::string unit;
   };
-  CHECK(calls("copy") == 8203);
-  CHECK(calls("fill_zero") == 1);
+  auto line = [&](const std::string& op) {
+    Line l;
+    const size_t at = report.find("\n  " + op + " ");
+    if (at == std::string::npos) return l;
+    double ms = 0.0, per_call = 0.0, pct = 0.0;
+    long long n = -1;
+    char unit[16] = "";
+    if (std::sscanf(report.c_str() + at, " %*s %lf %lld %lf %lf%% %lf %15s", &ms, &n, &per_call, &pct, &l.work,
+                    unit) == 6) {
+      l.calls = n;
+      l.unit = unit;
+    }
+    return l;
+  };
+  CHECK(line("copy").calls == 8203);
+  CHECK(line("fill_zero").calls == 1);
+  // The rates' work: a copy of 64 floats reads and writes 512 bytes; the GEMM does 2 N C OC operations.
+  CHECK(line("copy").unit == "MB");
+  CHECK(line("copy").work == Approx(512e-6).epsilon(1e-3));
+  CHECK(line("matmul_forward").calls == 2);
+  CHECK(line("matmul_forward").unit == "GFLOP");
+  CHECK(line("matmul_forward").work == Approx(2.0 * kN * kC * kOC * 1e-9).epsilon(1e-3));
   CHECK(be.profile_report() == report);  // read once: a second report adds nothing
 }
 
