@@ -32,43 +32,57 @@ namespace gpt::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = cuda_workspace::kCublasLtBytes;
-constexpr int kColsPerBlock = 32;
+constexpr int kColsPerBlock = 4 * kWarp;  // dbias_partial_kernel: 4 columns per thread
 constexpr int kRowsPerChunk = cuda_workspace::kDbiasRows;
 
 int64_t dbias_chunks(int64_t N) { return ceil_div(N, kRowsPerChunk); }
 
-// partial[chunk, oc] = sum of dout[n, oc] (rows ld apart) over the chunk's rows, in row order. Block: 32 columns x
-// 8 rows of threads; each thread sums a strided subset of the chunk's rows, then the 8 are added in order. In: float
-// or bf16 (read as fp32).
+// partial[chunk, oc] = sum of dout[n, oc] (rows ld apart) over the chunk's rows, in row order. Block: 32 x 8 threads
+// over kColsPerBlock columns x 8 rows; each thread sums 4 adjacent columns (one 16-byte fp32 or 8-byte bf16 load per
+// row when `vec`: dout and ld 4-element aligned) over a strided subset of the chunk's rows, then the 8 row subsets
+// are added in order. The same sums, in the same order, on either load path. In: float or bf16 (read as fp32).
 template <typename In>
-__global__ void dbias_partial_kernel(float* partial, const In* dout, int64_t N, int OC, int64_t ld) {
+__global__ void dbias_partial_kernel(float* partial, const In* dout, int64_t N, int OC, int64_t ld, bool vec) {
   __shared__ float sums[8][kColsPerBlock];
-  const int oc = blockIdx.x * kColsPerBlock + threadIdx.x;
+  const int oc = blockIdx.x * kColsPerBlock + 4 * threadIdx.x;
   const int64_t lo = static_cast<int64_t>(blockIdx.y) * kRowsPerChunk;
   const int64_t hi = min(N, lo + kRowsPerChunk);
-  float s = 0.0f;
+  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (oc < OC) {
-    for (int64_t n = lo + threadIdx.y; n < hi; n += blockDim.y) s += load_value(dout + n * ld + oc);
+    for (int64_t n = lo + threadIdx.y; n < hi; n += blockDim.y) {
+      float v[4];
+      load4_upto(v, dout + n * ld, oc, OC, vec, 0.0f);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s[k] += v[k];
+    }
   }
-  sums[threadIdx.y][threadIdx.x] = s;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) sums[threadIdx.y][4 * threadIdx.x + k] = s[k];
   __syncthreads();
-  if (threadIdx.y == 0 && oc < OC) {
+  // Thread (x, y) finishes column 32 y + x of the block's 128 (warp y reads one row of sums: no bank conflicts).
+  const int col = kWarp * threadIdx.y + threadIdx.x;
+  const int out = blockIdx.x * kColsPerBlock + col;
+  if (col < kColsPerBlock && out < OC) {
     float t = 0.0f;
-    for (int r = 0; r < 8; ++r) t += sums[r][threadIdx.x];
-    partial[static_cast<int64_t>(blockIdx.y) * OC + oc] = t;
+    for (int r = 0; r < 8; ++r) t += sums[r][col];
+    partial[static_cast<int64_t>(blockIdx.y) * OC + out] = t;
   }
 }
 
 template <typename In>
 void launch_dbias_partial(float* partial, const In* dout, int64_t N, int OC, int64_t ld, dim3 grid,
                           cudaStream_t stream) {
-  dbias_partial_kernel<In><<<grid, dim3(kColsPerBlock, 8), 0, stream>>>(partial, dout, N, OC, ld);
+  const bool vec = aligned4(dout) && ld % 4 == 0;
+  dbias_partial_kernel<In><<<grid, dim3(kWarp, 8), 0, stream>>>(partial, dout, N, OC, ld, vec);
 }
 
+// dbias[oc] += the chunks' partials, added in chunk order. One warp per block: OC / 32 blocks spread the columns
+// over the SMs; each thread's loads are independent of its adds, so the unrolled loop keeps several in flight.
 __global__ void dbias_sum_kernel(float* dbias, const float* partial, int64_t chunks, int OC) {
   const int oc = blockIdx.x * blockDim.x + threadIdx.x;
   if (oc >= OC) return;
   float s = 0.0f;
+#pragma unroll 8
   for (int64_t c = 0; c < chunks; ++c) s += partial[c * OC + oc];
   dbias[oc] += s;
 }
@@ -267,7 +281,7 @@ void Matmul::dweight_dbias(float* dweight, float* dbias, const void* dout, const
     with_dtype(ConstTensorPtr(dout, type),
                [&](auto* d) { launch_dbias_partial(partial, d, N, OC, ld, grid, stream_); });
     GPT_CUDA_CHECK_LAUNCH();
-    dbias_sum_kernel<<<static_cast<unsigned>(ceil_div(OC, 256)), 256, 0, stream_>>>(dbias, partial, chunks, OC);
+    dbias_sum_kernel<<<static_cast<unsigned>(ceil_div(OC, kWarp)), kWarp, 0, stream_>>>(dbias, partial, chunks, OC);
     GPT_CUDA_CHECK_LAUNCH();
   }
 }

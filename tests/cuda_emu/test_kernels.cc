@@ -759,4 +759,8 @@ TEST_CASE("cuda_emu: matmul.cu (cuBLASLt calls, dbias kernels) matches the CPU t
   // Rows of out and dout padded, as the LM head's logits are (Gpt::logits_stride): fp32 and bf16 inputs.
   run_matmul(300, 8, 65, 0, false, 80);
   run_matmul(9, 16, 65, 0, true, 80);
+  // dbias over 3 blocks of 128 columns (4 per thread, the last block partly past OC) and 3 row chunks; bf16 dout
+  // read 8 bytes at a time, and rows 4-element aligned but the pointer not (every load one by one).
+  run_matmul(600, 8, 300, 0, true);
+  run_matmul(520, 4, 260, 1, true);
 }
