@@ -188,8 +188,8 @@ void adamw_update(float* param, float* m, float* v, const float* grad, int64_t n
   if (n == 0) return;
   const float bc1 = 1.0f - std::pow(beta1, static_cast<float>(step));
   const float bc2 = 1.0f - std::pow(beta2, static_cast<float>(step));
-  adamw_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(param, m, v, grad, n, lr, beta1, beta2, eps,
-                                                               weight_decay, grad_scale, bc1, bc2);
+  adamw_kernel<<<grid_for(ceil_div(n, kBatch), kThreads), kThreads, 0, stream>>>(
+      param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, grad_scale, bc1, bc2);
   GPT_CUDA_CHECK_LAUNCH();
 }
 

@@ -525,11 +525,11 @@ void CudaBackend::residual_forward(float* out, const float* res, const float* in
   cuda::residual_forward(out, res, inp, N, drop, stream_);
 }
 void CudaBackend::dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) {
-  const OpTimer timed = time_op("dropout_backward", byte_work(8 * N));
+  const OpTimer timed = time_op("dropout_backward", byte_work(drop.active() || dinp != dout ? 8 * N : 0));
   cuda::dropout_backward(dinp, dout, N, drop, stream_);
 }
 void CudaBackend::dropout_forward(float* x, int64_t N, const DropoutMask& drop) {
-  const OpTimer timed = time_op("dropout_forward", byte_work(8 * N));
+  const OpTimer timed = time_op("dropout_forward", byte_work(drop.active() ? 8 * N : 0));  // inactive: nothing runs
   cuda::dropout_forward(x, N, drop, stream_);
 }
 void CudaBackend::crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensorPtr logits,

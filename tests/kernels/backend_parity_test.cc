@@ -17,7 +17,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -1153,6 +1155,7 @@ TEST_CASE("CUDA profile: every op call is counted, read at a synchronize, a full
   constexpr int kN = 64, kC = 32, kOC = 48;
   Dev<float> inp(be, randn(kN * kC, 1)), weight(be, randn(kOC * kC, 2)), out(be, kN * kOC);
   for (int i = 0; i < 2; ++i) be.matmul_forward(out.p(), inp.p(), weight.p(), nullptr, kN, kC, kOC, kOC);
+  be.dropout_forward(y.p(), 64, DropoutMask{});  // inactive: no kernel, no work
   const std::string report = be.profile_report();
   INFO(report);
   // An op's line: its calls, and its least work per call with the unit.
@@ -1168,8 +1171,8 @@ TEST_CASE("CUDA profile: every op call is counted, read at a synchronize, a full
     double ms = 0.0, per_call = 0.0, pct = 0.0;
     long long n = -1;
     char unit[16] = "";
-    if (std::sscanf(report.c_str() + at, " %*s %lf %lld %lf %lf%% %lf %15s", &ms, &n, &per_call, &pct, &l.work,
-                    unit) == 6) {
+    if (std::sscanf(report.c_str() + at, " %*s %lf %lld %lf %lf%% %lf %15s", &ms, &n, &per_call, &pct, &l.work, unit) ==
+        6) {
       l.calls = n;
       l.unit = unit;
     }
@@ -1183,6 +1186,12 @@ TEST_CASE("CUDA profile: every op call is counted, read at a synchronize, a full
   CHECK(line("matmul_forward").calls == 2);
   CHECK(line("matmul_forward").unit == "GFLOP");
   CHECK(line("matmul_forward").work == Approx(2.0 * kN * kC * kOC * 1e-9).epsilon(1e-3));
+  const size_t at = report.find("\n  dropout_forward ");
+  REQUIRE(at != std::string::npos);
+  std::istringstream dropout_line(report.substr(at + 1, report.find('\n', at + 1) - at - 1));
+  std::vector<std::string> fields{std::istream_iterator<std::string>(dropout_line), {}};
+  REQUIRE(fields.size() == 7);           // op, total ms, calls, ms/call, %, work, rate
+  CHECK(fields[5] == "-");               // no work (and so no rate)
   CHECK(be.profile_report() == report);  // read once: a second report adds nothing
 }
 
