@@ -15,6 +15,7 @@ namespace gpt::cuda {
 namespace {
 
 constexpr int kRowThreads = 128;       // per block in the one-block-per-row kernels
+constexpr int kWteThreads = 256;       // per block in the dwte kernel: GPT-2's 768 channels (192 float4) in one pass
 constexpr int kThreads = 256;          // per block in the elementwise kernels
 constexpr size_t kScratchAlign = 256;  // each scratch piece starts on a 256-byte boundary
 
@@ -89,7 +90,10 @@ __global__ void __launch_bounds__(kThreads) iota_kernel(int32_t* __restrict__ va
 //
 // A frequent token's run is long (a few percent of the rows in real text: hundreds at B*T = 16k) and its block
 // ends last, so the walk keeps kBatch rows' loads in flight (added in order: the same sums), and the run's end is
-// found kRowThreads keys at a time (the keys are sorted, so a window's matches are a prefix of it).
+// found kWteThreads keys at a time (the keys are sorted, so a window's matches are a prefix of it). Its threads
+// cover the channels in one pass where C / 4 <= kWteThreads (a second pass would walk the run again). At least 4
+// blocks per SM, not 8: ptxas then leaves registers for the batch's loads (60 on sm_90; fitting 8 blocks it takes
+// 32, too few to keep 8 float4 loads in flight).
 constexpr int kBatch = 8;
 
 template <typename Acc>
@@ -121,7 +125,7 @@ __device__ inline Acc sum_run(Acc acc, const Acc* __restrict__ dout, const int32
 }
 
 template <bool kVec>
-__global__ void __launch_bounds__(kRowThreads)
+__global__ void __launch_bounds__(kWteThreads, 4)
     embedding_backward_wte_kernel(float* __restrict__ dwte, const float* __restrict__ dout,
                                   const int32_t* __restrict__ keys, const int32_t* __restrict__ positions, int n,
                                   int C) {
@@ -131,7 +135,7 @@ __global__ void __launch_bounds__(kRowThreads)
   if (i > 0 && keys[i - 1] == token) return;  // not a segment head; uniform over the block
   int end = i + 1;
   for (;;) {
-    if (threadIdx.x == 0) window_matches[0] = kRowThreads;
+    if (threadIdx.x == 0) window_matches[0] = kWteThreads;
     __syncthreads();
     const int j = end + static_cast<int>(threadIdx.x);
     const bool match = j < n && keys[j] == token;
@@ -141,17 +145,17 @@ __global__ void __launch_bounds__(kRowThreads)
     const int matched = window_matches[0];
     __syncthreads();  // every thread has read it before thread 0 resets it
     end += matched;
-    if (matched < kRowThreads) break;
+    if (matched < kWteThreads) break;
   }
   float* te = dwte + static_cast<int64_t>(token) * C;
   if constexpr (kVec) {
     const auto* d4 = reinterpret_cast<const float4*>(dout);
-    for (int c = threadIdx.x; c < C / 4; c += kRowThreads) {
+    for (int c = threadIdx.x; c < C / 4; c += kWteThreads) {
       reinterpret_cast<float4*>(te)[c] =
           sum_run(reinterpret_cast<const float4*>(te)[c], d4, positions, i, end, C / 4, c);
     }
   } else {
-    for (int c = threadIdx.x; c < C; c += kRowThreads) te[c] = sum_run(te[c], dout, positions, i, end, C, c);
+    for (int c = threadIdx.x; c < C; c += kWteThreads) te[c] = sum_run(te[c], dout, positions, i, end, C, c);
   }
 }
 
@@ -186,7 +190,7 @@ SortScratch sort_scratch(void* scratch, int n) {
 
 int rows(int B, int T) {
   const int64_t n = static_cast<int64_t>(B) * T;
-  GPT_CHECK(n <= INT32_MAX - kRowThreads);  // one block per row; int32 positions (and the run scan's window)
+  GPT_CHECK(n <= INT32_MAX - kWteThreads);  // one block per row; int32 positions (and the run scan's window)
   return static_cast<int>(n);
 }
 
@@ -254,9 +258,9 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
                                                  0, 32, stream));
   GPT_CUDA_CHECK_LAUNCH();
   if (C % 4 == 0 && aligned16(dwte) && aligned16(dout)) {
-    embedding_backward_wte_kernel<true><<<n, kRowThreads, 0, stream>>>(dwte, dout, s.keys_out, s.values_out, n, C);
+    embedding_backward_wte_kernel<true><<<n, kWteThreads, 0, stream>>>(dwte, dout, s.keys_out, s.values_out, n, C);
   } else {
-    embedding_backward_wte_kernel<false><<<n, kRowThreads, 0, stream>>>(dwte, dout, s.keys_out, s.values_out, n, C);
+    embedding_backward_wte_kernel<false><<<n, kWteThreads, 0, stream>>>(dwte, dout, s.keys_out, s.values_out, n, C);
   }
   GPT_CUDA_CHECK_LAUNCH();
 }

@@ -711,9 +711,10 @@ TEST_CASE("cuda_emu: embedding.cu matches the CPU twin (repeated tokens)", "[cud
   run_embedding(2, 5, 7, 11, 3);
   run_embedding(2, 4, 8, 5, 2);
   run_embedding(3, 6, 36, 1000, 1);  // one token everywhere
-  // Runs longer than a block's key window (128) and than the batches of loads (8), with two column passes
-  // (C/4 = 130 float4s); and the scalar path (C odd).
+  // Runs longer than the dwte block's key window (256) and than the batches of loads (8), in one column pass
+  // (C/4 = 130 float4s) and in two (C/4 = 260); and the scalar path (C odd).
   run_embedding(4, 75, 520, 50, 1);
+  run_embedding(2, 150, 1040, 50, 1);
   run_embedding(2, 150, 37, 50, 3);
 }
 
