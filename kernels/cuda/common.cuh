@@ -42,22 +42,35 @@ __device__ inline float dropped(float x, const Mask& drop, float keep, int64_t i
   return drop.rng.uniform(drop.base + static_cast<uint64_t>(i)) < drop.p ? 0.0f : __fmul_rn(x, keep);
 }
 
-// Four fp32 values rounded to bf16 (nearest even: the cast_to_bf16 rounding) and stored at p: one 8-byte store
-// when `vec` (the caller guarantees p is 8-byte aligned and all four lie inside), else one by one, those at or
-// past `left` skipped. The bf16 outputs of the kernels that write GEMM inputs.
+// Two fp32 values rounded to bf16 exactly as bf16_bits_nearest rounds them (nearest even, subnormals kept, a NaN
+// quieted with its payload's top bits) and packed, lo in the low half. On sm_80 and later one cvt.rn.bf16x2.f32 per
+// pair instead of about six integer operations per value; a NaN (which cvt would make the canonical one) takes the
+// integer path. (mma_ptx.cuh's pack_bf16x2 leaves NaNs to cvt: the attention kernels' P and dS are never NaN.)
+__device__ inline uint32_t bf16x2_nearest(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GPT_CUDA_EMULATOR)
+  if (!isnan(lo) && !isnan(hi)) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));  // the first source goes to the upper half
+    return r;
+  }
+#endif
+  return static_cast<uint32_t>(bf16_bits_nearest(__float_as_uint(lo))) |
+         static_cast<uint32_t>(bf16_bits_nearest(__float_as_uint(hi))) << 16;
+}
+
+// Four fp32 values rounded to bf16 (nearest even: the cast_to_bf16 rounding, bf16x2_nearest) and stored at p: one
+// 8-byte store when `vec` (the caller guarantees p is 8-byte aligned and all four lie inside), else one by one, those
+// at or past `left` skipped. The bf16 outputs of the kernels that write GEMM inputs.
 __device__ inline void store4_bf16(bf16* p, const float (&v)[4], bool vec, int left) {
-  uint16_t b[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) b[k] = bf16_bits_nearest(__float_as_uint(v[k]));
+  uint2 packed;
+  packed.x = bf16x2_nearest(v[0], v[1]);
+  packed.y = bf16x2_nearest(v[2], v[3]);
   if (vec) {
-    uint2 packed;
-    packed.x = static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 16;
-    packed.y = static_cast<uint32_t>(b[2]) | static_cast<uint32_t>(b[3]) << 16;
     *reinterpret_cast<uint2*>(p) = packed;
   } else {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      if (k < left) p[k].bits = b[k];
+      if (k < left) p[k].bits = static_cast<uint16_t>((k < 2 ? packed.x : packed.y) >> (16 * (k % 2)));
     }
   }
 }

@@ -672,9 +672,18 @@ TEST_CASE("PTX probe: mma.sync, ldmatrix, cvt.bf16x2 and cp.async follow the PTX
   }
   for (int e = 0; e < 128; ++e) in.c.push_back(2.0f * small());
   for (int e = 0; e < 256; ++e) in.codes.push_back(static_cast<uint16_t>(0x1000 + e));  // (row, column) in the bits
-  for (int l = 0; l < 32; ++l) {
+  for (int l = 0; l < 16; ++l) {
     in.lo.push_back(1.0f + static_cast<float>(l) / 1024.0f);  // lane 4: 1 + 2^-8, a tie (to even: 1)
     in.hi.push_back(-3.0f - static_cast<float>(l) / 512.0f - 1.0f / 4096.0f);
+  }
+  // Lanes 16-31: NaNs with payloads, infinities, zeros, subnormals (a tie among them), the largest finite values
+  // (rounding to infinity), ties either way; hi the same list turned by 5, so NaNs meet numbers in a pair.
+  const uint32_t special[16] = {0x7fc00000u, 0x7f812345u, 0xffc00001u, 0x7f800000u, 0xff800000u, 0x00000000u,
+                                0x80000000u, 0x00000001u, 0x00018000u, 0x807fffffu, 0x7f7fffffu, 0x7f7f8000u,
+                                0x3f808000u, 0x3f818000u, 0xc0a08001u, 0x3effffffu};
+  for (int l = 0; l < 16; ++l) {
+    in.lo.push_back(std::bit_cast<float>(special[l]));
+    in.hi.push_back(std::bit_cast<float>(special[(l + 5) % 16]));
   }
   for (int e = 0; e < 256; ++e) in.copy.push_back(static_cast<uint16_t>(next() >> 16));
   const cuda_probe::MmaProbeOut out = cuda_probe::run_mma_probe(in);
@@ -735,12 +744,19 @@ TEST_CASE("PTX probe: mma.sync, ldmatrix, cvt.bf16x2 and cp.async follow the PTX
   }
   CHECK(mismatches("ldmatrix.x4", out.ld, ld) == 0);
   CHECK(mismatches("ldmatrix.x4.trans", out.ld_trans, ld_trans) == 0);
-  std::vector<uint32_t> packed;
-  for (int l = 0; l < 32; ++l) {
-    packed.push_back(static_cast<uint32_t>(bits(in.lo[static_cast<size_t>(l)])) |
-                     static_cast<uint32_t>(bits(in.hi[static_cast<size_t>(l)])) << 16);
+  // Both against f32_to_bf16 (bf16_bits_nearest); pack_bf16x2 (the attention's) only where no NaN is in the pair
+  // (cvt gives the canonical NaN), bf16x2_nearest (every kernel's bf16 store) everywhere.
+  std::vector<uint32_t> nearest, packed_got, packed_want;
+  for (size_t l = 0; l < 32; ++l) {
+    nearest.push_back(static_cast<uint32_t>(bits(in.lo[l])) | static_cast<uint32_t>(bits(in.hi[l])) << 16);
+    if (!std::isnan(in.lo[l]) && !std::isnan(in.hi[l])) {
+      packed_want.push_back(nearest.back());
+      packed_got.push_back(out.packed[l]);
+    }
   }
-  CHECK(mismatches("cvt.rn.bf16x2.f32 (lo in the low half)", out.packed, packed) == 0);
+  REQUIRE(packed_want.size() >= 16);
+  CHECK(mismatches("cvt.rn.bf16x2.f32 (lo in the low half)", packed_got, packed_want) == 0);
+  CHECK(mismatches("bf16x2_nearest (cvt; NaNs by the integer path)", out.nearest, nearest) == 0);
   std::vector<uint16_t> copied(in.copy);
   for (int lane = 1; lane < 32; lane += 2) std::fill_n(copied.begin() + 8 * lane, 8, uint16_t{0});
   CHECK(mismatches("cp.async (16 bytes, or zero-filled)", out.copied, copied) == 0);

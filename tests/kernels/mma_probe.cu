@@ -24,7 +24,7 @@ struct Ptrs {
   const uint16_t *a, *b, *kt, *codes, *copy;
   const float *c, *lo, *hi;
   float *d_direct, *d_trans, *d_kt;
-  uint32_t *ld, *ld_trans, *packed;
+  uint32_t *ld, *ld_trans, *packed, *nearest;
   uint16_t* copied;
 };
 
@@ -120,6 +120,7 @@ __global__ void mma_probe_kernel(Ptrs p) {
     p.ld_trans[4 * lane + i] = rt[i];
   }
   p.packed[lane] = pack_bf16x2(p.lo[lane], p.hi[lane]);
+  p.nearest[lane] = bf16x2_nearest(p.lo[lane], p.hi[lane]);
 }
 
 // Device copies of the inputs and poisoned outputs; every allocation is freed with the object.
@@ -176,6 +177,7 @@ MmaProbeOut run_mma_probe(const MmaProbeIn& in) {
   p.ld = arena.poisoned<uint32_t>(128);
   p.ld_trans = arena.poisoned<uint32_t>(128);
   p.packed = arena.poisoned<uint32_t>(32);
+  p.nearest = arena.poisoned<uint32_t>(32);
   p.copied = arena.poisoned<uint16_t>(256);
   const size_t smem = (4 * kTile + 256) * sizeof(uint16_t);
   mma_probe_kernel<<<1, kWarp, smem, nullptr>>>(p);
@@ -188,6 +190,7 @@ MmaProbeOut run_mma_probe(const MmaProbeIn& in) {
   out.ld = download(p.ld, 128);
   out.ld_trans = download(p.ld_trans, 128);
   out.packed = download(p.packed, 32);
+  out.nearest = download(p.nearest, 32);
   out.copied = download(p.copied, 256);
   return out;
 }
