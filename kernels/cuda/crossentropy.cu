@@ -57,10 +57,15 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 4 * threadIdx.x; j < Vp; j += 4 * kThreads) {
     float v[4], g[4];
     load4_upto(v, z, j, V, z_vec, 0.0f);
+    if (j + 4 <= V && (y < j || y >= j + 4)) {  // nearly every group: all real columns, not the target's
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      g[k] = j + k < V ? expf(v[k] - maxv) * inv * dloss : 0.0f;
-      if (j + k == y) g[k] -= dloss;
+      for (int k = 0; k < 4; ++k) g[k] = expf(v[k] - maxv) * inv * dloss;
+    } else {  // the same values, with the padding's zeros and the target's -dloss
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        g[k] = j + k < V ? expf(v[k] - maxv) * inv * dloss : 0.0f;
+        if (j + k == y) g[k] -= dloss;
+      }
     }
     store4_upto(dz, j, Vp, dz_vec, g);
   }
