@@ -11,7 +11,7 @@ packages=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libyaml-cp
           libcli11-dev catch2 libdnnl-dev ocl-icd-opencl-dev fortunes python3-numpy python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep "install ok installed" > /dev/null || missing+=("$p")
 done
 if ((${#missing[@]})); then
   sudo=""

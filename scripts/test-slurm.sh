@@ -63,7 +63,7 @@ steps=${TEST_SLURM_STEPS:-1500}
 packages=(munge slurmctld slurmd slurm-client libpmix-dev)
 missing=()
 for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep "install ok installed" > /dev/null || missing+=("$p")
 done
 if ((${#missing[@]})); then
   log "installing ${missing[*]}"

@@ -31,7 +31,9 @@ fi
 BINS=("$BUILD/gpt-train" "$BUILD/tests/gpt_tests" "$BUILD/tests/comm/gpt_mpi_tests" "$BUILD/attention_bench")
 for b in "${BINS[@]}"; do [ -x "$b" ] || { echo "bundle.sh: $b is missing" >&2; exit 1; }; done
 # GPT_CUDA=ON or AUTO with nvcc found: either way the binary links the CUDA runtime.
-ldd "$BUILD/gpt-train" | grep -q libcudart || { echo "bundle.sh: $BUILD is not a CUDA build" >&2; exit 1; }
+# (grep without -q reads all of ldd's output: under pipefail, a grep -q that stops at its first match can leave ldd
+# writing into a closed pipe, and the pipeline then fails with SIGPIPE although the line was found.)
+ldd "$BUILD/gpt-train" | grep libcudart > /dev/null || { echo "bundle.sh: $BUILD is not a CUDA build" >&2; exit 1; }
 
 # The char-level Shakespeare data (data/ is ignored, so it travels only inside the bundle).
 if [ ! -f data/shakespeare_char/train.bin ]; then
@@ -69,7 +71,7 @@ done < <(for f in "${BINS[@]}" "$B"/lib/openmpi/*.so; do ldd "$f"; done |
          awk '$2 == "=>" {print $1, $3}' | sort -u)
 [ "$missing" = 0 ] || exit 1
 # CUDA's libraries must not be in the bundle (they come from the GPU machine's toolkit or its pip packages).
-if ls "$B/lib" | grep -qE '^lib(cudart|cublas|nccl)'; then echo "bundle.sh: a CUDA library slipped in" >&2; exit 1; fi
+if ls "$B/lib" | grep -E '^lib(cudart|cublas|nccl)' > /dev/null; then echo "bundle.sh: a CUDA library slipped in" >&2; exit 1; fi
 strip --strip-unneeded "$B"/lib/*.so* "$B"/lib/compat/*.so* "$B"/lib/openmpi/*.so 2>/dev/null || true
 
 cat > "$B/env.sh" <<'EOF'
@@ -92,7 +94,8 @@ for _py in python3 /opt/torch/.venv/bin/python3; do
 done
 export LD_LIBRARY_PATH="$GPT_BUNDLE/lib$_gpt_cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # libstdc++/libgcc_s from the build machine, only where the system's are missing or lack a version we need.
-if [ "${GPT_BUNDLE_COMPAT:-}" = 1 ] || ldd "$GPT_BUNDLE/bin/gpt-train" 2>&1 | grep -qE 'lib(stdc\+\+|gcc_s).*not found'; then
+# (grep reads all of ldd's output: a grep -q stopping early could fail the pipeline by SIGPIPE under pipefail.)
+if [ "${GPT_BUNDLE_COMPAT:-}" = 1 ] || ldd "$GPT_BUNDLE/bin/gpt-train" 2>&1 | grep -E 'lib(stdc\+\+|gcc_s).*not found' > /dev/null; then
   export LD_LIBRARY_PATH="$GPT_BUNDLE/lib:$GPT_BUNDLE/lib/compat:${LD_LIBRARY_PATH#"$GPT_BUNDLE/lib:"}"
 fi
 # OpenMPI, relocated: components and help files from the bundle; a singleton (no mpirun, no orted).
