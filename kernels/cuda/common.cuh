@@ -42,20 +42,27 @@ __device__ inline float dropped(float x, const Mask& drop, float keep, int64_t i
   return drop.rng.uniform(drop.base + static_cast<uint64_t>(i)) < drop.p ? 0.0f : __fmul_rn(x, keep);
 }
 
-// Two fp32 values rounded to bf16 exactly as bf16_bits_nearest rounds them (nearest even, subnormals kept, a NaN
-// quieted with its payload's top bits) and packed, lo in the low half. On sm_80 and later one cvt.rn.bf16x2.f32 per
-// pair instead of about six integer operations per value; a NaN (which cvt would make the canonical one) takes the
-// integer path. (mma_ptx.cuh's pack_bf16x2 leaves NaNs to cvt: the attention kernels' P and dS are never NaN.)
-__device__ inline uint32_t bf16x2_nearest(float lo, float hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GPT_CUDA_EMULATOR)
-  if (!isnan(lo) && !isnan(hi)) {
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));  // the first source goes to the upper half
-    return r;
-  }
-#endif
+// Two fp32 values rounded to bf16 by bf16_bits_nearest (nearest even, subnormals kept, a NaN quieted with its
+// payload's top bits) and packed, lo in the low half: the integer code.
+__device__ inline uint32_t bf16x2_bits(float lo, float hi) {
   return static_cast<uint32_t>(bf16_bits_nearest(__float_as_uint(lo))) |
          static_cast<uint32_t>(bf16_bits_nearest(__float_as_uint(hi))) << 16;
+}
+// The same rounding by one cvt.rn.bf16x2.f32 on sm_80 and later: bit for bit bf16x2_bits but for NaN payloads (cvt
+// gives the canonical NaN). The attention kernels' P and dS, never NaN.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+#if !defined(GPT_CUDA_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));  // the first source goes to the upper half
+  return r;
+#else
+  return bf16x2_bits(lo, hi);
+#endif
+}
+// bf16x2_bits' result, NaNs included: the cvt (instead of about six integer operations per value) where neither is
+// a NaN. Every kernel's bf16 stores (store4_bf16).
+__device__ inline uint32_t bf16x2_nearest(float lo, float hi) {
+  return lo != lo || hi != hi ? bf16x2_bits(lo, hi) : pack_bf16x2(lo, hi);
 }
 
 // Four fp32 values rounded to bf16 (nearest even: the cast_to_bf16 rounding, bf16x2_nearest) and stored at p: one

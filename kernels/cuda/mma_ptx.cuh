@@ -1,8 +1,8 @@
 // Warp-level bf16 tensor-core instructions as inline PTX (sm_80 and later): mma.sync m16n8k16 with fp32
 // accumulators, ldmatrix (8x8 b16 matrices from shared memory, plain or transposed) and cp.async (16 bytes from
-// global to shared memory without a register round trip, in commit groups). In the CPU emulator (tests/cuda_emu),
-// the shim's emulations of the same instructions, which keep the registers in the layouts below, so a kernel
-// that indexes them wrongly computes wrong results there too.
+// global to shared memory without a register round trip, in commit groups); pack_bf16x2 (cvt.rn.bf16x2.f32) is in
+// common.cuh. In the CPU emulator (tests/cuda_emu), the shim's emulations of the same instructions, which keep the
+// registers in the layouts below, so a kernel that indexes them wrongly computes wrong results there too.
 //
 // Register layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), for lane = 4 g + t (g = lane / 4, t = lane % 4),
 // each 32-bit register holding two bf16 (the lower index in the low half):
@@ -93,19 +93,6 @@ __device__ __forceinline__ void cp_async_wait() {
   emu_cp_async_wait(N);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
-// Two fp32 values rounded to bf16 (nearest even, subnormals kept: bf16_bits_nearest's rounding, bit for bit but for
-// NaN payloads) and packed: lo in the low half. One cvt instruction on the GPU.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-#if !defined(GPT_CUDA_EMULATOR) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));  // the first source goes to the upper half
-  return r;
-#else
-  return static_cast<uint32_t>(bf16_bits_nearest(__float_as_uint(lo))) |
-         static_cast<uint32_t>(bf16_bits_nearest(__float_as_uint(hi))) << 16;
 #endif
 }
 
