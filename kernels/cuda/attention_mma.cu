@@ -121,6 +121,63 @@ __device__ inline void pack_a(uint32_t (&a)[4], const float (&lo)[4], const floa
   a[3] = pack_bf16x2(hi[2], hi[3]);
 }
 
+// Every element of a warp's m16n8 accumulator tiles to 0.
+template <int N>
+__device__ inline void zero(float (&acc)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+  }
+}
+
+// The warp's A fragments of rows [r0, r0 + 16) x all D = 16 KD channels of the tiles t1 and t2, kept in registers
+// across the streamed tiles (the backward kernels' kKeep).
+template <int KD, int LD>
+__device__ inline void load_a_pair(uint32_t (&f1)[KD][4], uint32_t (&f2)[KD][4], const bf16* t1, const bf16* t2, int r0,
+                                   int lane) {
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) {
+    ldmatrix_x4(f1[kk], a_row<LD>(t1, r0, kk * 16, lane));
+    ldmatrix_x4(f2[kk], a_row<LD>(t2, r0, kk * 16, lane));
+  }
+}
+
+// The backward kernels' two score products for the warp's 16 rows, over all D = 16 KD channels: s = A1 B1^T and
+// d = A2 B2^T for the 16-row chunks c in [c_lo, c_hi) of the streamed tiles b1, b2 (each chunk two n-tiles; the
+// others stay 0). A1, A2: rows r0.. of the tiles a1, a2, from k1, k2 (load_a_pair's) where kKeep, else read per
+// 16 channels. dK/dV: S^T = K Q^T and dP^T = V dO^T; dQ: S = Q K^T and dP = dO V^T.
+template <int KD, int NC, int LD, bool kKeep>
+__device__ inline void score_products(float (&s)[2 * NC][4], float (&d)[2 * NC][4],
+                                      const uint32_t (&k1)[kKeep ? KD : 1][4], const uint32_t (&k2)[kKeep ? KD : 1][4],
+                                      const bf16* a1, const bf16* a2, int r0, const bf16* b1, const bf16* b2, int c_lo,
+                                      int c_hi, int lane) {
+  zero(s);
+  zero(d);
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) {
+    uint32_t f1[4], f2[4];
+    if constexpr (kKeep) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f1[e] = k1[kk][e], f2[e] = k2[kk][e];
+    } else {
+      ldmatrix_x4(f1, a_row<LD>(a1, r0, kk * 16, lane));
+      ldmatrix_x4(f2, a_row<LD>(a2, r0, kk * 16, lane));
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      if (c < c_lo || c >= c_hi) continue;
+      uint32_t x1[4], x2[4];  // B1^T, B2^T for rows 16 c.. (two n-tiles) x channels 16 kk..
+      ldmatrix_x4(x1, b_row<LD>(b1, c * 16, kk * 16, lane));
+      ldmatrix_x4(x2, b_row<LD>(b2, c * 16, kk * 16, lane));
+      mma_bf16_16816(s[2 * c], f1, x1[0], x1[1]);
+      mma_bf16_16816(s[2 * c + 1], f1, x1[2], x1[3]);
+      mma_bf16_16816(d[2 * c], f2, x2[0], x2[1]);
+      mma_bf16_16816(d[2 * c + 1], f2, x2[2], x2[3]);
+    }
+  }
+}
+
 // f(std::true_type{}) (the masked copy of a tile's element-wise code), or f(std::false_type{}) (the unmasked copy)
 // where kAllowed and `unmasked` (warp-uniform: the tile is wholly visible to the warp). kAllowed false compiles no
 // unmasked copy at all.
@@ -201,11 +258,7 @@ __global__ void __launch_bounds__(kThreads)
   float m[MT][2], l[MT][2];  // per row (g, g + 8 of each m-tile): running max (log2 units) and partial sum
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int n = 0; n < ND; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[mt][n][e] = 0.0f;
-    }
+    zero(o[mt]);
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) m[mt][hf] = -INFINITY, l[mt][hf] = 0.0f;
   }
@@ -237,13 +290,7 @@ __global__ void __launch_bounds__(kThreads)
       const bf16* sv = stage_v(s);
       float sc[MT][2 * NC][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int n = 0; n < 2 * NC; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sc[mt][n][e] = 0.0f;
-        }
-      }
+      for (int mt = 0; mt < MT; ++mt) zero(sc[mt]);
 #pragma unroll
       for (int kk = 0; kk < KD; ++kk) {
         uint32_t qf[MT][4];  // Q for the warp's rows x channels 16 kk..
@@ -450,11 +497,8 @@ __global__ void __launch_bounds__(kThreads)
   const int kr = warp * 16, kw = k0 + kr;  // this warp's first key (in the tile, in the sequence)
   uint32_t ka[kKeep ? KD : 1][4], va[kKeep ? KD : 1][4];
   float dk[1][ND][4], dv[1][ND][4];
-#pragma unroll
-  for (int n = 0; n < ND; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[0][n][e] = 0.0f, dv[0][n][e] = 0.0f;
-  }
+  zero(dk[0]);
+  zero(dv[0]);
 
   for (int qt = qt0; qt < num_qt; ++qt) {
     const int q0 = qt * BQ, s = (qt - qt0) & 1;
@@ -468,13 +512,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // every thread's copies of this tile (and of K, V) have landed
     if constexpr (kKeep) {
-      if (qt == qt0) {
-#pragma unroll
-        for (int kk = 0; kk < KD; ++kk) {
-          ldmatrix_x4(ka[kk], a_row<LD>(sk, kr, kk * 16, lane));
-          ldmatrix_x4(va[kk], a_row<LD>(sv, kr, kk * 16, lane));
-        }
-      }
+      if (qt == qt0) load_a_pair<KD, LD>(ka, va, sk, sv, kr, lane);
     }
     // 16-query chunks c >= c_lo end at or after the warp's first key (the others are all masked): warp-uniform.
     const int c_lo = kw > q0 ? (kw - q0) / 16 : 0;
@@ -484,33 +522,7 @@ __global__ void __launch_bounds__(kThreads)
       const float* slse = stage_lse(s);
       const float* sdv = stage_dv(s);
       float st[2 * NC][4], dpt[2 * NC][4];
-#pragma unroll
-      for (int n = 0; n < 2 * NC; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[n][e] = 0.0f, dpt[n][e] = 0.0f;
-      }
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        uint32_t kf[4], vf[4];
-        if constexpr (kKeep) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) kf[e] = ka[kk][e], vf[e] = va[kk][e];
-        } else {
-          ldmatrix_x4(kf, a_row<LD>(sk, kr, kk * 16, lane));
-          ldmatrix_x4(vf, a_row<LD>(sv, kr, kk * 16, lane));
-        }
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-          if (c < c_lo) continue;
-          uint32_t qb[4], ob[4];  // Q^T, dO^T for queries 16 c.. (two n-tiles) x channels 16 kk..
-          ldmatrix_x4(qb, b_row<LD>(sq, c * 16, kk * 16, lane));
-          ldmatrix_x4(ob, b_row<LD>(sdo, c * 16, kk * 16, lane));
-          mma_bf16_16816(st[2 * c], kf, qb[0], qb[1]);
-          mma_bf16_16816(st[2 * c + 1], kf, qb[2], qb[3]);
-          mma_bf16_16816(dpt[2 * c], vf, ob[0], ob[1]);
-          mma_bf16_16816(dpt[2 * c + 1], vf, ob[2], ob[3]);
-        }
-      }
+      score_products<KD, NC, LD, kKeep>(st, dpt, ka, va, sk, sv, kr, sq, sdo, c_lo, NC, lane);
       // P^T Z into st and dS^T (not yet times scale) into dpt, element by element: key row r, query column col.
       // kMasked: the causal mask and the padded queries; without it (every query of the tile real and at or after
       // the warp's every key: most tiles) no test per element.
@@ -607,11 +619,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   uint32_t qa[kKeep ? KD : 1][4], doa[kKeep ? KD : 1][4];
   float dq[1][ND][4];
-#pragma unroll
-  for (int n = 0; n < ND; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dq[0][n][e] = 0.0f;
-  }
+  zero(dq[0]);
 
   for (int kt = 0; kt < num_kt; ++kt) {
     const int k0 = kt * BK, s = kt & 1;
@@ -625,46 +633,14 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // every thread's copies of tile kt (and of Q, dO) have landed
     if constexpr (kKeep) {
-      if (kt == 0) {
-#pragma unroll
-        for (int kk = 0; kk < KD; ++kk) {
-          ldmatrix_x4(qa[kk], a_row<LD>(sq, qr, kk * 16, lane));
-          ldmatrix_x4(doa[kk], a_row<LD>(sdo, qr, kk * 16, lane));
-        }
-      }
+      if (kt == 0) load_a_pair<KD, LD>(qa, doa, sq, sdo, qr, lane);
     }
     const int nc = qw >= T || last < k0 ? 0 : min(NC, (last - k0) / 16 + 1);
     if (nc > 0) {
       const bf16* sk = stage_k(s);
       const bf16* sv = stage_v(s);
       float sc[2 * NC][4], dp[2 * NC][4];
-#pragma unroll
-      for (int n = 0; n < 2 * NC; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[n][e] = 0.0f, dp[n][e] = 0.0f;
-      }
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        uint32_t qf[4], of[4];
-        if constexpr (kKeep) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) qf[e] = qa[kk][e], of[e] = doa[kk][e];
-        } else {
-          ldmatrix_x4(qf, a_row<LD>(sq, qr, kk * 16, lane));
-          ldmatrix_x4(of, a_row<LD>(sdo, qr, kk * 16, lane));
-        }
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-          if (c >= nc) continue;
-          uint32_t kb[4], vb[4];  // K^T, V^T for keys 16 c.. (two n-tiles) x channels 16 kk..
-          ldmatrix_x4(kb, b_row<LD>(sk, c * 16, kk * 16, lane));
-          ldmatrix_x4(vb, b_row<LD>(sv, c * 16, kk * 16, lane));
-          mma_bf16_16816(sc[2 * c], qf, kb[0], kb[1]);
-          mma_bf16_16816(sc[2 * c + 1], qf, kb[2], kb[3]);
-          mma_bf16_16816(dp[2 * c], of, vb[0], vb[1]);
-          mma_bf16_16816(dp[2 * c + 1], of, vb[2], vb[3]);
-        }
-      }
+      score_products<KD, NC, LD, kKeep>(sc, dp, qa, doa, sq, sdo, qr, sk, sv, 0, nc, lane);
       // dS (not yet times scale) into dp, element by element: query row r, key column col. kMasked: the causal mask
       // and the padded rows; without it (every key of the tile before the warp's every row, all of them real: most
       // tiles) no test per element.
