@@ -10,6 +10,8 @@ kernel that the emulator cannot follow breaks the build instead of silently test
   - `extern __shared__ [__align__(n)] T name[];` -> a pointer to the block's dynamic shared memory;
   - static `__shared__ T name[A][B]...;` -> a reference to a per-block buffer (emu_shared_alloc);
   - `kernel<<<grid, block, smem, stream>>>(args)` -> `emulate_launch(kernel, grid, block, smem, stream, args)`;
+  - a kernel with `__launch_bounds__(N[, M])` gets `emu_check_launch_bounds(N);` first in its body (a GPU refuses
+    a launch of more threads per block than N);
   - common.cuh: grid_for's cap becomes emu_grid_cap (a test lowers it to exercise the grid-stride loops);
   - cuda_backend.{h,cu}: CudaBackend -> CudaEmuBackend, make_cuda_backend -> make_cuda_emu_backend, and
     their cuda:: names -> cuda_emu::, so the backend's host code runs over the emulated kernels;
@@ -57,6 +59,33 @@ def convert_comm(s):
     return s
 
 
+def check_launch_bounds(s):
+    """Puts emu_check_launch_bounds(N) first in the body of each kernel declared with __launch_bounds__(N[, M])."""
+    out, pos, n = [], 0, 0
+    for m in re.finditer(r'__launch_bounds__\(', s):
+        if m.start() < pos:
+            continue
+        depth, i, comma = 1, m.end(), None
+        while depth > 0:  # the arguments, to the matching parenthesis
+            if i >= len(s):
+                fail('unbalanced __launch_bounds__(')
+            c = s[i]
+            depth += {'(': 1, ')': -1}.get(c, 0)
+            if c == ',' and depth == 1 and comma is None:
+                comma = i
+            i += 1
+        bound = s[m.end():comma if comma is not None else i - 1].strip()
+        brace = s.find('{', i)
+        if brace < 0 or ';' in s[i:brace]:
+            fail('__launch_bounds__(%s) not followed by a kernel body' % bound)
+        out.append(s[pos:brace + 1])
+        out.append(' emu_check_launch_bounds(%s);' % bound)
+        pos = brace + 1
+        n += 1
+    out.append(s[pos:])
+    return ''.join(out), n
+
+
 VECTOR_TYPES = r'\b(?:float4|float2|uint4|uint2|int4|int2|__nv_bfloat162)\b'
 
 
@@ -88,6 +117,10 @@ def convert(s, name):
                lambda m: 'emu_vector_cast<%s>(' % m.group(1), s)
     if re.search(r'reinterpret_cast<[^<>]*%s' % VECTOR_TYPES, s):
         fail('a cast to a vector type the converter does not rewrite')
+
+    s, n_bounds = check_launch_bounds(s)
+    if s.count('__launch_bounds__') != n_bounds:
+        fail('a __launch_bounds__ the converter does not handle')
 
     # Launches. The kernel may be a template instance (`k<true>`) and the launch may span lines.
     s, n_launch = re.subn(r'([\w:]+(?:<[^<>();]*>)?)\s*<<<(.*?)>>>\s*\(',

@@ -1,6 +1,7 @@
 // The emulator itself (shim/cuda_runtime.h, fiber.cc): a block's threads meet at its barriers with their own
 // threadIdx, a missing __syncthreads shows (in both scheduling orders), and a barrier that no thread can pass
 // or a shuffle with lanes missing aborts with a message instead of hanging. The kernel tests rely on all of it.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <string>
@@ -48,6 +49,12 @@ void divergent_shuffle_kernel(float* out) {
   if (threadIdx.x < 16) out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 16);
 }
 
+// A kernel as convert.py writes one declared with __launch_bounds__(64).
+void bounded_kernel(int* out) {
+  emu_check_launch_bounds(64);
+  out[threadIdx.y * blockDim.x + threadIdx.x] = 1;
+}
+
 }  // namespace
 
 TEST_CASE("cuda_emu: a block's threads meet at __syncthreads, each keeping its own threadIdx", "[cuda_emu][emulator]") {
@@ -90,6 +97,18 @@ TEST_CASE("cuda_emu: a barrier no thread can pass, or a shuffle with lanes missi
       run_aborting([&out] { emulate_launch(divergent_shuffle_kernel, dim3(1), dim3(32), 0, nullptr, out); });
   CHECK(shuffle_aborted);
   CHECK(shuffle.find("EMU: shuffle from an inactive/out-of-step lane") != std::string::npos);
+}
+
+TEST_CASE("cuda_emu: a launch of more threads per block than the kernel's __launch_bounds__ aborts",
+          "[cuda_emu][emulator]") {
+  std::vector<int> out(128, 0);
+  emulate_launch(bounded_kernel, dim3(1), dim3(32, 2), 0, nullptr, out.data());  // 64: at the bound
+  CHECK(std::count(out.begin(), out.end(), 1) == 64);
+  const auto [over, aborted] =
+      run_aborting([&out] { emulate_launch(bounded_kernel, dim3(1), dim3(32, 3), 0, nullptr, out.data()); });
+  CHECK(aborted);
+  CHECK(over.find("EMU: launch of 96 threads per block, over the kernel's __launch_bounds__ of 64") !=
+        std::string::npos);
 }
 
 TEST_CASE("cuda_emu: a vector load or store through a misaligned pointer aborts, as it faults on a GPU",

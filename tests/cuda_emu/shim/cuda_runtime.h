@@ -220,6 +220,15 @@ inline int64_t emu_grid_cap = 65535 * 8;
   std::fprintf(stderr, "EMU: %s\n", what);
   std::abort();
 }
+// First in the body of a kernel compiled with __launch_bounds__(max_threads[, ...]) (convert.py puts it there): a
+// GPU refuses a launch of more threads per block than that ("too many resources requested for launch").
+inline void emu_check_launch_bounds(unsigned max_threads) {
+  const unsigned n = blockDim.x * blockDim.y * blockDim.z;
+  if (n > max_threads) {
+    std::fprintf(stderr, "EMU: launch of %u threads per block, over the kernel's __launch_bounds__ of %u\n", n, max_threads);
+    std::abort();
+  }
+}
 // reinterpret_cast<V*>(q) for a CUDA vector type V (float4, uint2, ...: convert.py rewrites those casts): a GPU
 // faults on a vector access not aligned to V's size ("misaligned address"), so this aborts on such a pointer.
 template <class P, class Q>
