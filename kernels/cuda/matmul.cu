@@ -152,15 +152,17 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
   GPT_CHECK(!c_bf16 || (ab_type == DType::kBF16 && beta == 0.0f && (bias == nullptr || bias_epilogue)));
   GPT_CHECK(act == Act::kNone || (c_bf16 && aux != nullptr && ldc % 8 == 0 && (act == Act::kGeluAux || !bias)));
   // cuBLASLt assumes 256-byte aligned matrices unless told otherwise; ours are offsets into flat buffers. The
-  // GELU input's alignment it reads off the aux pointer the heuristic is given.
+  // bias's and the GELU input's alignments it reads off the pointers the heuristic is given (cublasLt.h: routines
+  // that do not dereference them "depend on its value to determine expected pointer alignment").
   const uint32_t align_a = alignment(a), align_b = alignment(b), align_c = alignment(c);
+  const uint32_t align_bias = bias_epilogue ? alignment(bias) : 0;  // 0: no bias epilogue
   const uint32_t align_aux = aux != nullptr ? alignment(aux) : 0;
   // Every input of the heuristic: transposes, sizes, leading dimensions, input and output types, epilogue and
   // alignments.
   const int64_t ab_code = static_cast<int64_t>(ab_type);
-  const std::array<int64_t, 16> key = {trans_a,       trans_b, m,       n,       k,
-                                       lda,           ldb,     ldc,     ab_code, c_bf16,
-                                       bias_epilogue, align_a, align_b, align_c, static_cast<int64_t>(act),
+  const std::array<int64_t, 16> key = {trans_a,    trans_b, m,       n,       k,
+                                       lda,        ldb,     ldc,     ab_code, c_bf16,
+                                       align_bias, align_a, align_b, align_c, static_cast<int64_t>(act),
                                        align_aux};
   auto it = algos_->plans.find(key);
   if (it == algos_->plans.end()) {
@@ -210,11 +212,13 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
     cublasLtMatmulPreferenceDestroy(pref);
     it = algos_->plans.emplace(key, p).first;  // owned by the cache from here, destroyed with it
     // An epilogue this cuBLASLt (or GPU) has no kernel for at this shape is the user's choice to undo.
-    GPT_CHECK_MSG(act == Act::kNone || (st == CUBLAS_STATUS_SUCCESS && found > 0),
+    // The result's fields are valid only where its state is success (cublasLt.h).
+    const bool usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && heuristic.state == CUBLAS_STATUS_SUCCESS;
+    GPT_CHECK_MSG(act == Act::kNone || usable,
                   "cuBLASLt has no algorithm for the GELU epilogue at this GEMM shape and alignment: run with "
                   "run.gelu_fusion: none");
     GPT_CUBLAS_CHECK(st);
-    GPT_CHECK_MSG(found > 0, "cuBLASLt found no algorithm for a matmul shape");
+    GPT_CHECK_MSG(usable, "cuBLASLt found no algorithm for a matmul shape");
     it->second.algo = heuristic.algo;
   } else {
     if (bias_epilogue) {

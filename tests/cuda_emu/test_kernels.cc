@@ -624,6 +624,12 @@ void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs, int64_t 
   mm.forward(out2.p, gpt::DType::kF32, inp_in, w_in, type, bias2.p, N, C, OC, ld);
   cpu::matmul_forward(cout2.p, inp.p, w.p, bias2.p, N, C, OC, ld);
   CHECK(compare(real(out2.p).data(), real(cout2.p).data(), N * OC).rel() < 1e-5);
+  // And with a bias 16 bytes past bias2's alignment: cuBLASLt's heuristic takes the bias's alignment from the
+  // pointer it was given, so a plan made for a 256-byte aligned bias is not one for this bias.
+  Buf<float> bias3(OC, off + 4), out3(N * ld, off);
+  bias3.copy_from(bias2);
+  mm.forward(out3.p, gpt::DType::kF32, inp_in, w_in, type, bias3.p, N, C, OC, ld);
+  CHECK(compare(real(out3.p).data(), real(cout2.p).data(), N * OC).rel() < 1e-5);
   if (bf16_inputs) {
     // A bf16 output (the fc GEMM's under bf16 compute) with a bf16 bias (aligned: the backend's bias area) and
     // without: the fp32 sum, bias included, rounded once. The CPU twin's fp32 result with the bf16 bias, rounded,

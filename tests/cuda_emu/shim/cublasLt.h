@@ -63,10 +63,11 @@ typedef EmuLtDesc* cublasLtMatmulDesc_t;
 typedef EmuLtLayout* cublasLtMatrixLayout_t;
 typedef EmuLtPref* cublasLtMatmulPreference_t;
 struct cublasLtMatmulAlgo_t {
-  uint32_t align[5];
-};  // the alignments the heuristic was promised (A, B, C, D) or, for the GELU input, read off its pointer
+  uint32_t align[6];
+};  // the alignments the heuristic was promised (A, B, C, D) or, for the GELU input and the bias, read off their pointers
 struct cublasLtMatmulHeuristicResult_t {
   cublasLtMatmulAlgo_t algo;
+  int state = 0;  // CUBLAS_STATUS_SUCCESS
 };
 inline const char* cublasLtGetStatusString(int) { return "emu"; }
 inline int cublasLtCreate(cublasLtHandle_t* h) {
@@ -165,6 +166,8 @@ inline int cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t
                                           int* found) {
   std::memcpy(r->algo.align, p->align, sizeof p->align);
   r->algo.align[4] = emu_lt_gelu(d->epi) ? emu_lt_alignment(d->aux) : 1;
+  r->algo.align[5] = emu_lt_has_bias(d->epi) ? emu_lt_alignment(d->bias) : 1;
+  r->state = 0;
   *found = 1;
   return 0;
 }
@@ -196,6 +199,8 @@ inline int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* 
     emu_fail("cublasLt: inconsistent shapes");
   if (emu_lt_has_bias(d->epi) && (d->bias == nullptr || reinterpret_cast<uintptr_t>(d->bias) % 16 != 0))
     emu_fail("cublasLt: bias epilogue needs a 16-byte aligned bias");
+  if (emu_lt_has_bias(d->epi) && reinterpret_cast<uintptr_t>(d->bias) % algo->align[5] != 0)
+    emu_fail("cublasLt: bias less aligned than at the heuristic");
   if (emu_lt_gelu(d->epi)) {  // the GELU input: C's shape, an ld of a multiple of 8, bf16 here
     if (d->aux == nullptr) emu_fail("cublasLt: a GELU epilogue without EPILOGUE_AUX_POINTER");
     if (d->aux_ld < ld->rows || d->aux_ld % 8 != 0) emu_fail("cublasLt: EPILOGUE_AUX_LD below the rows or not a multiple of 8");
