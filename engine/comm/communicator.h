@@ -11,7 +11,8 @@
 // elsewhere it is wait(). After a join(), a buffer of the collective may go back to a pool: every later
 // collective is itself ordered after the compute stream's work at issue, so it cannot overtake.
 //
-// Element types: f32 and bf16 (bf16 is really sent as 2-byte elements and summed through fp32).
+// Element types: f32 and bf16 (2-byte elements; the MPI communicator sums bf16 through fp32, NCCL's ring rounds
+// each hop's partial sum to bf16: nccl_communicator.h).
 // Every collective is numbered (seq) and counted per op: calls, elements, bytes and wall time on the comm
 // stream, so a hang can name the collective and metrics can report communication volume.
 #pragma once

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <iterator>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -47,6 +48,20 @@ ncclDataType_t nccl_type(DType t) {
 constexpr const char* kNcclCall[] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast",
                                      "ncclAllReduce (barrier)"};
 static_assert(std::size(kNcclCall) == kNumCommOps);
+
+// One total order on the GPU for the collectives of all of a device's NCCL communicators (hybrid: the world, shard
+// and replicate groups): each waits on the GPU for the one launched before it, on whichever communicator, so the
+// GPU runs them in the host's launch order, the same on every rank. NCCL's user guide ("Using multiple NCCL
+// communicators concurrently"): without such an order (stream dependencies, or since NCCL 2.26
+// NCCL_LAUNCH_ORDER_IMPLICIT, off by default) collectives of two communicators on one device can deadlock.
+struct LaunchOrder {
+  std::mutex mu;
+  std::map<int, cudaEvent_t> last;  // per device: recorded after the latest collective, on its comm stream
+};
+LaunchOrder& launch_order() {
+  static LaunchOrder* order = new LaunchOrder;  // never destroyed: communicators may outlive static destruction
+  return *order;
+}
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -121,6 +136,8 @@ class NcclCommunicator final : public Communicator {
   // set-up, which takes long at scale; PyTorch's split_from does the same), with the bootstrap's split beside it
   // as the new communicator's own bootstrap (for its splits, and its collectives' watchdog names).
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override {
+    // NCCL takes a negative color as NCCL_SPLIT_NOCOLOR (no communicator back); every rank here joins a group.
+    GPT_CHECK_MSG(color >= 0, ("split of '" + name_ + "': color " + std::to_string(color) + " is negative").c_str());
     std::unique_ptr<Communicator> sub = bootstrap_.split(color, key, name);
     GPT_CUDA_CHECK(cudaSetDevice(device_));
     {
@@ -209,12 +226,23 @@ class NcclCommunicator final : public Communicator {
     GPT_CUDA_CHECK(cudaEventRecord(events->ready, compute_));
     GPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, events->ready, 0));
     {
-      // Not while the CommStream thread aborts the communicator after an asynchronous error (wait_for).
-      std::lock_guard<std::mutex> lock(launch_mu_);
-      GPT_CHECK_MSG(comm_ != nullptr, ("NCCL communicator '" + name_ + "' was aborted after an error").c_str());
-      // A launch may wait for the peers (NCCL sets up connections on first use): watched as a running collective.
-      const CommStream::HostCall call = tasks_->host_call(kNcclCall[static_cast<size_t>(op)]);
-      enqueue();
+      LaunchOrder& order = launch_order();
+      std::lock_guard<std::mutex> ordered(order.mu);
+      cudaEvent_t& last = order.last[device_];
+      if (last == nullptr) {
+        GPT_CUDA_CHECK(cudaEventCreateWithFlags(&last, cudaEventDisableTiming));
+      } else {
+        GPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, last, 0));  // after the device's previous collective
+      }
+      {
+        // Not while the CommStream thread aborts the communicator after an asynchronous error (wait_for).
+        std::lock_guard<std::mutex> lock(launch_mu_);
+        GPT_CHECK_MSG(comm_ != nullptr, ("NCCL communicator '" + name_ + "' was aborted after an error").c_str());
+        // A launch may wait for the peers (NCCL sets up connections on first use): watched as a running collective.
+        const CommStream::HostCall call = tasks_->host_call(kNcclCall[static_cast<size_t>(op)]);
+        enqueue();
+      }
+      GPT_CUDA_CHECK(cudaEventRecord(last, stream_));
     }
     GPT_CUDA_CHECK(cudaEventRecord(events->done, stream_));
     const int64_t bytes = n * static_cast<int64_t>(dtype_size(dtype));
@@ -231,18 +259,19 @@ class NcclCommunicator final : public Communicator {
   // Waits for `done` (the end of one collective on the comm stream) while polling NCCL's asynchronous error:
   // a peer that died or a network failure surfaces here as an abort naming the communicator instead of a
   // silent hang (a collective that merely never completes is the watchdog's to report, which watches this
-  // communicator's CommStream too).
+  // communicator's CommStream too). The error is read once more after `done`: NCCL documents that after an
+  // error nothing can be assumed about the completion or correctness of operations.
   void wait_for(cudaEvent_t done) {
     for (int polls = 0;; ++polls) {
       const cudaError_t q = cudaEventQuery(done);
-      if (q == cudaSuccess) return;
-      if (q != cudaErrorNotReady) GPT_CUDA_CHECK(q);
+      if (q != cudaSuccess && q != cudaErrorNotReady) GPT_CUDA_CHECK(q);
       ncclResult_t async = ncclSuccess;
       GPT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
       if (async != ncclSuccess && async != ncclInProgress) {
-        {
-          // The training thread may be launching a collective on comm_ right now: not during one.
-          std::lock_guard<std::mutex> lock(launch_mu_);
+        // The training thread may be launching a collective on comm_ right now: not during one. A launch can
+        // itself wait for the failed peer (connection set-up), so the abort is skipped rather than waited for:
+        // the process ends below either way.
+        if (std::unique_lock<std::mutex> lock(launch_mu_, std::try_to_lock); lock.owns_lock()) {
           ncclCommAbort(comm_);
           comm_ = nullptr;
         }
@@ -250,6 +279,7 @@ class NcclCommunicator final : public Communicator {
                               std::to_string(size_) + "): " + ncclGetErrorString(async))
                                  .c_str());
       }
+      if (q == cudaSuccess) return;
       if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));  // spin briefly, then nap
     }
   }

@@ -6,7 +6,10 @@
 // kernels are launched in the same order on every rank; the Work completes when the GPU has finished it (a
 // CommStream thread waits for an event after it, polling NCCL's async error, so Work::wait() works from the
 // host as for MPI, and the compute stream keeps going meanwhile); Work::join() instead makes the compute stream
-// wait for that event on the GPU, without blocking the host. Buffers are device pointers. Reductions are sums;
+// wait for that event on the GPU, without blocking the host. All of a device's NCCL communicators (hybrid: world,
+// shard and replicate groups) run their collectives in one order on the GPU, the order of launch, each waiting for
+// the one before it (NCCL's user guide: collectives of several communicators on one device need one total order by
+// stream dependencies, or may deadlock). Buffers are device pointers. Reductions are sums;
 // bf16 is summed by NCCL in bf16 (ncclBfloat16). split() splits the bootstrap and the NCCL
 // communicator alike (ncclCommSplit: no new unique id or bootstrap network).
 #pragma once

@@ -112,6 +112,34 @@ TEST_CASE("NCCL collectives on GPUs match the host's sums and copies", "[mpi][nc
   REQUIRE(rank_sum.to_host()[0] == want);
 }
 
+// Two communicators of one GPU (hybrid's shard and replicate groups are two; here a split keeping every rank):
+// NCCL's user guide asks that all their collectives run in one order the ranks share, else they may deadlock. The
+// second communicator's collective is waited for first; it must still run after the first one (the emulated NCCL
+// refuses a collective whose stream is not ordered after the one launched before it).
+TEST_CASE("NCCL collectives of two communicators on one GPU run in their launch order", "[mpi][nccl]") {
+  const int device = device_or_skip();
+  if (device < 0) return;
+  auto world = testing::g_mpi->make_world();
+  auto made = make_nccl_communicator(*world, device);
+  INFO(made.status().message());
+  REQUIRE(made.has_value());
+  Communicator& nccl = **made;
+  auto other = nccl.split(0, nccl.rank(), "other");
+  const int n = nccl.size();
+  const int64_t k = 1000;
+  DeviceBuffer<float> a(std::vector<float>(static_cast<size_t>(k), 1.0f));
+  DeviceBuffer<float> b(std::vector<float>(static_cast<size_t>(k), 2.0f));
+  for (int round = 0; round < 3; ++round) {
+    Work first = nccl.all_reduce(a.ptr, k, DType::kF32);
+    Work second = other->all_reduce(b.ptr, k, DType::kF32);
+    second.wait();
+    first.wait();
+  }
+  const float n3 = static_cast<float>(n * n * n);
+  for (const float x : a.to_host()) REQUIRE(x == n3);
+  for (const float x : b.to_host()) REQUIRE(x == 2.0f * n3);
+}
+
 // Every rank on GPU 0 (CUDA_VISIBLE_DEVICES set alike for all): NCCL would fail in init with "invalid usage"; the
 // set-up says which ranks and which GPU, on every rank, before ncclCommInitRank.
 TEST_CASE("NCCL set-up refuses two ranks on one GPU, naming them, on every rank", "[mpi][nccl]") {

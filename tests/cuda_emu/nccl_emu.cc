@@ -5,7 +5,11 @@
 // as the real NCCL needs them, each violation printed and returned as ncclInvalidArgument (which
 // NcclCommunicator turns into an abort naming the call): buffers must be device memory (whole ranges of
 // cudaMalloc allocations), send and receive may overlap only in NCCL's in-place forms, the root must be a
-// rank, the communicator must be live (not destroyed or aborted).
+// rank, the communicator must be live (not destroyed or aborted). And, as NCCL's user guide requires of several
+// communicators on one device ("Using multiple NCCL communicators concurrently"), collectives run in one total
+// order the ranks share: each must be launched on a stream already ordered (by stream dependencies) after the
+// collective this process launched before it, on any communicator; one that is not is refused, where on GPUs the
+// two could deadlock.
 //
 // Limitation: ncclCommInitRank splits the whole world, so every rank of the job must initialise a
 // communicator at the same time (each its own). gpt-train does: the world; its splits are ncclCommSplit, a split
@@ -36,12 +40,28 @@ gpt::Communicator* g_world = nullptr;
 std::mutex g_mu;
 std::set<ncclComm_t> g_live;  // made by ncclCommInitRank, not yet destroyed or aborted
 std::atomic<long long> g_collectives{0};
-int g_ids = 0;  // unique ids made by this rank
+int g_ids = 0;                       // unique ids made by this rank
+std::atomic<int64_t> g_launched{0};  // collectives launched by this process
 constexpr char kMagic[8] = "EMUNCCL";
 
 ncclResult_t invalid(const char* call, const std::string& why) {
   std::fprintf(stderr, "NCCL emulator: %s: %s\n", call, why.c_str());
   return ncclInvalidArgument;
+}
+
+// Queues a collective's work on its stream, which must already be ordered after the collective this process
+// launched before it, on whichever communicator (a collective launched on a stream that is not, is refused).
+template <class F>
+ncclResult_t enqueue_collective(const char* call, cudaStream_t stream, F work) {
+  const int64_t seq = g_launched++;
+  const int64_t after = emu_order_collective(stream, seq);
+  if (seq > 0 && after != seq - 1) {
+    return invalid(call, "its stream is not ordered after collective " + std::to_string(seq - 1) +
+                             " (the one launched before it, on another communicator of this device): NCCL needs one "
+                             "order, by stream dependencies, for all of a device's collectives, or may deadlock");
+  }
+  emu_enqueue(stream, work);
+  return ncclSuccess;
 }
 
 bool is_live(ncclComm_t comm) {
@@ -202,11 +222,10 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
   if (auto r = check_device(call, "recvbuff", recv, bytes); r != ncclSuccess) return r;
   if (send != recv && overlap(send, bytes, recv, bytes)) return invalid(call, "send and recv overlap, not in place");
   gpt::Communicator* group = comm->group.get();
-  emu_enqueue(stream, [=] {
+  return enqueue_collective(call, stream, [=] {
     if (send != recv) std::memcpy(recv, send, bytes);
     group->all_reduce(recv, static_cast<int64_t>(count), dtype).wait();
   });
-  return ncclSuccess;
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t type, ncclRedOp_t op,
@@ -222,11 +241,10 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, 
   const bool in_place = static_cast<const char*>(send) + block * static_cast<size_t>(comm->rank) == recv;
   if (!in_place && overlap(send, all, recv, block)) return invalid(call, "recvbuff overlaps sendbuff, not in place");
   gpt::Communicator* group = comm->group.get();
-  emu_enqueue(stream, [=] {
+  return enqueue_collective(call, stream, [=] {
     const std::vector<char> copy(static_cast<const char*>(send), static_cast<const char*>(send) + all);
     group->reduce_scatter(copy.data(), recv, static_cast<int64_t>(recv_count), dtype).wait();
   });
-  return ncclSuccess;
 }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t type, ncclComm_t comm,
@@ -242,11 +260,10 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, nccl
   const bool in_place = static_cast<const char*>(recv) + block * static_cast<size_t>(comm->rank) == send;
   if (!in_place && overlap(send, block, recv, all)) return invalid(call, "sendbuff overlaps recvbuff, not in place");
   gpt::Communicator* group = comm->group.get();
-  emu_enqueue(stream, [=] {
+  return enqueue_collective(call, stream, [=] {
     const std::vector<char> copy(static_cast<const char*>(send), static_cast<const char*>(send) + block);
     group->all_gather(copy.data(), recv, static_cast<int64_t>(send_count), dtype).wait();
   });
-  return ncclSuccess;
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
@@ -264,9 +281,8 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
   const bool copy = comm->rank == root && send != recv;
   if (copy && overlap(send, bytes, recv, bytes)) return invalid(call, "send and recv overlap, not in place");
   gpt::Communicator* group = comm->group.get();
-  emu_enqueue(stream, [=] {
+  return enqueue_collective(call, stream, [=] {
     if (copy) std::memcpy(recv, send, bytes);
     group->broadcast(recv, static_cast<int64_t>(count), dtype, root).wait();
   });
-  return ncclSuccess;
 }

@@ -295,10 +295,12 @@ struct EmuStream {
   std::deque<std::function<void()>> ops;  // queued, not yet started
   uint64_t enqueued = 0, done = 0;         // ops queued and finished so far
   bool running = false;                    // a thread is running ops[done] (outside the lock)
+  int64_t collective = -1;  // the latest NCCL collective (by launch) its queued work is ordered after; -1: none
 };
 struct EmuStreams {
   std::mutex mu;
   std::vector<EmuStream*> all;
+  std::vector<EmuStream*> destroyed;  // kept for the events recorded on them (cudaStreamDestroy)
 };
 inline EmuStreams& emu_streams() {
   static EmuStreams* s = new EmuStreams;
@@ -364,15 +366,15 @@ inline int cudaStreamSynchronize(cudaStream_t s) {
   emu_drain(reinterpret_cast<EmuStream*>(s));
   return 0;
 }
+// The stream itself is kept (drained, so nothing runs on it again): an event recorded on it stays valid for
+// waits and queries, as on a GPU.
 inline int cudaStreamDestroy(cudaStream_t stream) {
   auto* s = reinterpret_cast<EmuStream*>(stream);
   emu_drain(s);  // CUDA finishes a destroyed stream's work
-  {
-    std::lock_guard<std::mutex> g(emu_streams().mu);
-    auto& all = emu_streams().all;
-    all.erase(std::find(all.begin(), all.end(), s));
-  }
-  delete s;
+  std::lock_guard<std::mutex> g(emu_streams().mu);
+  auto& all = emu_streams().all;
+  all.erase(std::find(all.begin(), all.end(), s));
+  emu_streams().destroyed.push_back(s);
   return 0;
 }
 inline int cudaDeviceSynchronize() {
@@ -383,6 +385,7 @@ inline int cudaDeviceSynchronize() {
 struct EmuEvent {
   EmuStream* stream = nullptr;
   uint64_t pos = 0;
+  int64_t collective = -1;  // its stream's EmuStream::collective when recorded
 };
 typedef struct CUevent_st* cudaEvent_t;
 inline EmuEvent* emu_event(cudaEvent_t e) { return reinterpret_cast<EmuEvent*>(e); }
@@ -398,11 +401,13 @@ inline int cudaEventDestroy(cudaEvent_t e) {
 inline int cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   auto* s = reinterpret_cast<EmuStream*>(stream);
   uint64_t pos = 0;
+  int64_t collective = -1;
   if (s != nullptr) {
     std::lock_guard<std::mutex> g(s->mu);
     pos = s->enqueued;
+    collective = s->collective;
   }
-  *emu_event(e) = EmuEvent{s, pos};
+  *emu_event(e) = EmuEvent{s, pos, collective};
   return 0;
 }
 inline int cudaEventSynchronize(cudaEvent_t e) {
@@ -419,7 +424,22 @@ inline int cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
 inline int cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned) {
   const EmuEvent ev = *emu_event(e);
   emu_enqueue(stream, [ev] { emu_run_until(ev.stream, ev.pos); });
+  if (auto* s = reinterpret_cast<EmuStream*>(stream); s != nullptr) {
+    std::lock_guard<std::mutex> g(s->mu);
+    s->collective = std::max(s->collective, ev.collective);
+  }
   return 0;
+}
+// For the NCCL shim: NCCL collective number `seq` (this process's launches, counted from 0) goes on `stream`.
+// Returns the latest collective the stream's work was ordered after until now (-1: none), by the stream itself or
+// by its event waits, transitively; the stream is then ordered after `seq`.
+inline int64_t emu_order_collective(cudaStream_t stream, int64_t seq) {
+  auto* s = reinterpret_cast<EmuStream*>(stream);
+  if (s == nullptr) return seq - 1;  // the legacy stream runs everything at once, in launch order
+  std::lock_guard<std::mutex> g(s->mu);
+  const int64_t before = s->collective;
+  s->collective = seq;
+  return before;
 }
 
 enum cudaMemcpyKind { cudaMemcpyDeviceToDevice, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost };
