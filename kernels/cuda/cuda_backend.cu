@@ -45,6 +45,20 @@ Expected<std::unique_ptr<Backend>> make_cuda_backend(int local_rank, int local_s
   }
   auto device = device_for_local_rank(local_rank, local_size, count);
   if (!device) return device.status().with_context("device 'cuda'");
+  // The kernels are built for sm_80 and sm_90 (mma.sync, ldmatrix, cp.async, bf16): an older GPU would fail at the
+  // first launch with "no kernel image is available".
+  int major = 0, minor = 0;
+  GPT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, *device));
+  GPT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, *device));
+  if (major < 8) {
+    cudaDeviceProp prop;
+    GPT_CUDA_CHECK(cudaGetDeviceProperties(&prop, *device));
+    return Status::failed_precondition("device 'cuda': GPU " + std::to_string(*device) + " (" + prop.name +
+                                       ") has compute capability " + std::to_string(major) + "." +
+                                       std::to_string(minor) +
+                                       "; gpt-train's CUDA kernels need 8.0 or newer (A100, H100 and later): set "
+                                       "run.device: cpu on this machine");
+  }
   return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(*device));
 }
 

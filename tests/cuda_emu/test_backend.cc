@@ -325,6 +325,23 @@ TEST_CASE("cuda_emu: attention takes the kernels that fit the GPU's shared memor
   CHECK(attend(AttentionKernel::kWmma) == fp32);
 }
 
+// A GPU older than the kernels' sm_80 (they would fail at the first launch with "no kernel image") is refused when
+// the backend is made, naming the GPU, its compute capability and what to do.
+TEST_CASE("cuda_emu: the CUDA backend refuses a GPU older than compute capability 8.0", "[cuda_emu][backend]") {
+  struct Restore {
+    std::pair<int, int> cc = emu_compute_capability();
+    ~Restore() { emu_compute_capability() = cc; }
+  } restore;
+  emu_compute_capability() = {7, 5};
+  auto old = make_cuda_emu_backend(0, 1);
+  REQUIRE_FALSE(old.has_value());
+  CHECK(old.status().message() ==
+        "device 'cuda': GPU 0 (CUDA emulator) has compute capability 7.5; gpt-train's CUDA kernels need 8.0 or newer "
+        "(A100, H100 and later): set run.device: cpu on this machine");
+  emu_compute_capability() = {8, 0};
+  CHECK(make_cuda_emu_backend(0, 1).has_value());
+}
+
 // A cudaMalloc the device cannot satisfy (the emulated device made small) ends the process with what it asked, what
 // was free, what gpt-train held and what to change, not with cudaMalloc's bare "out of memory".
 TEST_CASE("cuda_emu: the CUDA backend out of device memory says what it asked for and what to change",

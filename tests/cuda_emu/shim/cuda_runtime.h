@@ -27,6 +27,7 @@
 #include <mutex>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "emu_fiber.h"
@@ -545,10 +546,29 @@ inline size_t& emu_smem_per_block() {
   static size_t bytes = 227 * 1024;
   return bytes;
 }
-enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
-inline int cudaDeviceGetAttribute(int* value, cudaDeviceAttr, int) {
-  *value = static_cast<int>(emu_smem_per_block());
-  return 0;
+// The emulated GPU's compute capability (major, minor): an H100's 9.0 unless a test makes it older.
+inline std::pair<int, int>& emu_compute_capability() {
+  static std::pair<int, int> cc{9, 0};
+  return cc;
+}
+enum cudaDeviceAttr {
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
+};
+inline int cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+  switch (attr) {
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = emu_compute_capability().first;
+      return 0;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = emu_compute_capability().second;
+      return 0;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = static_cast<int>(emu_smem_per_block());
+      return 0;
+  }
+  return 1;  // cudaErrorInvalidValue
 }
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 // Per kernel: the dynamic shared memory it was opted into (a launch past 48 KB without it fails on a GPU).
