@@ -18,8 +18,14 @@ namespace gpt {
 
 namespace {
 
-// At process exit the runtime may already be unloading; the memory goes with the process then.
+// At process exit the runtime may already be unloading; the memory goes with the process then. Buffers are freed
+// at teardown (and when a first step grows an area), where work on another stream may still use them: a
+// collective of the NCCL communicators, which outlive the parameters. cudaFree only "may perform implicit
+// synchronization" (cuda_runtime_api.h), so the device is synchronised first.
 void cuda_free(void* p) {
+  const cudaError_t sync = cudaDeviceSynchronize();
+  if (sync == cudaErrorCudartUnloading) return;
+  GPT_CUDA_CHECK(sync);
   const cudaError_t err = cudaFree(p);
   if (err != cudaErrorCudartUnloading) GPT_CUDA_CHECK(err);
 }
