@@ -111,6 +111,34 @@ TEST_CASE("cuda_emu: a launch of more threads per block than the kernel's __laun
         std::string::npos);
 }
 
+TEST_CASE("cuda_emu: cudaEventElapsedTime needs two recorded, timing, completed events, as on a GPU",
+          "[cuda_emu][emulator]") {
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == 0);
+  cudaEvent_t a = nullptr, b = nullptr, untimed = nullptr;
+  REQUIRE(cudaEventCreate(&a) == 0);
+  REQUIRE(cudaEventCreate(&b) == 0);
+  REQUIRE(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming) == 0);
+  float ms = -1.0f;
+  CHECK(cudaEventElapsedTime(&ms, a, b) == cudaErrorInvalidResourceHandle);  // never recorded
+  int ran = 0;
+  REQUIRE(cudaEventRecord(a, s) == 0);
+  emu_enqueue(s, [&ran] { ++ran; });  // deferred: the created stream runs it when something needs it
+  REQUIRE(cudaEventRecord(b, s) == 0);
+  REQUIRE(cudaEventRecord(untimed, s) == 0);
+  CHECK(cudaEventElapsedTime(&ms, a, b) == cudaErrorNotReady);
+  CHECK(ran == 0);
+  REQUIRE(cudaStreamSynchronize(s) == 0);
+  CHECK(ran == 1);
+  CHECK(cudaEventElapsedTime(&ms, a, b) == cudaSuccess);
+  CHECK(ms == 0.0f);
+  CHECK(cudaEventElapsedTime(&ms, a, untimed) == cudaErrorInvalidResourceHandle);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaEventDestroy(untimed);
+  cudaStreamDestroy(s);
+}
+
 TEST_CASE("cuda_emu: a vector load or store through a misaligned pointer aborts, as it faults on a GPU",
           "[cuda_emu][emulator]") {
   // The converted kernels' casts to CUDA vector types check the alignment: common.cuh's 8-byte bf16 accesses here.

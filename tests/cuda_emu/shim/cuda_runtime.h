@@ -249,10 +249,21 @@ typedef int cudaError_t;
 constexpr int cudaSuccess = 0;
 typedef struct CUstream_st* cudaStream_t;
 constexpr int cudaErrorMemoryAllocation = 2;
-inline const char* cudaGetErrorString(int e) { return e == cudaErrorMemoryAllocation ? "out of memory" : "emu"; }
+inline const char* cudaGetErrorString(int e) {
+  switch (e) {
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case 400:
+      return "invalid resource handle";
+    case 600:
+      return "device not ready";
+  }
+  return "emu";
+}
 inline int cudaGetLastError() { return 0; }
 constexpr int cudaErrorCudartUnloading = 4;
 constexpr int cudaErrorNotReady = 600;
+constexpr int cudaErrorInvalidResourceHandle = 400;
 constexpr unsigned cudaStreamNonBlocking = 1;
 constexpr unsigned cudaEventDisableTiming = 2;
 
@@ -387,6 +398,8 @@ struct EmuEvent {
   EmuStream* stream = nullptr;
   uint64_t pos = 0;
   int64_t collective = -1;  // its stream's EmuStream::collective when recorded
+  bool timing = true;       // not created with cudaEventDisableTiming
+  bool recorded = false;
 };
 typedef struct CUevent_st* cudaEvent_t;
 inline EmuEvent* emu_event(cudaEvent_t e) { return reinterpret_cast<EmuEvent*>(e); }
@@ -394,7 +407,11 @@ inline int cudaEventCreate(cudaEvent_t* e) {
   *e = reinterpret_cast<cudaEvent_t>(new EmuEvent);
   return 0;
 }
-inline int cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
+inline int cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
+  cudaEventCreate(e);
+  emu_event(*e)->timing = (flags & cudaEventDisableTiming) == 0;
+  return 0;
+}
 inline int cudaEventDestroy(cudaEvent_t e) {
   delete emu_event(e);
   return 0;
@@ -408,7 +425,11 @@ inline int cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
     pos = s->enqueued;
     collective = s->collective;
   }
-  *emu_event(e) = EmuEvent{s, pos, collective};
+  EmuEvent* ev = emu_event(e);
+  ev->stream = s;
+  ev->pos = pos;
+  ev->collective = collective;
+  ev->recorded = true;
   return 0;
 }
 inline int cudaEventSynchronize(cudaEvent_t e) {
@@ -417,7 +438,15 @@ inline int cudaEventSynchronize(cudaEvent_t e) {
   return 0;
 }
 inline int cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }  // done once asked
-inline int cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+// As CUDA: both events recorded, with timing, and complete (else cudaErrorNotReady); the time is 0 here.
+inline int cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  for (const EmuEvent* ev : {emu_event(a), emu_event(b)}) {
+    if (!ev->timing || !ev->recorded) return cudaErrorInvalidResourceHandle;
+    if (ev->stream != nullptr) {
+      std::lock_guard<std::mutex> g(ev->stream->mu);
+      if (ev->stream->done < ev->pos) return cudaErrorNotReady;
+    }
+  }
   *ms = 0.0f;
   return 0;
 }
