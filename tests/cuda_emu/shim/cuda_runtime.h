@@ -249,21 +249,21 @@ typedef int cudaError_t;
 constexpr int cudaSuccess = 0;
 typedef struct CUstream_st* cudaStream_t;
 constexpr int cudaErrorMemoryAllocation = 2;
+constexpr int cudaErrorCudartUnloading = 4;
+constexpr int cudaErrorInvalidResourceHandle = 400;
+constexpr int cudaErrorNotReady = 600;
 inline const char* cudaGetErrorString(int e) {
   switch (e) {
     case cudaErrorMemoryAllocation:
       return "out of memory";
-    case 400:
+    case cudaErrorInvalidResourceHandle:
       return "invalid resource handle";
-    case 600:
+    case cudaErrorNotReady:
       return "device not ready";
   }
   return "emu";
 }
 inline int cudaGetLastError() { return 0; }
-constexpr int cudaErrorCudartUnloading = 4;
-constexpr int cudaErrorNotReady = 600;
-constexpr int cudaErrorInvalidResourceHandle = 400;
 constexpr unsigned cudaStreamNonBlocking = 1;
 constexpr unsigned cudaEventDisableTiming = 2;
 
