@@ -42,15 +42,17 @@
 # table, ";"-separated, each a space-separated list of overrides on top of GPT_TRAIN_SET, e.g. "run.gelu_fusion=full";
 # default, when the run is bf16 on cuda and this binary has the keys: run.attention_kernel=wmma (the older attention
 # kernels beside the default mma.sync ones), run.gelu_fusion=forward and =full; "" = none),
-# VARIANT_TIMEOUT (60 s each), TIME_LIMIT (0; else seconds from the start: the profile run and each variant start
-# only if their timeout still fits, else say they were skipped), PROFILE_STEPS (on cuda 4, else 0 = none: after the table, a run of that many steps under
+# VARIANT_TIMEOUT (60 s each), TIME_LIMIT (0; else seconds from the start: each side's timeout is cut to what is
+# left of it less 15 s for the table, and the profile run and each variant start only if their timeout still fits,
+# else say they were skipped), PROFILE_STEPS (on cuda 4, else 0 = none: after the table, a run of that many steps under
 # GPT_TRAIN_CUDA_PROFILE=1 whose per-op device time table is printed, the per-kernel breakdown of a step; 60 s at
 # most; and PyTorch runs as many more steps under torch.profiler after its RESULT line, so that scripts/bench/by_kind.py
 # prints both sides' device time per step by kind: GEMMs, attention, cross-entropy, optimizer, the rest),
 # GPT_TRAIN_CUDA_PROFILE (passed
 # through; when 1 the whole gpt-train log, with its per-op table, is printed), KEEP=1 keeps the temp dir.
 # Budget: under 4 minutes on one H200 with the defaults before the variants (the two timeouts sum to 210 s), each
-# variant at most VARIANT_TIMEOUT more.
+# variant at most VARIANT_TIMEOUT more. Exit status: 0; 1 when a side failed or timed out (after all the output);
+# 2 for a bad setting.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -83,6 +85,17 @@ PROFILE_STEPS=${PROFILE_STEPS:-$([[ $DEVICE == cuda ]] && echo 4 || echo 0)}
 
 fits() {  # SECONDS_NEEDED: whether a run of at most that long ends inside TIME_LIMIT
   ((TIME_LIMIT == 0 || $(date +%s) - START + $1 <= TIME_LIMIT))
+}
+# TIMEOUT: that, or under TIME_LIMIT what is left of it less 15 s for the table (10 s at least), so that a caller's
+# own limit does not kill a side (and leave its processes on the GPU) before the table is printed.
+capped() {
+  local t=$1 left
+  if ((TIME_LIMIT > 0)); then
+    left=$((TIME_LIMIT - ($(date +%s) - START) - 15))
+    ((left < t)) && t=$left
+    ((t < 10)) && t=10
+  fi
+  echo "$t"
 }
 why() {  # RC TIMEOUT: a failed side's exit status in words
   case $1 in 124 | 137) echo "timed out (limit $2 s, exit status $1)" ;; *) echo "exit status $1" ;; esac
@@ -198,6 +211,7 @@ GPT_ARGS=()
 for kv in $GPT_TRAIN_SET; do GPT_ARGS+=(--set "$kv"); done
 
 
+GPT_TIMEOUT=$(capped "$GPT_TIMEOUT")
 log "gpt-train: $GPT_TRAIN on $DEVICE, $STEPS steps of $MICRO_BATCH x $SEQ (timeout ${GPT_TIMEOUT}s)"
 GPT_RC=0
 smi_start gpt
@@ -225,6 +239,7 @@ TORCH_ARGS=(--steps "$STEPS" --warmup "$WARMUP" --batch "$MICRO_BATCH" --seq "$S
 [[ $COMPILE == 1 ]] && TORCH_ARGS+=(--compile) || TORCH_ARGS+=(--no-compile)
 # Its kernels' device time over PROFILE_STEPS more steps, after its RESULT line (a timeout there loses only them).
 ((PROFILE_STEPS > 0)) && [[ $DEVICE == cuda ]] && TORCH_ARGS+=(--profile-steps "$PROFILE_STEPS")
+TORCH_TIMEOUT=$(capped "$TORCH_TIMEOUT")
 log "PyTorch: $PYTHON scripts/bench/pytorch_gpt2.py ${TORCH_ARGS[*]} (timeout ${TORCH_TIMEOUT}s)"
 TORCH_RC=0
 smi_start torch
@@ -424,3 +439,5 @@ print(f"  [{variant}] {tok:,.0f} tokens/s, {ms:.1f} ms/step, MFU {100 * tok * re
 EOF
   then :; else echo "  [$variant] ran, but its metrics.jsonl could not be read"; fi
 done
+# Exit status 1 when a side failed (its table cell says "failed"), after everything above has been printed.
+((GPT_OK && TORCH_OK)) || exit 1
