@@ -8,7 +8,9 @@
 
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/device_select.h"
@@ -43,16 +45,24 @@ struct DeviceBuffer {
   }
 };
 
+// The MPI world and an NCCL communicator over it on `device` (destroyed first: the world outlives it).
+struct NcclWorld {
+  std::unique_ptr<Communicator> world, nccl;
+  explicit NcclWorld(int device, void* compute_stream = nullptr) : world(testing::g_mpi->make_world()) {
+    auto made = make_nccl_communicator(*world, device, compute_stream);
+    INFO(made.status().message());
+    REQUIRE(made.has_value());
+    nccl = std::move(*made);
+  }
+};
+
 TEST_CASE("NCCL collectives on GPUs match the host's sums and copies", "[mpi][nccl]") {
   const int device = device_or_skip();
   if (device < 0) return;
-  auto world = testing::g_mpi->make_world();
-  auto made = make_nccl_communicator(*world, device);
-  INFO(made.status().message());
-  REQUIRE(made.has_value());
-  Communicator& nccl = **made;
+  NcclWorld w(device);
+  Communicator& nccl = *w.nccl;
   const int r = nccl.rank(), n = nccl.size();
-  REQUIRE(n == world->size());
+  REQUIRE(n == w.world->size());
   const int64_t k = 1000;  // elements per rank block
 
   // all_reduce, fp32: rank r contributes (r + 1) * i.
@@ -119,11 +129,8 @@ TEST_CASE("NCCL collectives on GPUs match the host's sums and copies", "[mpi][nc
 TEST_CASE("NCCL collectives of two communicators on one GPU run in their launch order", "[mpi][nccl]") {
   const int device = device_or_skip();
   if (device < 0) return;
-  auto world = testing::g_mpi->make_world();
-  auto made = make_nccl_communicator(*world, device);
-  INFO(made.status().message());
-  REQUIRE(made.has_value());
-  Communicator& nccl = **made;
+  NcclWorld w(device);
+  Communicator& nccl = *w.nccl;
   auto other = nccl.split(0, nccl.rank(), "other");
   const int n = nccl.size();
   const int64_t k = 1000;
@@ -163,11 +170,8 @@ TEST_CASE("NCCL collectives are ordered against the compute stream both ways wit
   REQUIRE(cudaSetDevice(device) == cudaSuccess);
   cudaStream_t compute = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
-  auto world = testing::g_mpi->make_world();
-  auto made = make_nccl_communicator(*world, device, compute);
-  INFO(made.status().message());
-  REQUIRE(made.has_value());
-  Communicator& nccl = **made;
+  NcclWorld world(device, compute);
+  Communicator& nccl = *world.nccl;
   const int r = nccl.rank(), n = nccl.size();
   // Large enough that a copy racing the collective would be seen: the input is written by the compute
   // stream (the collective must follow it), the result read by the compute stream after join() (which must
@@ -189,7 +193,7 @@ TEST_CASE("NCCL collectives are ordered against the compute stream both ways wit
   w.wait();
   CHECK(w.is_done());
   cudaFreeHost(host);
-  made->reset();
+  world.nccl.reset();
   cudaStreamDestroy(compute);
 }
 
