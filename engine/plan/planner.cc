@@ -278,6 +278,11 @@ Status check_plan_fits(const StrategyPlan& plan, const std::vector<StrategyPlan>
 }
 
 std::string format_bytes(int64_t bytes) {
+  // A difference can be negative (the driver's count since the start, say): its sign, then its size in units.
+  if (bytes < 0) {
+    const int64_t size = bytes == std::numeric_limits<int64_t>::min() ? std::numeric_limits<int64_t>::max() : -bytes;
+    return fmt::format("-{}", format_bytes(size));
+  }
   const double b = static_cast<double>(bytes);
   if (bytes < 1024) return fmt::format("{} B", bytes);
   if (bytes < (int64_t{1} << 20)) return fmt::format("{:.1f} KiB", b / 1024.0);

@@ -6,7 +6,8 @@
 # machine lacks OpenMPI, oneDNN, yaml-cpp, spdlog...); without one it builds with cmake (needs those there).
 # Steps, each PASS/FAIL/SKIP with seconds, and a summary printed LAST: GPU, libraries, the PTX probe (the
 # mma.sync/ldmatrix/cvt/cp.async layouts alone), CUDA backend parity (gpt_tests [cuda]), NCCL singleton (gpt_mpi_tests [nccl]), Shakespeare 20 steps cpu vs cuda (losses within
-# 1e-4 relative), compute-sanitizer memcheck and racecheck (the attention kernels), scripts/bench/gpu_vs_pytorch.sh
+# 1e-4 relative), compute-sanitizer memcheck and racecheck (the attention kernels; in what is left after keeping
+# the bench's 225 s, else a SKIP that says so), scripts/bench/gpu_vs_pytorch.sh
 # if present (its table, the per-op device time of a few steps, and the run.attention_kernel and run.gelu_fusion
 # variants; 70 s of its time kept for the next step), then scripts/bench/attention_vs_pytorch.sh (the attention
 # kernels against PyTorch's SDPA) in what is left. A test binary passes only with Catch2's "All tests passed" line
@@ -146,26 +147,34 @@ if wanted nccl; then
 fi
 
 # --- e. Shakespeare, 20 steps on cpu and on cuda: the same losses within 1e-4 relative, and falling
-compare_losses() {
-  python3 - "$1" "$2" <<'EOF'
-import json, sys
+compare_losses() {  # compare_losses A.jsonl B.jsonl LABEL_A LABEL_B
+  python3 - "$@" <<'EOF'
+import json, math, sys
 def losses(p):
     return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if "loss" in r}
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
+la, lb = sys.argv[3], sys.argv[4]
 steps = sorted(a)
 if not steps or steps != sorted(b):
-    print(f"step mismatch: cpu {len(a)} steps, cuda {len(b)}"); sys.exit(1)
+    print(f"step mismatch: {la} {len(a)} steps, {lb} {len(b)}"); sys.exit(1)
+for name, d in ((la, a), (lb, b)):
+    bad = [s for s in steps if not isinstance(d[s], (int, float)) or not math.isfinite(d[s])]
+    if bad:
+        print(f"{name}: loss not finite at step {bad[0]} ({d[bad[0]]})"); sys.exit(1)
 rel = [(abs(a[s] - b[s]) / max(abs(a[s]), 1e-12), s) for s in steps]
 worst, at = max(rel)
 first, last = steps[0], steps[-1]
 ok = worst <= 1e-4 and a[last] < a[first] and b[last] < b[first]
-print(f"cpu {a[first]:.6f}->{a[last]:.6f} cuda {b[first]:.6f}->{b[last]:.6f} max rel diff {worst:.2e} (step {at})")
+print(f"{la} {a[first]:.6f}->{a[last]:.6f} {lb} {b[first]:.6f}->{b[last]:.6f} max rel diff {worst:.2e} (step {at})")
 sys.exit(0 if ok else 1)
 EOF
 }
 last_loss() { tail -n 1 "$1/metrics.jsonl" 2>/dev/null | grep -oE '"(step|loss|val_loss|tokens_per_s)":[0-9.e+-]*' | tr '\n' ' '; }
 if wanted train; then
+  # 5 warm-up steps instead of the config's 100, so that the 20 steps reach the full learning rate and the
+  # losses falling is no accident of a tiny one.
   train=("$GPT_TRAIN" train -c "$HOME_DIR/configs/shakespeare-char-cpu.yaml" --set training.steps=20
+         --set training.warmup_steps=5
          --set training.eval_interval=0 --set training.eval_batches=1 --set logging.log_interval=5
          --set data.train="$HOME_DIR/data/shakespeare_char/train.bin"
          --set data.val="$HOME_DIR/data/shakespeare_char/val.bin")
@@ -183,13 +192,13 @@ if wanted train; then
     elif [ "$RC" = 0 ]; then
       # The driver's count after step 1 over the tracked buffers: the CUDA context, cuBLAS(Lt), allocation rounding;
       # and of that what came after the start, which parallel.device_memory_reserve_gb must cover.
-      dm=$(sed -nE 's/.*device memory after step 1: ([0-9.]+ [KMG]?i?B) in use.*the other ([0-9.]+ [KMG]?i?B).* (-?[0-9.]+ [KMG]?i?B) came since.*/device \1 in use, \2 untracked, \3 of it since the start/p' "$OUTF" | head -1)
+      dm=$(sed -nE 's/.*device memory after step 1: ([0-9.]+ [KMG]?i?B) in use.*the other (-?[0-9.]+ [KMG]?i?B).* (-?[0-9.]+ [KMG]?i?B) came since.*/device \1 in use, \2 untracked, \3 of it since the start/p' "$OUTF" | head -1)
       record PASS "train 20 steps cuda" "$T" "$(last_loss "$gpu_dir")${dm:+; $dm}"
     elif [ "$gpus" = 0 ]; then record SKIP "train 20 steps cuda" "$T" "no GPU: $(grep -iE 'error|cuda' "$OUTF" | tail -1 | cut -c1-150)"
     else fail_or_skip "train 20 steps cuda"; fi
     if [ "$cpu_rc" = 0 ] && [ "$RC" = 0 ]; then
       t0=$SECONDS
-      note=$(compare_losses "$cpu_dir/metrics.jsonl" "$gpu_dir/metrics.jsonl" 2>&1)
+      note=$(compare_losses "$cpu_dir/metrics.jsonl" "$gpu_dir/metrics.jsonl" cpu cuda 2>&1)
       rc=$?
       echo "compare: $note" >> "$LOG"
       if [ "$rc" = 0 ]; then record PASS "losses cpu == cuda (1e-4)" $((SECONDS - t0)) "$note"
@@ -204,7 +213,7 @@ if wanted train; then
         run_step "train_cuda_$strat" 90 "${train[@]}" --set run.device=cuda --set parallel.strategy=$strat \
           --set run.out_dir="$WORK/train-cuda-$strat"
         if [ "$RC" != 0 ]; then fail_or_skip "cuda $strat via NCCL"; continue; fi
-        note=$(compare_losses "$gpu_dir/metrics.jsonl" "$WORK/train-cuda-$strat/metrics.jsonl" 2>&1)
+        note=$(compare_losses "$gpu_dir/metrics.jsonl" "$WORK/train-cuda-$strat/metrics.jsonl" single "$strat" 2>&1)
         if [ $? = 0 ]; then record PASS "cuda $strat via NCCL == single" "$T" "$note"
         else record FAIL "cuda $strat via NCCL == single" "$T" "$note"; fi
       done
@@ -220,7 +229,7 @@ if wanted train; then
           --set parallel.strategy=zero2 --set run.out_dir="$WORK/train-cuda-bf16-zero2"
         if [ "$RC" != 0 ]; then fail_or_skip "cuda bf16 zero2 via NCCL"
         else
-          note=$(compare_losses "$WORK/train-cuda-bf16/metrics.jsonl" "$WORK/train-cuda-bf16-zero2/metrics.jsonl" 2>&1)
+          note=$(compare_losses "$WORK/train-cuda-bf16/metrics.jsonl" "$WORK/train-cuda-bf16-zero2/metrics.jsonl" single zero2 2>&1)
           if [ $? = 0 ]; then record PASS "cuda bf16 zero2 == bf16 single" "$T" "$note"
           else record FAIL "cuda bf16 zero2 == bf16 single" "$T" "$note"; fi
         fi
@@ -232,17 +241,30 @@ fi
 # --- d. compute-sanitizer: memcheck on every CUDA test, racecheck on the fused attention
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer \
   /usr/local/cuda*/compute-sanitizer/compute-sanitizer /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -1)
+# The benchmark's two sides and its table (210 + 15 s) come before the sanitizers, whose speed on the GPU is not
+# known: each sanitizer runs in what is left over that, and is a SKIP that says so when too little is left or when
+# it timed out in a share cut short for the bench (CHECK_STEPS="memcheck racecheck" then runs them with their own
+# limits).
+bench_keep=0
+if wanted bench && [ "$gpus" != 0 ] && [ -f scripts/bench/gpu_vs_pytorch.sh ]; then bench_keep=225; fi
 sanitize() {  # sanitize TOOL LIMIT FILTER LABEL
-  local name="$1 $4"
+  local name="$1 $4" limit=$2 share=$((DEADLINE - SECONDS - bench_keep)) cut=""
   if ! wanted "$1"; then return; fi
   if [ -z "$sanitizer" ]; then record SKIP "$name" 0 "compute-sanitizer not found"; return; fi
   if [ "$gpus" = 0 ]; then record SKIP "$name" 0 "no GPU"; return; fi
-  run_step "$1" "$2" "$sanitizer" --tool "$1" --error-exitcode 1 --print-limit 20 "$GPT_TESTS" "$3"
+  if [ "$share" -lt "$limit" ]; then
+    cut="the bench keeps ${bench_keep} s of the $((DEADLINE - SECONDS)) s left; CHECK_STEPS=\"$1\" runs it alone"
+    if [ "$share" -lt 30 ]; then record SKIP "$name" 0 "not run: $cut"; return; fi
+    limit=$share
+  fi
+  run_step "$1" "$limit" "$sanitizer" --tool "$1" --error-exitcode 1 --print-limit 20 "$GPT_TESTS" "$3"
   local summary_line
   summary_line=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTF" | tail -1 | sed 's/^=* *//')
   if [ "$RC" = 200 ]; then record SKIP "$name" 0 "no time left in the budget"
   elif grep -qiE 'Device not supported|Target application terminated before first instrumented API call' "$OUTF"; then
     record SKIP "$name" "$T" "the sanitizer cannot use this device: $(grep -iE 'not supported|error' "$OUTF" | head -1 | cut -c1-120)"
+  elif { [ "$RC" = 124 ] || [ "$RC" = 137 ]; } && [ -n "$cut" ] && ! grep -E '^=+ ' "$OUTF" | grep -vq 'COMPUTE-SANITIZER'; then
+    record SKIP "$name" "$T" "timed out in its ${limit} s share, no error found before: $cut"; tail_of 3
   elif [ "$RC" = 124 ] || [ "$RC" = 137 ]; then record FAIL "$name" "$T" "timed out"; tail_of
   elif grep -q SKIPPED "$OUTF"; then record FAIL "$name" "$T" "tests skipped under the sanitizer"; tail_of
   elif [ "$RC" = 0 ] && grep -q 'All tests passed' "$OUTF"; then record PASS "$name" "$T" "$summary_line"

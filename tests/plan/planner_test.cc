@@ -392,6 +392,8 @@ TEST_CASE("report mentions every strategy and category", "[plan]") {
   CHECK(format_bytes(512) == "512 B");
   CHECK(format_bytes(3 << 20) == "3.0 MiB");
   CHECK(format_bytes(int64_t{3} << 30) == "3.00 GiB");
+  CHECK(format_bytes(-(5 << 20)) == "-5.0 MiB");  // a difference: the driver's count since the start
+  CHECK(format_bytes(-512) == "-512 B");
   CHECK(format_count(124439808) == "124.44M");
 }
 
