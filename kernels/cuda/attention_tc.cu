@@ -182,6 +182,33 @@ __device__ inline void make_index_frag(AccFrag& idx, float* staging, int lane) {
   __syncwarp();
 }
 
+// The backward's two score products for one 16-column block nb: s = A1 B1^T and dp = A2 B2^T over the head size
+// (KD fragments of 16), A's 16 rows this warp's, B's the block's 16 rows of b1, b2 (row stride LDK). With kKeep
+// A1 and A2 are the fragments a1k, a2k kept in registers, else they are read from a1, a2 (this warp's rows).
+// The dK/dV kernel takes A = K, V and B = Q, dO (S^T, dP^T); the dQ kernel A = Q, dO and B = K, V.
+template <int KD, int LDK, bool kKeep, int N>
+__device__ inline void score_products(AccFrag& s, AccFrag& dp, const AFrag (&a1k)[N], const AFrag (&a2k)[N],
+                                      const bf16* a1, const bf16* a2, const bf16* b1, const bf16* b2) {
+  wmma::fill_fragment(s, 0.0f);
+  wmma::fill_fragment(dp, 0.0f);
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) {
+    BColFrag b1f, b2f;  // B1^T, B2^T
+    wmma::load_matrix_sync(b1f, b1 + kk * 16, LDK);
+    wmma::load_matrix_sync(b2f, b2 + kk * 16, LDK);
+    if constexpr (kKeep) {
+      wmma::mma_sync(s, a1k[kk], b1f, s);
+      wmma::mma_sync(dp, a2k[kk], b2f, dp);
+    } else {
+      AFrag a;
+      wmma::load_matrix_sync(a, a1 + kk * 16, LDK);
+      wmma::mma_sync(s, a, b1f, s);
+      wmma::load_matrix_sync(a, a2 + kk * 16, LDK);
+      wmma::mma_sync(dp, a, b2f, dp);
+    }
+  }
+}
+
 template <int D, typename In, typename Out>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_tc_kernel(Out* out, float* lse, const In* qkv, int T, int C, int NH, float scale,
@@ -385,24 +412,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int nb = 0; nb < NBQ; ++nb) {
       if (nb < nb_lo) continue;
-      wmma::fill_fragment(s[nb], 0.0f);
-      wmma::fill_fragment(dp[nb], 0.0f);
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        BColFrag qb, ob;  // Q^T, dO^T
-        wmma::load_matrix_sync(qb, sq + nb * 16 * LDK + kk * 16, LDK);
-        wmma::load_matrix_sync(ob, sdo + nb * 16 * LDK + kk * 16, LDK);
-        if constexpr (kKeep) {
-          wmma::mma_sync(s[nb], ka[kk], qb, s[nb]);
-          wmma::mma_sync(dp[nb], va[kk], ob, dp[nb]);
-        } else {
-          AFrag a;
-          wmma::load_matrix_sync(a, sk + warp * kRows * LDK + kk * 16, LDK);
-          wmma::mma_sync(s[nb], a, qb, s[nb]);
-          wmma::load_matrix_sync(a, sv + warp * kRows * LDK + kk * 16, LDK);
-          wmma::mma_sync(dp[nb], a, ob, dp[nb]);
-        }
-      }
+      score_products<KD, LDK, kKeep>(s[nb], dp[nb], ka, va, sk + warp * kRows * LDK, sv + warp * kRows * LDK,
+                                     sq + nb * 16 * LDK, sdo + nb * 16 * LDK);
 #pragma unroll
       for (int i = 0; i < s[nb].num_elements; ++i) {
         const int rc = static_cast<int>(idx.x[i]), r = rc >> 4, c = nb * 16 + (rc & 15);
@@ -519,24 +530,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int nb = 0; nb < NBK; ++nb) {
       if (nb >= nb_hi) continue;
-      wmma::fill_fragment(s[nb], 0.0f);
-      wmma::fill_fragment(dp[nb], 0.0f);
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        BColFrag kb, vb;  // K^T, V^T
-        wmma::load_matrix_sync(kb, sk + nb * 16 * LDK + kk * 16, LDK);
-        wmma::load_matrix_sync(vb, sv + nb * 16 * LDK + kk * 16, LDK);
-        if constexpr (kKeep) {
-          wmma::mma_sync(s[nb], qa[kk], kb, s[nb]);
-          wmma::mma_sync(dp[nb], doa[kk], vb, dp[nb]);
-        } else {
-          AFrag a;
-          wmma::load_matrix_sync(a, sq + warp * kRows * LDK + kk * 16, LDK);
-          wmma::mma_sync(s[nb], a, kb, s[nb]);
-          wmma::load_matrix_sync(a, sdo + warp * kRows * LDK + kk * 16, LDK);
-          wmma::mma_sync(dp[nb], a, vb, dp[nb]);
-        }
-      }
+      score_products<KD, LDK, kKeep>(s[nb], dp[nb], qa, doa, sq + warp * kRows * LDK, sdo + warp * kRows * LDK,
+                                     sk + nb * 16 * LDK, sv + nb * 16 * LDK);
 #pragma unroll
       for (int i = 0; i < s[nb].num_elements; ++i) {
         const int rc = static_cast<int>(idx.x[i]), r = rc >> 4, c = nb * 16 + (rc & 15);
