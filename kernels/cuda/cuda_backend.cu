@@ -80,12 +80,18 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   matmul_ = std::make_unique<cuda::Matmul>(stream_, cublas_workspace_.data());
   result_ = alloc(sizeof(double), MemCategory::kWorkspace);
   GPT_CUDA_CHECK(cudaMallocHost(&result_host_, sizeof(double)));
+  // The staging slots at their full size now: a cudaMallocHost in the step loop would synchronise the device.
+  for (Staging& st : staging_) {
+    GPT_CUDA_CHECK(cudaMallocHost(&st.host, kStagingBytes));
+    GPT_CUDA_CHECK(cudaEventCreateWithFlags(&st.read, cudaEventDisableTiming));
+    GPT_CUDA_CHECK(cudaEventRecord(st.read, stream_));  // so that to_device's first wait on it has work to wait for
+  }
 }
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   for (Staging& st : staging_) {
-    if (st.read != nullptr) cudaEventDestroy(st.read);
+    cudaEventDestroy(st.read);
     cudaFreeHost(st.host);
   }
   for (cudaEvent_t e : op_events_) cudaEventDestroy(e);
@@ -303,32 +309,25 @@ void* CudaBackend::scratch(size_t bytes) {
   return scratch_.data();
 }
 
-// A small upload (a micro-batch's tokens or targets) through the next pinned staging slot, so the host does not
-// wait for the stream (see staging_); a large one (parameters restored from a checkpoint, once) straight from the
-// caller's pageable memory, which CUDA may stage synchronously. Either way the caller may reuse src at once, and
-// the copy is ordered before every later op on the stream.
+// Every upload goes through the pinned staging slots, in pieces of at most kStagingBytes, each slot reused once
+// the copy that last read it has run (its event): the host does not wait for the stream (a micro-batch's tokens
+// and targets), and the caller may reuse src at once. A cudaMemcpyAsync straight from the caller's pageable memory
+// would promise neither: CUDA documents only that it "might be synchronous" (it may also wait for the stream),
+// not that it has read src when it returns, and where the GPU reads pageable host memory itself (ATS, HMM) it may
+// read it later. The copies are ordered before every later op on the stream.
 void CudaBackend::to_device(void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return;
-  if (bytes > kStagingMaxBytes) {
-    GPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
-    return;
+  auto* out = static_cast<char*>(dst);
+  const auto* in = static_cast<const char*>(src);
+  for (size_t done = 0; done < bytes;) {
+    const size_t piece = std::min(bytes - done, kStagingBytes);
+    Staging& st = staging_[next_staging_];
+    next_staging_ = (next_staging_ + 1) % static_cast<int>(std::size(staging_));
+    GPT_CUDA_CHECK(cudaEventSynchronize(st.read));  // the copy that read this slot (four pieces ago) has run
+    std::memcpy(st.host, in + done, piece);
+    GPT_CUDA_CHECK(cudaMemcpyAsync(out + done, st.host, piece, cudaMemcpyHostToDevice, stream_));
+    GPT_CUDA_CHECK(cudaEventRecord(st.read, stream_));
+    done += piece;
   }
-  Staging& st = staging_[next_staging_];
-  next_staging_ = (next_staging_ + 1) % static_cast<int>(std::size(staging_));
-  if (st.read != nullptr) {
-    GPT_CUDA_CHECK(cudaEventSynchronize(st.read));  // the copy that read this slot (four uploads ago) has run
-  } else {
-    GPT_CUDA_CHECK(cudaEventCreateWithFlags(&st.read, cudaEventDisableTiming));
-  }
-  if (st.bytes < bytes) {
-    GPT_CUDA_CHECK(cudaFreeHost(st.host));
-    st.host = nullptr;
-    GPT_CUDA_CHECK(cudaMallocHost(&st.host, bytes));
-    st.bytes = bytes;
-  }
-  std::memcpy(st.host, src, bytes);
-  GPT_CUDA_CHECK(cudaMemcpyAsync(dst, st.host, bytes, cudaMemcpyHostToDevice, stream_));
-  GPT_CUDA_CHECK(cudaEventRecord(st.read, stream_));
 }
 
 void CudaBackend::to_host(void* dst, const void* src, size_t bytes) {

@@ -1,10 +1,8 @@
 // CudaBackend: the Backend on one GPU. Every op is queued on the backend's own stream (in call order) and
-// returns at once; to_host, sum_squares and synchronize wait. to_device waits only for the copy four small uploads
-// back (pinned staging) or, for an upload over 4 MiB (outside the step loop), as CUDA's pageable copies may. Memory
-// comes from cudaMalloc
-// through Buffer::adopt, so it is counted by the same categories as on the CPU; kernels that need
-// temporaries share one scratch area that grows to the largest request (the first training step sizes it;
-// no allocation after that). Not thread-safe: one training thread drives it.
+// returns at once; to_host, sum_squares and synchronize wait. to_device waits only for the copy four pieces back
+// (pinned staging, 4 MiB pieces). Memory comes from cudaMalloc through Buffer::adopt, so it is counted by the same
+// categories as on the CPU; kernels that need temporaries share one scratch area that grows to the largest request (the
+// first training step sizes it; no allocation after that). Not thread-safe: one training thread drives it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -167,18 +165,17 @@ class CudaBackend final : public Backend {
   AttentionKernel attention_kernel_ = AttentionKernel::kAuto;
   Buffer result_;                  // one double on the device for sum_squares
   double* result_host_ = nullptr;  // pinned
-  // to_device's staging: cudaMemcpyAsync from pageable memory may wait for the stream to reach the copy (CUDA
+  // to_device's staging: a cudaMemcpyAsync from pageable memory may wait for the stream to reach the copy (CUDA
   // stages it itself, and may synchronize), which would stall the host at every micro-batch's token and target
-  // uploads. A small upload is copied into the next of these pinned slots instead, each reused once the copy that
-  // last read it has run (its event), so the host queues ahead. The slots grow to the largest small upload (at
-  // start-up: parameter initialisation and a restore upload up to 4 MiB pieces, so at most 16 MiB); cudaMallocHost'd
-  // host memory, and a growth frees the old slot with cudaFreeHost, which may wait for the device (start-up only).
+  // uploads, and is not documented to have read its source when it returns. Every upload is copied into the next
+  // of these pinned slots instead, in pieces of kStagingBytes at most, each slot reused once the copy that last
+  // read it has run (its event), so the host queues ahead. Allocated at their full size in the constructor (16 MiB
+  // of pinned host memory in all): a cudaMallocHost or cudaFreeHost in the step loop may synchronise the device.
   struct Staging {
     void* host = nullptr;
-    size_t bytes = 0;
     cudaEvent_t read = nullptr;  // recorded after the copy that last read `host`
   };
-  static constexpr size_t kStagingMaxBytes = size_t{4} << 20;
+  static constexpr size_t kStagingBytes = size_t{4} << 20;
   Staging staging_[4];
   int next_staging_ = 0;
   bool profile_ = false;

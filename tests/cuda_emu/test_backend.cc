@@ -278,6 +278,39 @@ TEST_CASE("cuda_emu: matmul_forward takes a bf16 bias (aligned or not) as its fp
   }
 }
 
+// to_device lets its caller reuse the source at once, whatever its size: a restore reuses one host buffer for
+// every region, a GPT-2-sized unit is over the 4 MiB staging slots, and CUDA does not promise that a copy from
+// pageable memory has read it when cudaMemcpyAsync returns (the emulator reads it when the stream runs the copy).
+// 18 MiB: five pieces, so the ring of four slots wraps within one upload; then small uploads reuse the slots.
+TEST_CASE("cuda_emu: to_device's source may be reused at once, a large upload too", "[cuda_emu][backend]") {
+  CudaEmuBackend dev(0);
+  const size_t big = (size_t{18} << 20) / sizeof(float) + 3, small = 1000;
+  std::vector<float> host(big);
+  Buffer d[3] = {dev.alloc(big * sizeof(float), MemCategory::kWorkspace),
+                 dev.alloc(big * sizeof(float), MemCategory::kWorkspace),
+                 dev.alloc(small * sizeof(float), MemCategory::kWorkspace)};
+  for (int k = 0; k < 2; ++k) {  // the same host buffer for both uploads, rewritten at once
+    for (size_t i = 0; i < big; ++i) host[i] = static_cast<float>(i % 1000003) + 0.25f * static_cast<float>(k);
+    dev.to_device(d[k].data(), host.data(), big * sizeof(float));
+  }
+  for (size_t i = 0; i < small; ++i) host[i] = -static_cast<float>(i);
+  dev.to_device(d[2].data(), host.data(), small * sizeof(float));
+  std::fill(host.begin(), host.end(), NAN);
+  for (int k = 0; k < 3; ++k) {
+    const size_t n = k < 2 ? big : small;
+    std::vector<float> got(n);
+    dev.to_host(got.data(), d[k].data(), n * sizeof(float));
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const float want =
+          k < 2 ? static_cast<float>(i % 1000003) + 0.25f * static_cast<float>(k) : -static_cast<float>(i);
+      wrong += got[i] != want ? 1 : 0;
+    }
+    CAPTURE(k);
+    CHECK(wrong == 0);
+  }
+}
+
 // A GPU that allows a block less shared memory (sm_86 and sm_89: 99 KB) cannot launch the mma.sync attention at head
 // size 128 (102 KB): auto takes the WMMA kernels there instead of failing at the launch (the emulator, like
 // cudaFuncSetAttribute on such a GPU, ends the process at a launch past the limit); below what those need (77.5 KB),

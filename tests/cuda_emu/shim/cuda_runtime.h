@@ -268,8 +268,8 @@ constexpr unsigned cudaStreamNonBlocking = 1;
 constexpr unsigned cudaEventDisableTiming = 2;
 
 // Device memory is host memory here, but cudaMalloc and cudaMallocHost record each allocation, so the NCCL shim
-// can check that it is given device buffers (emu_is_device), and copies know pinned host memory (read or
-// written when the stream gets to them, as on a GPU) from pageable (staged at the call).
+// can check that it is given device buffers (emu_is_device), and copies know pinned host memory from pageable (a
+// copy into pageable memory waits for the stream).
 struct EmuAllocs {
   std::mutex mu;
   std::map<uintptr_t, size_t> device, pinned;  // start -> bytes
@@ -473,15 +473,14 @@ inline int64_t emu_order_collective(cudaStream_t stream, int64_t seq) {
 }
 
 enum cudaMemcpyKind { cudaMemcpyDeviceToDevice, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost };
-// As CUDA: from pageable host memory the source is staged at the call; to pageable host memory the call waits
-// for the stream and copies; pinned host memory and device memory are read and written when the stream runs it.
+// As CUDA promises at the least: to pageable host memory the call waits for the stream and copies; every other
+// copy reads and writes when the stream runs it, from pageable host memory too. A GPU driver usually stages a
+// pageable source before the call returns, but CUDA documents only that such a copy "might be synchronous", and
+// where the GPU reads pageable memory itself (ATS, HMM) it can read it later: a caller that reuses the source
+// before the stream has run the copy sends what it wrote instead.
 inline int cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
   if (n == 0) return 0;
-  if (kind == cudaMemcpyHostToDevice && !emu_is_pinned(s, n)) {
-    auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(s),
-                                                               static_cast<const unsigned char*>(s) + n);
-    emu_enqueue(stream, [d, staged] { std::memcpy(d, staged->data(), staged->size()); });
-  } else if (kind == cudaMemcpyDeviceToHost && !emu_is_pinned(d, n)) {
+  if (kind == cudaMemcpyDeviceToHost && !emu_is_pinned(d, n)) {
     emu_drain(reinterpret_cast<EmuStream*>(stream));
     std::memmove(d, s, n);
   } else {
