@@ -313,6 +313,12 @@ Expected<float> Trainer::train_step(int64_t step) {
     const StepContext ctx{config_.run.seed, step, row, true};
     model_->forward_backward_into(*params_, inputs_.data(), targets_.data(), loss_scale, ctx, static_cast<int>(micro));
   }
+  // The gradients first: finish_grads launches the last bucket's collective at once, and the norm waits for all
+  // of them; the losses are read after that, from an idle GPU, so that a step waits for the device once, not
+  // also before the last collective has started.
+  params_->finish_grads();
+  maybe_inject_nan(fault_, step + 1, *params_, *backend_);
+  last_grad_norm_ = std::sqrt(params_->grad_sq_norm());
   float loss_sum = 0.0f;  // in micro-batch order
   for (const float micro_loss : model_->mean_losses(static_cast<int>(accum))) loss_sum += micro_loss;
   // The step's loss: the mean over every micro-batch of every rank. With it, whether any rank has been asked
@@ -321,9 +327,6 @@ Expected<float> Trainer::train_step(int64_t step) {
   if (world_.size() > 1) world_.all_reduce(sums, 2, DType::kF32).wait();
   stop_requested_ = sums[1] > 0.0f;
   const float loss = sums[0] / static_cast<float>(config_.grad_accum_steps());
-  params_->finish_grads();
-  maybe_inject_nan(fault_, step + 1, *params_, *backend_);
-  last_grad_norm_ = std::sqrt(params_->grad_sq_norm());
   step_skipped_ = false;
   if (!std::isfinite(loss) || !std::isfinite(last_grad_norm_)) {
     const int unit = first_nonfinite_unit();
