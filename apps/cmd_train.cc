@@ -1,14 +1,21 @@
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include "apps/commands.h"
 #include "comm/communicator.h"
 #include "config/loader.h"
 #include "config/schema.h"
+#include "core/atomic_file.h"
 #include "core/logging.h"
 #include "core/stop_signal.h"
+#include "core/test_fault.h"
 #include "embedded_config.h"
 #include "train/trainer.h"
 
@@ -20,6 +27,7 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   bool help_config = false;
   std::string resume;
+  std::string stop_marker;
 };
 }  // namespace
 
@@ -37,6 +45,10 @@ Command add_train_command(CLI::App& app) {
                  "Continue from a checkpoint: 'auto' (<checkpoint.dir>/latest, if any) or a step directory saved at "
                  "any world size and strategy (sets checkpoint.resume)")
       ->type_name("auto|DIR");
+  app.add_option("--stop-marker", args->stop_marker,
+                 "A file rank 0 removes at the start and writes when a signal stops the run early, after its "
+                 "checkpoint: the sbatch templates requeue the job only then (not after a run that finished)")
+      ->type_name("FILE");
   app.add_flag("--help-config", args->help_config, "Print every config key with its type, default and meaning");
   app.footer(
       "Examples:\n"
@@ -58,15 +70,31 @@ Command add_train_command(CLI::App& app) {
     init_logging(world().rank(), cfg->logging.level);
     spdlog::info("resolved config ({}):\n{}", args->config.empty() ? kEmbeddedConfigName : args->config, to_yaml(*cfg));
     start_comm_watchdog(cfg->comm.timeout_s);
+    const bool marks = !args->stop_marker.empty() && world().rank() == 0;
+    if (marks && std::remove(args->stop_marker.c_str()) != 0 && errno != ENOENT) {
+      return report_error(Status::io_error("--stop-marker: cannot remove '" + args->stop_marker +
+                                           "' left by an earlier run: " + std::strerror(errno)));
+    }
+    // Armed before the start-up (data, restore, NCCL), which can take minutes: a signal then stops the run after
+    // its first step, with a checkpoint, instead of killing it.
+    arm_stop_signals();  // SIGUSR1/SIGTERM/SIGINT: checkpoint after the current step, exit 0
+    if (const auto fault = test_fault(); fault && fault->is("slow_start", 1)) {  // a start-up that takes a while
+      std::this_thread::sleep_for(std::chrono::milliseconds(fault->args[0]));
+    }
     auto trainer = Trainer::create(*cfg, world(), ranks_per_node(), local_rank());
     if (!trainer && args->config.empty()) {
       return report_error(trainer.status().with_context(
           "the built-in quickstart config trains on data/fortunes, which scripts/setup.sh prepares"));
     }
     if (!trainer) return report_error(trainer.status());
-    arm_stop_signals();  // SIGUSR1/SIGTERM/SIGINT: checkpoint after the current step, exit 0
     auto summary = (*trainer)->run();
     if (!summary) return report_error(summary.status());
+    if (marks && summary->interrupted) {
+      const std::string text =
+          "stopped early by a signal after its checkpoint was saved; --resume auto continues from it\n";
+      const Status st = write_file_atomically(args->stop_marker, {std::span<const char>(text)});
+      if (!st.is_ok()) return report_error(st.with_context("--stop-marker"));
+    }
     return 0;
   };
 }

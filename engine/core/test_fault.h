@@ -2,7 +2,7 @@
 // one hook to misbehave. This is the one reader of the variable; each hook matches its kind and numbers:
 //   kill_during_save:<rank>:<step>   checkpoint_writer.cc    nan_grad:<step>:<unit>   trainer.cc
 //   file_size_limit:<bytes>          checkpoint_writer.cc    hang:<rank>:<step>       trainer.cc
-//   skip_collective:<rank>:<seq>     comm_stream.cc
+//   skip_collective:<rank>:<seq>     comm_stream.cc          slow_start:<ms>          apps/cmd_train.cc
 //   attention_bench_wrong            scripts/bench/attention_bench.cc (the benchmark's correctness column)
 #pragma once
 
