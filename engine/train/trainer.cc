@@ -1,12 +1,15 @@
 #include "train/trainer.h"
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <string_view>
 #include <thread>
 
 #include "config/loader.h"
@@ -63,6 +66,43 @@ std::optional<DeviceBudget> device_budget(Communicator& world, const std::option
   budget.free = free[static_cast<size_t>(budget.rank)];
   budget.reserve = reserve;
   return budget;
+}
+
+// A rank's node for the placement check: a hash of its host name (the same on one node; different across nodes
+// but for a 2^-31 collision), or world rank % n under the test hook fake_nodes:<n> (a cyclic placement on n nodes).
+int32_t node_id(int world_rank) {
+  if (const auto fault = test_fault(); fault && fault->is("fake_nodes", 1) && fault->args[0] > 0) {
+    return static_cast<int32_t>(world_rank % fault->args[0]);
+  }
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const size_t hash = std::hash<std::string_view>{}(host);
+  return static_cast<int32_t>(hash & 0x7fffffff);
+}
+
+// Shard groups are consecutive world ranks. Launched node by node (srun's block distribution, mpirun's by-slot
+// mapping) each lies on one node, and its all-gathers and reduce-scatters stay on the node's links; a cyclic
+// placement spreads the groups over nodes: the same results, but all of that traffic crosses the network, so
+// rank 0 says so. Collective over the world.
+void warn_if_shard_groups_span_nodes(Communicator& world, int S) {
+  const int32_t mine = node_id(world.rank());
+  std::vector<int32_t> nodes(static_cast<size_t>(world.size()));
+  world.all_gather(&mine, nodes.data(), 1, DType::kI32).wait();
+  if (world.rank() != 0) return;
+  for (int g = 0; (g + 1) * S <= world.size(); ++g) {
+    std::vector<int32_t> group(nodes.begin() + g * S, nodes.begin() + (g + 1) * S);
+    std::sort(group.begin(), group.end());
+    const auto spread = std::unique(group.begin(), group.end()) - group.begin();
+    if (spread > 1) {
+      spdlog::warn(
+          "parallel.shard_group_size {}: shard group {} (world ranks {}..{}) spans {} nodes, so its all-gathers and "
+          "reduce-scatters cross the network (the same results, slowly). A shard group is consecutive ranks: place "
+          "ranks node by node (srun --distribution=block, mpirun --map-by slot), or set shard_group_size to the ranks "
+          "of one node",
+          S, g, g * S, (g + 1) * S - 1, spread);
+      return;
+    }
+  }
 }
 
 }  // namespace
@@ -194,6 +234,7 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
     // Named with their color: the watchdog compares collectives of same-named groups across ranks.
     shard_group_ = world_.split(w / S, w % S, "shard." + std::to_string(w / S));
     replicate_group_ = world_.split(w % S, w / S, "replicate." + std::to_string(w % S));
+    warn_if_shard_groups_span_nodes(world_, S);
   }
   strategy_ = strategy;
 }
