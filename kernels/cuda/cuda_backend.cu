@@ -51,6 +51,14 @@ Expected<std::unique_ptr<Backend>> make_cuda_backend(int local_rank, int local_s
   }
   auto device = device_for_local_rank(local_rank, local_size, count);
   if (!device) return device.status().with_context("device 'cuda'");
+  if (count == 1 && local_size > 1 && local_rank == 0) {  // once a node
+    log_warning(
+        "device 'cuda': each of this node's " + std::to_string(local_size) +
+        " ranks sees one GPU (e.g. srun --gpus-per-task): NCCL finds NVLink between the ranks' GPUs only where "
+        "each rank can see the others' (CUDA IPC), which a site that isolates each task's GPUs (cgroups) forbids; "
+        "then it falls back to PCIe or host memory, slowly. The scripts/slurm templates give every rank all of the "
+        "node's GPUs (--gpus-per-node) and each takes the one of its local rank");
+  }
   // The kernels are built for sm_80 and sm_90 (mma.sync, ldmatrix, cp.async, bf16): an older GPU would fail at the
   // first launch with "no kernel image is available".
   int major = 0, minor = 0;
