@@ -36,7 +36,8 @@
 # Environment (defaults): GPT_TRAIN (build/gpt-train), PYTHON (python3: the one with torch), DEVICE (cuda),
 # MICRO_BATCH (16), STEPS (20), WARMUP (3), N_LAYER (12), N_HEAD (12), N_EMBD (768), SEQ (1024),
 # VOCAB (50304), TOKENS (4000000), PEAK_TFLOPS (989), COMPILE (1; 0 = PyTorch eager), TORCH_DTYPE (bf16),
-# GPT_TIMEOUT (80 s), TORCH_TIMEOUT (130 s), THREADS (0 = all cores; gpt-train's run.threads and PyTorch's),
+# GPT_TIMEOUT (60 s), TORCH_TIMEOUT (150 s: a cold torch.compile), THREADS (0 = all cores; gpt-train's
+# run.threads and PyTorch's),
 # PARAM_DTYPE (auto: bf16 on cuda when this binary's parallel.param_dtype also makes the GEMMs bf16, else fp32),
 # GPT_TRAIN_SET (extra "key=value" overrides for gpt-train, space-separated), VARIANTS (more gpt-train runs after the
 # table, ";"-separated, each a space-separated list of overrides on top of GPT_TRAIN_SET, e.g. "run.gelu_fusion=full";
@@ -71,8 +72,8 @@ TOKENS=${TOKENS:-4000000}
 PEAK_TFLOPS=${PEAK_TFLOPS:-989}
 COMPILE=${COMPILE:-1}
 TORCH_DTYPE=${TORCH_DTYPE:-bf16}
-GPT_TIMEOUT=${GPT_TIMEOUT:-80}
-TORCH_TIMEOUT=${TORCH_TIMEOUT:-130}
+GPT_TIMEOUT=${GPT_TIMEOUT:-60}
+TORCH_TIMEOUT=${TORCH_TIMEOUT:-150}
 THREADS=${THREADS:-0}
 GPT_TRAIN_SET=${GPT_TRAIN_SET:-}
 PARAM_DTYPE=${PARAM_DTYPE:-auto}
@@ -244,7 +245,9 @@ log "PyTorch: $PYTHON scripts/bench/pytorch_gpt2.py ${TORCH_ARGS[*]} (timeout ${
 TORCH_RC=0
 smi_start torch
 T0=$(date +%s)
-timeout -k 5 "$TORCH_TIMEOUT" "$PYTHON" "$ROOT/scripts/bench/pytorch_gpt2.py" "${TORCH_ARGS[@]}" >"$TMP/torch.log" 2>&1 ||
+# TORCH_LOGS: a graph break or a recompile (each would cost PyTorch time) is named in its log.
+TORCH_LOGS=${TORCH_LOGS:-recompiles,graph_breaks} timeout -k 5 "$TORCH_TIMEOUT" "$PYTHON" \
+  "$ROOT/scripts/bench/pytorch_gpt2.py" "${TORCH_ARGS[@]}" >"$TMP/torch.log" 2>&1 ||
   TORCH_RC=$?
 TORCH_OK=$((TORCH_RC == 0))
 # With profile steps, a RESULT line is its measurement: a failure after it (in those steps) costs the profile only.
@@ -334,6 +337,8 @@ print(f"N = {N / 1e6:.2f}M parameters without the position embedding; FLOPs/toke
       f" ({'H100/H200 SXM dense bf16' if float(peak_tflops) == 989 else 'PEAK_TFLOPS'})")
 torch_desc = "PyTorch: " + (torch["res"]["dtype"] + " autocast" if torch_ok else "bf16 autocast") + \
     (", torch.compile" if torch_ok and torch["res"]["compile"] else "") + \
+    (f" (eager: torch.compile failed, {torch['res']['compile_error']})" if torch_ok and torch["res"].get("compile_error")
+     else "") + \
     (", fused AdamW" if torch_ok and torch["res"]["fused_adamw"] else "")
 gemm_bf16 = "gemm" in param_dtype_text.lower()
 if precision_keys.strip():
