@@ -1,9 +1,11 @@
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -74,6 +76,14 @@ Command add_train_command(CLI::App& app) {
     if (marks && std::remove(args->stop_marker.c_str()) != 0 && errno != ENOENT) {
       return report_error(Status::io_error("--stop-marker: cannot remove '" + args->stop_marker +
                                            "' left by an earlier run: " + std::strerror(errno)));
+    }
+    if (marks) {  // found out now, not after a checkpoint that the marker was to announce
+      const std::filesystem::path dir = std::filesystem::path(args->stop_marker).parent_path();
+      const std::string where = dir.empty() ? "." : dir.string();
+      if (access(where.c_str(), W_OK) != 0) {
+        return report_error(Status::io_error("--stop-marker " + args->stop_marker + ": cannot write into '" + where +
+                                             "': " + std::strerror(errno)));
+      }
     }
     // Armed before the start-up (data, restore, NCCL), which can take minutes: a signal then stops the run after
     // its first step, with a checkpoint, instead of killing it.

@@ -16,6 +16,13 @@ data: {train: $work/data/train.bin, val: $work/data/val.bin}
 training: {steps: 1000000, micro_batch_size: 2, eval_interval: 0, eval_batches: 1, warmup_steps: 1}
 logging: {log_interval: 1000}
 YAML
+# A marker that could not be written is an error at the start, not after the checkpoint it was to announce.
+"$gpt_train" train -c "$work/run.yaml" --stop-marker "$work/no/such/dir/stopped" > "$work/bad.log" 2>&1
+code=$?
+check "a marker in a missing directory: exit non-zero at once (got $code)" test "$code" -ne 0
+check "naming the directory" grep -q "stop-marker .*cannot write into '$work/no/such/dir'" "$work/bad.log"
+check "before any step" test ! -e "$work/run/metrics.jsonl"
+
 # A run that finishes removes a stale marker and writes none (a signal in its last step must not requeue it).
 echo stale > "$work/stopped"
 "$gpt_train" train -c "$work/run.yaml" --set training.steps=3 --set run.out_dir="$work/short" \
