@@ -13,7 +13,8 @@
 # `timeout`. Both time --iters calls after --warmup ones, divided by iters; FLOPs as FlashAttention counts them
 # (forward 2·B·NH·T²·hs for causal, backward 2.5 times that). The table: ms per call and TFLOP/s for forward,
 # backward and both, and the ratio PyTorch ms / gpt-train ms against SDPA's default and its fastest backend
-# (>= 1: gpt-train is as fast or faster).
+# (>= 1: gpt-train is as fast or faster). A PyTorch row marked host-bound was timed while the GPU waited for
+# Python to queue the calls (queueing took >= 90% of the events' time): its kernels take less than it says.
 #
 # Environment (defaults): ATTN_BENCH (build/attention_bench), PYTHON (python3: the one with torch), DEVICE (cuda),
 # DTYPE (bf16), SHAPES ("16,1024,768,12 4,2048,2048,16": GPT-2 124M's attention, head size 64; and head size 128),
@@ -124,7 +125,8 @@ for s in range(n):
     if not ours:
         print(f"{shapes[s]:<16} {'gpt-train':<22} failed: {why('ours', s)}")
     for name, r in torch:
-        print(f"{shapes[s]:<16} {'torch ' + name:<22} {cell(r, 'fwd'):>16} {cell(r, 'bwd'):>16} {both(r):>9.3f}")
+        host = "  host-bound (Python queued no faster)" if r.get("host_bound") == "1" else ""
+        print(f"{shapes[s]:<16} {'torch ' + name:<22} {cell(r, 'fwd'):>16} {cell(r, 'bwd'):>16} {both(r):>9.3f}{host}")
     if not torch:
         print(f"{shapes[s]:<16} {'torch':<22} failed: {why('torch', s)}")
 EOF

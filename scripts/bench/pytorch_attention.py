@@ -60,21 +60,27 @@ def attention(q, k, v):
 
 
 def timed_ms(device, warmup, iters, fn):
+    """(ms per call between CUDA events around `iters` queued calls, whether the host was the bottleneck). Events
+    time the slower of the GPU and of Python queueing the calls: when queueing took about as long (>= 90%), the GPU
+    waited for Python and the kernels themselves take less than the time given (on the CPU: wall time, False)."""
     for _ in range(warmup):
         fn()
     if device == "cuda":
         torch.cuda.synchronize()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        t0 = time.perf_counter()
         for _ in range(iters):
             fn()
+        host_ms = (time.perf_counter() - t0) * 1e3
         stop.record()
         stop.synchronize()
-        return start.elapsed_time(stop) / iters
+        gpu_ms = start.elapsed_time(stop)
+        return gpu_ms / iters, host_ms >= 0.9 * gpu_ms
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
-    return (time.perf_counter() - t0) * 1e3 / iters
+    return (time.perf_counter() - t0) * 1e3 / iters, False
 
 
 def main():
@@ -111,16 +117,17 @@ def main():
             continue
         try:
             with backend_context(name):
-                fwd_ms = timed_ms(a.device, a.warmup, a.iters, lambda: attention(q, k, v))
-                both_ms = timed_ms(a.device, a.warmup, a.iters,
-                                   lambda: torch.autograd.grad(attention(q, k, v), (q, k, v), dy))
+                fwd_ms, fwd_host = timed_ms(a.device, a.warmup, a.iters, lambda: attention(q, k, v))
+                both_ms, both_host = timed_ms(a.device, a.warmup, a.iters,
+                                              lambda: torch.autograd.grad(attention(q, k, v), (q, k, v), dy))
         except Exception as e:  # a backend that cannot take this shape, dtype or device says so and is skipped
             why = " ".join(str(e).split())[:160]
             print(f"pytorch_attention backend={name} unavailable: {type(e).__name__}: {why}", flush=True)
             continue
         bwd_ms = max(both_ms - fwd_ms, 1e-9)
         print(f"pytorch_attention backend={name} fwd_ms={fwd_ms:.4f} bwd_ms={bwd_ms:.4f} "
-              f"fwd_tflops={fwd_flops / fwd_ms * 1e-9:.1f} bwd_tflops={bwd_flops / bwd_ms * 1e-9:.1f}", flush=True)
+              f"fwd_tflops={fwd_flops / fwd_ms * 1e-9:.1f} bwd_tflops={bwd_flops / bwd_ms * 1e-9:.1f} "
+              f"host_bound={int(fwd_host or both_host)}", flush=True)
 
 
 if __name__ == "__main__":
