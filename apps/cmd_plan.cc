@@ -113,6 +113,11 @@ Command add_plan_command(CLI::App& app) {
       std::cout << "config: parallel.strategy is " << cfg->parallel.strategy
                 << (cfg->parallel.strategy == "hybrid" ? " of " + cfg->parallel.hybrid_inner : std::string()) << " "
                 << (where == "(default)" ? where : "(" + where + ")") << "\n";
+      if (cfg->parallel.strategy == "single" && args->world_size > 1) {
+        std::cout << "note: single runs on one process, so train refuses it at world size " << args->world_size
+                  << ": set parallel.strategy to auto (" << strategy_name(choice->strategy)
+                  << " here), ddp, zero1, zero2, zero3 or hybrid\n";
+      }
     }
     if (!budget) return 0;
     // The configured strategy against the GPU, as train checks it at its start.
@@ -122,6 +127,12 @@ Command add_plan_command(CLI::App& app) {
       auto parsed = parse_strategy(hybrid ? cfg->parallel.hybrid_inner : cfg->parallel.strategy);
       if (!parsed) return report_error(parsed.status());
       strategy = *parsed;
+    }
+    if (strategy == Strategy::kSingle && args->world_size > 1) {  // as train refuses it
+      return report_error(Status::invalid_argument(
+          cfg->where("parallel.strategy") + ": parallel.strategy: single runs on one process, but the plan is for " +
+          std::to_string(args->world_size) + " ranks; choose auto (" + std::string(strategy_name(choice->strategy)) +
+          " here), ddp, zero1, zero2, zero3 or hybrid"));
     }
     // Hybrid with one shard group of the whole world runs as plain zero2/zero3, and is checked so.
     const Expected<const StrategyPlan*> plan =

@@ -434,7 +434,7 @@ template_job() {  # template_job NAME LOG [sbatch options...] -- [gpt-train trai
   (cd "$repo" && CONFIG=$cfg GPT_TRAIN=$gpt timeout 30 sbatch --parsable -p debug -t 30 --output="$out" \
     "${opts[@]}" "scripts/slurm/$name.sbatch" "$@") | cut -d';' -f1
 }
-declare -A tpl_args=([single-node]="--set parallel.strategy=zero2")  # the tiny config's is single
+declare -A tpl_args=()  # single-node.sbatch as shipped: the tiny config sets no strategy, so auto picks (ddp here)
 declare -A tpl_opts=(
   [cpu]="--ntasks=2 --cpus-per-task=2 --mem-per-cpu=100M"
   [single-node]="--gpus-per-node=2 --ntasks-per-node=2 --cpus-per-task=1"
@@ -442,7 +442,7 @@ declare -A tpl_opts=(
 )
 declare -A tpl_ranks=([cpu]=2 [single-node]=2 [multi-node]=4)
 # What the rank 0 log says of the strategy (cpu.sbatch's STRATEGY default; multi-node with SHARD_GROUP=2).
-declare -A tpl_label=([cpu]="strategy zero1" [single-node]="strategy zero2"
+declare -A tpl_label=([cpu]="strategy zero1" [single-node]="parallel.strategy auto chose ddp"
   [multi-node]="hybrid (2 replicas x 2-rank zero3 shard groups)")
 for t in cpu single-node multi-node; do
   out=$tmp/log/tpl-$t.log

@@ -58,7 +58,7 @@ struct TrainingSection {
 };
 
 struct ParallelSection {
-  std::string strategy = "single";        // single | ddp | zero1 | zero2 | zero3 | hybrid | auto
+  std::string strategy = "auto";          // single | ddp | zero1 | zero2 | zero3 | hybrid | auto
   float device_memory_gb = 0.0f;          // auto: memory per rank to fit in (1 GB = 1e9 bytes); 0 = the device's
   float device_memory_reserve_gb = 2.0f;  // cuda: device memory kept free for what the plan does not count
   int shard_group_size = 0;               // hybrid: ranks per shard group S; 0 = ranks per node

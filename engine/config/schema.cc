@@ -166,7 +166,7 @@ std::span<const KeySpec> config_schema() {
        "single: one process; ddp: replicate, all-reduce grads; zero1/zero2/zero3: shard optimizer state, + grads, "
        "+ params (FSDP full shard); hybrid: shard within groups, replicate across them (HSDP); auto: the "
        "least-communication strategy the planner finds fits parallel.device_memory_gb and, on cuda, the GPU's "
-       "free memory less parallel.device_memory_reserve_gb"},
+       "free memory less parallel.device_memory_reserve_gb (single on one process; the default)"},
       {GPT_KEY(parallel, device_memory_gb), at_least(0),
        "auto: memory per rank for gpt-train's buffers, in GB (1e9 bytes); 0 = no limit but, on cuda, the GPU's "
        "free memory at the start less parallel.device_memory_reserve_gb (which also bounds a value given here)"},

@@ -329,14 +329,28 @@ ShardingOptions sharding_options(const ParallelSection& parallel) {
 }
 
 Status check_batch_split(const RunConfig& cfg, int world_size) {
-  const int64_t global = cfg.global_batch();
-  if (global % world_size == 0 && (global / world_size) % cfg.training.micro_batch_size == 0) return Status::ok();
+  const int64_t global = cfg.global_batch(), micro = cfg.training.micro_batch_size;
+  if (global % world_size == 0 && (global / world_size) % micro == 0) return Status::ok();
+  // What would work: with the world size kept, the largest micro-batch up to this one that divides each rank's share
+  // (no larger one needs less memory), or a global batch that is the next multiple of world size x micro-batch.
+  std::string fix;
+  if (global % world_size == 0) {
+    const int64_t per_rank = global / world_size;
+    int64_t best = std::min(micro, per_rank);
+    while (per_rank % best != 0) --best;
+    fix = "; at this world size, training.micro_batch_size " + std::to_string(best) + " divides each rank's " +
+          std::to_string(per_rank) + " sequences";
+  } else {
+    const int64_t step = static_cast<int64_t>(world_size) * micro;
+    fix = "; a global batch of " + std::to_string((global + step - 1) / step * step) + " sequences would (" +
+          std::to_string(world_size) + " x " + std::to_string(micro) + " x gradient accumulation steps)";
+  }
   return Status::invalid_argument(cfg.where("training.micro_batch_size") + ": the global batch of " +
                                   std::to_string(global) + " sequences must split evenly over " +
-                                  std::to_string(world_size) + " ranks into micro-batches of " +
-                                  std::to_string(cfg.training.micro_batch_size) +
+                                  std::to_string(world_size) + " ranks into micro-batches of " + std::to_string(micro) +
                                   " (training.global_batch_sequences or training.global_batch_tokens, "
-                                  "training.micro_batch_size)");
+                                  "training.micro_batch_size)" +
+                                  fix);
 }
 
 Expected<int> run_shard_group_size(const RunConfig& cfg, int world_size, int ranks_per_node) {

@@ -119,7 +119,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   if (strategy == Strategy::kSingle && world.size() > 1) {
     return Status::invalid_argument(cfg.where("parallel.strategy") + ": parallel.strategy: single runs on one " +
                                     "process, but this job has " + std::to_string(world.size()) +
-                                    " ranks; choose ddp, zero1, zero2 or zero3");
+                                    " ranks; choose auto, ddp, zero1, zero2, zero3 or hybrid");
   }
   GPT_RETURN_IF_ERROR(check_batch_split(cfg, world.size()));
   GPT_ASSIGN_OR_RETURN(data::SamplingMode mode, data::parse_sampling_mode(cfg.data.sampling));
@@ -539,7 +539,7 @@ Expected<TrainSummary> Trainer::run_steps() {
                shape_.n_head, shape_.n_embd, shape_.block_size, shape_.vocab_size, shape_.num_params() / 1e6);
   spdlog::info(
       "batch: {} sequences x {} tokens per step over {} rank(s), {} micro-batches of {} per rank; {} steps; "
-      "strategy {}; checkpointing {}",
+      "strategy {}; activation checkpointing {}",
       config_.global_batch(), shape_.block_size, world_.size(), rows_per_rank_ / t.micro_batch_size, t.micro_batch_size,
       t.steps,
       replicate_group_ ? fmt::format("hybrid ({} replicas x {}-rank {} shard groups)", replicate_group_->size(),

@@ -166,6 +166,27 @@ TEST_CASE("bad input: corrupt shards and a missing config file", "[apps]") {
   REQUIRE_FALSE(fs::exists(out));
 }
 
+// The built-in quickstart config's error points at scripts/setup.sh only when its data is what is missing.
+TEST_CASE("bad input: the built-in config without its data, or asked for what it cannot do", "[apps]") {
+  TempDir dir;  // no data/fortunes here
+  const std::string in_dir = "cd " + dir.file("") + " && " + gpt_train() + " train";
+  const auto missing = run_command(in_dir + " --set training.steps=1");
+  INFO(missing.output);
+  CHECK(missing.exit_code == 2);
+  CHECK(missing.output.find("data/fortunes, which scripts/setup.sh prepares") != std::string::npos);
+  // With its data there (the tiny corpus, where the quickstart looks), an error of another kind at the start
+  // (a checkpoint that is not there) is not blamed on missing data.
+  const std::string data = prepare_corpus(dir);
+  std::filesystem::rename(data, dir.file("fortunes"));
+  std::filesystem::create_directories(dir.file("data"));
+  std::filesystem::rename(dir.file("fortunes"), dir.file("data/fortunes"));
+  const auto other = run_command(in_dir + " --set training.steps=1 --resume " + dir.file("no_such_checkpoint"));
+  INFO(other.output);
+  CHECK(other.exit_code == 2);
+  CHECK(other.output.find("no_such_checkpoint") != std::string::npos);
+  CHECK(other.output.find("setup.sh") == std::string::npos);
+}
+
 TEST_CASE("help, version and the config reference", "[apps]") {
   const auto v = run_command(gpt_train() + " --version");
   REQUIRE(v.exit_code == 0);

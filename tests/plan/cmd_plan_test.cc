@@ -76,6 +76,13 @@ TEST_CASE("gpt-train plan --gpu-free-gb: auto within the GPU less the reserve, a
   CHECK(uneven.exit_code == 2);
   CHECK(uneven.output.find("a shard group of 3 ranks (parallel.shard_group_size 0: the ranks per node) does not "
                            "divide the 8 ranks of this job") != std::string::npos);
+  // single at 8 ranks is refused as train refuses it, naming what to choose (not "no plan ... a bug").
+  const auto single = run_command(base + " --set parallel.strategy=single --gpu-free-gb 80");
+  INFO(single.output);
+  CHECK(single.exit_code == 2);
+  CHECK(single.output.find("single runs on one process, but the plan is for 8 ranks; choose auto (ddp here)") !=
+        std::string::npos);
+  CHECK(single.output.find("a bug") == std::string::npos);
 }
 
 TEST_CASE("gpt-train plan: one rank, overrides, unknown vocabulary, nothing fits", "[plan]") {
@@ -138,6 +145,12 @@ TEST_CASE("gpt-train plan: one rank, overrides, unknown vocabulary, nothing fits
     INFO(r.output);
     CHECK(r.exit_code == 2);
     CHECK(r.output.find("must split evenly over 3 ranks") != std::string::npos);
+    CHECK(r.output.find("a global batch of 528 sequences would (3 x 16 x gradient accumulation steps)") !=
+          std::string::npos);                                                       // 512 is not a multiple of 3 x 16
+    const auto wide = run_command(gpt_train() + " plan -c " + kConfig + " -n 64");  // 8 sequences per rank
+    INFO(wide.output);
+    CHECK(wide.exit_code == 2);
+    CHECK(wide.output.find("training.micro_batch_size 8 divides each rank's 8 sequences") != std::string::npos);
   }
   SECTION("nothing fits") {
     const auto r = run_command(gpt_train() + " plan -c " + kConfig + " -n 8 --device-memory-gb 0.5");
