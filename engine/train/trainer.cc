@@ -520,6 +520,15 @@ Expected<TrainSummary> Trainer::run_steps() {
   const auto& t = config_.training;
   const bool writer = world_.rank() == 0;
   const fs::path out_dir(config_.run.out_dir);
+  if (start_step_ >= t.steps && start_step_ > 0) {
+    // Resumed at the end (a finished run submitted again, as a requeued job can be): its summary, metrics and
+    // final model stay as the run left them.
+    spdlog::info(
+        "the run is complete: resumed at step {} of training.steps {}, nothing to train; {} is left as it "
+        "is (raise training.steps to train on)",
+        start_step_, t.steps, out_dir.string());
+    return TrainSummary{};
+  }
   std::optional<MetricsWriter> metrics;
   if (writer) {
     std::error_code ec;

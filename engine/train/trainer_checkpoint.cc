@@ -109,10 +109,6 @@ Status Trainer::restore() {
   spdlog::info("resumed from {} (step {}, saved by {} on {} rank(s)); this rank read {:.2f} MiB of shards in {:.3f} s",
                r.dir(), m.step, m.strategy, m.world_size, static_cast<double>(r.bytes_read()) / (1 << 20),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  if (m.step >= config_.training.steps) {
-    spdlog::warn("the checkpoint is at step {}, not before training.steps {}: nothing left to train", m.step,
-                 config_.training.steps);
-  }
   resume_.reset();
   return Status::ok();
 }

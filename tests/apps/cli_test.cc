@@ -166,6 +166,32 @@ TEST_CASE("bad input: corrupt shards and a missing config file", "[apps]") {
   REQUIRE_FALSE(fs::exists(out));
 }
 
+// A finished run submitted again with --resume auto (a job requeued as it ended) trains nothing and leaves its
+// summary, metrics and model as they were, exit 0.
+TEST_CASE("resume auto of a finished run leaves it as it is", "[apps]") {
+  TempDir dir;
+  const std::string data = prepare_corpus(dir);
+  const std::string out = dir.file("run");
+  const std::string cfg = dir.write("run.yaml", tiny_config(data, out, "checkpoint:\n  every: 10\n"));
+  const std::string train = gpt_train() + " train --config " + cfg + " --set training.steps=10 --set run.threads=2";
+  REQUIRE(run_command(train).exit_code == 0);
+  auto read = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const std::string summary = read(out + "/summary.json"), metrics = read(out + "/metrics.jsonl");
+  const auto model_time = std::filesystem::last_write_time(out + "/model");
+  REQUIRE(summary.find("\"steps_done\": 10") != std::string::npos);
+  const auto again = run_command(train + " --resume auto");
+  INFO(again.output);
+  CHECK(again.exit_code == 0);
+  CHECK(again.output.find("the run is complete: resumed at step 10 of training.steps 10, nothing to train") !=
+        std::string::npos);
+  CHECK(read(out + "/summary.json") == summary);
+  CHECK(read(out + "/metrics.jsonl") == metrics);
+  CHECK(std::filesystem::last_write_time(out + "/model") == model_time);
+}
+
 // The built-in quickstart config's error points at scripts/setup.sh only when its data is what is missing.
 TEST_CASE("bad input: the built-in config without its data, or asked for what it cannot do", "[apps]") {
   TempDir dir;  // no data/fortunes here
