@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   gpt::g_world = (*mpi)->make_world();
   gpt::init_logging((*mpi)->world_rank());
   CLI::App app{"gpt-train: train GPT language models on a CPU, a GPU or a cluster (mpirun, srun)"};
-  app.set_version_flag("--version", std::string("gpt-train ") + GPT_VERSION);
+  app.set_version_flag("--version", std::string("gpt-train ") + GPT_VERSION + " (" + GPT_BUILD_INFO + ")");
   app.require_subcommand(1);
   app.footer(
       "Examples:\n"

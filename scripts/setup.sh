@@ -34,4 +34,4 @@ if [ ! -f data/fortunes/train.bin ]; then
   done
   "$build_dir/gpt-train" prepare "${inputs[@]}" --tokenizer char --out data/fortunes
 fi
-echo "setup: done. Binary: $build_dir/gpt-train"
+echo "setup: done. Binary: $build_dir/gpt-train: $("$build_dir/gpt-train" --version)"

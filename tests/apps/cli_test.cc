@@ -217,6 +217,13 @@ TEST_CASE("help, version and the config reference", "[apps]") {
   const auto v = run_command(gpt_train() + " --version");
   REQUIRE(v.exit_code == 0);
   REQUIRE(v.output.find("gpt-train ") != std::string::npos);
+  // What was built: the CUDA backend with its architectures, or CPU only.
+#ifdef GPT_WITH_CUDA
+  CHECK(v.output.find("(CPU and CUDA ") != std::string::npos);
+  CHECK(v.output.find("architectures ") != std::string::npos);
+#else
+  CHECK(v.output.find("(CPU only") != std::string::npos);
+#endif
   for (const char* sub : {"train", "prepare", "sample"}) {
     const auto h = run_command(gpt_train() + " " + sub + " --help");
     REQUIRE(h.exit_code == 0);
