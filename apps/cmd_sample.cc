@@ -26,7 +26,14 @@ Command add_sample_command(CLI::App& app) {
                                     "`latest`)");
   run->excludes(model);
   checkpoint->excludes(run)->excludes(model);
-  app.add_option("--prompt,-p", args->opts.prompt, "Text to continue")->default_str("\\n");
+  auto* prompt = app.add_option("--prompt,-p", args->opts.prompt, "Text to continue")->default_str("\\n");
+  app.add_option("--prompt-ids", args->opts.prompt_ids,
+                 "Token ids to continue, instead of text (a model trained on shards tokenized elsewhere)")
+      ->excludes(prompt)
+      ->delimiter(',')
+      ->type_name("ID,...");
+  app.add_flag("--ids", args->opts.emit_ids,
+               "Print token ids (space-separated, the prompt's first) instead of text: no tokenizer needed");
   app.add_option("--tokens,-n", args->opts.tokens, "Tokens to generate")->default_str("300");
   app.add_option("--temperature", args->opts.temperature, "Softmax temperature (> 0)")->default_str("0.8");
   app.add_option("--top-k", args->opts.top_k, "Sample from the k most likely tokens (0 = all)")->default_str("40");
@@ -36,7 +43,9 @@ Command add_sample_command(CLI::App& app) {
       "Examples:\n"
       "  gpt-train sample --run runs/shakespeare-char --prompt 'ROMEO:' --tokens 300 --temperature 0.8 --top-k 40\n"
       "  gpt-train sample --model runs/quickstart/model --seed 7\n"
-      "  gpt-train sample --checkpoint runs/shakespeare-char/checkpoints/step_00001000 --prompt 'ROMEO:'");
+      "  gpt-train sample --checkpoint runs/shakespeare-char/checkpoints/step_00001000 --prompt 'ROMEO:'\n"
+      "  gpt-train sample --run runs/gpt2-124m --prompt-ids 15496,11 --ids   # GPT-2 BPE: tiktoken encodes and "
+      "decodes");
   return [args]() -> int {
     if (args->run_dir.empty() && args->opts.model_dir.empty() && args->checkpoint_dir.empty()) {
       return report_error(Status::invalid_argument("sample needs --run DIR, --model DIR or --checkpoint DIR"));

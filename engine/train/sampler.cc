@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -17,17 +20,42 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
   if (o.temperature <= 0.0f) return Status::invalid_argument("--temperature must be > 0");
   if (o.tokens < 0) return Status::invalid_argument("--tokens must be >= 0");
   GPT_ASSIGN_OR_RETURN(SavedModel saved, load_model(o.model_dir));
-  if (saved.tokenizer_path.empty()) {
-    return Status::failed_precondition("'" + o.model_dir + "' has no tokenizer.json, so text cannot be decoded");
+  const bool text_in = o.prompt_ids.empty(), text_out = !o.emit_ids;
+  std::optional<data::Tokenizer> tok;
+  if (text_in || text_out) {
+    if (saved.tokenizer_path.empty()) {
+      return Status::failed_precondition(
+          "'" + o.model_dir + "' has no tokenizer.json (its data was tokenized elsewhere), so text cannot be " +
+          (text_in ? "encoded" : "decoded") +
+          ": give the prompt as token ids with --prompt-ids and take token ids out with --ids (for GPT-2 BPE, "
+          "tiktoken's gpt2 encoding makes and reads them)");
+    }
+    GPT_ASSIGN_OR_RETURN(data::Tokenizer loaded, data::Tokenizer::load(saved.tokenizer_path));
+    tok.emplace(std::move(loaded));
   }
-  GPT_ASSIGN_OR_RETURN(data::Tokenizer tok, data::Tokenizer::load(saved.tokenizer_path));
-  auto encoded = tok.encode(o.prompt);
-  if (!encoded) return encoded.status().with_context("--prompt");
-  std::vector<int32_t> ids(encoded->begin(), encoded->end());
-  if (ids.empty()) return Status::invalid_argument("--prompt is empty");
+  std::vector<int32_t> ids = o.prompt_ids;
+  if (text_in) {
+    auto encoded = tok->encode(o.prompt);
+    if (!encoded) return encoded.status().with_context("--prompt");
+    ids.assign(encoded->begin(), encoded->end());
+  }
+  const char* prompt_flag = text_in ? "--prompt" : "--prompt-ids";
+  if (ids.empty()) return Status::invalid_argument(std::string(prompt_flag) + " is empty");
   for (int32_t id : ids) {
-    if (id >= saved.shape.vocab_size) return Status::invalid_argument("--prompt has a token outside the model's vocab");
+    if (id < 0 || id >= saved.shape.vocab_size) {
+      return Status::invalid_argument(std::string(prompt_flag) + " has token " + std::to_string(id) +
+                                      ", outside the model's vocabulary of " + std::to_string(saved.shape.vocab_size));
+    }
   }
+  auto piece = [&](std::span<const int32_t> some, bool first) {
+    if (text_out) return tok->decode(some);
+    std::string out;
+    for (const int32_t id : some) {
+      if (!first || !out.empty()) out += ' ';
+      out += std::to_string(id);
+    }
+    return out;
+  };
 
   auto backend = std::move(*make_backend("cpu"));
   backend->set_threads(o.threads);
@@ -37,7 +65,7 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
   ShardedParams params(model.layout(), *backend, *single, Strategy::kSingle);
   std::copy(saved.weights.begin(), saved.weights.end(), params.master());
 
-  emit(o.prompt);
+  emit(text_in && text_out ? o.prompt : piece(ids, /*first=*/true));
   const CounterRng rng(o.seed, hash_name("sample"));
   const int V = saved.shape.vocab_size;
   std::vector<std::pair<float, int>> scored(V);
@@ -62,7 +90,7 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
     }
     ids.push_back(next);
     const int32_t one[1] = {next};
-    emit(tok.decode(std::span<const int32_t>(one, 1)));
+    emit(piece(std::span<const int32_t>(one, 1), /*first=*/false));
   }
   return Status::ok();
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
@@ -19,6 +20,11 @@ struct SampleOptions {
   int top_k = 40;            // 0 = the whole vocabulary
   uint64_t seed = 1;
   int threads = 0;
+  // Token ids instead of text, for a model whose data was tokenized elsewhere (no tokenizer.json; e.g. llm.c's
+  // GPT-2 BPE shards, decoded with tiktoken): the prompt's ids (used instead of `prompt` when not empty), and
+  // whether to emit ids (space-separated, the prompt's first) instead of decoded text.
+  std::vector<int32_t> prompt_ids;
+  bool emit_ids = false;
 };
 
 // Generates `tokens` tokens after the prompt; `emit` receives the prompt's text and then each new piece

@@ -3,7 +3,9 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "testing/run_command.h"
 #include "testing/temp_dir.h"
@@ -164,6 +166,37 @@ TEST_CASE("bad input: corrupt shards and a missing config file", "[apps]") {
     REQUIRE(r.output.find("train.bin") != std::string::npos);
   }
   REQUIRE_FALSE(fs::exists(out));
+}
+
+// A model trained on shards tokenized elsewhere (no tokenizer.json, as llm.c's GPT-2 BPE shards) samples in token
+// ids: --prompt-ids in, --ids out; without them the error says to use them.
+TEST_CASE("sample in token ids from a model without a tokenizer", "[apps]") {
+  TempDir dir;
+  const std::string data = prepare_corpus(dir);
+  std::filesystem::remove(data + "/tokenizer.json");
+  const std::string out = dir.file("run");
+  const std::string cfg = dir.write("run.yaml", tiny_config(data, out));
+  REQUIRE(
+      run_command(gpt_train() + " train --config " + cfg + " --set training.steps=3 --set run.threads=2").exit_code ==
+      0);
+  const std::string sample = gpt_train() + " sample --run " + out + " --threads 2 -n 5";
+  const auto text = run_command(sample + " --prompt 'the cat'");
+  INFO(text.output);
+  CHECK(text.exit_code == 2);
+  CHECK(text.output.find("has no tokenizer.json") != std::string::npos);
+  CHECK(text.output.find("--prompt-ids") != std::string::npos);
+  const auto ids = run_command(sample + " --prompt-ids 1,2,3 --ids 2>/dev/null");
+  INFO(ids.output);
+  CHECK(ids.exit_code == 0);
+  std::istringstream in(ids.output);
+  std::vector<int> got;
+  for (int id = 0; in >> id;) got.push_back(id);
+  REQUIRE(got.size() == 8);  // the prompt's 3 ids, then 5 sampled
+  CHECK(std::vector<int>(got.begin(), got.begin() + 3) == std::vector<int>{1, 2, 3});
+  for (const int id : got) CHECK((id >= 0 && id < 100));
+  const auto outside = run_command(sample + " --prompt-ids 1,100000 --ids");
+  CHECK(outside.exit_code == 2);
+  CHECK(outside.output.find("--prompt-ids has token 100000, outside the model's vocabulary") != std::string::npos);
 }
 
 // A finished run submitted again with --resume auto (a job requeued as it ended) trains nothing and leaves its
