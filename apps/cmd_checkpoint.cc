@@ -134,17 +134,33 @@ int verify(const std::string& arg) {
   return 0;
 }
 
+// --out FILE writes the safetensors file; --out DIR (an existing directory, or a path ending in '/') writes
+// DIR/model.safetensors and DIR/config.json, a directory Hugging Face's GPT2LMHeadModel.from_pretrained loads.
 int consolidate(const std::string& arg, const std::string& out) {
   const std::string dir = resolve_checkpoint_dir(arg);
   Expected<CheckpointReader> reader = CheckpointReader::open(dir);
   if (!reader) return report_error(reader.status());
-  Status st = consolidate_to_safetensors(*reader, out);
-  if (!st.is_ok()) return report_error(st);
   std::error_code ec;
-  const auto bytes = static_cast<int64_t>(fs::file_size(out, ec));
-  std::cout << "wrote " << out << ": " << hf_gpt2_tensors(reader->layout()).size()
+  const bool to_dir = fs::is_directory(out, ec) || (!out.empty() && out.back() == '/');
+  const std::string file = to_dir ? (fs::path(out) / "model.safetensors").string() : out;
+  if (to_dir) {
+    fs::create_directories(out, ec);
+    if (ec) return report_error(Status::io_error("--out: cannot create directory '" + out + "': " + ec.message()));
+  }
+  Status st = consolidate_to_safetensors(*reader, file);
+  if (!st.is_ok()) return report_error(st);
+  const auto bytes = static_cast<int64_t>(fs::file_size(file, ec));
+  std::cout << "wrote " << file << ": " << hf_gpt2_tensors(reader->layout()).size()
             << " tensors with Hugging Face GPT-2 names, " << bytes_text(bytes) << ", the master weights of step "
             << reader->manifest().step << " (" << dir << ")" << std::endl;
+  if (to_dir) {
+    const std::string config = (fs::path(out) / "config.json").string();
+    const std::string text = hf_gpt2_config_json(reader->manifest().shape);
+    st = write_file_atomically(config, {std::span<const char>(text)});
+    if (!st.is_ok()) return report_error(st);
+    std::cout << "wrote " << config << ": GPT2LMHeadModel.from_pretrained(\"" << out << "\") loads the directory"
+              << std::endl;
+  }
   return 0;
 }
 
@@ -168,12 +184,17 @@ Command add_checkpoint_command(CLI::App& app) {
   CLI::App* consolidate_cmd =
       app.add_subcommand("consolidate", "Write the fp32 weights as one safetensors file (Hugging Face GPT-2 names)");
   consolidate_cmd->add_option("dir", args->dir, dir_help)->required();
-  consolidate_cmd->add_option("--out,-o", args->out, "The .safetensors file to write (atomically)")->required();
+  consolidate_cmd
+      ->add_option("--out,-o", args->out,
+                   "The .safetensors file to write (atomically), or a directory (existing, or ending in '/') to "
+                   "write model.safetensors and Hugging Face's config.json into")
+      ->required();
   app.footer(
       "Examples:\n"
       "  gpt-train checkpoint inspect runs/shakespeare-char/checkpoints/step_00001000\n"
       "  gpt-train checkpoint verify runs/shakespeare-char/checkpoints        # the step `latest` names\n"
       "  gpt-train checkpoint consolidate runs/shakespeare-char/model --out model.safetensors\n"
+      "  gpt-train checkpoint consolidate runs/gpt2-124m/model --out hf/   # + config.json: from_pretrained(\"hf\")\n"
       "consolidate maps wte/wpe, h.<i>.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj} and ln_f to the\n"
       "names of Hugging Face's GPT2Model; c_attn, c_proj and c_fc weights are stored (in, out) as HF's Conv1D.");
   return [args, inspect_cmd, verify_cmd, consolidate_cmd]() -> int {

@@ -131,6 +131,31 @@ std::vector<HfTensor> hf_gpt2_tensors(const ModelLayout& layout) {
   return out;
 }
 
+std::string hf_gpt2_config_json(const GptShape& shape) {
+  std::ostringstream j;
+  j << "{\n"
+    << "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
+    << "  \"model_type\": \"gpt2\",\n"
+    << "  \"vocab_size\": " << shape.vocab_size << ",\n"
+    << "  \"n_positions\": " << shape.block_size << ",\n"
+    << "  \"n_ctx\": " << shape.block_size << ",\n"
+    << "  \"n_embd\": " << shape.n_embd << ",\n"
+    << "  \"n_layer\": " << shape.n_layer << ",\n"
+    << "  \"n_head\": " << shape.n_head << ",\n"
+    << "  \"n_inner\": null,\n"
+    << "  \"activation_function\": \"gelu_new\",\n"
+    << "  \"layer_norm_epsilon\": 1e-05,\n"
+    << "  \"resid_pdrop\": " << shape.dropout << ",\n"
+    << "  \"embd_pdrop\": " << shape.dropout << ",\n"
+    << "  \"attn_pdrop\": " << shape.dropout << ",\n"
+    << "  \"initializer_range\": 0.02,\n"
+    << "  \"scale_attn_weights\": true,\n"
+    << "  \"tie_word_embeddings\": true,\n";
+  if (shape.vocab_size == 50257) j << "  \"bos_token_id\": 50256,\n  \"eos_token_id\": 50256,\n";
+  j << "  \"torch_dtype\": \"float32\"\n}\n";
+  return j.str();
+}
+
 Status consolidate_to_safetensors(const CheckpointReader& reader, const std::string& out_path) {
   const ModelLayout& layout = reader.layout();
   const std::vector<HfTensor> tensors = hf_gpt2_tensors(layout);

@@ -31,6 +31,11 @@ struct HfTensor {
 // Every tensor of the file, in file order; one per parameter of `layout`.
 std::vector<HfTensor> hf_gpt2_tensors(const ModelLayout& layout);
 
+// Hugging Face's config.json for GPT2LMHeadModel of this shape (tanh GELU "gelu_new", LayerNorm eps 1e-5, tied
+// embeddings; GPT-2's <|endoftext|> as bos/eos when the vocabulary is GPT-2's 50257), beside the safetensors file
+// as model.safetensors, so that GPT2LMHeadModel.from_pretrained(dir) loads the directory.
+std::string hf_gpt2_config_json(const GptShape& shape);
+
 // Writes `out_path` atomically (out_path.tmp, fsync, rename) from `reader`'s section "master". Streams: reads
 // one unit at a time, so memory is about two units (the reader's slice buffer and ours) plus 2 MiB whatever
 // the model size. Errors name the shard file (bad or unreadable checkpoint) or the output file.

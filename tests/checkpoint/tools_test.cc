@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -236,6 +238,52 @@ TEST_CASE("checkpoint consolidate writes Hugging Face GPT-2 safetensors equal to
   // ... and on the weights of another step.
   r = run_command(kPython + " " + kReader + " " + out + " --source " + run.out + "/checkpoints/step_00000005");
   CHECK(r.exit_code == 1);
+}
+
+// --out DIR/: model.safetensors and Hugging Face's config.json. scripts/reference/hf_gpt2_greedy.py runs GPT-2 as
+// HF's GPT2LMHeadModel reads that directory (numpy only) and must continue a prompt greedily as gpt-train's sample
+// does with --top-k 1.
+TEST_CASE("checkpoint consolidate --out DIR/ writes a Hugging Face GPT-2 directory", "[checkpoint][tools]") {
+  const TrainedRun& run = trained_run();
+  TempDir tmp;
+  const std::string dir = tmp.file("hf") + "/";
+  auto r = tool("consolidate " + run.model + " --out " + dir);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(fs::exists(dir + "model.safetensors"));
+  std::ifstream f(dir + "config.json");
+  const std::string config((std::istreambuf_iterator<char>(f)), {});
+  auto saved = load_model(run.model);
+  REQUIRE(saved);
+  for (const std::string& field : std::vector<std::string>{
+           "\"architectures\": [\"GPT2LMHeadModel\"]", "\"n_layer\": 2,", "\"n_head\": 2,", "\"n_embd\": 32,",
+           "\"n_positions\": 32,", "\"vocab_size\": " + std::to_string(saved->shape.vocab_size) + ",",
+           "\"activation_function\": \"gelu_new\"", "\"layer_norm_epsilon\": 1e-05", "\"tie_word_embeddings\": true"}) {
+    CAPTURE(field);
+    CHECK(contains(config, field));
+  }
+  CHECK_FALSE(contains(config, "bos_token_id"));  // a character vocabulary has no <|endoftext|>
+  if (!python_with_numpy()) {
+    WARN("SKIPPED the Hugging Face forward by scripts/reference/hf_gpt2_greedy.py: " + kPython +
+         " with numpy is not available");
+    return;
+  }
+  const std::string greedy = std::string(GPT_SOURCE_DIR) + "/scripts/reference/hf_gpt2_greedy.py";
+  const auto hf = run_command(kPython + " " + greedy + " " + dir + " --prompt-ids 20,21,22,23 --tokens 40 2>&1");
+  const auto ours = run_command(gpt_train() + " sample --model " + run.model +
+                                " --prompt-ids 20,21,22,23 --ids --top-k 1 -n 40 --threads 2 2>/dev/null");
+  INFO(hf.output);
+  INFO(ours.output);
+  REQUIRE(hf.exit_code == 0);
+  REQUIRE(ours.exit_code == 0);
+  auto words = [](const std::string& text) {
+    std::istringstream in(text);
+    std::vector<std::string> w;
+    for (std::string x; in >> x;) w.push_back(x);
+    return w;
+  };
+  CHECK(words(hf.output).size() == 44);
+  CHECK(words(hf.output) == words(ours.output));
 }
 
 TEST_CASE("checkpoint consolidate reads model directories, version 1 included", "[checkpoint][tools]") {
