@@ -143,12 +143,22 @@ int consolidate(const std::string& arg, const std::string& out) {
   std::error_code ec;
   const bool to_dir = fs::is_directory(out, ec) || (!out.empty() && out.back() == '/');
   const std::string file = to_dir ? (fs::path(out) / "model.safetensors").string() : out;
+  const bool created = to_dir && !fs::exists(out, ec);
   if (to_dir) {
     fs::create_directories(out, ec);
     if (ec) return report_error(Status::io_error("--out: cannot create directory '" + out + "': " + ec.message()));
   }
+  // On an error, nothing half made stays: the directory this call made, or the weights without their config.
+  auto fail = [&](const Status& why) {
+    if (created) {
+      fs::remove_all(out, ec);
+    } else if (to_dir) {
+      fs::remove(file, ec);
+    }
+    return report_error(why);
+  };
   Status st = consolidate_to_safetensors(*reader, file);
-  if (!st.is_ok()) return report_error(st);
+  if (!st.is_ok()) return fail(st);
   const auto bytes = static_cast<int64_t>(fs::file_size(file, ec));
   std::cout << "wrote " << file << ": " << hf_gpt2_tensors(reader->layout()).size()
             << " tensors with Hugging Face GPT-2 names, " << bytes_text(bytes) << ", the master weights of step "
@@ -157,7 +167,7 @@ int consolidate(const std::string& arg, const std::string& out) {
     const std::string config = (fs::path(out) / "config.json").string();
     const std::string text = hf_gpt2_config_json(reader->manifest().shape);
     st = write_file_atomically(config, {std::span<const char>(text)});
-    if (!st.is_ok()) return report_error(st);
+    if (!st.is_ok()) return fail(st);
     std::cout << "wrote " << config << ": GPT2LMHeadModel.from_pretrained(\"" << out << "\") loads the directory"
               << std::endl;
   }

@@ -89,6 +89,7 @@ Command add_train_command(CLI::App& app) {
     // its first step, with a checkpoint, instead of killing it.
     arm_stop_signals();  // SIGUSR1/SIGTERM/SIGINT: checkpoint after the current step, exit 0
     if (const auto fault = test_fault(); fault && fault->is("slow_start", 1)) {  // a start-up that takes a while
+      spdlog::info("slow_start: holding the start-up {} ms (stop signals armed)", fault->args[0]);
       std::this_thread::sleep_for(std::chrono::milliseconds(fault->args[0]));
     }
     auto trainer = Trainer::create(*cfg, world(), ranks_per_node(), local_rank());

@@ -9,9 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <string_view>
 #include <thread>
 
+#include "checkpoint/manifest.h"
 #include "config/loader.h"
 #include "core/stop_signal.h"
 #include "core/test_fault.h"
@@ -66,6 +68,18 @@ std::optional<DeviceBudget> device_budget(Communicator& world, const std::option
   budget.free = free[static_cast<size_t>(budget.rank)];
   budget.reserve = reserve;
   return budget;
+}
+
+// Whether the run in `out_dir` finished at step `steps`: its final model (manifest.json of out_dir/model, written
+// after the last checkpoint) is at that step and its summary.json, written last, is there.
+bool run_finished_on_disk(const fs::path& out_dir, int64_t steps) {
+  std::error_code ec;
+  if (!fs::exists(out_dir / "summary.json", ec)) return false;
+  std::ifstream in(out_dir / "model" / "manifest.json", std::ios::binary);
+  if (!in) return false;
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  const Expected<Manifest> m = parse_manifest(text, (out_dir / "model" / "manifest.json").string());
+  return m && m->step >= steps;
 }
 
 // A rank's node for the placement check: a hash of its host name (the same on one node; different across nodes
@@ -516,13 +530,20 @@ Expected<TrainSummary> Trainer::run() {
   return summary;
 }
 
+bool Trainer::run_finished(const fs::path& out_dir, int64_t steps) {
+  int32_t finished = world_.rank() == 0 && run_finished_on_disk(out_dir, steps) ? 1 : 0;
+  world_.broadcast(&finished, 1, DType::kI32, 0).wait();
+  return finished != 0;
+}
+
 Expected<TrainSummary> Trainer::run_steps() {
   const auto& t = config_.training;
   const bool writer = world_.rank() == 0;
   const fs::path out_dir(config_.run.out_dir);
-  if (start_step_ >= t.steps && start_step_ > 0) {
-    // Resumed at the end (a finished run submitted again, as a requeued job can be): its summary, metrics and
-    // final model stay as the run left them.
+  if (start_step_ >= t.steps && start_step_ > 0 && run_finished(out_dir, t.steps)) {
+    // Resumed at the end of a run that finished (submitted again, as a requeued job can be): its summary, metrics
+    // and final model stay as the run left them. A run stopped between its last checkpoint and its final model
+    // (killed while saving) goes on below: no step to take, but the model and summary are written.
     spdlog::info(
         "the run is complete: resumed at step {} of training.steps {}, nothing to train; {} is left as it "
         "is (raise training.steps to train on)",

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -113,6 +114,9 @@ class Trainer {
   // checkpoint.async: the slices are copied to host memory (the only time the loop is blocked) and written
   // by a background thread over a communicator of its own; the next save (or the end of the run) waits for it.
   [[nodiscard]] Status save(int64_t steps_done, bool model_only);
+  // Whether the run in out_dir finished at `steps` (final model and summary written), as rank 0 sees it, on every
+  // rank. Collective.
+  bool run_finished(const std::filesystem::path& out_dir, int64_t steps);
   std::vector<SaveSlice> save_slices() const;  // this rank's share of a checkpoint
   void allocate_save_copy();                   // checkpoint.async, at start-up
   // Waits for a background save; its result.

@@ -54,7 +54,8 @@ Expected<std::unique_ptr<Backend>> make_cuda_backend(int local_rank, int local_s
   if (count == 1 && local_size > 1 && local_rank == 0) {  // once a node
     log_warning(
         "device 'cuda': each of this node's " + std::to_string(local_size) +
-        " ranks sees one GPU (e.g. srun --gpus-per-task): NCCL finds NVLink between the ranks' GPUs only where "
+        " ranks sees one GPU (e.g. srun --gpus-per-task; if one CUDA_VISIBLE_DEVICES names the same GPU for all, "
+        "the start fails further on: ranks may not share a GPU): NCCL finds NVLink between the ranks' GPUs only where "
         "each rank can see the others' (CUDA IPC), which a site that isolates each task's GPUs (cgroups) forbids; "
         "then it falls back to PCIe or host memory, slowly. The scripts/slurm templates give every rank all of the "
         "node's GPUs (--gpus-per-node) and each takes the one of its local rank");

@@ -223,6 +223,16 @@ TEST_CASE("resume auto of a finished run leaves it as it is", "[apps]") {
   CHECK(read(out + "/summary.json") == summary);
   CHECK(read(out + "/metrics.jsonl") == metrics);
   CHECK(std::filesystem::last_write_time(out + "/model") == model_time);
+  // Stopped after its last checkpoint but before its final model and summary (killed while saving): resuming
+  // takes no step but writes them.
+  std::filesystem::remove_all(out + "/model");
+  std::filesystem::remove(out + "/summary.json");
+  const auto finish = run_command(train + " --resume auto");
+  INFO(finish.output);
+  CHECK(finish.exit_code == 0);
+  CHECK(finish.output.find("the run is complete") == std::string::npos);
+  CHECK(std::filesystem::exists(out + "/model/manifest.json"));
+  CHECK(read(out + "/summary.json").find("\"steps_done\": 10") != std::string::npos);
 }
 
 // The built-in quickstart config's error points at scripts/setup.sh only when its data is what is missing.

@@ -46,12 +46,15 @@ check "latest names a step" test -s "$work/run/checkpoints/latest"
 check "the stop marker is written" grep -q "stopped early by a signal" "$work/stopped"
 [ "$code" -eq 0 ] || tail -n 30 "$work/train.log"
 
-# A signal during the start-up (held there 3 s by the test hook) is kept: the run stops after its first step.
+# A signal during the start-up (held there 5 s by the test hook, once the config is read) is kept: the run stops after its first step.
 rm -f "$work/stopped"
-GPT_TRAIN_FAULT=slow_start:3000 "$gpt_train" train -c "$work/run.yaml" --set run.out_dir="$work/early" \
+GPT_TRAIN_FAULT=slow_start:5000 "$gpt_train" train -c "$work/run.yaml" --set run.out_dir="$work/early" \
   --stop-marker "$work/stopped" > "$work/early.log" 2>&1 &
 pid=$!
-sleep 1
+for _ in $(seq 200); do  # until the hook says the signals are armed (its log line), 20 s at most
+  grep -q "slow_start: holding" "$work/early.log" 2> /dev/null && break
+  sleep 0.1
+done
 kill -TERM "$pid"
 wait "$pid"
 code=$?

@@ -322,6 +322,10 @@ TEST_CASE("checkpoint consolidate leaves no file behind on errors", "[checkpoint
   CHECK(r.exit_code == 1);
   CHECK(contains(r.output, tmp.file("no/such/dir/model.safetensors.tmp") + ": open for writing failed"));
   CHECK(tool("consolidate " + run.step10).exit_code != 0);  // --out is required
+  // A directory export that fails leaves no directory it made behind.
+  r = tool("consolidate " + bad + " --out " + tmp.file("hf") + "/");
+  CHECK(r.exit_code == 2);
+  CHECK_FALSE(fs::exists(tmp.file("hf")));
 }
 
 TEST_CASE("sample --checkpoint generates from a checkpoint's master weights", "[checkpoint][tools]") {
