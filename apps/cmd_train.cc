@@ -33,6 +33,23 @@ struct TrainArgs {
 };
 }  // namespace
 
+namespace {
+// --stop-marker at the start (rank 0): a marker an earlier run left is removed, and a directory it cannot be
+// written into is an error now, not after the checkpoint the marker was to announce.
+Status clear_stop_marker(const std::string& path) {
+  if (std::remove(path.c_str()) != 0 && errno != ENOENT) {
+    return Status::io_error("--stop-marker: cannot remove '" + path +
+                            "' left by an earlier run: " + std::strerror(errno));
+  }
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  const std::string where = dir.empty() ? "." : dir.string();
+  if (access(where.c_str(), W_OK) != 0) {
+    return Status::io_error("--stop-marker " + path + ": cannot write into '" + where + "': " + std::strerror(errno));
+  }
+  return Status::ok();
+}
+}  // namespace
+
 Expected<RunConfig> load_config_arg(const std::string& path, const std::vector<std::string>& overrides) {
   return path.empty() ? load_run_config_text(kEmbeddedConfig, kEmbeddedConfigName, overrides)
                       : load_run_config_file(path, overrides);
@@ -73,17 +90,8 @@ Command add_train_command(CLI::App& app) {
     spdlog::info("resolved config ({}):\n{}", args->config.empty() ? kEmbeddedConfigName : args->config, to_yaml(*cfg));
     start_comm_watchdog(cfg->comm.timeout_s);
     const bool marks = !args->stop_marker.empty() && world().rank() == 0;
-    if (marks && std::remove(args->stop_marker.c_str()) != 0 && errno != ENOENT) {
-      return report_error(Status::io_error("--stop-marker: cannot remove '" + args->stop_marker +
-                                           "' left by an earlier run: " + std::strerror(errno)));
-    }
-    if (marks) {  // found out now, not after a checkpoint that the marker was to announce
-      const std::filesystem::path dir = std::filesystem::path(args->stop_marker).parent_path();
-      const std::string where = dir.empty() ? "." : dir.string();
-      if (access(where.c_str(), W_OK) != 0) {
-        return report_error(Status::io_error("--stop-marker " + args->stop_marker + ": cannot write into '" + where +
-                                             "': " + std::strerror(errno)));
-      }
+    if (marks) {
+      if (Status st = clear_stop_marker(args->stop_marker); !st.is_ok()) return report_error(st);
     }
     // Armed before the start-up (data, restore, NCCL), which can take minutes: a signal then stops the run after
     // its first step, with a checkpoint, instead of killing it.
