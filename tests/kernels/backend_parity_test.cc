@@ -393,48 +393,82 @@ TEST_CASE("parity: GELU fused into the bf16 GEMMs (run.gelu_fusion)", "[cuda]") 
   gpu->set_compute_dtype(DType::kF32);
 }
 
+// LayerNorm forward and backward of the rows `inp` (N x C) on the CPU and on `gpu`: within kReduction, the
+// recomputation (null statistics) and the bf16 outputs bit for bit.
+void compare_layernorm(Backend* gpu, const std::vector<float>& inp, int64_t N, int C) {
+  auto w = randn(C, 21), b = randn(C, 22), dout = randn(N * C, 23);
+  auto dinp = randn(N * C, 24), dw = randn(C, 25), db = randn(C, 26);  // accumulated into
+  std::vector<float> out(N * C), mean(N), rstd(N), c_dinp = dinp, c_dw = dw, c_db = db;
+  cpu().layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
+  cpu().layernorm_backward(c_dinp.data(), c_dw.data(), c_db.data(), dout.data(), inp.data(), w.data(), mean.data(),
+                           rstd.data(), N, C, nullptr);
+  Dev<float> g_inp(*gpu, inp), g_w(*gpu, w), g_b(*gpu, b), g_dout(*gpu, dout);
+  Dev<float> g_out(*gpu, out.size()), g_mean(*gpu, N), g_rstd(*gpu, N);
+  Dev<float> g_dinp(*gpu, dinp), g_dw(*gpu, dw), g_db(*gpu, db);
+  gpu->layernorm_forward(g_out.p(), g_mean.p(), g_rstd.p(), g_inp.p(), g_w.p(), g_b.p(), N, C);
+  Dev<bf16> g_dlo(*gpu, dinp.size());
+  gpu->layernorm_backward(g_dinp.p(), g_dw.p(), g_db.p(), g_dout.p(), g_inp.p(), g_w.p(), g_mean.p(), g_rstd.p(), N, C,
+                          g_dlo.p());
+  {  // the bf16 copy of the accumulated dinp: its rounding, bit for bit
+    std::vector<bf16> want(dinp.size());
+    cpu().cast_to_bf16(want.data(), g_dinp.read().data(), static_cast<int64_t>(want.size()));
+    const std::vector<bf16> got = g_dlo.read();
+    CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(bf16)) == 0);
+  }
+  expect_close("layernorm out", out, g_out.read(), kReduction);
+  expect_close("layernorm mean", mean, g_mean.read(), kReduction);
+  expect_close("layernorm rstd", rstd, g_rstd.read(), kReduction);
+  expect_close("layernorm dinp", c_dinp, g_dinp.read(), kReduction);
+  expect_close("layernorm dweight", c_dw, g_dw.read(), kReduction);
+  expect_close("layernorm dbias", c_db, g_db.read(), kReduction);
+  // Recomputation passes null statistics.
+  Dev<float> g_out2(*gpu, out.size());
+  gpu->layernorm_forward(g_out2.p(), nullptr, nullptr, g_inp.p(), g_w.p(), g_b.p(), N, C);
+  REQUIRE(g_out2.read() == g_out.read());
+  // A bf16 output (a GEMM input under bf16 compute) is the fp32 one rounded, bit for bit.
+  Dev<bf16> g_lo(*gpu, out.size());
+  gpu->layernorm_forward(g_lo.p(), nullptr, nullptr, g_inp.p(), g_w.p(), g_b.p(), N, C);
+  std::vector<bf16> want(out.size());
+  cpu().cast_to_bf16(want.data(), g_out.read().data(), static_cast<int64_t>(want.size()));
+  const std::vector<bf16> got = g_lo.read();
+  CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(bf16)) == 0);
+}
+
 TEST_CASE("parity: layernorm forward and backward", "[cuda]") {
   Backend* gpu = cuda_or_skip("layernorm");
   if (!gpu) return;
   for (const auto& [N, C] : {std::pair<int64_t, int>{1, 7}, {37, 48}, {600, 768}, {65, 1600}}) {
     CAPTURE(N, C);
-    auto inp = randn(N * C, 20, 3.0f), w = randn(C, 21), b = randn(C, 22), dout = randn(N * C, 23);
-    auto dinp = randn(N * C, 24), dw = randn(C, 25), db = randn(C, 26);  // accumulated into
-    std::vector<float> out(N * C), mean(N), rstd(N), c_dinp = dinp, c_dw = dw, c_db = db;
-    cpu().layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
-    cpu().layernorm_backward(c_dinp.data(), c_dw.data(), c_db.data(), dout.data(), inp.data(), w.data(), mean.data(),
-                             rstd.data(), N, C, nullptr);
-    Dev<float> g_inp(*gpu, inp), g_w(*gpu, w), g_b(*gpu, b), g_dout(*gpu, dout);
-    Dev<float> g_out(*gpu, out.size()), g_mean(*gpu, N), g_rstd(*gpu, N);
-    Dev<float> g_dinp(*gpu, dinp), g_dw(*gpu, dw), g_db(*gpu, db);
-    gpu->layernorm_forward(g_out.p(), g_mean.p(), g_rstd.p(), g_inp.p(), g_w.p(), g_b.p(), N, C);
-    Dev<bf16> g_dlo(*gpu, dinp.size());
-    gpu->layernorm_backward(g_dinp.p(), g_dw.p(), g_db.p(), g_dout.p(), g_inp.p(), g_w.p(), g_mean.p(), g_rstd.p(), N,
-                            C, g_dlo.p());
-    {  // the bf16 copy of the accumulated dinp: its rounding, bit for bit
-      std::vector<bf16> want(dinp.size());
-      cpu().cast_to_bf16(want.data(), g_dinp.read().data(), static_cast<int64_t>(want.size()));
-      const std::vector<bf16> got = g_dlo.read();
-      CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(bf16)) == 0);
-    }
-    expect_close("layernorm out", out, g_out.read(), kReduction);
-    expect_close("layernorm mean", mean, g_mean.read(), kReduction);
-    expect_close("layernorm rstd", rstd, g_rstd.read(), kReduction);
-    expect_close("layernorm dinp", c_dinp, g_dinp.read(), kReduction);
-    expect_close("layernorm dweight", c_dw, g_dw.read(), kReduction);
-    expect_close("layernorm dbias", c_db, g_db.read(), kReduction);
-    // Recomputation passes null statistics.
-    Dev<float> g_out2(*gpu, out.size());
-    gpu->layernorm_forward(g_out2.p(), nullptr, nullptr, g_inp.p(), g_w.p(), g_b.p(), N, C);
-    REQUIRE(g_out2.read() == g_out.read());
-    // A bf16 output (a GEMM input under bf16 compute) is the fp32 one rounded, bit for bit.
-    Dev<bf16> g_lo(*gpu, out.size());
-    gpu->layernorm_forward(g_lo.p(), nullptr, nullptr, g_inp.p(), g_w.p(), g_b.p(), N, C);
-    std::vector<bf16> want(out.size());
-    cpu().cast_to_bf16(want.data(), g_out.read().data(), static_cast<int64_t>(want.size()));
-    const std::vector<bf16> got = g_lo.read();
-    CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(bf16)) == 0);
+    compare_layernorm(gpu, randn(N * C, 20, 3.0f), N, C);
   }
+}
+
+// Rows a kernel's statistics can get wrong: constant (variance 0: the output is the bias exactly), a large mean
+// with a small spread (a one-pass variance loses it; integers, so every sum is exact on both sides), and the widest
+// rows the backward takes (C 12288: one or two warps a block).
+TEST_CASE("parity: layernorm of constant rows, a large mean, and the widest rows", "[cuda]") {
+  Backend* gpu = cuda_or_skip("layernorm edges");
+  if (!gpu) return;
+  const int C = 768;
+  std::vector<float> inp = randn(6 * C, 27, 3.0f);  // rows 4 and 5 stay random
+  for (int c = 0; c < C; ++c) {
+    inp[c] = 2.5f;
+    inp[C + c] = -7.0f;
+    inp[2 * C + c] = 1000.0f + static_cast<float>(c % 9 - 4);
+    inp[3 * C + c] = -3000.0f + static_cast<float>((c * 7) % 9 - 4);
+  }
+  compare_layernorm(gpu, inp, 6, C);
+  const auto w = randn(C, 21), b = randn(C, 22);
+  Dev<float> g_inp(*gpu, inp), g_w(*gpu, w), g_b(*gpu, b), g_out(*gpu, inp.size()), g_mean(*gpu, 6), g_rstd(*gpu, 6);
+  gpu->layernorm_forward(g_out.p(), g_mean.p(), g_rstd.p(), g_inp.p(), g_w.p(), g_b.p(), 6, C);
+  const std::vector<float> out = g_out.read();
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(std::equal(b.begin(), b.end(), out.begin() + r * C));  // (x - mean) = 0 exactly
+  }
+  CHECK(std::all_of(out.begin(), out.end(), [](float v) { return std::isfinite(v); }));
+  CAPTURE(12288);
+  compare_layernorm(gpu, randn(3 * 12288, 28, 3.0f), 3, 12288);
 }
 
 TEST_CASE("parity: fused residual + layernorm, and bit for bit the two separate ops", "[cuda]") {
@@ -589,8 +623,13 @@ TEST_CASE("parity: fused attention forward and backward, with and without dropou
   Backend* gpu = cuda_or_skip("attention");
   if (!gpu) return;
   using Shape = AttentionShape;
-  for (const Shape s : {Shape{1, 1, 8, 1}, Shape{2, 13, 32, 4}, Shape{2, 70, 128, 2}, Shape{1, 129, 256, 4},
-                        Shape{1, 200, 256, 2}}) {  // head sizes 8, 8, 64, 64, 128; T off the tile sizes
+  // Head sizes 8, 8, 64, 64, 128 with T off the tile sizes; then T a multiple of the tiles (64, 128: no partial
+  // tile at all), at head sizes 64 and 128; on a GPU also GPT-2 124M's shape (T 1024, 12 heads of 64).
+  std::vector<Shape> shapes = {Shape{1, 1, 8, 1},     Shape{2, 13, 32, 4},   Shape{2, 70, 128, 2},
+                               Shape{1, 129, 256, 4}, Shape{1, 200, 256, 2}, Shape{1, 64, 128, 2},
+                               Shape{2, 128, 128, 2}, Shape{1, 128, 256, 2}};
+  if (!kEmulated) shapes.push_back(Shape{1, 1024, 768, 12});
+  for (const Shape s : shapes) {
     for (float p : {0.0f, 0.25f}) {
       CAPTURE(s.B, s.T, s.C, s.NH, p);
       REQUIRE(gpu->attention_state_floats(s.B, s.T, s.NH) == int64_t{s.B} * s.NH * s.T);  // no T x T state
@@ -607,8 +646,13 @@ TEST_CASE("parity: tensor-core attention (bf16 compute) against the CPU's fp32",
   if (!gpu) return;
   gpu->set_compute_dtype(DType::kBF16);
   using Shape = AttentionShape;
-  for (const Shape s : {Shape{1, 1, 64, 2}, Shape{3, 17, 96, 3}, Shape{2, 65, 128, 2}, Shape{1, 130, 256, 2},
-                        Shape{2, 100, 256, 4}}) {  // head sizes 32, 32, 64, 128, 64
+  // Head sizes 32, 32, 64, 128, 64 with T off the tile sizes; then T a multiple of the 64-row tiles at head sizes
+  // 64 and 128; on a GPU also GPT-2 124M's shape (T 1024, 12 heads of 64).
+  std::vector<Shape> shapes = {Shape{1, 1, 64, 2},    Shape{3, 17, 96, 3},   Shape{2, 65, 128, 2},
+                               Shape{1, 130, 256, 2}, Shape{2, 100, 256, 4}, Shape{1, 64, 128, 2},
+                               Shape{2, 128, 128, 2}, Shape{1, 128, 256, 2}};
+  if (!kEmulated) shapes.push_back(Shape{1, 1024, 768, 12});
+  for (const Shape s : shapes) {
     for (float p : {0.0f, 0.2f}) {
       CAPTURE(s.B, s.T, s.C, s.NH, p);
       compare_attention(*gpu, s, mask(p, 987654321), 32, 2e-2, "tc attention");
@@ -845,6 +889,40 @@ TEST_CASE("parity: cross-entropy with padded vocab, in place", "[cuda]") {
     const std::vector<bf16> got = g_lo.read();
     CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(bf16)) == 0);
     REQUIRE(g_losses2.read() == g_losses.read());
+  }
+}
+
+// Logits a kernel's max-subtraction or exp can get wrong: magnitudes near 1e4 (exp would overflow without the max),
+// a constant row (loss log V, every probability 1/V), and targets at the vocabulary's ends and at a row's largest
+// and smallest logit; fp32 logits and their bf16 roundings.
+TEST_CASE("parity: cross-entropy of large logits, a constant row, targets at the vocabulary's ends", "[cuda]") {
+  Backend* gpu = cuda_or_skip("crossentropy edges");
+  if (!gpu) return;
+  const int V = 50257, Vp = 50304;
+  const int64_t N = 5;
+  auto logits = randn(N * Vp, 52, 1e4f);
+  std::fill(logits.begin(), logits.begin() + Vp, 3.0f);  // row 0: constant
+  auto targets = rand_tokens(N, V, 53);
+  targets[0] = V - 1;
+  targets[1] = 0;
+  targets[2] = static_cast<int32_t>(std::max_element(logits.begin() + 2 * Vp, logits.begin() + 2 * Vp + V) -
+                                    (logits.begin() + 2 * Vp));
+  targets[3] = static_cast<int32_t>(std::min_element(logits.begin() + 3 * Vp, logits.begin() + 3 * Vp + V) -
+                                    (logits.begin() + 3 * Vp));
+  for (const bool round : {false, true}) {
+    CAPTURE(round);
+    const std::vector<float> in = round ? rounded(logits) : logits;
+    std::vector<float> losses(N), dl = in;
+    cpu().crossentropy_forward_backward(losses.data(), dl.data(), dl.data(), targets.data(), N, V, Vp, 0.5f);
+    CHECK(std::abs(losses[0] - std::log(static_cast<float>(V))) < 1e-4f);
+    Dev<float> g_logits(*gpu, in), g_losses(*gpu, N);
+    Dev<int32_t> g_targets(*gpu, targets);
+    gpu->crossentropy_forward_backward(g_losses.p(), g_logits.p(), g_logits.p(), g_targets.p(), N, V, Vp, 0.5f);
+    const std::vector<float> got_losses = g_losses.read(), got_dl = g_logits.read();
+    CHECK(std::all_of(got_losses.begin(), got_losses.end(), [](float v) { return std::isfinite(v); }));
+    CHECK(std::all_of(got_dl.begin(), got_dl.end(), [](float v) { return std::isfinite(v); }));
+    expect_close("large cross-entropy losses", losses, got_losses, kReduction);
+    expect_close("large cross-entropy dlogits", dl, got_dl, kReduction);
   }
 }
 
