@@ -844,7 +844,7 @@ TEST_CASE("parity: gelu, residual, dropout", "[cuda]") {
     gpu->gelu_backward(gb.p(), gxw.p(), gd.p(), n);
     CHECK(ga.read() == gb.read());
   }
-  for (float p : {0.0f, 0.3f}) {
+  for (float p : {0.0f, 0.3f, 0.95f, 0.999f}) {  // near 1: nearly all dropped, the kept ones scaled by up to 1000
     CAPTURE(p);
     const DropoutMask drop = mask(p, 77);
     cpu().residual_forward(y.data(), r.data(), x.data(), n, drop);
@@ -859,6 +859,40 @@ TEST_CASE("parity: gelu, residual, dropout", "[cuda]") {
     gpu->dropout_forward(gxi.p(), n, drop);
     REQUIRE(gxi.read() == xi);
   }
+}
+
+// GELU (tanh) far out, where tanh saturates: the forward is x or 0 and the backward 1 or 0, with no overflow of
+// x^3 or of a cosh/exp into inf * 0 = NaN; each element within 1e-6 of its own CPU value (the usual comparison
+// scales by the largest element, which would hide errors at the small ones beside 1e4).
+TEST_CASE("parity: GELU at large |x|", "[cuda]") {
+  Backend* gpu = cuda_or_skip("gelu edges");
+  if (!gpu) return;
+  const float far[] = {10.0f, 30.0f, 100.0f, 1e3f, 1e4f, 3e4f, 0.5f};
+  std::vector<float> x;
+  for (int i = 0; i < 1003; ++i) x.push_back((i % 2 ? -1.0f : 1.0f) * far[i % 7] * (1.0f + 0.001f * (i % 5)));
+  const auto n = static_cast<int64_t>(x.size());
+  const auto d = randn(n, 43);
+  std::vector<float> y(n), dx(n);
+  cpu().gelu_forward(y.data(), x.data(), n);
+  cpu().gelu_backward(dx.data(), x.data(), d.data(), n);
+  Dev<float> gx(*gpu, x), gd(*gpu, d), gy(*gpu, n), gdx(*gpu, n);
+  gpu->gelu_forward(gy.p(), gx.p(), n);
+  gpu->gelu_backward(gdx.p(), gx.p(), gd.p(), n);
+  const std::vector<float> got_y = gy.read(), got_dx = gdx.read();
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool ok_y = std::abs(got_y[i] - y[i]) <= 1e-6f * std::max(1.0f, std::abs(y[i]));
+    const bool ok_dx = std::abs(got_dx[i] - dx[i]) <= 1e-6f * std::max(1.0f, std::abs(dx[i]));
+    const bool saturated = std::abs(x[i]) >= 10.0f;
+    const bool limit =
+        !saturated || (x[i] > 0 ? got_y[i] == x[i] && got_dx[i] == d[i] : got_y[i] == 0.0f && got_dx[i] == 0.0f);
+    if (!ok_y || !ok_dx || !limit) {
+      if (wrong++ < 5)
+        UNSCOPED_INFO("x " << x[i] << ": gelu " << got_y[i] << " (cpu " << y[i] << "), grad " << got_dx[i] << " (cpu "
+                           << dx[i] << ", dout " << d[i] << ")");
+    }
+  }
+  CHECK(wrong == 0);
 }
 
 TEST_CASE("parity: cross-entropy with padded vocab, in place", "[cuda]") {
