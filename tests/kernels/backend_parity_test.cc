@@ -170,31 +170,55 @@ DropoutMask mask(float p, uint64_t base = 0) {
   return m;
 }
 
-TEST_CASE("parity: embedding forward and backward (repeated tokens)", "[cuda]") {
-  Backend* gpu = cuda_or_skip("embedding");
-  if (!gpu) return;
-  const int B = 3, T = 17, C = 40, V = 11;  // few tokens: many repeats in the deterministic backward
-  auto tokens = rand_tokens(B * T, V, 1);
+// Embedding forward and backward on the CPU and on `gpu` for `tokens` (B x T of V), every fp32 tensor on the GPU
+// `off` floats past its allocation (off 1: 4-byte aligned, as parameters and gradients sit at any float offset, so
+// the kernels must take their scalar paths); the backward deterministic.
+void compare_embedding(Backend* gpu, const std::vector<int32_t>& tokens, int B, int T, int C, int V, int off) {
   auto wte = randn(V * C, 2), wpe = randn(T * C, 3), dout = randn(B * T * C, 4);
   auto dwte = randn(V * C, 5), dwpe = randn(T * C, 6);  // non-zero: backward accumulates
-
   std::vector<float> out(B * T * C), c_dwte = dwte, c_dwpe = dwpe;
   cpu().embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
   cpu().embedding_backward(c_dwte.data(), c_dwpe.data(), dout.data(), tokens.data(), B, T, C);
 
+  auto pad = [off](const std::vector<float>& x) {
+    std::vector<float> y(off, NAN);
+    y.insert(y.end(), x.begin(), x.end());
+    return y;
+  };
+  auto unpad = [off](const std::vector<float>& y) { return std::vector<float>(y.begin() + off, y.end()); };
   Dev<int32_t> g_tok(*gpu, tokens);
-  Dev<float> g_wte(*gpu, wte), g_wpe(*gpu, wpe), g_dout(*gpu, dout), g_out(*gpu, out.size());
-  gpu->embedding_forward(g_out.p(), g_tok.p(), g_wte.p(), g_wpe.p(), B, T, C);
-  expect_close("embedding out", out, g_out.read(), kElementwise);
-  Dev<float> g_dwte(*gpu, dwte), g_dwpe(*gpu, dwpe);
-  gpu->embedding_backward(g_dwte.p(), g_dwpe.p(), g_dout.p(), g_tok.p(), B, T, C);
-  const auto first = g_dwte.read();
+  Dev<float> g_wte(*gpu, pad(wte)), g_wpe(*gpu, pad(wpe)), g_dout(*gpu, pad(dout)),
+      g_out(*gpu, pad(std::vector<float>(out.size(), NAN)));
+  gpu->embedding_forward(g_out.p() + off, g_tok.p(), g_wte.p() + off, g_wpe.p() + off, B, T, C);
+  expect_close("embedding out", out, unpad(g_out.read()), kElementwise);
+  Dev<float> g_dwte(*gpu, pad(dwte)), g_dwpe(*gpu, pad(dwpe));
+  gpu->embedding_backward(g_dwte.p() + off, g_dwpe.p() + off, g_dout.p() + off, g_tok.p(), B, T, C);
+  const auto first = unpad(g_dwte.read());
   expect_close("embedding dwte", c_dwte, first, kReduction);
-  expect_close("embedding dwpe", c_dwpe, g_dwpe.read(), kReduction);
+  expect_close("embedding dwpe", c_dwpe, unpad(g_dwpe.read()), kReduction);
   // Deterministic: the same inputs give the same bits.
-  Dev<float> again(*gpu, dwte), again_pe(*gpu, dwpe);
-  gpu->embedding_backward(again.p(), again_pe.p(), g_dout.p(), g_tok.p(), B, T, C);
-  REQUIRE(again.read() == first);
+  Dev<float> again(*gpu, pad(dwte)), again_pe(*gpu, pad(dwpe));
+  gpu->embedding_backward(again.p() + off, again_pe.p() + off, g_dout.p() + off, g_tok.p(), B, T, C);
+  REQUIRE(unpad(again.read()) == first);
+}
+
+TEST_CASE("parity: embedding forward and backward (repeated tokens)", "[cuda]") {
+  Backend* gpu = cuda_or_skip("embedding");
+  if (!gpu) return;
+  compare_embedding(gpu, rand_tokens(3 * 17, 11, 1), 3, 17, 40, 11, 0);  // few tokens: many repeats
+}
+
+// The backward's sort and run scan at their edges: every token distinct (runs of one), one token everywhere in
+// runs of exactly 256 (the scan's window) and 257, and 4-byte-aligned fp32 tensors with C a multiple of 4.
+TEST_CASE("parity: embedding with distinct tokens, runs at the scan's window, unaligned tensors", "[cuda]") {
+  Backend* gpu = cuda_or_skip("embedding edges");
+  if (!gpu) return;
+  std::vector<int32_t> distinct(64);
+  for (int i = 0; i < 64; ++i) distinct[i] = (i * 37) % 64;
+  compare_embedding(gpu, distinct, 1, 64, 36, 64, 1);
+  compare_embedding(gpu, std::vector<int32_t>(2 * 128, 7), 2, 128, 36, 50, 0);
+  compare_embedding(gpu, std::vector<int32_t>(257, 49), 1, 257, 36, 50, 0);
+  compare_embedding(gpu, rand_tokens(2 * 33, 11, 8), 2, 33, 36, 11, 1);
 }
 
 TEST_CASE("parity: matmul forward and backward", "[cuda]") {
