@@ -532,9 +532,9 @@ struct AttentionShape {
 // Attention forward and backward on the CPU and on `gpu` from the same random qkv and dout (streams seed and
 // seed + 1): out and dqkv within `tol`, and a second backward on the GPU bit for bit the first.
 void compare_attention(Backend& gpu, const AttentionShape& s, const DropoutMask& drop, uint64_t seed, double tol,
-                       const std::string& what) {
+                       const std::string& what, float qkv_scale = 1.0f) {
   const int64_t N = int64_t{s.B} * s.T;
-  auto qkv = randn(N * 3 * s.C, seed), dout = randn(N * s.C, seed + 1);
+  auto qkv = randn(N * 3 * s.C, seed, qkv_scale), dout = randn(N * s.C, seed + 1);
   std::vector<float> out(N * s.C), dqkv(N * 3 * s.C);
   std::vector<float> att(cpu().attention_state_floats(s.B, s.T, s.NH));
   cpu().attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH, drop);
@@ -554,10 +554,10 @@ void compare_attention(Backend& gpu, const AttentionShape& s, const DropoutMask&
 // run.attention_kernel auto the mma.sync kernels): the CPU runs on the bf16 qkv widened, the GPU's bf16 outputs
 // are compared widened.
 void compare_attention_bf16(Backend& gpu, const AttentionShape& s, const DropoutMask& drop, uint64_t seed, double tol,
-                            const std::string& what) {
+                            const std::string& what, float qkv_scale = 1.0f) {
   const int64_t N = int64_t{s.B} * s.T, nq = N * 3 * s.C, no = N * s.C;
   std::vector<bf16> qh(nq);
-  cpu().cast_to_bf16(qh.data(), randn(nq, seed).data(), nq);
+  cpu().cast_to_bf16(qh.data(), randn(nq, seed, qkv_scale).data(), nq);
   std::vector<float> qkv(nq);
   cpu().cast_from_bf16(qkv.data(), qh.data(), nq);
   const auto dout = randn(no, seed + 1);
@@ -720,6 +720,50 @@ TEST_CASE("parity: tensor-core attention (bf16 compute) against the CPU's fp32",
     CHECK(std::memcmp(dgot.data(), dwant.data(), dwant.size() * sizeof(bf16)) == 0);
   }
   REQUIRE(gpu->set_attention_kernel(AttentionKernel::kAuto).is_ok());
+  gpu->set_compute_dtype(DType::kF32);
+}
+
+// Scores far from 0: qkv of standard deviation 6 gives scores q.k / sqrt(hs) of standard deviation 36, so the
+// largest in a row are past 100 (exp overflows fp32 at 88.7) and a row's running max moves by tens as the key tiles
+// go by. An online softmax that rescales its sums or its output wrongly when the max moves, or takes exp before
+// subtracting the max, is off by O(1) here while unit-variance inputs can hide it. And head size 96, which no
+// tensor-core kernel takes: the fp32 kernels zero-pad it to 128, under fp32 and bf16 compute alike.
+TEST_CASE("parity: attention of large scores, and head size 96", "[cuda]") {
+  Backend* gpu = cuda_or_skip("attention edges");
+  if (!gpu) return;
+  using Shape = AttentionShape;
+  const std::vector<Shape> large = {Shape{1, 70, 128, 2}, Shape{2, 64, 64, 1}, Shape{1, 33, 256, 2}};
+  const std::vector<Shape> hs96 = {Shape{1, 1, 96, 1}, Shape{2, 45, 192, 2}, Shape{1, 130, 96, 1}};
+  for (const float p : {0.0f, 0.25f}) {
+    CAPTURE(p);
+    for (const Shape s : large) {
+      CAPTURE(s.B, s.T, s.C, s.NH);
+      compare_attention(*gpu, s, mask(p, 77), 40, kReduction, "large-score attention", 6.0f);
+    }
+    for (const Shape s : hs96) {
+      CAPTURE(s.B, s.T, s.C, s.NH);
+      compare_attention(*gpu, s, mask(p, 78), 41, kReduction, "hs96 attention");
+    }
+  }
+  // bf16 compute, both tensor-core kernels (mma.sync, then WMMA). qkv are bf16 values, so the scores are exact products
+  // summed in fp32 as on the CPU, and the output stays within the tensor-core case's 2e-2. The gradients do not: a
+  // row's softmax is nearly one-hot here, so dS = P (dP - D) cancels for its dominant key, and the bf16 roundings of
+  // O (stored), dO and P (each 2^-9 of values about |v| |dO|) stay whole in it; every query adds its share into its
+  // keys' gradients. The emulator measures 3.5e-2 of the largest element for both kernels alike (2.4e-2 with dO given
+  // in bf16); 6e-2 still fails a wrong rescale of the running sums, which is off by O(1).
+  gpu->set_compute_dtype(DType::kBF16);
+  for (const AttentionKernel kernel : {AttentionKernel::kAuto, AttentionKernel::kWmma}) {
+    REQUIRE(gpu->set_attention_kernel(kernel).is_ok());
+    for (const Shape s : large) {
+      CAPTURE(static_cast<int>(kernel), s.B, s.T, s.C, s.NH);
+      compare_attention_bf16(*gpu, s, mask(0.25f, 79), 42, 6e-2, "large-score tc attention", 6.0f);
+    }
+  }
+  REQUIRE(gpu->set_attention_kernel(AttentionKernel::kAuto).is_ok());
+  for (const Shape s : hs96) {  // the fp32 kernels on bf16 tensors: the bf16 outputs round once (2^-9 < 4e-3)
+    CAPTURE(s.B, s.T, s.C, s.NH);
+    compare_attention_bf16(*gpu, s, mask(0.25f, 80), 43, 4e-3, "hs96 bf16 attention");
+  }
   gpu->set_compute_dtype(DType::kF32);
 }
 
@@ -1110,6 +1154,67 @@ TEST_CASE("parity: multi-tensor adamw with the bf16 copy, spans' sum of squares 
     CHECK(std::abs(s_cpu - s_gpu) <= 1e-12 * s_cpu);
     CHECK(gpu->sum_squares_spans(gg.p(), spans) == s_gpu);
     CHECK(gpu->sum_squares_spans(gg.p(), {}) == 0.0);
+  }
+}
+
+// Spans at the multi-tensor kernels' tile edges (4096 elements a block): one short of a tile, exactly one
+// (starting off a tile's edge), one over (its last tile one element long), exactly two (with a bf16 copy shifted
+// by one), a single element; fresh moments (the first step's zeros, as the trainer starts) and gradients that are
+// zero over whole spans (a frozen or unused parameter: the update is 0 / (0 + eps) = 0, plus weight decay).
+TEST_CASE("parity: multi-tensor adamw over spans at the tile edges, zero gradients and fresh moments", "[cuda]") {
+  Backend* gpu = cuda_or_skip("adamw tile edges");
+  if (!gpu) return;
+  const int64_t n = 20600;
+  const std::vector<OptimSpan> spans = {{0, 4095, 0, true},
+                                        {4095, 4096, 5000, false},
+                                        {8192, 4097, 9000, true},
+                                        {12300, 8192, 20000, true, 1},
+                                        {20500, 1, 30000, false}};
+  const auto p = randn(n, 80);
+  std::vector<float> g = randn(n, 81);
+  for (const int zeroed : {1, 3}) std::fill_n(g.begin() + spans[zeroed].begin, spans[zeroed].length, 0.0f);
+  for (const bool stochastic : {false, true}) {
+    CAPTURE(stochastic);
+    Bf16Rounding r;
+    r.stochastic = stochastic;
+    r.rng = CounterRng(5, 6);
+    std::vector<float> cp = p, cm(n, 0.0f), cv(n, 0.0f);
+    std::vector<bf16> clo(n, bf16{0x1234});
+    Dev<float> gp(*gpu, p), gm(*gpu, cm), gv(*gpu, cv), gg(*gpu, g);
+    Dev<bf16> glo(*gpu, clo);
+    for (int64_t step : {1, 2, 3}) {
+      CAPTURE(step);
+      const AdamWStep s{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, step};
+      cpu().adamw_update_spans(cp.data(), cm.data(), cv.data(), g.data(), clo.data(), spans, s, r);
+      gpu->adamw_update_spans(gp.p(), gm.p(), gv.p(), gg.p(), glo.p(), spans, s, r);
+      const auto gp_h = gp.read();
+      expect_close("adamw edges param", cp, gp_h, kElementwise);
+      expect_close("adamw edges m", cm, gm.read(), kElementwise);
+      expect_close("adamw edges v", cv, gv.read(), kElementwise);
+      // Zero gradients: m and v stay exactly 0, and the weights only decay (decayed spans) or stay (the others).
+      const auto gm_h = gm.read(), gv_h = gv.read();
+      for (const int zeroed : {1, 3}) {
+        const OptimSpan& sp = spans[zeroed];
+        for (int64_t i = sp.begin; i < sp.begin + sp.length; ++i) {
+          if (gm_h[i] != 0.0f || gv_h[i] != 0.0f || !std::isfinite(gp_h[i]))
+            FAIL("span " << zeroed << " element " << i);
+          if (!sp.decay && gp_h[i] != p[i]) FAIL("span " << zeroed << " (no decay, zero gradient) moved at " << i);
+        }
+      }
+      // (A tile the kernel skipped would keep its old values: off by about lr, far past the bound above.) The
+      // padding between spans is never written.
+      for (const int64_t i : {int64_t{12291}, int64_t{20499}, n - 1}) CHECK(gp_h[i] == p[i]);
+    }
+    // The bf16 copy is the rounding of the GPU's own master weights, inside the spans only.
+    std::vector<bf16> want(n, bf16{0x1234});
+    const auto gp_h = gp.read();
+    for (const OptimSpan& sp : spans) cpu().round_to_bf16_spans(want.data(), gp_h.data(), {sp}, r);
+    const auto glo_h = glo.read();
+    REQUIRE(std::memcmp(glo_h.data(), want.data(), n * sizeof(bf16)) == 0);
+    // The sum of squares over the zero spans is exactly 0; over all, the CPU's.
+    CHECK(gpu->sum_squares_spans(gg.p(), {spans[1], spans[3]}) == 0.0);
+    const double s_cpu = cpu().sum_squares_spans(g.data(), spans), s_gpu = gpu->sum_squares_spans(gg.p(), spans);
+    CHECK(std::abs(s_cpu - s_gpu) <= 1e-12 * s_cpu);
   }
 }
 
