@@ -34,7 +34,10 @@ Command add_sample_command(CLI::App& app) {
       ->type_name("ID,...");
   app.add_flag("--ids", args->opts.emit_ids,
                "Print token ids (space-separated, the prompt's first) instead of text: no tokenizer needed");
-  app.add_option("--tokens,-n", args->opts.tokens, "Tokens to generate")->default_str("300");
+  app.add_option("--tokens,-n", args->opts.tokens,
+                 "Tokens to generate: each one pass over the weights (a KV cache), up to the model's block size; "
+                 "past it the context slides and each token runs its whole window")
+      ->default_str("300");
   app.add_option("--temperature", args->opts.temperature, "Softmax temperature (> 0)")->default_str("0.8");
   app.add_option("--top-k", args->opts.top_k, "Sample from the k most likely tokens (0 = all)")->default_str("40");
   app.add_option("--seed", args->opts.seed, "Random seed")->default_str("1");

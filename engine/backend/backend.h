@@ -257,6 +257,11 @@ class Backend {
                                  const DropoutMask& drop) = 0;
   virtual void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out,
                                   const float* att, int B, int T, int C, int NH, const DropoutMask& drop) = 0;
+  // Inference over a KV cache (sampling): the causal attention of positions [t0, T) of one sequence over its
+  // positions [0, T). qkv(T,3C) holds every position's q|k|v (those before t0 written by earlier calls); out(T-t0,C)
+  // gets rows t0.. of what attention_forward gives for this qkv without dropout (within rounding: the sums may run
+  // in another order). No state is kept. Dtypes as attention_forward's. REQUIRES 0 <= t0 < T.
+  virtual void attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) = 0;
 
   // The MLP's fc GEMM and its GELU: pre(N,OC) = matmul_forward(inp, weight, bias), the GELU's input (kept for
   // backward), and out = GELU(pre); pre and out as matmul_forward's and gelu_forward's outputs. Unfused (the

@@ -65,6 +65,21 @@ struct Gpt::Acts {
   bf16* dres_lo = nullptr;  // dres in bf16, the projections' output gradient (GEMM inputs in bf16 only)
 };
 
+// decode's buffers: the KV cache and one call's activations, for up to max_T tokens (dtypes as in Acts).
+struct Gpt::DecodeActs {
+  int max_T = 0;
+  Buffer memory;    // everything below but the tokens (category: activations)
+  Buffer tokens;    // (max_T) the new tokens, on the backend
+  TensorPtr cache;  // (L, max_T, 3C) every block's qkv GEMM output at every position: the compute dtype
+  float *x = nullptr, *res_mid = nullptr, *proj_out = nullptr;  // (max_T, C) fp32
+  TensorPtr ln;                                                 // (max_T, C) the GEMM input dtype
+  TensorPtr atty;                                               // (max_T, C) the compute dtype
+  TensorPtr fch, fch_gelu;                                      // (max_T, 4C) compute, GEMM input dtypes
+  TensorPtr logits;                                             // (logits_stride(V)) the compute dtype
+  std::vector<float> logits_host;
+  std::vector<bf16> logits_lo_host;
+};
+
 // Parameter pointers of one block, in layout order: fp32, or bf16 when the ParamSource holds bf16 parameters for
 // bf16 compute (GEMMs take the weights uncast; the other ops read the LayerNorm parameters and biases widened).
 struct Gpt::BlockParams {
@@ -371,6 +386,82 @@ const float* Gpt::forward_logits(ParamSource& params, const int32_t* inputs, con
   params.release(layout_.head_unit());
   params.release(ModelLayout::kEmbedUnit);
   return h.data();
+}
+
+void Gpt::prepare_decode(int max_T) {
+  GPT_CHECK(max_T > 0 && max_T <= shape_.block_size);
+  if (dec_ != nullptr && dec_->max_T == max_T) return;
+  dec_ = std::make_unique<DecodeActs>();
+  DecodeActs& d = *dec_;
+  d.max_T = max_T;
+  const int64_t N = max_T, C = shape_.n_embd, L = shape_.n_layer;
+  const DType lo = gemm_input_dtype(), out = be_.compute_dtype();
+  for (int pass = 0; pass < 2; ++pass) {
+    Carver c(pass ? &d.memory : nullptr);
+    d.cache = c.take(L * N * 3 * C, out);
+    d.x = c.take(N * C);
+    d.res_mid = c.take(N * C);
+    d.proj_out = c.take(N * C);
+    d.ln = c.take(N * C, lo);
+    d.atty = c.take(N * C, out);
+    d.fch = c.take(4 * N * C, out);
+    d.fch_gelu = c.take(4 * N * C, lo);
+    d.logits = c.take(logits_stride(shape_.vocab_size), out);
+    if (pass == 0) d.memory = be_.alloc(c.used(), MemCategory::kActivations);
+  }
+  d.tokens = be_.alloc(N * sizeof(int32_t), MemCategory::kActivations);
+  be_.reserve(1, max_T, static_cast<int>(C), shape_.n_head, shape_.vocab_size, 1, false);
+}
+
+// forward() for rows [t0, t0 + n) of one sequence: the same ops, but each block's qkv GEMM writes into the cache and
+// attention reads every cached position; the LM head runs on the last row only.
+const float* Gpt::decode(ParamSource& params, const int32_t* tokens, int n, int t0) {
+  GPT_CHECK(dec_ != nullptr && n >= 1 && t0 >= 0 && t0 + n <= dec_->max_T);
+  DecodeActs& d = *dec_;
+  const int C = shape_.n_embd, NH = shape_.n_head, L = shape_.n_layer, V = shape_.vocab_size;
+  const int64_t C3 = 3 * static_cast<int64_t>(C);
+  const DropoutMask none;
+  be_.to_device(d.tokens.data(), tokens, static_cast<size_t>(n) * sizeof(int32_t));
+  const ConstTensorPtr embed = params.acquire(ModelLayout::kEmbedUnit);
+  const UnitLayout& eu = layout_.units[ModelLayout::kEmbedUnit];
+  const ConstTensorPtr wte = embed.at(eu.params[0].offset);
+  be_.embedding_forward(d.x, d.tokens.as<int32_t>(), wte, embed.at(eu.params[1].offset + int64_t{t0} * C), 1, n, C);
+  // As in forward(): each block's first op finishes the block before it (x = res_mid + proj_out), fused with its ln_1.
+  for (int l = 0; l < L; ++l) {
+    const int unit = layout_.block_unit(l);
+    const BlockParams p = block_params(params.acquire(unit));
+    if (l == 0) {
+      be_.layernorm_forward(d.ln, nullptr, nullptr, d.x, p.ln1w, p.ln1b, n, C);
+    } else {
+      be_.residual_layernorm_forward(d.x, d.ln, nullptr, nullptr, d.res_mid, d.proj_out, p.ln1w, p.ln1b, n, C, none);
+    }
+    const TensorPtr cache = d.cache.at(int64_t{l} * d.max_T * C3);
+    be_.matmul_forward(cache.at(t0 * C3), d.ln, p.qkvw, p.qkvb, n, C, 3 * C);
+    be_.attention_forward_rows(d.atty, cache, t0 + n, t0, C, NH);
+    be_.matmul_forward(d.proj_out, d.atty, p.projw, p.projb, n, C, C);
+    be_.residual_layernorm_forward(d.res_mid, d.ln, nullptr, nullptr, d.x, d.proj_out, p.ln2w, p.ln2b, n, C, none);
+    be_.matmul_gelu_forward(d.fch, d.fch_gelu, d.ln, p.fcw, p.fcb, n, C, 4 * C);
+    be_.matmul_forward(d.proj_out, d.fch_gelu, p.fcprojw, p.fcprojb, n, 4 * C, C);
+    params.release(unit);
+  }
+  const ConstTensorPtr head = params.acquire(layout_.head_unit());
+  if (L == 0) {
+    be_.layernorm_forward(d.ln, nullptr, nullptr, d.x, head, head.at(C), n, C);
+  } else {
+    be_.residual_layernorm_forward(d.x, d.ln, nullptr, nullptr, d.res_mid, d.proj_out, head, head.at(C), n, C, none);
+  }
+  be_.matmul_forward(d.logits, d.ln.at(int64_t{n - 1} * C), wte, nullptr, 1, C, V, logits_stride(V));
+  d.logits_host.resize(static_cast<size_t>(V));
+  if (d.logits.is_bf16()) {
+    d.logits_lo_host.resize(static_cast<size_t>(V));
+    be_.to_host(d.logits_lo_host.data(), d.logits.data, static_cast<size_t>(V) * sizeof(bf16));
+    for (int j = 0; j < V; ++j) d.logits_host[j] = bf16_to_f32(d.logits_lo_host[j]);
+  } else {
+    be_.to_host(d.logits_host.data(), d.logits.data, static_cast<size_t>(V) * sizeof(float));
+  }
+  params.release(layout_.head_unit());
+  params.release(ModelLayout::kEmbedUnit);
+  return d.logits_host.data();
 }
 
 // Without dropout its backward is the identity: dres itself, with no copy (GPT-2 pretraining runs at p = 0).

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 #include "backend/backend.h"
@@ -83,8 +84,19 @@ class Gpt {
   // Forward only: logits (B,T,V) in host memory, valid until the next call.
   const float* forward_logits(ParamSource& params, const int32_t* inputs, const StepContext& ctx);
 
+  // Inference over a KV cache (sampling), in buffers of its own. prepare_decode allocates, for one sequence of up to
+  // max_T <= block_size tokens, every block's q|k|v at every position (the cache) and room for up to max_T new
+  // tokens at a time. decode runs tokens[0, n) at positions [t0, t0 + n) over the positions [0, t0) that earlier
+  // calls cached, caches theirs, and returns the logits (V) at the last one, in host memory until the next call:
+  // forward_logits' at that position for the same t0 + n tokens, within rounding (the GEMMs of fewer rows may sum
+  // in another order). A token costs one pass over the weights instead of a forward over its whole context.
+  // No dropout. REQUIRES: prepare_decode(max_T), 1 <= n, t0 >= 0, t0 + n <= max_T.
+  void prepare_decode(int max_T);
+  const float* decode(ParamSource& params, const int32_t* tokens, int n, int t0);
+
  private:
   struct Acts;
+  struct DecodeActs;
   struct BlockParams;
   struct BlockGrads;
   // A block's parameter pointers from its unit's flat parameters (fp32 or bf16, as the ParamSource holds them), and
@@ -121,6 +133,7 @@ class Gpt {
   int64_t head_limit_ = kHeadRows;
   std::optional<DType> gemm_input_dtype_;
   Acts* acts_ = nullptr;
+  std::unique_ptr<DecodeActs> dec_;
 };
 
 }  // namespace gpt

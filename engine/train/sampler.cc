@@ -69,11 +69,20 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
   const CounterRng rng(o.seed, hash_name("sample"));
   const int V = saved.shape.vocab_size;
   std::vector<std::pair<float, int>> scored(V);
+  // The model's KV cache holds ids[0, cached). Past the block size the context is the last block_size tokens, each
+  // at a new position every step, so no cached row stays valid: the window runs whole, as a forward over it would.
+  const int block = saved.shape.block_size;
+  model.prepare_decode(static_cast<int>(std::min<int64_t>(block, static_cast<int64_t>(ids.size()) + o.tokens)));
+  int cached = 0;
   for (int i = 0; i < o.tokens; ++i) {
-    const int T = std::min<int>(static_cast<int>(ids.size()), saved.shape.block_size);
-    model.prepare(1, T);
-    const float* logits = model.forward_logits(params, ids.data() + ids.size() - T, StepContext{0, 0, 0, false});
-    const float* last = logits + static_cast<int64_t>(T - 1) * V;
+    const int len = static_cast<int>(ids.size());
+    const float* last = nullptr;
+    if (len <= block) {
+      last = model.decode(params, ids.data() + cached, len - cached, cached);
+      cached = len;
+    } else {
+      last = model.decode(params, ids.data() + len - block, block, 0);
+    }
     for (int j = 0; j < V; ++j) scored[j] = {last[j] / o.temperature, j};
     const int k = o.top_k > 0 ? std::min(o.top_k, V) : V;
     std::partial_sort(scored.begin(), scored.begin() + k, scored.end(), std::greater<>());

@@ -16,8 +16,8 @@ namespace gpt::cpu {
 
 namespace {
 
-void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-           const float* B, int64_t ldb, float* C, int64_t ldc) {
+void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+           int64_t ldb, float* C, int64_t ldc) {
   GPT_CHECK(dnnl_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, 0.0f, C, ldc) == dnnl_success);
 }
 
@@ -29,6 +29,22 @@ void apply_dropout(float* dst, const float* att, int T, uint64_t first, const Dr
   }
 }
 
+// A row of T scores (position t's) in place: the softmax over [0, t], zero after it.
+void causal_softmax(float* row, int t, int T) {
+  float maxv = -INFINITY;
+  for (int t2 = 0; t2 <= t; ++t2) maxv = std::max(maxv, row[t2]);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int t2 = 0; t2 <= t; ++t2) {
+    row[t2] = fast_exp(row[t2] - maxv);
+    sum += row[t2];
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int t2 = 0; t2 <= t; ++t2) row[t2] *= inv;
+  for (int t2 = t + 1; t2 < T; ++t2) row[t2] = 0.0f;
+}
+
 // Per-thread T x T scratch, grown once and then reused (no allocation in the step loop).
 float* scratch(int slot, int64_t n) {
   thread_local std::vector<float> buf[2];
@@ -38,8 +54,7 @@ float* scratch(int slot, int64_t n) {
 
 }  // namespace
 
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
-                       const DropoutMask& drop) {
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, const DropoutMask& drop) {
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t C3 = 3 * static_cast<int64_t>(C);
@@ -52,21 +67,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
       const uint64_t first = (static_cast<uint64_t>(b) * NH + h) * T * T;
       float* p = att + first;
       sgemm('N', 'T', T, T, hs, scale, q, C3, k, C3, p, T);
-      for (int t = 0; t < T; ++t) {
-        float* row = p + static_cast<int64_t>(t) * T;
-        float maxv = -INFINITY;
-        for (int t2 = 0; t2 <= t; ++t2) maxv = std::max(maxv, row[t2]);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int t2 = 0; t2 <= t; ++t2) {
-          row[t2] = fast_exp(row[t2] - maxv);
-          sum += row[t2];
-        }
-        const float inv = 1.0f / sum;
-#pragma omp simd
-        for (int t2 = 0; t2 <= t; ++t2) row[t2] *= inv;
-        for (int t2 = t + 1; t2 < T; ++t2) row[t2] = 0.0f;
-      }
+      for (int t = 0; t < T; ++t) causal_softmax(p + static_cast<int64_t>(t) * T, t, T);
       const float* pd = p;
       if (drop.active()) {
         float* d = scratch(0, static_cast<int64_t>(T) * T);
@@ -78,8 +79,26 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                        int NH, const DropoutMask& drop) {
+// The same per head for query rows [t0, T) only: S is (T - t0) x T, row r seeing keys [0, t0 + r].
+void attention_forward_rows(float* out, const float* qkv, int T, int t0, int C, int NH) {
+  GPT_CHECK(0 <= t0 && t0 < T);
+  const int hs = C / NH, R = T - t0;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int64_t C3 = 3 * static_cast<int64_t>(C);
+#pragma omp parallel for schedule(static)
+  for (int h = 0; h < NH; ++h) {
+    const float* q = qkv + h * hs;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* p = scratch(0, static_cast<int64_t>(R) * T);
+    sgemm('N', 'T', R, T, hs, scale, q + t0 * C3, C3, k, C3, p, T);
+    for (int r = 0; r < R; ++r) causal_softmax(p + static_cast<int64_t>(r) * T, t0 + r, T);
+    sgemm('N', 'N', R, hs, T, 1.0f, p, T, v, C3, out + h * hs, C);
+  }
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH,
+                        const DropoutMask& drop) {
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t C3 = 3 * static_cast<int64_t>(C);

@@ -125,6 +125,11 @@ void CpuBackend::attention_backward(TensorPtr dqkv, const float* dout, ConstTens
   cpu::attention_backward(result_area(dqkv, n), dout, f32_view(0, qkv, n), att, B, T, C, NH, drop);
   finish(dqkv, n);
 }
+void CpuBackend::attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) {
+  const int64_t n = static_cast<int64_t>(T - t0) * C;
+  cpu::attention_forward_rows(result_area(out, n), f32_view(0, qkv, 3 * static_cast<int64_t>(T) * C), T, t0, C, NH);
+  finish(out, n);
+}
 void CpuBackend::gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) {
   cpu::gelu_forward(result_area(out, N), f32_view(0, inp, N), N);
   finish(out, N);

@@ -39,6 +39,8 @@ void residual_layernorm_forward(float* res_out, float* out, float* mean, float* 
                                 const DropoutMask& drop);
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, const DropoutMask& drop);
+// Rows [t0, T) of attention_forward's output for one sequence, no dropout (Backend::attention_forward_rows).
+void attention_forward_rows(float* out, const float* qkv, int T, int t0, int C, int NH);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH,
                         const DropoutMask& drop);
 

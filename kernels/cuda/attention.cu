@@ -420,6 +420,53 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   }
 }
 
+// Inference over a KV cache (attention_forward_rows): one block per (query row, head). The keys go by in chunks of
+// kRowsThreads, each thread scoring one key of a chunk; then, for the output, each thread owns one element of the
+// head (hs <= 128, the block's threads). An online softmax over the chunks, as the flash kernels': the sum and the
+// output are rescaled when a chunk raises the row's max. Every sum runs in a fixed order (deterministic). The key
+// reads are strided (a row a thread) but one token's attention is small next to its GEMMs' weight reads.
+constexpr int kRowsThreads = 128;
+
+template <typename In>
+__global__ void attention_rows_kernel(In* out, const In* qkv, int t0, int C, int hs, float scale) {
+  __shared__ float sq[kRowsThreads];
+  __shared__ float sp[kRowsThreads];
+  __shared__ float red[kWarp];
+  const int t = t0 + static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y), j = static_cast<int>(threadIdx.x);
+  const int64_t C3 = 3 * static_cast<int64_t>(C);
+  const In* q = qkv + static_cast<int64_t>(t) * C3 + h * hs;
+  const In* k = qkv + C + h * hs;
+  const In* v = qkv + 2 * C + h * hs;
+  if (j < hs) sq[j] = load_value(q + j);
+  __syncthreads();
+  float m = -INFINITY, l = 0.0f, acc = 0.0f;
+  for (int k0 = 0; k0 <= t; k0 += kRowsThreads) {
+    const int t2 = k0 + j;
+    float s = -INFINITY;
+    if (t2 <= t) {
+      const In* kr = k + static_cast<int64_t>(t2) * C3;
+      float dot = 0.0f;
+      for (int d = 0; d < hs; ++d) dot += sq[d] * load_value(kr + d);
+      s = dot * scale;
+    }
+    const float m_new = fmaxf(m, block_max(s, red));  // finite: key 0 is in the first chunk
+    const float p = t2 <= t ? expf(s - m_new) : 0.0f;
+    const float alpha = expf(m - m_new);  // 0 on the first chunk (m = -inf)
+    l = l * alpha + block_sum(p, red);
+    sp[j] = p;
+    __syncthreads();
+    if (j < hs) {
+      const int n = t + 1 - k0 < kRowsThreads ? t + 1 - k0 : kRowsThreads;
+      float a = 0.0f;
+      for (int i = 0; i < n; ++i) a += sp[i] * load_value(v + static_cast<int64_t>(k0 + i) * C3 + j);
+      acc = acc * alpha + a;
+    }
+    __syncthreads();  // the next chunk rewrites sp
+    m = m_new;
+  }
+  if (j < hs) store_value(out + static_cast<int64_t>(blockIdx.x) * C + h * hs + j, acc / l);
+}
+
 // Validates the shape; returns the head size.
 int head_size(int B, int T, int C, int NH) {
   GPT_CHECK(B >= 0 && T >= 0 && NH > 0 && C > 0 && C % NH == 0);
@@ -480,6 +527,18 @@ void attention_forward(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int
     auto* o = static_cast<element_t<decltype(q)>*>(out.data);  // out has qkv's dtype
     with_head_size(hs, [&](auto d) { forward_impl<decltype(d)::value>(o, lse, q, B, T, C, NH, drop, stream); });
   });
+}
+
+void attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH, cudaStream_t stream) {
+  const int hs = head_size(1, T, C, NH);
+  GPT_CHECK(out.dtype == qkv.dtype && 0 <= t0 && t0 < T);
+  with_dtype(qkv, [&](auto* q) {
+    using In = element_t<decltype(q)>;
+    const dim3 grid(static_cast<unsigned>(T - t0), static_cast<unsigned>(NH));
+    attention_rows_kernel<In><<<grid, kRowsThreads, 0, stream>>>(static_cast<In*>(out.data), q, t0, C, hs,
+                                                                 1.0f / std::sqrt(static_cast<float>(hs)));
+  });
+  GPT_CUDA_CHECK_LAUNCH();
 }
 
 size_t attention_backward_scratch_bytes(int B, int T, int C, int NH) {

@@ -540,6 +540,11 @@ void CudaBackend::attention_backward(TensorPtr dqkv, const float* dout, ConstTen
       break;
   }
 }
+// Sampling's attention over its KV cache: one simple kernel for every dtype and head size (no tensor cores).
+void CudaBackend::attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) {
+  const OpTimer timed = time_op("attention_forward_rows", flop_work(4.0 * (T - t0) * T * C));
+  cuda::attention_forward_rows(out, qkv, T, t0, C, NH, stream_);
+}
 void CudaBackend::gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) {
   const OpTimer timed = time_op("gelu_forward", byte_work(N * (esize(inp) + esize(out))));
   cuda::gelu_forward(out, inp, N, stream_);

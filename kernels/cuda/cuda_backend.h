@@ -74,6 +74,7 @@ class CudaBackend final : public Backend {
                          const DropoutMask& drop) override;
   void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
                           int B, int T, int C, int NH, const DropoutMask& drop) override;
+  void attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) override;
   void matmul_gelu_forward(TensorPtr pre, TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias,
                            int64_t N, int C, int OC) override;
   void matmul_backward_gelu(TensorPtr dpre, float* dinp, float* dweight, float* dbias, ConstTensorPtr dout,

@@ -48,6 +48,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // one dtype: f32, or bf16 (the model's under bf16 compute: read as fp32, written rounded to nearest even).
 void attention_forward(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
                        const DropoutMask& drop, cudaStream_t stream);
+// Rows [t0, T) of one sequence's attention over a KV cache (Backend::attention_forward_rows); out has qkv's dtype.
+void attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH, cudaStream_t stream);
 size_t attention_backward_scratch_bytes(int B, int T, int C, int NH);
 // D(B,NH,T) = rowsum(dout * out) per head, the first step of both attention backwards (attention_tc.cu's too).
 // `round_out`: an fp32 out is rounded to bf16 first (a bf16 one is read as it is): the tensor-core backward's D

@@ -393,3 +393,49 @@ TEST_CASE("cuda_emu: the CUDA backend out of device memory says what it asked fo
         std::string::npos);
   CHECK(out.find("parallel.device_memory_reserve_gb") != std::string::npos);
 }
+
+// Sampling on the CUDA backend: decode over the KV cache (the qkv GEMMs writing into it, the KV-cache attention
+// kernel, the LM head on one row) against the CPU's decode, call by call, under fp32 compute; under bf16 compute
+// (parameters in bf16 only, as ShardedParams holds them) against the same backend's forward_logits, whose
+// attention rounds P to bf16 for the tensor cores where decode's kernel does not.
+TEST_CASE("cuda_emu: decode over a KV cache on the CUDA backend gives the CPU's logits", "[cuda_emu][backend]") {
+  GptShape shape = kShape;
+  shape.dropout = 0.0f;
+  const CounterRng rng(6, 6);
+  std::vector<int32_t> ids(shape.block_size);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(rng.u32(i) % shape.vocab_size);
+  // (t0, n): a prompt of 6, then single tokens, then 4 at once up to the block size; then a window at t0 = 0.
+  const std::vector<std::pair<int, int>> calls = {{0, 6}, {6, 1}, {7, 1}, {8, 4}, {12, 4}, {0, 16}};
+  auto decoded = [&](Backend& be, DType param) {
+    Gpt model(shape, be);
+    auto single = make_single_communicator();
+    ShardingOptions options;
+    options.param_dtype = param;
+    ShardedParams params(model.layout(), be, *single, Strategy::kSingle, nullptr, options);
+    params.init(shape, 9);
+    model.prepare_decode(shape.block_size);
+    std::vector<std::vector<float>> logits;
+    for (const auto& [t0, n] : calls) {
+      const float* l = model.decode(params, ids.data() + t0, n, t0);
+      logits.emplace_back(l, l + shape.vocab_size);
+    }
+    model.prepare(1, shape.block_size);
+    const float* l = model.forward_logits(params, ids.data(), StepContext{3, 0, 0, false});
+    logits.emplace_back(l + (shape.block_size - 1) * shape.vocab_size, l + shape.block_size * shape.vocab_size);
+    return logits;
+  };
+  auto host = cpu();
+  const auto want = decoded(*host, DType::kF32);
+  CudaEmuBackend dev(0);
+  const auto got = decoded(dev, DType::kF32);
+  for (size_t i = 0; i < want.size(); ++i) {
+    CAPTURE(i);
+    CHECK(rel_diff(got[i], want[i]) < 1e-4);
+  }
+  CudaEmuBackend lo_dev(0);
+  lo_dev.set_compute_dtype(DType::kBF16);
+  const auto lo = decoded(lo_dev, DType::kBF16);
+  INFO("bf16 decode at 16 tokens against forward_logits: " << rel_diff(lo[4], lo.back()));
+  CHECK(rel_diff(lo[4], lo.back()) < 1e-2);
+  CHECK(rel_diff(lo[4], want[4]) < 5e-2);
+}

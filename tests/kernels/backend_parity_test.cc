@@ -767,6 +767,48 @@ TEST_CASE("parity: attention of large scores, and head size 96", "[cuda]") {
   gpu->set_compute_dtype(DType::kF32);
 }
 
+// Sampling's attention over a KV cache: the rows from t0 of one sequence. Head sizes 8, 64, 96 and 128; T past one
+// and two of the kernel's 128-key chunks (the online softmax rescales between them), t0 for a prompt (every row),
+// half of it, and one token; scores of deviation 1 and 36 (qkv of deviation 6: past exp's range). bf16: qkv in bf16
+// (the model's cache under bf16 compute), the output rounded once (2^-9 < 4e-3).
+TEST_CASE("parity: attention over a KV cache", "[cuda]") {
+  Backend* gpu = cuda_or_skip("KV-cache attention");
+  if (!gpu) return;
+  struct Shape {
+    int T, C, NH;
+  };
+  for (const Shape s : {Shape{1, 8, 1}, Shape{37, 128, 2}, Shape{300, 192, 2}, Shape{130, 256, 2}}) {
+    for (const float scale : {1.0f, 6.0f}) {
+      const int64_t nq = int64_t{s.T} * 3 * s.C;
+      const auto qkv = randn(nq, 50, scale);
+      std::vector<bf16> qh(nq);
+      cpu().cast_to_bf16(qh.data(), qkv.data(), nq);
+      std::vector<float> qw(nq);
+      cpu().cast_from_bf16(qw.data(), qh.data(), nq);
+      Dev<float> g_qkv(*gpu, qkv);
+      Dev<bf16> g_qh(*gpu, qh);
+      for (const int t0 : {0, s.T / 2, s.T - 1}) {
+        CAPTURE(s.T, s.C, s.NH, scale, t0);
+        const int64_t no = int64_t{s.T - t0} * s.C;
+        std::vector<float> want(no), want_lo(no);
+        cpu().attention_forward_rows(want.data(), qkv.data(), s.T, t0, s.C, s.NH);
+        cpu().attention_forward_rows(want_lo.data(), qw.data(), s.T, t0, s.C, s.NH);
+        Dev<float> g_out(*gpu, no);
+        Dev<bf16> g_oh(*gpu, no);
+        gpu->attention_forward_rows(g_out.p(), g_qkv.p(), s.T, t0, s.C, s.NH);
+        gpu->attention_forward_rows(g_oh.p(), g_qh.p(), s.T, t0, s.C, s.NH);
+        // Scores near 100 differ by a few of their ulps (7.6e-6 at 100) with the order of the sums, and exp turns
+        // those into relative errors of the same size: 3e-5 there (the emulator measures 1.1e-5).
+        expect_close("kv attention", want, g_out.read(), scale > 1.0f ? 3e-5 : kReduction);
+        std::vector<float> got_lo(no);
+        const auto oh = g_oh.read();
+        cpu().cast_from_bf16(got_lo.data(), oh.data(), no);
+        expect_close("kv attention bf16", want_lo, got_lo, 4e-3);
+      }
+    }
+  }
+}
+
 // The PTX probe (tests/kernels/mma_probe.h): the instructions under the mma.sync attention, alone. Every value is
 // exact (small integers: every product and sum fits fp32), so each output must match its table bit for bit. When
 // the attention cases above fail on a GPU and this passes, the fault is in a kernel, not in an instruction's layout.

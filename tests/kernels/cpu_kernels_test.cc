@@ -92,6 +92,30 @@ TEST_CASE("causal attention gradients match finite differences, with and without
   }
 }
 
+// The KV-cache attention (sampling) is the causal attention's rows from t0 on, computed from those rows' queries and
+// every key up to them: a cache row it should not read (a later position's) is NaN here.
+TEST_CASE("attention over a KV cache gives the causal attention's last rows", "[kernels]") {
+  const int T = 19, C = 24, NH = 3;
+  const auto qkv = randn(static_cast<size_t>(T) * 3 * C, 31, 2.0f);
+  std::vector<float> full(static_cast<size_t>(T) * C), att(static_cast<size_t>(NH) * T * T);
+  cpu::attention_forward(full.data(), att.data(), qkv.data(), 1, T, C, NH, DropoutMask{});
+  for (const int len : {1, 7, 19}) {
+    for (const int t0 : {0, len / 2, len - 1}) {
+      CAPTURE(len, t0);
+      std::vector<float> cache(qkv.begin(), qkv.begin() + static_cast<int64_t>(len) * 3 * C);
+      cache.resize(static_cast<size_t>(T) * 3 * C, NAN);  // positions past len: not part of the sequence yet
+      std::vector<float> want(static_cast<size_t>(len) * C), a(static_cast<size_t>(NH) * len * len);
+      cpu::attention_forward(want.data(), a.data(), cache.data(), 1, len, C, NH, DropoutMask{});
+      std::vector<float> rows(static_cast<size_t>(len - t0) * C, NAN);
+      cpu::attention_forward_rows(rows.data(), cache.data(), len, t0, C, NH);
+      for (int i = 0; i < (len - t0) * C; ++i) {
+        REQUIRE(rows[i] == Approx(want[t0 * C + i]).margin(1e-6));
+        REQUIRE(rows[i] == Approx(full[t0 * C + i]).margin(1e-6));  // causal: later positions change nothing
+      }
+    }
+  }
+}
+
 TEST_CASE("gelu gradient matches finite differences", "[kernels]") {
   const int N = 64;
   auto inp = randn(N, 1, 2.0f);

@@ -397,5 +397,45 @@ TEST_CASE("Dropout masks depend on the global row, not on the micro-batch split"
   REQUIRE(l1 != l2);
 }
 
+// Sampling's KV cache: decode at every length, one token at a time or several, gives forward_logits' last row over
+// the same tokens. A later prefill at t0 = 0 (the sampler's sliding window past the block size) overwrites the cache.
+TEST_CASE("decode over a KV cache gives forward_logits' last row", "[model]") {
+  auto backend = std::move(*make_backend("cpu"));
+  backend->set_threads(1);
+  GptShape shape = tiny_shape();
+  shape.n_embd = 16;
+  shape.block_size = 12;
+  shape.vocab_size = 37;
+  const Batch seq = make_batch(1, 14, shape.vocab_size, 8);
+  const std::vector<int32_t>& ids = seq.inputs;
+  const StepContext eval{11, 0, 0, false};
+  // forward_logits' last row for ids[from, from + len).
+  auto reference = [&](int from, int len) {
+    Prepared m = prepare_model(*backend, shape, "none", Gpt::kHeadRows, 1, len);
+    const float* l = m.model->forward_logits(*m.params, ids.data() + from, eval);
+    return std::vector<float>(l + static_cast<int64_t>(len - 1) * shape.vocab_size,
+                              l + int64_t{len} * shape.vocab_size);
+  };
+  Prepared m = prepare_model(*backend, shape, "none", Gpt::kHeadRows, 1, 1);
+  m.model->prepare_decode(shape.block_size);
+  auto check = [&](const float* got, const std::vector<float>& want) {
+    double scale = 0.0, worst = 0.0;
+    for (size_t j = 0; j < want.size(); ++j) {
+      scale = std::max(scale, static_cast<double>(std::abs(want[j])));
+      const double d = std::abs(static_cast<double>(got[j]) - want[j]);
+      if (!(d <= worst)) worst = d;  // NaN too
+    }
+    CHECK(worst <= 1e-5 * scale);
+  };
+  // (t0, n): a prompt of 5, then one token at a time, then 3 at once up to the block size.
+  for (const auto& [t0, n] : std::vector<std::pair<int, int>>{{0, 5}, {5, 1}, {6, 1}, {7, 1}, {8, 1}, {9, 3}}) {
+    CAPTURE(t0, n);
+    check(m.model->decode(*m.params, ids.data() + t0, n, t0), reference(0, t0 + n));
+  }
+  // The window ids[2, 14): every position new.
+  check(m.model->decode(*m.params, ids.data() + 2, 12, 0), reference(2, 12));
+  check(m.model->decode(*m.params, ids.data() + 2, 1, 0), reference(2, 1));
+}
+
 }  // namespace
 }  // namespace gpt

@@ -111,6 +111,9 @@ class FakeDeviceBackend final : public Backend {
     cpu_->attention_backward(fake_device::real(dqkv), fake_device::real(dout), fake_device::real(qkv),
                              fake_device::real(out), fake_device::real(att), B, T, C, NH, drop);
   }
+  void attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) override {
+    cpu_->attention_forward_rows(fake_device::real(out), fake_device::real(qkv), T, t0, C, NH);
+  }
   void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override {
     cpu_->gelu_forward(fake_device::real(out), fake_device::real(inp), N);
   }
