@@ -42,13 +42,15 @@ Command add_sample_command(CLI::App& app) {
   app.add_option("--top-k", args->opts.top_k, "Sample from the k most likely tokens (0 = all)")->default_str("40");
   app.add_option("--seed", args->opts.seed, "Random seed")->default_str("1");
   app.add_option("--threads", args->opts.threads, "CPU threads (0 = all cores)")->default_str("0");
+  app.add_option("--device", args->opts.device, "cpu, or cuda (the first visible GPU)")->default_str("cpu");
   app.footer(
       "Examples:\n"
       "  gpt-train sample --run runs/shakespeare-char --prompt 'ROMEO:' --tokens 300 --temperature 0.8 --top-k 40\n"
       "  gpt-train sample --model runs/quickstart/model --seed 7\n"
       "  gpt-train sample --checkpoint runs/shakespeare-char/checkpoints/step_00001000 --prompt 'ROMEO:'\n"
       "  gpt-train sample --run runs/gpt2-124m --prompt-ids 15496,11 --ids   # GPT-2 BPE: tiktoken encodes and "
-      "decodes");
+      "decodes\n"
+      "  gpt-train sample --run runs/gpt2-1.5b --prompt-ids 15496,11 --ids --device cuda");
   return [args]() -> int {
     if (args->run_dir.empty() && args->opts.model_dir.empty() && args->checkpoint_dir.empty()) {
       return report_error(Status::invalid_argument("sample needs --run DIR, --model DIR or --checkpoint DIR"));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -19,6 +20,10 @@ namespace gpt {
 Status sample_text(const SampleOptions& o, const std::function<void(const std::string&)>& emit) {
   if (o.temperature <= 0.0f) return Status::invalid_argument("--temperature must be > 0");
   if (o.tokens < 0) return Status::invalid_argument("--tokens must be >= 0");
+  auto made = make_backend(o.device);  // first: a missing GPU is known before a large model is read
+  if (!made) return made.status().with_context("--device");
+  std::unique_ptr<Backend> backend = std::move(*made);
+  backend->set_threads(o.threads);
   GPT_ASSIGN_OR_RETURN(SavedModel saved, load_model(o.model_dir));
   const bool text_in = o.prompt_ids.empty(), text_out = !o.emit_ids;
   std::optional<data::Tokenizer> tok;
@@ -57,13 +62,16 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
     return out;
   };
 
-  auto backend = std::move(*make_backend("cpu"));
-  backend->set_threads(o.threads);
   saved.shape.dropout = 0.0f;
   Gpt model(saved.shape, *backend);
   auto single = make_single_communicator();
   ShardedParams params(model.layout(), *backend, *single, Strategy::kSingle);
-  std::copy(saved.weights.begin(), saved.weights.end(), params.master());
+  GPT_CHECK(static_cast<int64_t>(saved.weights.size()) <= params.local_numel());
+  if (backend->host_memory()) {
+    std::copy(saved.weights.begin(), saved.weights.end(), params.master());
+  } else {
+    backend->to_device(params.master(), saved.weights.data(), saved.weights.size() * sizeof(float));
+  }
 
   emit(text_in && text_out ? o.prompt : piece(ids, /*first=*/true));
   const CounterRng rng(o.seed, hash_name("sample"));

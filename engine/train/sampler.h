@@ -1,5 +1,5 @@
-// Text generation from saved weights: autoregressive sampling with temperature and top-k, the context
-// cropped to the model's block size. Randomness comes from the counter-based RNG keyed by the seed and
+// Text generation from saved weights: autoregressive sampling with temperature and top-k over the model's KV cache,
+// the context cropped to the model's block size. Randomness comes from the counter-based RNG keyed by the seed and
 // the token index, so a seed reproduces the same text.
 #pragma once
 
@@ -20,6 +20,7 @@ struct SampleOptions {
   int top_k = 40;            // 0 = the whole vocabulary
   uint64_t seed = 1;
   int threads = 0;
+  std::string device = "cpu";  // cpu, or cuda (the first visible GPU; fp32 compute, as the CPU)
   // Token ids instead of text, for a model whose data was tokenized elsewhere (no tokenizer.json; e.g. llm.c's
   // GPT-2 BPE shards, decoded with tiktoken): the prompt's ids (used instead of `prompt` when not empty), and
   // whether to emit ids (space-separated, the prompt's first) instead of decoded text.

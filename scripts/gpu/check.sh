@@ -6,7 +6,7 @@
 # machine lacks OpenMPI, oneDNN, yaml-cpp, spdlog...); without one it builds with cmake (needs those there).
 # Steps, each PASS/FAIL/SKIP with seconds, and a summary printed LAST: GPU, libraries, the PTX probe (the
 # mma.sync/ldmatrix/cvt/cp.async layouts alone), CUDA backend parity (gpt_tests [cuda]), NCCL singleton (gpt_mpi_tests [nccl]), Shakespeare 20 steps cpu vs cuda (losses within
-# 1e-4 relative), compute-sanitizer memcheck and racecheck (the attention kernels; in what is left after keeping
+# 1e-4 relative; then sample's greedy ids from that model, cpu vs cuda), compute-sanitizer memcheck and racecheck (the attention kernels; in what is left after keeping
 # the bench's 225 s, else a SKIP that says so), scripts/bench/gpu_vs_pytorch.sh
 # if present (its table, the per-op device time of a few steps, and the run.attention_kernel and run.gelu_fusion
 # variants; 70 s of its time kept for the next step), then scripts/bench/attention_vs_pytorch.sh (the attention
@@ -187,6 +187,7 @@ if wanted train; then
     if [ "$cpu_rc" = 0 ]; then record PASS "train 20 steps cpu" "$cpu_t" "$(last_loss "$cpu_dir")"
     else fail_or_skip "train 20 steps cpu"; fi
     run_step "train_cuda" 90 "${train[@]}" --set run.device=cuda --set run.out_dir="$gpu_dir"
+    cuda_rc=$RC
     if [ "$RC" = 0 ] && grep -q "allocations after the first step" "$OUTF"; then
       record FAIL "train 20 steps cuda" "$T" "device memory allocated after step 1: $(grep -o '[0-9]* tracked allocations' "$OUTF" | head -1)"
     elif [ "$RC" = 0 ]; then
@@ -234,6 +235,22 @@ if wanted train; then
           else record FAIL "cuda bf16 zero2 == bf16 single" "$T" "$note"; fi
         fi
       else fail_or_skip "cuda bf16 GEMMs, 20 steps"; fi
+    fi
+    # Sampling on the GPU (its KV cache and attention_forward_rows): the cuda run's model continues greedily alike
+    # on both devices, fp32 both (200 tokens: past the block size of 64, so the sliding window runs too).
+    if [ "$cpu_rc" = 0 ] && [ "$cuda_rc" = 0 ] && [ "$gpus" != 0 ]; then
+      greedy=("$GPT_TRAIN" sample --run "$gpu_dir" --prompt-ids 1,2,3 --ids --top-k 1 -n 200)
+      run_step "sample_cpu" 60 "${greedy[@]}" --device cpu
+      ids_cpu=$(grep -E '^[0-9 ]+$' "$OUTF" | tail -1)
+      run_step "sample_cuda" 60 "${greedy[@]}" --device cuda
+      ids_cuda=$(grep -E '^[0-9 ]+$' "$OUTF" | tail -1)
+      if [ "$RC" != 0 ]; then fail_or_skip "sample cuda == cpu (greedy)"
+      elif [ -n "$ids_cpu" ] && [ "$ids_cpu" = "$ids_cuda" ]; then
+        record PASS "sample cuda == cpu (greedy)" "$T" "$(wc -w <<< "$ids_cuda") ids alike"
+      else
+        at=$(paste -d' ' <(tr ' ' '\n' <<< "$ids_cpu") <(tr ' ' '\n' <<< "$ids_cuda") | awk '$1 != $2 {print NR; exit}')
+        record FAIL "sample cuda == cpu (greedy)" "$T" "id ${at:-?} of $(wc -w <<< "$ids_cpu") differs: cpu '$(cut -d' ' -f"${at:-1}"- <<< "$ids_cpu" | cut -c1-40)...' cuda '$(cut -d' ' -f"${at:-1}"- <<< "$ids_cuda" | cut -c1-40)...'"
+      fi
     fi
   fi
 fi

@@ -340,5 +340,37 @@ TEST_CASE("sample --checkpoint generates from a checkpoint's master weights", "[
   CHECK(contains(r.output, "excludes"));
 }
 
+// sample --device cuda: with a GPU, the greedy continuation of the CPU (fp32 both; scripts/gpu/check.sh compares the
+// two on a trained model too); without one (or without CUDA built in), an error that names --device, before the
+// model is read, and a visible skip.
+TEST_CASE("sample --device: cuda continues greedily as the CPU does, or says why it cannot", "[checkpoint][tools]") {
+  const TrainedRun& run = trained_run();
+  const std::string greedy = gpt_train() + " sample --model " + run.model + " --prompt-ids 5,6,7 --ids --top-k 1 -n 40";
+  const auto cpu = run_command(greedy + " --device cpu 2>/dev/null");
+  REQUIRE(cpu.exit_code == 0);
+  auto bad = run_command(gpt_train() + " sample --model " + run.model + " --device tpu -n 3");
+  CHECK(bad.exit_code == 2);
+  CHECK(contains(bad.output, "--device: device 'tpu': expected cpu or cuda"));
+  bad = run_command(gpt_train() + " sample --model /nonexistent --device tpu -n 3");
+  CHECK(contains(bad.output, "--device"));  // the device first, then the model
+  const auto gpu = run_command(greedy + " --device cuda 2>&1");
+  if (gpu.exit_code != 0 && contains(gpu.output, "--device: device 'cuda': ")) {
+    WARN("SKIPPED sample --device cuda: " + gpu.output);
+    return;
+  }
+  INFO(gpu.output);
+  REQUIRE(gpu.exit_code == 0);
+  const auto ids = [](const std::string& text) {  // the digits-and-spaces line among the log lines
+    std::istringstream in(text);
+    std::string line, found;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line.find_first_not_of("0123456789 ") == std::string::npos) found = line;
+    }
+    return found;
+  };
+  CHECK(ids(gpu.output) == ids(cpu.output));
+  CHECK(ids(cpu.output).size() > 80);
+}
+
 }  // namespace
 }  // namespace gpt
