@@ -10,10 +10,9 @@
 
 #include "backend/backend.h"
 #include "checkpoint/model_file.h"
-#include "comm/communicator.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
-#include "parallel/sharded_params.h"
+#include "model/inference_weights.h"
 
 namespace gpt {
 
@@ -64,14 +63,7 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
 
   saved.shape.dropout = 0.0f;
   Gpt model(saved.shape, *backend);
-  auto single = make_single_communicator();
-  ShardedParams params(model.layout(), *backend, *single, Strategy::kSingle);
-  GPT_CHECK(static_cast<int64_t>(saved.weights.size()) <= params.local_numel());
-  if (backend->host_memory()) {
-    std::copy(saved.weights.begin(), saved.weights.end(), params.master());
-  } else {
-    backend->to_device(params.master(), saved.weights.data(), saved.weights.size() * sizeof(float));
-  }
+  InferenceWeights params(model.layout(), *backend, saved.weights);  // read in place on the CPU
 
   emit(text_in && text_out ? o.prompt : piece(ids, /*first=*/true));
   const CounterRng rng(o.seed, hash_name("sample"));

@@ -14,6 +14,7 @@
 #include "comm/communicator.h"
 #include "kernels/cuda/cuda_backend.h"  // the converted one: gpt::CudaEmuBackend
 #include "model/gpt.h"
+#include "model/inference_weights.h"
 #include "model/widened_params.h"
 #include "optim/adamw.h"
 #include "parallel/sharded_params.h"
@@ -395,7 +396,8 @@ TEST_CASE("cuda_emu: the CUDA backend out of device memory says what it asked fo
 }
 
 // Sampling on the CUDA backend: decode over the KV cache (the qkv GEMMs writing into it, the KV-cache attention
-// kernel, the LM head on one row) against the CPU's decode, call by call, under fp32 compute; under bf16 compute
+// kernel, the LM head on one row) against the CPU's decode, call by call, under fp32 compute, with the weights as
+// the sampler holds them (InferenceWeights: uploaded once) and as ShardedParams does; under bf16 compute
 // (parameters in bf16 only, as ShardedParams holds them) against the same backend's forward_logits, whose
 // attention rounds P to bf16 for the tensor cores where decode's kernel does not.
 TEST_CASE("cuda_emu: decode over a KV cache on the CUDA backend gives the CPU's logits", "[cuda_emu][backend]") {
@@ -406,13 +408,16 @@ TEST_CASE("cuda_emu: decode over a KV cache on the CUDA backend gives the CPU's 
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(rng.u32(i) % shape.vocab_size);
   // (t0, n): a prompt of 6, then single tokens, then 4 at once up to the block size; then a window at t0 = 0.
   const std::vector<std::pair<int, int>> calls = {{0, 6}, {6, 1}, {7, 1}, {8, 4}, {12, 4}, {0, 16}};
-  auto decoded = [&](Backend& be, DType param) {
+  auto decoded = [&](Backend& be, DType param, bool inference_weights = false) {
     Gpt model(shape, be);
     auto single = make_single_communicator();
     ShardingOptions options;
     options.param_dtype = param;
-    ShardedParams params(model.layout(), be, *single, Strategy::kSingle, nullptr, options);
-    params.init(shape, 9);
+    ShardedParams sharded(model.layout(), be, *single, Strategy::kSingle, nullptr, options);
+    sharded.init(shape, 9);
+    const std::vector<float> weights = sharded.gather_full_weights();
+    InferenceWeights inference(model.layout(), be, weights);
+    ParamSource& params = inference_weights ? static_cast<ParamSource&>(inference) : sharded;
     model.prepare_decode(shape.block_size);
     std::vector<std::vector<float>> logits;
     for (const auto& [t0, n] : calls) {
@@ -426,11 +431,14 @@ TEST_CASE("cuda_emu: decode over a KV cache on the CUDA backend gives the CPU's 
   };
   auto host = cpu();
   const auto want = decoded(*host, DType::kF32);
-  CudaEmuBackend dev(0);
-  const auto got = decoded(dev, DType::kF32);
-  for (size_t i = 0; i < want.size(); ++i) {
-    CAPTURE(i);
-    CHECK(rel_diff(got[i], want[i]) < 1e-4);
+  for (const bool inference_weights : {true, false}) {
+    CAPTURE(inference_weights);
+    CudaEmuBackend dev(0);
+    const auto got = decoded(dev, DType::kF32, inference_weights);
+    for (size_t i = 0; i < want.size(); ++i) {
+      CAPTURE(i);
+      CHECK(rel_diff(got[i], want[i]) < 1e-4);
+    }
   }
   CudaEmuBackend lo_dev(0);
   lo_dev.set_compute_dtype(DType::kBF16);
