@@ -307,6 +307,7 @@ void Gpt::set_gemm_input_dtype(DType type) {
   gemm_input_dtype_ = type;
   delete acts_;
   acts_ = nullptr;
+  dec_.reset();  // prepare_decode lays its buffers out again too
 }
 
 DType Gpt::gemm_input_dtype() const { return gemm_input_dtype_ ? *gemm_input_dtype_ : be_.compute_dtype(); }

@@ -93,7 +93,9 @@ TEST_CASE("causal attention gradients match finite differences, with and without
 }
 
 // The KV-cache attention (sampling) is the causal attention's rows from t0 on, computed from those rows' queries and
-// every key up to them: a cache row it should not read (a later position's) is NaN here.
+// every key up to them. The cache's rows past the sequence (not written yet, as in the sampler's cache of block_size
+// rows) are NaN here, so reading past T shows; the masking inside [0, T) is what the comparison with the whole
+// sequence's attention checks.
 TEST_CASE("attention over a KV cache gives the causal attention's last rows", "[kernels]") {
   const int T = 19, C = 24, NH = 3;
   const auto qkv = randn(static_cast<size_t>(T) * 3 * C, 31, 2.0f);
