@@ -72,11 +72,12 @@ struct ParallelSection {
 };
 
 struct CheckpointSection {
-  int64_t every = 0;   // steps between checkpoints (and one after the last step); 0 = none
-  int keep_last = 3;   // step directories kept; 0 = all
-  std::string dir;     // "" = <out_dir>/checkpoints
-  std::string resume;  // "" | auto | a step directory
-  bool async = false;  // write in a background thread after copying the slices to host memory
+  int64_t every = 0;      // steps between checkpoints (and one after the last step); 0 = none
+  int keep_last = 3;      // step directories kept; 0 = all
+  std::string dir;        // "" = <out_dir>/checkpoints
+  std::string resume;     // "" | auto | a step directory
+  std::string init_from;  // "" | a model directory, step directory or checkpoint root: the weights to start from
+  bool async = false;     // write in a background thread after copying the slices to host memory
 };
 
 struct CommSection {

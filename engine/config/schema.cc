@@ -72,7 +72,7 @@ constexpr std::array<std::string_view, 8> kSectionMeanings = {
     "token shards and how they are read",
     "steps, batch sizes, AdamW, learning-rate schedule, eval and memory",
     "how ranks under mpirun/srun share the work",
-    "sharded checkpoints: cadence, retention, where, and resuming",
+    "sharded checkpoints: cadence, retention, where, resuming, and the weights a fine-tuning run starts from",
     "the collective watchdog",
     "log level and metrics"};
 
@@ -204,6 +204,11 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(checkpoint, resume), anything(),
        "empty: start fresh; auto: continue from <checkpoint.dir>/latest when there is one; or a step directory "
        "(any world size and strategy). The command line's --resume sets it"},
+      {GPT_KEY(checkpoint, init_from), anything(),
+       "fine-tuning: start from these weights instead of a random init (a model directory such as <out_dir>/model, "
+       "a checkpoint step directory, or a checkpoint root: its latest; any world size and strategy), at step 0 "
+       "with a fresh optimizer and data order, as torchtitan's initial_load_path; the model shape must match. A "
+       "checkpoint that checkpoint.resume finds wins over it, so a requeued fine-tuning run continues"},
 
       {GPT_KEY(comm, timeout_s), at_least(0),
        "seconds one collective may run before every rank logs its last 20 collectives and the job ends, naming "

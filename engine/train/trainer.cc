@@ -195,6 +195,12 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
                  budget->describe());
   }
   GPT_ASSIGN_OR_RETURN(std::optional<CheckpointReader> resume, open_resume(cfg, shape, world));
+  std::optional<CheckpointReader> init_from;
+  if (!resume) {
+    GPT_ASSIGN_OR_RETURN(init_from, open_init_from(cfg, shape, world));
+  } else if (!cfg.checkpoint.init_from.empty()) {
+    spdlog::info("checkpoint.init_from {} not read: the run resumes from {}", cfg.checkpoint.init_from, resume->dir());
+  }
   if (resume && resume->manifest().sampling == "sequential" && resume->manifest().global_batch != cfg.global_batch()) {
     return Status::invalid_argument(cfg.where("training.global_batch_sequences") + ": the checkpoint " + resume->dir() +
                                     " was saved with a global batch of " +
@@ -213,6 +219,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   GPT_RETURN_IF_ERROR(trainer->init_state());
   // Loaded (and every slice read verified) before run() writes anything.
   if (trainer->resume_) GPT_RETURN_IF_ERROR(trainer->restore());
+  if (init_from) GPT_RETURN_IF_ERROR(trainer->load_initial_weights(*init_from));
   return trainer;
 }
 

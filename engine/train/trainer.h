@@ -106,9 +106,16 @@ class Trainer {
   // trainer_checkpoint.cc: the checkpoint named by checkpoint.resume, checked against the run (or none).
   static Expected<std::optional<CheckpointReader>> open_resume(const RunConfig& config, const GptShape& shape,
                                                                Communicator& world);
+  // The weights checkpoint.init_from names, checked against the run's shape (or none).
+  static Expected<std::optional<CheckpointReader>> open_init_from(const RunConfig& config, const GptShape& shape,
+                                                                  Communicator& world);
+  // The first `sections` of master, adam_m, adam_v: the slices this rank holds under its own strategy.
+  [[nodiscard]] Status read_local_slices(const CheckpointReader& reader, int sections);
   // Loads the resume checkpoint's slices this rank holds under its own strategy, the optimizer step, the data
   // position; sets start_step_.
   [[nodiscard]] Status restore();
+  // checkpoint.init_from: the master weights only, at step 0.
+  [[nodiscard]] Status load_initial_weights(const CheckpointReader& reader);
   // Collective: a checkpoint of the state after `steps_done` steps into <checkpoint root>/step_N, or
   // (model_only) the weights into <out_dir>/model; every rank writes its own slices.
   // checkpoint.async: the slices are copied to host memory (the only time the loop is blocked) and written

@@ -38,6 +38,46 @@ static std::string broadcast_string(Communicator& world, std::string text) {
   return text;
 }
 
+// The run's model shape against the one `reader`'s manifest records, key by key: "<key> is A but <what> <manifest>
+// has B; <rule>".
+static Status check_same_shape(const RunConfig& cfg, const GptShape& shape, const CheckpointReader& reader,
+                               const std::string& what, const std::string& rule) {
+  const GptShape& saved = reader.manifest().shape;
+  const std::pair<const char*, std::pair<int, int>> dims[] = {
+      {"model.n_layer", {shape.n_layer, saved.n_layer}},
+      {"model.n_head", {shape.n_head, saved.n_head}},
+      {"model.n_embd", {shape.n_embd, saved.n_embd}},
+      {"model.block_size", {shape.block_size, saved.block_size}},
+      {"model.vocab_size", {shape.vocab_size, saved.vocab_size}}};
+  for (const auto& [key, v] : dims) {
+    if (v.first != v.second) {
+      return Status::invalid_argument(cfg.where(key) + ": " + key + " is " + std::to_string(v.first) + " but " + what +
+                                      " " + reader.manifest_path() + " has " + std::to_string(v.second) + "; " + rule);
+    }
+  }
+  return Status::ok();
+}
+
+Expected<std::optional<CheckpointReader>> Trainer::open_init_from(const RunConfig& cfg, const GptShape& shape,
+                                                                  Communicator& world) {
+  const std::string& from = cfg.checkpoint.init_from;
+  if (from.empty()) return std::optional<CheckpointReader>();
+  // Rank 0 resolves a checkpoint root to its latest step, so every rank reads the same weights.
+  std::string dir;
+  if (world.rank() == 0) {
+    std::error_code ec;
+    dir = std::filesystem::exists(std::filesystem::path(from) / "manifest.json", ec) ? from : latest_checkpoint(from);
+    if (dir.empty()) dir = from;  // opening it says what is missing
+  }
+  dir = broadcast_string(world, dir);
+  const std::string where = cfg.where("checkpoint.init_from") + ": checkpoint.init_from";
+  auto reader = CheckpointReader::open(dir);
+  if (!reader) return reader.status().with_context(where);
+  GPT_RETURN_IF_ERROR(check_same_shape(cfg, shape, *reader, "checkpoint.init_from's",
+                                       "the initial weights load only into the same model shape"));
+  return std::optional<CheckpointReader>(std::move(*reader));
+}
+
 Expected<std::optional<CheckpointReader>> Trainer::open_resume(const RunConfig& cfg, const GptShape& shape,
                                                                Communicator& world) {
   const std::string& resume = cfg.checkpoint.resume;
@@ -59,19 +99,8 @@ Expected<std::optional<CheckpointReader>> Trainer::open_resume(const RunConfig& 
     return Status::invalid_argument(where + ": " + dir + " holds model weights only (kind \"" + m.kind +
                                     "\"), not a resumable checkpoint; resume from <checkpoint.dir>/step_*");
   }
-  const std::pair<const char*, std::pair<int, int>> dims[] = {
-      {"model.n_layer", {shape.n_layer, m.shape.n_layer}},
-      {"model.n_head", {shape.n_head, m.shape.n_head}},
-      {"model.n_embd", {shape.n_embd, m.shape.n_embd}},
-      {"model.block_size", {shape.block_size, m.shape.block_size}},
-      {"model.vocab_size", {shape.vocab_size, m.shape.vocab_size}}};
-  for (const auto& [key, v] : dims) {
-    if (v.first != v.second) {
-      return Status::invalid_argument(cfg.where(key) + ": " + key + " is " + std::to_string(v.first) +
-                                      " but the checkpoint " + reader->manifest_path() + " has " +
-                                      std::to_string(v.second) + "; a checkpoint resumes only the same model shape");
-    }
-  }
+  GPT_RETURN_IF_ERROR(
+      check_same_shape(cfg, shape, *reader, "the checkpoint", "a checkpoint resumes only the same model shape"));
   if (m.seed != cfg.run.seed) {
     return Status::invalid_argument(cfg.where("run.seed") + ": run.seed is " + std::to_string(cfg.run.seed) +
                                     " but the checkpoint " + reader->manifest_path() + " was trained with " +
@@ -81,27 +110,46 @@ Expected<std::optional<CheckpointReader>> Trainer::open_resume(const RunConfig& 
   return std::optional<CheckpointReader>(std::move(*reader));
 }
 
-Status Trainer::restore() {
-  const auto t0 = std::chrono::steady_clock::now();
-  const CheckpointReader& r = *resume_;
-  const Manifest& m = r.manifest();
+Status Trainer::read_local_slices(const CheckpointReader& r, int sections) {
   float* const dst[] = {params_->master(), optimizer_->m(), optimizer_->v()};
-  const char* const sections[] = {"master", "adam_m", "adam_v"};
+  const char* const names[] = {"master", "adam_m", "adam_v"};
+  GPT_CHECK(sections >= 1 && sections <= 3);
   std::vector<float> staging;  // device backends: read into host memory, then copy over
   for (const MasterRegion& region : params_->regions()) {
     if (region.length == 0) continue;
-    for (int s = 0; s < 3; ++s) {
+    for (int s = 0; s < sections; ++s) {
       float* to = dst[s] + region.local_offset;
       if (!backend_->host_memory()) {
         staging.resize(region.length);
         to = staging.data();
       }
-      GPT_RETURN_IF_ERROR(r.read(sections[s], region.unit, region.begin, region.length, to));
+      GPT_RETURN_IF_ERROR(r.read(names[s], region.unit, region.begin, region.length, to));
       if (!backend_->host_memory()) {
         backend_->to_device(dst[s] + region.local_offset, to, region.length * sizeof(float));
       }
     }
   }
+  return Status::ok();
+}
+
+Status Trainer::load_initial_weights(const CheckpointReader& r) {
+  const auto t0 = std::chrono::steady_clock::now();
+  GPT_RETURN_IF_ERROR(
+      read_local_slices(r, 1).with_context(config_.where("checkpoint.init_from") + ": checkpoint.init_from"));
+  params_->publish(0);
+  spdlog::info(
+      "initial weights from {} (a {} of step {}); training starts at step 0 with a fresh optimizer; this "
+      "rank read {:.2f} MiB of shards in {:.3f} s",
+      r.dir(), r.manifest().kind, r.manifest().step, static_cast<double>(r.bytes_read()) / (1 << 20),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return Status::ok();
+}
+
+Status Trainer::restore() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const CheckpointReader& r = *resume_;
+  const Manifest& m = r.manifest();
+  GPT_RETURN_IF_ERROR(read_local_slices(r, 3));
   optimizer_->set_steps_taken(m.adam_steps);
   GPT_RETURN_IF_ERROR(train_.restore({m.loader_batch_index, m.global_batch}));
   params_->publish(m.adam_steps);  // the bf16 parameters as the uninterrupted run rounded them at this step

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# checkpoint.init_from (fine-tuning): a run starts from another run's weights, at step 0, at any world size and
+# strategy. With a learning rate of 1e-30 no weight moves in one step (each update is far below half an ulp), so
+# the weights the run saves at its end must be the loaded ones bit for bit: from a model directory on one process,
+# and from a checkpoint root (its latest step) under zero3 on two. A different model shape is an error naming the
+# key and the file; a checkpoint that --resume auto finds wins over init_from.
+set -uo pipefail
+gpt_train="$1"
+source "$(dirname "$0")/lib.sh"
+prepare_data 300 "to be or not to be that is the question" 11
+cat > "$work/run.yaml" <<YAML
+run: {threads: 1, seed: 7}
+model: {n_layer: 2, n_head: 2, n_embd: 16, block_size: 16}
+data: {train: $work/data/train.bin, val: $work/data/val.bin}
+training: {steps: 6, micro_batch_size: 2, global_batch_sequences: 4, eval_interval: 0, eval_batches: 1,
+           lr: 1.0e-2, warmup_steps: 0}
+checkpoint: {every: 3}
+YAML
+# Training that moves nothing: one step at lr 1e-30, no weight decay.
+still=(--set training.steps=1 --set training.lr=1e-30 --set training.min_lr=0 --set training.weight_decay=0
+       --set checkpoint.every=0)
+"$gpt_train" train -c "$work/run.yaml" --set run.out_dir="$work/a" > "$work/a.log" 2>&1
+code=$?
+check "the source run trains: exit 0 (got $code)" test "$code" -eq 0
+
+# Whether two model directories hold the same weights, bit for bit: their consolidated safetensors files past the
+# header (which names the step), at least one parameter long.
+same_weights() {
+  local n
+  n=$("$gpt_train" checkpoint inspect "$1" | sed -nE 's/^ *parameters: *([0-9]+).*/\1/p')
+  "$gpt_train" checkpoint consolidate "$1" --out "$work/x.safetensors" > /dev/null 2>&1 &&
+    "$gpt_train" checkpoint consolidate "$2" --out "$work/y.safetensors" > /dev/null 2>&1 &&
+    [ "${n:-0}" -gt 0 ] && cmp -s <(tail -c $((4 * n)) "$work/x.safetensors") <(tail -c $((4 * n)) "$work/y.safetensors")
+}
+"$gpt_train" train -c "$work/run.yaml" --set run.out_dir="$work/b" --set checkpoint.init_from="$work/a/model" \
+  "${still[@]}" > "$work/b.log" 2>&1
+code=$?
+check "init_from a model directory: exit 0 (got $code)" test "$code" -eq 0
+check "it says where the weights came from" grep -q "initial weights from $work/a/model (a model of step 6)" "$work/b.log"
+check "the weights it saved are the loaded ones, bit for bit" same_weights "$work/a/model" "$work/b/model"
+
+timeout 120 mpirun -np 2 --oversubscribe "$gpt_train" train -c "$work/run.yaml" --set run.out_dir="$work/c" \
+  --set parallel.strategy=zero3 --set checkpoint.init_from="$work/a/checkpoints" "${still[@]}" > "$work/c.log" 2>&1
+code=$?
+check "init_from a checkpoint root under zero3 on 2 ranks: exit 0 (got $code)" test "$code" -eq 0
+check "it read the root's latest step" grep -q "initial weights from $work/a/checkpoints/step_00000006 (a checkpoint of step 6)" "$work/c.log"
+check "the same weights, bit for bit" same_weights "$work/a/model" "$work/c/model"
+not() { ! "$@"; }
+check "(which the source run's step 3 are not)" not same_weights "$work/a/model" "$work/a/checkpoints/step_00000003"
+
+"$gpt_train" train -c "$work/run.yaml" --set run.out_dir="$work/d" --set checkpoint.init_from="$work/a/model" \
+  --set model.n_embd=32 "${still[@]}" > "$work/d.log" 2>&1
+code=$?
+check "another model shape: exit 2 (got $code)" test "$code" -eq 2
+check "naming the key and the file" grep -q "model.n_embd is 32 but checkpoint.init_from's $work/a/model/manifest.json has 16; the initial weights load only into the same model shape" "$work/d.log"
+"$gpt_train" train -c "$work/run.yaml" --set run.out_dir="$work/e" --set checkpoint.init_from="$work/nowhere" \
+  "${still[@]}" > "$work/e.log" 2>&1
+code=$?
+check "a missing directory: exit 2 (got $code)" test "$code" -eq 2
+check "naming checkpoint.init_from" grep -q "checkpoint.init_from: .*$work/nowhere" "$work/e.log"
+
+# A fine-tuning run that checkpoints and is requeued: --resume auto finds its own checkpoint and init_from is not read.
+ft=(-c "$work/run.yaml" --set run.out_dir="$work/f" --set checkpoint.init_from="$work/a/model" --set checkpoint.every=1)
+"$gpt_train" train "${ft[@]}" --set training.steps=2 > "$work/f1.log" 2>&1
+"$gpt_train" train "${ft[@]}" --set training.steps=3 --resume auto > "$work/f2.log" 2>&1
+code=$?
+check "requeued: exit 0 (got $code)" test "$code" -eq 0
+check "it resumes its own checkpoint, not init_from" grep -q "checkpoint.init_from $work/a/model not read: the run resumes from $work/f/checkpoints/step_00000002" "$work/f2.log"
+[ "$fail" -eq 0 ] || tail -n 5 "$work"/*.log
+[ "$fail" -eq 0 ] && echo "PASS: checkpoint.init_from starts a run from another's weights at any world size"
+exit $fail
