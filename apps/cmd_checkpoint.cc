@@ -10,7 +10,9 @@
 #include "apps/commands.h"
 #include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/checkpoint_writer.h"
+#include "checkpoint/hf_import.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/model_file.h"
 #include "checkpoint/safetensors.h"
 #include "core/atomic_file.h"
 
@@ -174,6 +176,26 @@ int consolidate(const std::string& arg, const std::string& out) {
   return 0;
 }
 
+int import_hf(const std::string& src, const std::string& out) {
+  std::error_code ec;
+  if (fs::exists(out, ec)) {
+    return report_error(Status::invalid_argument("--out: '" + out +
+                                                 "' already exists (import writes a new model "
+                                                 "directory and replaces nothing)"));
+  }
+  Expected<HfGpt2> hf = read_hf_gpt2(src);
+  if (!hf) return report_error(hf.status());
+  const Status st = save_model(out, hf->shape, hf->weights.data(), 0, "");
+  if (!st.is_ok()) return report_error(st);
+  const GptShape& s = hf->shape;
+  std::cout << "wrote " << out << ": a model directory of " << s.num_params() << " parameters (n_layer " << s.n_layer
+            << ", n_head " << s.n_head << ", n_embd " << s.n_embd << ", block_size " << s.block_size << ", vocab_size "
+            << s.vocab_size << ") from " << src
+            << "; fine-tune it with checkpoint.init_from (model.* as above), sample it with --prompt-ids/--ids"
+            << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 std::string resolve_checkpoint_dir(const std::string& dir) {
@@ -199,19 +221,30 @@ Command add_checkpoint_command(CLI::App& app) {
                    "The .safetensors file to write (atomically), or a directory (existing, or ending in '/') to "
                    "write model.safetensors and Hugging Face's config.json into")
       ->required();
+  CLI::App* import_cmd = app.add_subcommand(
+      "import", "Read Hugging Face GPT-2 weights (config.json + model.safetensors) into a new model directory");
+  import_cmd
+      ->add_option("src", args->dir,
+                   "A directory with config.json and model.safetensors (as save_pretrained writes them, e.g. "
+                   "OpenAI's GPT-2), or a .safetensors file with config.json beside it")
+      ->required();
+  import_cmd->add_option("--out,-o", args->out, "The model directory to write (must not exist)")->required();
   app.footer(
       "Examples:\n"
       "  gpt-train checkpoint inspect runs/shakespeare-char/checkpoints/step_00001000\n"
       "  gpt-train checkpoint verify runs/shakespeare-char/checkpoints        # the step `latest` names\n"
       "  gpt-train checkpoint consolidate runs/shakespeare-char/model --out model.safetensors\n"
       "  gpt-train checkpoint consolidate runs/gpt2-124m/model --out hf/   # + config.json: from_pretrained(\"hf\")\n"
+      "  gpt-train checkpoint import gpt2-hf/ --out models/gpt2   # then train with checkpoint.init_from=models/gpt2\n"
       "consolidate maps wte/wpe, h.<i>.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj} and ln_f to the\n"
       "names of Hugging Face's GPT2Model; c_attn, c_proj and c_fc weights are stored (in, out) as HF's Conv1D.");
-  return [args, inspect_cmd, verify_cmd, consolidate_cmd]() -> int {
+  return [args, inspect_cmd, verify_cmd, consolidate_cmd, import_cmd]() -> int {
     if (inspect_cmd->parsed()) return inspect(args->dir);
     if (verify_cmd->parsed()) return verify(args->dir);
     if (consolidate_cmd->parsed()) return consolidate(args->dir, args->out);
-    return report_error(Status::invalid_argument("checkpoint needs a subcommand: inspect, verify or consolidate"));
+    if (import_cmd->parsed()) return import_hf(args->dir, args->out);
+    return report_error(
+        Status::invalid_argument("checkpoint needs a subcommand: inspect, verify, consolidate or import"));
   };
 }
 

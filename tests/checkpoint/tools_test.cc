@@ -4,6 +4,8 @@
 // json + numpy reader that compares every value with the shard files (skipped, visibly, without numpy).
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <bit>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -13,7 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/hf_import.h"
 #include "checkpoint/model_file.h"
+#include "checkpoint/safetensors.h"
+#include "core/dtype.h"
 #include "model/layout.h"
 #include "testing/run_command.h"
 #include "testing/temp_dir.h"
@@ -339,6 +344,143 @@ TEST_CASE("sample --checkpoint generates from a checkpoint's master weights", "[
   r = run_command(gpt_train() + " sample --checkpoint " + run.step10 + " --model " + run.model + " --tokens 5");
   CHECK(r.exit_code != 0);
   CHECK(contains(r.output, "excludes"));
+}
+
+// One safetensors file of (name, dtype, shape, bytes) tensors, written as Hugging Face's library does.
+struct StTensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors) {
+  std::string header = "{\"__metadata__\":{\"format\":\"pt\"}";
+  size_t at = 0;
+  for (const StTensor& t : tensors) {
+    header += ",\"" + t.name + "\":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      if (d > 0) header += ',';
+      header += std::to_string(t.shape[d]);
+    }
+    header += "],\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(at + t.bytes.size()) + "]}";
+    at += t.bytes.size();
+  }
+  header += "}";
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t n = header.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << header;
+  for (const StTensor& t : tensors) out << t.bytes;
+}
+
+// checkpoint import: the inverse of consolidate --out DIR/, bit for bit; and a file as transformers saves GPT-2
+// (GPT2LMHeadModel's "transformer." names, bf16 and f16 tensors, the attention's mask buffers, a tied lm_head.weight)
+// gives the values those dtypes hold. Bad sources are errors that name the file and the tensor or key.
+TEST_CASE("checkpoint import reads Hugging Face GPT-2 weights into a model directory", "[checkpoint][tools]") {
+  const TrainedRun& run = trained_run();
+  auto saved = load_model(run.model);
+  REQUIRE(saved);
+  TempDir tmp;
+  REQUIRE(tool("consolidate " + run.model + " --out " + tmp.file("hf") + "/").exit_code == 0);
+  auto r = tool("import " + tmp.file("hf") + " --out " + tmp.file("m"));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto back = load_model(tmp.file("m"));
+  REQUIRE(back);
+  CHECK(back->shape.n_embd == saved->shape.n_embd);
+  CHECK(back->shape.vocab_size == saved->shape.vocab_size);
+  CHECK(back->weights == saved->weights);
+  r = tool("import " + tmp.file("hf") + " --out " + tmp.file("m"));
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "already exists"));
+
+  // As transformers writes it: every weight in bf16 (ln_f.weight in f16), transposed Conv1D weights.
+  const ModelLayout layout = ModelLayout::build(saved->shape);
+  std::vector<int64_t> unit_offset;
+  for (int64_t at = 0; const UnitLayout& u : layout.units) {
+    unit_offset.push_back(at);
+    at += u.numel;
+  }
+  std::vector<float> want(saved->weights.size());
+  std::vector<StTensor> tensors;
+  for (const HfTensor& t : hf_gpt2_tensors(layout)) {
+    const ParamSpec& p = layout.units[t.unit].params[t.param];
+    const int64_t base = unit_offset[t.unit] + p.offset;
+    const bool f16 = t.name == "ln_f.weight";
+    StTensor st{"transformer." + t.name, f16 ? "F16" : "BF16", t.shape, std::string(2 * p.numel, '\0')};
+    for (int64_t i = 0; i < p.numel; ++i) {
+      // Element i of the file's tensor, and where it lands in ours (Conv1D: the file's (in, out) is our (out, in)).
+      const int64_t rows = t.shape[0], cols = t.shape.size() > 1 ? t.shape[1] : 1;
+      const int64_t ours = t.transpose ? (i % cols) * rows + i / cols : i;
+      const float x = saved->weights[base + ours];
+      uint16_t bits = f32_to_bf16(x).bits;
+      want[base + ours] = bf16_to_f32(bf16{bits});
+      if (f16) {  // LayerNorm weights near 1: normal halves, the mantissa cut to 10 bits
+        const uint32_t u = std::bit_cast<uint32_t>(x);
+        bits =
+            static_cast<uint16_t>(((u >> 16) & 0x8000u) | ((((u >> 23) & 0xffu) - 112) << 10) | ((u >> 13) & 0x3ffu));
+        want[base + ours] = std::bit_cast<float>(u & 0xffffe000u);
+      }
+      std::memcpy(st.bytes.data() + 2 * i, &bits, 2);
+    }
+    tensors.push_back(std::move(st));
+    if (t.name == "wte.weight") {
+      tensors.push_back(tensors.back());
+      tensors.back().name = "lm_head.weight";
+    }
+    if (t.name.find("attn.c_attn.bias") != std::string::npos) {  // the causal mask buffer beside it
+      const int64_t T = saved->shape.block_size;
+      tensors.push_back({"transformer." + t.name.substr(0, t.name.find("c_attn")) + "bias",
+                         "F32",
+                         {1, 1, T, T},
+                         std::string(4 * T * T, '\0')});
+    }
+  }
+  const std::string dir = tmp.file("gpt2");
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(tmp.file("hf") + "/config.json", dir + "/config.json");
+  write_safetensors(dir + "/model.safetensors", tensors);
+  r = tool("import " + dir + "/model.safetensors --out " + tmp.file("m2"));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  back = load_model(tmp.file("m2"));
+  REQUIRE(back);
+  CHECK(back->weights == want);
+
+  // Errors: each names the file and what is wrong.
+  auto fails = [&](const std::vector<StTensor>& ts, const std::string& config_text, const std::string& message) {
+    CAPTURE(message);
+    TempDir bad;
+    bad.write("config.json", config_text);
+    write_safetensors(bad.file("model.safetensors"), ts);
+    const auto res = tool("import " + bad.file("") + " --out " + bad.file("out"));
+    INFO(res.output);
+    CHECK(res.exit_code == 2);
+    CHECK(contains(res.output, message));
+    CHECK_FALSE(std::filesystem::exists(bad.file("out")));
+  };
+  std::ifstream cf(dir + "/config.json");
+  const std::string config((std::istreambuf_iterator<char>(cf)), {});
+  std::string relu = config;
+  relu.replace(relu.find("gelu_new"), 8, "relu");
+  fails(tensors, relu, "activation_function \"relu\": gpt-train's GELU is the tanh approximation");
+  std::vector<StTensor> missing = tensors;
+  missing.erase(std::find_if(missing.begin(), missing.end(),
+                             [](const StTensor& t) { return t.name == "transformer.h.1.mlp.c_fc.weight"; }));
+  fails(missing, config, "model.safetensors: no tensor h.1.mlp.c_fc.weight");
+  std::vector<StTensor> extra = tensors;
+  extra.push_back({"transformer.h.0.attn.rotary", "F32", {1}, std::string(4, '\0')});
+  fails(extra, config, "unexpected tensor h.0.attn.rotary");
+  std::vector<StTensor> untied = tensors;
+  for (StTensor& t : untied) {
+    if (t.name == "lm_head.weight") t.bytes[0] ^= 1;
+  }
+  fails(untied, config, "lm_head.weight differs from wte.weight");
+  std::vector<StTensor> misshapen = tensors;
+  misshapen[0].shape = {misshapen[0].shape[1], misshapen[0].shape[0]};
+  fails(misshapen, config, "tensor wte.weight is (");
+  r = tool("import " + tmp.file("nowhere") + " --out " + tmp.file("m3"));
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "config.json: missing"));
 }
 
 // sample --device cuda: with a GPU, the greedy continuation of the CPU (fp32 both; scripts/gpu/check.sh compares the
