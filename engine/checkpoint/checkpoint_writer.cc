@@ -95,14 +95,18 @@ std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& root, bool c
 }
 
 // Rank 0, phase 1.
-Status prepare_tmp(const fs::path& root, const fs::path& tmp) {
+Status prepare_tmp(const fs::path& root, const fs::path& tmp, bool manage_root) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return Status::io_error(root.string() + ": cannot create checkpoint directory: " + ec.message());
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    if (entry.path().filename().string().rfind(".tmp-", 0) == 0) GPT_RETURN_IF_ERROR(remove_tree(entry.path()));
+  if (manage_root) {
+    for (const auto& entry : fs::directory_iterator(root, ec)) {
+      if (entry.path().filename().string().rfind(".tmp-", 0) == 0) GPT_RETURN_IF_ERROR(remove_tree(entry.path()));
+    }
+    if (ec) return Status::io_error(root.string() + ": cannot list: " + ec.message());
+  } else if (fs::exists(tmp, ec)) {
+    GPT_RETURN_IF_ERROR(remove_tree(tmp));  // this save's own, left by one that was killed
   }
-  if (ec) return Status::io_error(root.string() + ": cannot list: " + ec.message());
   fs::create_directory(tmp, ec);
   if (ec) return Status::io_error(tmp.string() + ": cannot create: " + ec.message());
   return Status::ok();
@@ -151,7 +155,7 @@ Status finish(const fs::path& root, const fs::path& tmp, const std::string& name
     GPT_RETURN_IF_ERROR(write_file_atomically((root / "latest").string(), {std::span<const char>(name)}));
   }
   const auto step = step_of(name);
-  if (!step) return Status::ok();  // a model directory
+  if (!step || !req.manage_root) return Status::ok();  // a model directory, or a directory of the user's
   // Steps after this one belong to a run that was abandoned and resumed from an earlier checkpoint: stale.
   std::vector<std::pair<int64_t, fs::path>> older;
   for (const auto& [s, dir] : step_dirs(root, /*complete=*/false)) {
@@ -197,7 +201,7 @@ Status save_checkpoint(Communicator& world, const std::string& root_dir, const s
   const std::string what = "saving checkpoint " + (root / name).string();
   const std::optional<TestFault> fault = test_fault();
   maybe_limit_file_size(fault);
-  GPT_RETURN_IF_ERROR(agree(world, rank == 0 ? prepare_tmp(root, tmp) : Status::ok(), what));
+  GPT_RETURN_IF_ERROR(agree(world, rank == 0 ? prepare_tmp(root, tmp, req.manage_root) : Status::ok(), what));
 
   char file[32];
   std::snprintf(file, sizeof(file), "shard_%05d.bin", rank);

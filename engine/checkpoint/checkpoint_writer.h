@@ -36,6 +36,10 @@ struct SaveRequest {
   std::string config_yaml;             // written by rank 0 when non-empty
   bool update_latest = true;           // write <root>/latest
   int keep_last = 0;                   // step directories kept under <root> (0: all)
+  // <root> is gpt-train's own checkpoint directory: stale ".tmp-*" entries in it are removed first, and step
+  // directories after this one (or beyond keep_last) retired after. false: a directory of the user's (save_model's
+  // parent, e.g. `checkpoint import --out`), where only this save's own temporary directory is touched.
+  bool manage_root = true;
 };
 
 // "step_00001000".

@@ -38,13 +38,18 @@ float half_to_f32(uint16_t h) {
   return std::bit_cast<float>(bits);
 }
 
+Expected<GptShape> parse_config(const std::string& path, const YAML::Node& j);
+
+// config.json's GPT-2 shape; a value of the wrong type is an error naming the file (yaml-cpp throws it).
 Expected<GptShape> read_config(const std::string& path) {
-  YAML::Node j;
   try {
-    j = YAML::LoadFile(path);
+    return parse_config(path, YAML::LoadFile(path));
   } catch (const YAML::Exception& e) {
-    return Status::invalid_argument(path + ": not readable JSON: " + e.what());
+    return Status::invalid_argument(path + ": not GPT-2's config.json (" + e.what() + ")");
   }
+}
+
+Expected<GptShape> parse_config(const std::string& path, const YAML::Node& j) {
   if (!j.IsMap()) return Status::invalid_argument(path + ": expected a JSON object");
   auto str = [&](const char* key, const char* fallback) {
     return j[key] && !j[key].IsNull() ? j[key].as<std::string>() : std::string(fallback);
@@ -91,6 +96,11 @@ Expected<GptShape> read_config(const std::string& path) {
   GPT_ASSIGN_OR_RETURN(const int n_ctx, integer("n_ctx", 0));
   GPT_ASSIGN_OR_RETURN(s.block_size, integer("n_positions", n_ctx > 0 ? std::optional<int>(n_ctx) : std::nullopt));
   GPT_ASSIGN_OR_RETURN(s.vocab_size, integer("vocab_size"));
+  GPT_ASSIGN_OR_RETURN(const int n_inner, integer("n_inner", 0));
+  if (n_inner != 0 && n_inner != 4 * s.n_embd) {
+    return Status::invalid_argument(path + ": n_inner " + std::to_string(n_inner) +
+                                    ": gpt-train's MLP is 4 * n_embd = " + std::to_string(4 * s.n_embd) + " wide");
+  }
   if (s.n_layer < 1 || s.n_head < 1 || s.n_embd < 1 || s.n_embd % s.n_head != 0 || s.block_size < 1 ||
       s.vocab_size < 1 || s.vocab_size > 65536) {
     return Status::invalid_argument(path + ": impossible shape (n_layer " + std::to_string(s.n_layer) + ", n_head " +
@@ -127,7 +137,7 @@ Expected<std::map<std::string, Entry>> read_header(std::ifstream& in, const std:
       e.dtype = kv.second["dtype"].as<std::string>();
       e.shape = kv.second["shape"].as<std::vector<int64_t>>();
       const auto off = kv.second["data_offsets"].as<std::vector<int64_t>>();
-      if (off.size() != 2 || off[0] < 0 || off[1] < off[0] || *data_start + off[1] > file_size) {
+      if (off.size() != 2 || off[0] < 0 || off[1] < off[0] || off[1] > file_size - *data_start) {
         return Status::corruption(path + ": tensor " + name + ": data_offsets outside the file (truncated?)");
       }
       e.begin = off[0];
@@ -229,11 +239,15 @@ Expected<HfGpt2> read_hf_gpt2(const std::string& path) {
     entries.erase(it);
   }
   if (const auto head = entries.find("lm_head.weight"); head != entries.end()) {
-    const std::vector<float> wte(out.weights.begin(),
-                                 out.weights.begin() + int64_t{out.shape.vocab_size} * out.shape.n_embd);
+    const std::vector<int64_t> wte_shape = {out.shape.vocab_size, out.shape.n_embd};
+    if (head->second.shape != wte_shape) {
+      return Status::invalid_argument(file + ": tensor lm_head.weight is " + shape_text(head->second.shape) +
+                                      ", wte.weight " + shape_text(wte_shape) + ": gpt-train's LM head is tied");
+    }
     GPT_ASSIGN_OR_RETURN(const std::vector<float> v, read_values(in, file, "lm_head.weight", head->second, data_start));
-    if (v != wte)
+    if (std::memcmp(v.data(), out.weights.data(), v.size() * sizeof(float)) != 0) {  // bits: a NaN equals itself
       return Status::invalid_argument(file + ": lm_head.weight differs from wte.weight: gpt-train's LM head is tied");
+    }
     entries.erase(head);
   }
   for (const auto& [name, e] : entries) {

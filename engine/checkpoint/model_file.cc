@@ -24,6 +24,7 @@ Status save_model(const std::string& dir, const GptShape& shape, const float* we
   }
   req.tokenizer_json = tokenizer_json;
   req.update_latest = false;
+  req.manage_root = false;  // the parent is the user's: nothing else in it is touched
   fs::path path = fs::path(dir).lexically_normal();
   if (path.filename().empty()) path = path.parent_path();
   auto single = make_single_communicator();

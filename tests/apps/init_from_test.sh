@@ -48,6 +48,22 @@ check "the same weights, bit for bit" same_weights "$work/a/model" "$work/c/mode
 not() { ! "$@"; }
 check "(which the source run's step 3 are not)" not same_weights "$work/a/model" "$work/a/checkpoints/step_00000003"
 
+# The step's forward runs on the loaded weights too, not only the master copy: zero1 with bf16 parameters (published
+# from the master weights after the load) on 2 ranks has the first loss of the single fp32 run within bf16's
+# rounding, where a fresh init's (the source run's first step, on the same batch) is far above.
+timeout 120 mpirun -np 2 --oversubscribe "$gpt_train" train -c "$work/run.yaml" --set run.out_dir="$work/z" \
+  --set parallel.strategy=zero1 --set parallel.param_dtype=bf16 --set checkpoint.init_from="$work/a/model" \
+  "${still[@]}" > "$work/z.log" 2>&1
+code=$?
+check "zero1 with bf16 parameters on 2 ranks: exit 0 (got $code)" test "$code" -eq 0
+first_loss() { sed -nE '1s/.*"loss":([0-9.]+).*/\1/p' "$work/$1/metrics.jsonl"; }
+fresh=$(first_loss a) loaded=$(first_loss b) bf16=$(first_loss z)
+echo "first losses: fresh init $fresh, loaded $loaded, loaded under zero1 bf16 $bf16"
+check "the loaded model's first loss is well below a fresh init's" \
+  awk -v f="$fresh" -v l="$loaded" 'BEGIN { exit !(l != "" && f - l > 0.1) }'
+check "and zero1's bf16 parameters give it within 2e-2" \
+  awk -v b="$bf16" -v l="$loaded" 'BEGIN { d = b - l; exit !(b != "" && d < 2e-2 && d > -2e-2) }'
+
 "$gpt_train" train -c "$work/run.yaml" --set run.out_dir="$work/d" --set checkpoint.init_from="$work/a/model" \
   --set model.n_embd=32 "${still[@]}" > "$work/d.log" 2>&1
 code=$?

@@ -392,6 +392,13 @@ TEST_CASE("checkpoint import reads Hugging Face GPT-2 weights into a model direc
   r = tool("import " + tmp.file("hf") + " --out " + tmp.file("m"));
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "already exists"));
+  // The directory --out goes into is the user's: nothing else in it is touched (a checkpoint root's clean-up of
+  // stale ".tmp-*" entries and of later step directories is not for it).
+  tmp.write(".tmp-notes.txt", "mine");
+  std::filesystem::create_directories(tmp.file("step_00000009"));
+  REQUIRE(tool("import " + tmp.file("hf") + " --out " + tmp.file("step_00000003")).exit_code == 0);
+  CHECK(std::filesystem::exists(tmp.file(".tmp-notes.txt")));
+  CHECK(std::filesystem::exists(tmp.file("step_00000009")));
 
   // As transformers writes it: every weight in bf16 (ln_f.weight in f16), transposed Conv1D weights.
   const ModelLayout layout = ModelLayout::build(saved->shape);
@@ -463,6 +470,12 @@ TEST_CASE("checkpoint import reads Hugging Face GPT-2 weights into a model direc
   std::string relu = config;
   relu.replace(relu.find("gelu_new"), 8, "relu");
   fails(tensors, relu, "activation_function \"relu\": gpt-train's GELU is the tanh approximation");
+  std::string typed = config;
+  typed.replace(typed.find("1e-05"), 5, "\"abc\"");
+  fails(tensors, typed, "config.json: not GPT-2's config.json (");
+  std::string inner = config;
+  inner.insert(inner.find('{') + 1, "\n  \"n_inner\": 7,");
+  fails(tensors, inner, "config.json: n_inner 7: gpt-train's MLP is 4 * n_embd");
   std::vector<StTensor> missing = tensors;
   missing.erase(std::find_if(missing.begin(), missing.end(),
                              [](const StTensor& t) { return t.name == "transformer.h.1.mlp.c_fc.weight"; }));
