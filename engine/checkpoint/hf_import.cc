@@ -203,7 +203,15 @@ Expected<HfGpt2> read_hf_gpt2(const std::string& path) {
   if (!fs::is_regular_file(config, ec)) {
     return Status::not_found(config + ": missing (the Hugging Face config.json gives the model's shape)");
   }
-  if (!fs::is_regular_file(file, ec)) return Status::not_found(file + ": missing");
+  if (!fs::is_regular_file(file, ec)) {
+    if (dir && fs::exists(fs::path(path) / "model.safetensors.index.json", ec)) {
+      return Status::invalid_argument(path +
+                                      ": the weights are sharded (model.safetensors.index.json), which import "
+                                      "does not read: save them as one file (save_pretrained(..., "
+                                      "max_shard_size=\"100GB\"))");
+    }
+    return Status::not_found(file + ": missing");
+  }
   HfGpt2 out;
   GPT_ASSIGN_OR_RETURN(out.shape, read_config(config));
   const ModelLayout layout = ModelLayout::build(out.shape);

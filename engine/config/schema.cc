@@ -205,10 +205,12 @@ std::span<const KeySpec> config_schema() {
        "empty: start fresh; auto: continue from <checkpoint.dir>/latest when there is one; or a step directory "
        "(any world size and strategy). The command line's --resume sets it"},
       {GPT_KEY(checkpoint, init_from), anything(),
-       "fine-tuning: start from these weights instead of a random init (a model directory such as <out_dir>/model, "
-       "a checkpoint step directory, or a checkpoint root: its latest; any world size and strategy), at step 0 "
-       "with a fresh optimizer and data order, as torchtitan's initial_load_path; the model shape must match. A "
-       "checkpoint that checkpoint.resume finds wins over it, so a requeued fine-tuning run continues"},
+       "fine-tuning: start from these weights instead of a random init (a model directory such as <out_dir>/model "
+       "or `checkpoint import`'s, a checkpoint step directory, a checkpoint root: its latest, or a run's out_dir: "
+       "its model; any world size and strategy), at step 0 with a fresh optimizer and data order, as torchtitan's "
+       "initial_load_path; the model shape must match but for a smaller block_size (wpe cropped, as nanoGPT's "
+       "crop_block_size). A checkpoint that checkpoint.resume finds wins over it, so a requeued fine-tuning run "
+       "continues"},
 
       {GPT_KEY(comm, timeout_s), at_least(0),
        "seconds one collective may run before every rank logs its last 20 collectives and the job ends, naming "

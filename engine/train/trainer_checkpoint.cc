@@ -39,9 +39,10 @@ static std::string broadcast_string(Communicator& world, std::string text) {
 }
 
 // The run's model shape against the one `reader`'s manifest records, key by key: "<key> is A but <what> <manifest>
-// has B; <rule>".
+// has B; <rule>". `shorter_block`: a smaller block_size passes too (the embed unit is wte then wpe's rows, so the
+// run's is a prefix of the saved one: wpe cropped, as nanoGPT's crop_block_size).
 static Status check_same_shape(const RunConfig& cfg, const GptShape& shape, const CheckpointReader& reader,
-                               const std::string& what, const std::string& rule) {
+                               const std::string& what, const std::string& rule, bool shorter_block = false) {
   const GptShape& saved = reader.manifest().shape;
   const std::pair<const char*, std::pair<int, int>> dims[] = {
       {"model.n_layer", {shape.n_layer, saved.n_layer}},
@@ -50,7 +51,7 @@ static Status check_same_shape(const RunConfig& cfg, const GptShape& shape, cons
       {"model.block_size", {shape.block_size, saved.block_size}},
       {"model.vocab_size", {shape.vocab_size, saved.vocab_size}}};
   for (const auto& [key, v] : dims) {
-    if (v.first != v.second) {
+    if (v.first != v.second && !(shorter_block && std::string_view(key) == "model.block_size" && v.first < v.second)) {
       return Status::invalid_argument(cfg.where(key) + ": " + key + " is " + std::to_string(v.first) + " but " + what +
                                       " " + reader.manifest_path() + " has " + std::to_string(v.second) + "; " + rule);
     }
@@ -62,11 +63,16 @@ Expected<std::optional<CheckpointReader>> Trainer::open_init_from(const RunConfi
                                                                   Communicator& world) {
   const std::string& from = cfg.checkpoint.init_from;
   if (from.empty()) return std::optional<CheckpointReader>();
-  // Rank 0 resolves a checkpoint root to its latest step, so every rank reads the same weights.
+  // Rank 0 resolves a checkpoint root to its latest step, or a run's out_dir to its final model, so every rank reads
+  // the same weights.
   std::string dir;
   if (world.rank() == 0) {
+    namespace fs = std::filesystem;
     std::error_code ec;
-    dir = std::filesystem::exists(std::filesystem::path(from) / "manifest.json", ec) ? from : latest_checkpoint(from);
+    dir = fs::exists(fs::path(from) / "manifest.json", ec) ? from : latest_checkpoint(from);
+    if (dir.empty() && fs::exists(fs::path(from) / "model" / "manifest.json", ec)) {
+      dir = (fs::path(from) / "model").string();
+    }
     if (dir.empty()) dir = from;  // opening it says what is missing
   }
   dir = broadcast_string(world, dir);
@@ -74,7 +80,13 @@ Expected<std::optional<CheckpointReader>> Trainer::open_init_from(const RunConfi
   auto reader = CheckpointReader::open(dir);
   if (!reader) return reader.status().with_context(where);
   GPT_RETURN_IF_ERROR(check_same_shape(cfg, shape, *reader, "checkpoint.init_from's",
-                                       "the initial weights load only into the same model shape"));
+                                       "the initial weights load only into the same model shape (or a smaller "
+                                       "block_size: wpe cropped)",
+                                       /*shorter_block=*/true));
+  if (shape.block_size < reader->manifest().shape.block_size) {
+    spdlog::info("checkpoint.init_from: block_size {} of the saved {}: wpe cropped to its first {} positions",
+                 shape.block_size, reader->manifest().shape.block_size, shape.block_size);
+  }
   return std::optional<CheckpointReader>(std::move(*reader));
 }
 
@@ -97,7 +109,8 @@ Expected<std::optional<CheckpointReader>> Trainer::open_resume(const RunConfig& 
   const Manifest& m = reader->manifest();
   if (m.kind != "checkpoint") {
     return Status::invalid_argument(where + ": " + dir + " holds model weights only (kind \"" + m.kind +
-                                    "\"), not a resumable checkpoint; resume from <checkpoint.dir>/step_*");
+                                    "\"), not a resumable checkpoint; resume from <checkpoint.dir>/step_*, or "
+                                    "start from these weights with checkpoint.init_from");
   }
   GPT_RETURN_IF_ERROR(
       check_same_shape(cfg, shape, *reader, "the checkpoint", "a checkpoint resumes only the same model shape"));
@@ -137,6 +150,24 @@ Status Trainer::load_initial_weights(const CheckpointReader& r) {
   GPT_RETURN_IF_ERROR(
       read_local_slices(r, 1).with_context(config_.where("checkpoint.init_from") + ": checkpoint.init_from"));
   params_->publish(0);
+  // The ids the weights learned against and the ones this run's data holds: a different vocabulary of the same size
+  // loads, but means other tokens.
+  const std::string theirs = r.file_path(r.manifest().tokenizer);
+  if (world_.rank() == 0 && tokenizer_) {
+    auto saved = theirs.empty() ? Expected<data::Tokenizer>(Status::not_found("")) : data::Tokenizer::load(theirs);
+    if (!saved) {
+      spdlog::warn(
+          "checkpoint.init_from: {} has no tokenizer.json (its data was tokenized elsewhere) but this run's "
+          "data has one: make sure their token ids mean the same tokens",
+          r.dir());
+    } else if (saved->to_json() != tokenizer_->to_json()) {
+      spdlog::warn(
+          "checkpoint.init_from: {}'s tokenizer differs from this run's data's: the same ids are other "
+          "tokens, so fine-tuning starts from weights that read them wrongly (prepare the data with the "
+          "same vocabulary)",
+          r.dir());
+    }
+  }
   spdlog::info(
       "initial weights from {} (a {} of step {}); training starts at step 0 with a fresh optimizer; this "
       "rank read {:.2f} MiB of shards in {:.3f} s",

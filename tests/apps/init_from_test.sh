@@ -75,6 +75,34 @@ code=$?
 check "a missing directory: exit 2 (got $code)" test "$code" -eq 2
 check "naming checkpoint.init_from" grep -q "checkpoint.init_from: .*$work/nowhere" "$work/e.log"
 
+# A smaller block_size crops wpe (the run's embed unit is a prefix of the saved one), as nanoGPT's crop_block_size;
+# a larger one is an error. A run's out_dir stands for its final model.
+short=(--set model.block_size=8 --set training.steps=1)
+"$gpt_train" train -c "$work/run.yaml" --set run.out_dir="$work/g" --set checkpoint.init_from="$work/a" \
+  "${short[@]}" > "$work/g.log" 2>&1
+code=$?
+check "init_from a run's out_dir at block_size 8 of 16: exit 0 (got $code)" test "$code" -eq 0
+check "it read the run's final model, wpe cropped" grep -q "wpe cropped to its first 8 positions" "$work/g.log"
+check "  (from $work/a/model)" grep -q "initial weights from $work/a/model " "$work/g.log"
+"$gpt_train" train -c "$work/run.yaml" --set run.out_dir="$work/h" "${short[@]}" > "$work/h.log" 2>&1
+cropped=$(first_loss g) fresh8=$(first_loss h)
+echo "first losses at block_size 8: cropped init $cropped, fresh init $fresh8"
+check "the cropped model's first loss is well below a fresh init's" \
+  awk -v f="$fresh8" -v l="$cropped" 'BEGIN { exit !(l != "" && f - l > 0.1) }'
+"$gpt_train" train -c "$work/run.yaml" --set run.out_dir="$work/i" --set checkpoint.init_from="$work/a/model" \
+  --set model.block_size=32 "${still[@]}" > "$work/i.log" 2>&1
+check "a larger block_size: an error that says a smaller one loads" grep -q "model.block_size is 32 but .* has 16; .*or a smaller block_size: wpe cropped" "$work/i.log"
+
+# Data tokenized with another vocabulary of the same size: it loads, with a warning that the ids mean other tokens.
+for i in $(seq 300); do echo "to be or not to be that is the zuestion $((i % 11))"; done > "$work/other.txt"
+"$gpt_train" prepare --input "$work/other.txt" --out "$work/data2" > /dev/null 2>&1
+"$gpt_train" train -c "$work/run.yaml" --set run.out_dir="$work/j" --set checkpoint.init_from="$work/a/model" \
+  --set data.train="$work/data2/train.bin" --set data.val="$work/data2/val.bin" "${still[@]}" > "$work/j.log" 2>&1
+code=$?
+check "another vocabulary of the same size: exit 0 (got $code)" test "$code" -eq 0
+check "with a warning that the ids are other tokens" grep -q "tokenizer differs from this run's data's" "$work/j.log"
+check "(none for the same data)" not grep -q "tokenizer differs" "$work/b.log"
+
 # A fine-tuning run that checkpoints and is requeued: --resume auto finds its own checkpoint and init_from is not read.
 ft=(-c "$work/run.yaml" --set run.out_dir="$work/f" --set checkpoint.init_from="$work/a/model" --set checkpoint.every=1)
 "$gpt_train" train "${ft[@]}" --set training.steps=2 > "$work/f1.log" 2>&1

@@ -491,6 +491,12 @@ TEST_CASE("checkpoint import reads Hugging Face GPT-2 weights into a model direc
   std::vector<StTensor> misshapen = tensors;
   misshapen[0].shape = {misshapen[0].shape[1], misshapen[0].shape[0]};
   fails(misshapen, config, "tensor wte.weight is (");
+  TempDir sharded;
+  sharded.write("config.json", config);
+  sharded.write("model.safetensors.index.json", "{}");
+  r = tool("import " + sharded.file("") + " --out " + tmp.file("m3"));
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "the weights are sharded (model.safetensors.index.json)"));
   r = tool("import " + tmp.file("nowhere") + " --out " + tmp.file("m3"));
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "config.json: missing"));
