@@ -38,6 +38,10 @@ Command add_sample_command(CLI::App& app) {
                  "Tokens to generate: each one pass over the weights (a KV cache), up to the model's block size; "
                  "past it the context slides and each token runs its whole window")
       ->default_str("300");
+  app.add_option("--num-samples", args->opts.num_samples,
+                 "Continuations of the prompt, each with its own random draws (the first is the one a single "
+                 "sample gives), separated by a line of dashes")
+      ->default_str("1");
   app.add_option("--temperature", args->opts.temperature, "Softmax temperature (> 0)")->default_str("0.8");
   app.add_option("--top-k", args->opts.top_k, "Sample from the k most likely tokens (0 = all)")->default_str("40");
   app.add_option("--seed", args->opts.seed, "Random seed")->default_str("1");
@@ -46,7 +50,7 @@ Command add_sample_command(CLI::App& app) {
   app.footer(
       "Examples:\n"
       "  gpt-train sample --run runs/shakespeare-char --prompt 'ROMEO:' --tokens 300 --temperature 0.8 --top-k 40\n"
-      "  gpt-train sample --model runs/quickstart/model --seed 7\n"
+      "  gpt-train sample --model runs/quickstart/model --seed 7 --num-samples 5 --tokens 100\n"
       "  gpt-train sample --checkpoint runs/shakespeare-char/checkpoints/step_00001000 --prompt 'ROMEO:'\n"
       "  gpt-train sample --run runs/gpt2-124m --prompt-ids 15496,11 --ids   # GPT-2 BPE: tiktoken encodes and "
       "decodes\n"

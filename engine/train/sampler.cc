@@ -19,6 +19,7 @@ namespace gpt {
 Status sample_text(const SampleOptions& o, const std::function<void(const std::string&)>& emit) {
   if (o.temperature <= 0.0f) return Status::invalid_argument("--temperature must be > 0");
   if (o.tokens < 0) return Status::invalid_argument("--tokens must be >= 0");
+  if (o.num_samples < 1) return Status::invalid_argument("--num-samples must be >= 1");
   auto made = make_backend(o.device);  // first: a missing GPU is known before a large model is read
   if (!made) return made.status().with_context("--device");
   std::unique_ptr<Backend> backend = std::move(*made);
@@ -65,7 +66,6 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
   Gpt model(saved.shape, *backend);
   InferenceWeights params(model.layout(), *backend, saved.weights);  // read in place on the CPU
 
-  emit(text_in && text_out ? o.prompt : piece(ids, /*first=*/true));
   const CounterRng rng(o.seed, hash_name("sample"));
   const int V = saved.shape.vocab_size;
   std::vector<std::pair<float, int>> scored(V);
@@ -73,33 +73,41 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
   // at a new position every step, so no cached row stays valid: the window runs whole, as a forward over it would.
   const int block = saved.shape.block_size;
   model.prepare_decode(static_cast<int>(std::min<int64_t>(block, static_cast<int64_t>(ids.size()) + o.tokens)));
-  int cached = 0;
-  for (int i = 0; i < o.tokens; ++i) {
-    const int len = static_cast<int>(ids.size());
-    const float* last = nullptr;
-    if (len <= block) {
-      last = model.decode(params, ids.data() + cached, len - cached, cached);
-      cached = len;
-    } else {
-      last = model.decode(params, ids.data() + len - block, block, 0);
-    }
-    for (int j = 0; j < V; ++j) scored[j] = {last[j] / o.temperature, j};
-    const int k = o.top_k > 0 ? std::min(o.top_k, V) : V;
-    std::partial_sort(scored.begin(), scored.begin() + k, scored.end(), std::greater<>());
-    double sum = 0.0;
-    for (int j = 0; j < k; ++j) sum += std::exp(static_cast<double>(scored[j].first - scored[0].first));
-    double u = rng.uniform(static_cast<uint64_t>(i)) * sum;
-    int next = scored[k - 1].second;
-    for (int j = 0; j < k; ++j) {
-      u -= std::exp(static_cast<double>(scored[j].first - scored[0].first));
-      if (u <= 0.0) {
-        next = scored[j].second;
-        break;
+  const std::vector<int32_t> prompt = ids;
+  for (int sample = 0; sample < o.num_samples; ++sample) {
+    if (sample > 0) emit("\n---------------\n");  // nanoGPT's separator
+    ids = prompt;
+    emit(text_in && text_out ? o.prompt : piece(ids, /*first=*/true));
+    // Sample s draws from its own stretch of the RNG's counters (sample 0's are those of a single sample).
+    const uint64_t first_draw = static_cast<uint64_t>(sample) << 32;
+    int cached = 0;
+    for (int i = 0; i < o.tokens; ++i) {
+      const int len = static_cast<int>(ids.size());
+      const float* last = nullptr;
+      if (len <= block) {
+        last = model.decode(params, ids.data() + cached, len - cached, cached);
+        cached = len;
+      } else {
+        last = model.decode(params, ids.data() + len - block, block, 0);
       }
+      for (int j = 0; j < V; ++j) scored[j] = {last[j] / o.temperature, j};
+      const int k = o.top_k > 0 ? std::min(o.top_k, V) : V;
+      std::partial_sort(scored.begin(), scored.begin() + k, scored.end(), std::greater<>());
+      double sum = 0.0;
+      for (int j = 0; j < k; ++j) sum += std::exp(static_cast<double>(scored[j].first - scored[0].first));
+      double u = rng.uniform(first_draw + static_cast<uint64_t>(i)) * sum;
+      int next = scored[k - 1].second;
+      for (int j = 0; j < k; ++j) {
+        u -= std::exp(static_cast<double>(scored[j].first - scored[0].first));
+        if (u <= 0.0) {
+          next = scored[j].second;
+          break;
+        }
+      }
+      ids.push_back(next);
+      const int32_t one[1] = {next};
+      emit(piece(std::span<const int32_t>(one, 1), /*first=*/false));
     }
-    ids.push_back(next);
-    const int32_t one[1] = {next};
-    emit(piece(std::span<const int32_t>(one, 1), /*first=*/false));
   }
   return Status::ok();
 }

@@ -16,6 +16,7 @@ struct SampleOptions {
   std::string model_dir;  // a model directory (manifest.json + shard), e.g. <run out_dir>/model
   std::string prompt = "\n";
   int tokens = 300;
+  int num_samples = 1;       // continuations of the prompt, each from its own random draws, separated by a dashed line
   float temperature = 0.8f;  // > 0
   int top_k = 40;            // 0 = the whole vocabulary
   uint64_t seed = 1;

@@ -106,6 +106,25 @@ TEST_CASE("prepare, train and sample end to end, resolved config and metrics are
   // Same seed, same text.
   REQUIRE(run_command(gpt_train() + " sample --run " + out + " --prompt 'the ' --tokens 40 --seed 3").output ==
           s.output);
+  // --num-samples 3: three continuations between dashed lines, the first the single sample's, each its own.
+  const auto three =
+      run_command(gpt_train() + " sample --run " + out + " --prompt 'the ' --tokens 40 --seed 3 --num-samples 3");
+  INFO(three.output);
+  REQUIRE(three.exit_code == 0);
+  std::vector<std::string> parts;
+  const std::string sep = "\n---------------\n";
+  for (size_t at = 0;;) {
+    const size_t next = three.output.find(sep, at);
+    parts.push_back(three.output.substr(at, next == std::string::npos ? std::string::npos : next - at));
+    if (next == std::string::npos) break;
+    at = next + sep.size();
+  }
+  REQUIRE(parts.size() == 3);
+  CHECK(parts[0] + "\n" == s.output);
+  for (const std::string& p : parts) CHECK(p.rfind("the ", 0) == 0);
+  CHECK(parts[1] != parts[0]);
+  CHECK(parts[2] != parts[1] + "\n");
+  CHECK(run_command(gpt_train() + " sample --run " + out + " --num-samples 0").exit_code == 2);
 }
 
 struct BadCase {
