@@ -16,6 +16,26 @@
 
 namespace gpt {
 
+namespace {
+
+// The token drawn from `logits` (scored.size() of them) by temperature and top-k with the uniform draw `u` in [0, 1).
+int choose_token(const float* logits, const SampleOptions& o, double u, std::vector<std::pair<float, int>>& scored) {
+  const int V = static_cast<int>(scored.size());
+  for (int j = 0; j < V; ++j) scored[j] = {logits[j] / o.temperature, j};
+  const int k = o.top_k > 0 ? std::min(o.top_k, V) : V;
+  std::partial_sort(scored.begin(), scored.begin() + k, scored.end(), std::greater<>());
+  double sum = 0.0;
+  for (int j = 0; j < k; ++j) sum += std::exp(static_cast<double>(scored[j].first - scored[0].first));
+  u *= sum;
+  for (int j = 0; j < k; ++j) {
+    u -= std::exp(static_cast<double>(scored[j].first - scored[0].first));
+    if (u <= 0.0) return scored[j].second;
+  }
+  return scored[k - 1].second;
+}
+
+}  // namespace
+
 Status sample_text(const SampleOptions& o, const std::function<void(const std::string&)>& emit) {
   if (o.temperature <= 0.0f) return Status::invalid_argument("--temperature must be > 0");
   if (o.tokens < 0) return Status::invalid_argument("--tokens must be >= 0");
@@ -67,8 +87,7 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
   InferenceWeights params(model.layout(), *backend, saved.weights);  // read in place on the CPU
 
   const CounterRng rng(o.seed, hash_name("sample"));
-  const int V = saved.shape.vocab_size;
-  std::vector<std::pair<float, int>> scored(V);
+  std::vector<std::pair<float, int>> scored(saved.shape.vocab_size);
   // The model's KV cache holds ids[0, cached). Past the block size the context is the last block_size tokens, each
   // at a new position every step, so no cached row stays valid: the window runs whole, as a forward over it would.
   const int block = saved.shape.block_size;
@@ -90,20 +109,7 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
       } else {
         last = model.decode(params, ids.data() + len - block, block, 0);
       }
-      for (int j = 0; j < V; ++j) scored[j] = {last[j] / o.temperature, j};
-      const int k = o.top_k > 0 ? std::min(o.top_k, V) : V;
-      std::partial_sort(scored.begin(), scored.begin() + k, scored.end(), std::greater<>());
-      double sum = 0.0;
-      for (int j = 0; j < k; ++j) sum += std::exp(static_cast<double>(scored[j].first - scored[0].first));
-      double u = rng.uniform(first_draw + static_cast<uint64_t>(i)) * sum;
-      int next = scored[k - 1].second;
-      for (int j = 0; j < k; ++j) {
-        u -= std::exp(static_cast<double>(scored[j].first - scored[0].first));
-        if (u <= 0.0) {
-          next = scored[j].second;
-          break;
-        }
-      }
+      const int next = choose_token(last, o, rng.uniform(first_draw + static_cast<uint64_t>(i)), scored);
       ids.push_back(next);
       const int32_t one[1] = {next};
       emit(piece(std::span<const int32_t>(one, 1), /*first=*/false));
