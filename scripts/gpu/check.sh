@@ -6,7 +6,8 @@
 # machine lacks OpenMPI, oneDNN, yaml-cpp, spdlog...); without one it builds with cmake (needs those there).
 # Steps, each PASS/FAIL/SKIP with seconds, and a summary printed LAST: GPU, libraries, the PTX probe (the
 # mma.sync/ldmatrix/cvt/cp.async layouts alone), CUDA backend parity (gpt_tests [cuda]), NCCL singleton (gpt_mpi_tests [nccl]), Shakespeare 20 steps cpu vs cuda (losses within
-# 1e-4 relative; then sample's greedy ids from that model, cpu vs cuda), compute-sanitizer memcheck and racecheck (the attention kernels; in what is left after keeping
+# 1e-4 relative; then sample's greedy ids from that model, and 2 fine-tuning steps from it, cpu vs cuda),
+# compute-sanitizer memcheck and racecheck (the attention kernels; in what is left after keeping
 # the bench's 225 s, else a SKIP that says so), scripts/bench/gpu_vs_pytorch.sh
 # if present (its table, the per-op device time of a few steps, and the run.attention_kernel and run.gelu_fusion
 # variants; 70 s of its time kept for the next step), then scripts/bench/attention_vs_pytorch.sh (the attention
@@ -252,6 +253,19 @@ if wanted train; then
         at=$(paste -d' ' <(tr ' ' '\n' <<< "$ids_cpu") <(tr ' ' '\n' <<< "$ids_cuda") | awk '$1 != $2 {print NR; exit}')
         # (A near-tie of the top two logits, within fp32 rounding, would also flip an id: then every later one too.)
         record FAIL "sample cuda == cpu (greedy)" "$T" "id ${at:-?} of $(wc -w <<< "$ids_cpu") differs (a near-tie?): cpu '$(cut -d' ' -f"${at:-1}"- <<< "$ids_cpu" | cut -c1-40)...' cuda '$(cut -d' ' -f"${at:-1}"- <<< "$ids_cuda" | cut -c1-40)...'"
+      fi
+      # Fine-tuning on the GPU: 2 steps from the cpu run's model (checkpoint.init_from, staged through host memory
+      # onto the device) lose what the same 2 steps on the CPU lose.
+      ft=("${train[@]}" --set training.steps=2 --set checkpoint.init_from="$cpu_dir/model")
+      run_step "init_from_cpu" 60 "${ft[@]}" --set run.device=cpu --set run.threads=16 --set run.out_dir="$WORK/ft-cpu"
+      ft_cpu_rc=$RC
+      run_step "init_from_cuda" 60 "${ft[@]}" --set run.device=cuda --set run.out_dir="$WORK/ft-cuda"
+      if [ "$ft_cpu_rc" != 0 ]; then RC=$ft_cpu_rc; fail_or_skip "init_from cpu (for cuda == cpu)"
+      elif [ "$RC" != 0 ]; then fail_or_skip "init_from cuda == cpu (1e-4)"
+      else
+        note=$(compare_losses "$WORK/ft-cpu/metrics.jsonl" "$WORK/ft-cuda/metrics.jsonl" cpu cuda 2>&1)
+        if [ $? = 0 ]; then record PASS "init_from cuda == cpu (1e-4)" "$T" "$note"
+        else record FAIL "init_from cuda == cpu (1e-4)" "$T" "$note"; fi
       fi
     fi
   fi
