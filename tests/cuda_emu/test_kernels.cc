@@ -711,6 +711,12 @@ TEST_CASE("cuda_emu: crossentropy.cu matches the CPU twin", "[cuda_emu][crossent
   run_crossentropy(2, 7, 9, true, true, false);
   run_crossentropy(2, 65, 65, false, false, false);   // no gradient
   run_crossentropy(1, 2100, 2100, true, true, true);  // several chunks per row, a -inf logit
+  // A thread loads 4 groups of 4 columns, 2048 apart, before it uses them (a stride of 8192 per iteration): rows
+  // of one whole iteration plus a group, of an iteration whose last groups fall past V for some threads only, and
+  // of several iterations at every alignment (odd Vp: scalar loads throughout).
+  run_crossentropy(2, 8193, 8196, false, true, false);
+  run_crossentropy(2, 6150, 6152, true, true, false);
+  run_crossentropy(3, 16390, 16393, true, true, false);
 }
 
 TEST_CASE("cuda_emu: embedding.cu matches the CPU twin (repeated tokens)", "[cuda_emu][embedding]") {
