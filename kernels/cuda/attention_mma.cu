@@ -414,26 +414,29 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // D(B,NH,T) = rowsum(dO * O) over each head's channels (fp32 dO, bf16 O; fp32 sums in a fixed order), and dO
-// rounded to bf16 (B,T,C). One warp per (b, t, h); lanes take 4 channels at a time.
+// rounded to bf16 (B,T,C). Each row (b, t, h) takes hs / 4 lanes (a power of two: hs is 32, 64 or 128), each lane
+// 4 channels, so a warp holds 32 / (hs / 4) rows and every lane is busy (one row per warp left half of them idle at
+// hs 64). The row's sum is the xor tree over its lanes: the sum one row per warp gave, but for the sign of a zero.
 __global__ void attention_prep_mma_kernel(float* dvec, bf16* dob, const float* dout, const bf16* out, int64_t rows,
                                           int T, int C, int NH, int hs) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-  if (row >= rows) return;  // whole warps leave together
-  const int lane = threadIdx.x % kWarp;
+  const int lanes = hs / 4, lane = threadIdx.x % kWarp, sub = lane % lanes;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  const int64_t row = warp * (kWarp / lanes) + lane / lanes;
+  const bool in = row < rows;  // every lane stays for the shuffles
   const int64_t bt = row / NH;
   const int h = static_cast<int>(row % NH);
-  const int64_t off = bt * C + static_cast<int64_t>(h) * hs;
+  const int64_t off = bt * C + static_cast<int64_t>(h) * hs + sub * 4;
   float acc = 0.0f;
-  for (int c = lane * 4; c < hs; c += kWarp * 4) {
+  if (in) {
     float d[4], o[4];
-    load4_values(d, dout + off + c);
-    load4_values(o, out + off + c);
+    load4_values(d, dout + off);
+    load4_values(o, out + off);
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc = fmaf(d[e], o[e], acc);
-    store4_values(dob + off + c, d);
+    store4_values(dob + off, d);
   }
-  acc = warp_sum(acc);
-  if (lane == 0) {
+  for (int o = lanes / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);  // inside the row's lanes
+  if (in && sub == 0) {
     const int64_t b = bt / T, t = bt % T;
     dvec[(b * NH + h) * T + t] = acc;
   }
@@ -784,7 +787,8 @@ void attention_backward_mma(TensorPtr dqkv, const float* dout, ConstTensorPtr qk
   {
     const int64_t rows = static_cast<int64_t>(B) * T * NH;
     constexpr int kPrepThreads = 256;
-    const dim3 grid(static_cast<unsigned>(ceil_div(rows, kPrepThreads / kWarp)));
+    GPT_CHECK(hs % 4 == 0 && kWarp % (hs / 4) == 0);  // whole rows per warp (check_shape: hs 32, 64 or 128)
+    const dim3 grid(static_cast<unsigned>(ceil_div(rows, kPrepThreads / kWarp * (kWarp / (hs / 4)))));
     attention_prep_mma_kernel<<<grid, kPrepThreads, 0, stream>>>(dvec, dob, dout, out.as_bf16(), rows, T, C, NH, hs);
     GPT_CUDA_CHECK_LAUNCH();
   }
