@@ -24,7 +24,7 @@ constexpr int kUnroll = 4;             // groups of 4 columns a thread has in fl
 constexpr int kStride = 4 * kThreads;  // from one of a thread's groups to its next
 
 // Groups j, j + kStride, ... (kUnroll of them) of row z as load4_upto reads them: every load issued before any value
-// is used. Past n a group is `fill`; its loads are not made.
+// is used. Elements at or past n are `fill`, and not loaded.
 template <typename In>
 __device__ inline void load_groups(float (&v)[kUnroll][4], const In* z, int j, int n, bool vec, float fill) {
   if (vec && j + kStride * (kUnroll - 1) + 4 <= n) {  // all inside the row: plain vector loads
