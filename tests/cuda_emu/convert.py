@@ -59,11 +59,17 @@ def convert_comm(s):
     return s
 
 
+def in_line_comment(s, pos):
+    """Whether pos lies after a // on its line (the kernel files have no // inside string literals)."""
+    return '//' in s[s.rfind('\n', 0, pos) + 1:pos]
+
+
 def check_launch_bounds(s):
-    """Puts emu_check_launch_bounds(N) first in the body of each kernel declared with __launch_bounds__(N[, M])."""
+    """Puts emu_check_launch_bounds(N) first in the body of each kernel declared with __launch_bounds__(N[, M]);
+    a __launch_bounds__( in a // comment is prose, left alone."""
     out, pos, n = [], 0, 0
     for m in re.finditer(r'__launch_bounds__\(', s):
-        if m.start() < pos:
+        if m.start() < pos or in_line_comment(s, m.start()):
             continue
         depth, i, comma = 1, m.end(), None
         while depth > 0:  # the arguments, to the matching parenthesis
@@ -119,7 +125,7 @@ def convert(s, name):
         fail('a cast to a vector type the converter does not rewrite')
 
     s, n_bounds = check_launch_bounds(s)
-    if s.count('__launch_bounds__') != n_bounds:
+    if sum(not in_line_comment(s, m.start()) for m in re.finditer('__launch_bounds__', s)) != n_bounds:
         fail('a __launch_bounds__ the converter does not handle')
 
     # Launches. The kernel may be a template instance (`k<true>`) and the launch may span lines.
