@@ -217,10 +217,11 @@ class Backend {
   // dinp(N,C) = dout @ weight (overwritten; skipped if null); dweight(OC,C) += dout^T @ inp; dbias += colsum
   // of dout as the GEMMs take it (under bf16 compute its bf16 values, summed in fp32). dout, inp and weight as inp
   // in matmul_forward; dout's rows ld_dout >= OC elements apart, N * ld_dout of them (a backend may convert the
-  // padding with the rest, but no result depends on the columns past OC).
-  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
+  // padding with the rest, but no result depends on the columns past OC). dinp f32, or bf16 under bf16 compute
+  // (the fp32 product rounded once to nearest even, as PyTorch's autocast leaves a Linear's input gradient).
+  virtual void matmul_backward(TensorPtr dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                                ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) = 0;
-  void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
+  void matmul_backward(TensorPtr dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                        ConstTensorPtr weight, int64_t N, int C, int OC) {
     matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, OC);
   }
@@ -276,14 +277,14 @@ class Backend {
   }
   // The GEMM after the GELU, backward through both: dpre(N,C) = gelu_backward of dinp = dout @ weight at `pre`
   // (the GELU's input), dweight and dbias as matmul_backward's (inp is the GELU's output). Unfused (the default,
-  // and kNone/kForward): matmul_backward into dinp (fp32 (N,C) scratch), then gelu_backward(dpre, pre, dinp),
-  // bit for bit; dpre may alias dinp. Fused (gelu_backward_fused(C): the CUDA backend under kFull, cuBLASLt's
-  // DGELU epilogue on the dinp GEMM): dpre bf16, written by the GEMM from its fp32 sum (dinp is not written, and
-  // may be null), so within a bf16 place of the unfused dpre.
-  virtual void matmul_backward_gelu(TensorPtr dpre, float* dinp, float* dweight, float* dbias, ConstTensorPtr dout,
+  // and kNone/kForward): matmul_backward into dinp ((N,C) scratch, as matmul_backward's), then gelu_backward(dpre,
+  // pre, dinp), bit for bit; dpre may alias dinp. Fused (gelu_backward_fused(C): the CUDA backend under kFull,
+  // cuBLASLt's DGELU epilogue on the dinp GEMM): dpre bf16, written by the GEMM from its fp32 sum (dinp is not
+  // written, and may be null), so within a bf16 place of the unfused dpre.
+  virtual void matmul_backward_gelu(TensorPtr dpre, TensorPtr dinp, float* dweight, float* dbias, ConstTensorPtr dout,
                                     ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr pre, int64_t N, int C,
                                     int OC) {
-    GPT_CHECK_MSG(dinp != nullptr,
+    GPT_CHECK_MSG(dinp.data != nullptr,
                   "matmul_backward_gelu unfused needs dinp: was the model prepared under a fused "
                   "GELU backward (run.gelu_fusion full) that is now off?");
     matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
@@ -291,10 +292,11 @@ class Backend {
   }
 
   // GELU, tanh approximation. out f32, or bf16 (rounded as layernorm_forward's).
-  // inp f32, or bf16 (the MLP's fc output under bf16 compute), read as fp32. dinp f32 (may alias dout), or bf16
-  // (rounded as layernorm_forward's; the fc GEMM's output gradient under bf16 compute).
+  // inp f32, or bf16 (the MLP's fc output under bf16 compute), read as fp32. dout f32, or bf16 (the projection
+  // GEMM's input gradient under bf16 compute), read as fp32. dinp f32, or bf16 (rounded as layernorm_forward's; the
+  // fc GEMM's output gradient under bf16 compute); it may alias dout of its own dtype.
   virtual void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) = 0;
-  virtual void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N) = 0;
+  virtual void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N) = 0;
 
   // out = res + dropout(inp) (out may alias res).
   virtual void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) = 0;

@@ -56,12 +56,13 @@ struct Gpt::Acts {
   // ParamSource holds them).
   ConstTensorPtr wte;
   ConstTensorPtr head;
-  // gradient workspace. d4_lo: the GELU backward's output, the fc GEMM's output gradient (a GEMM input, bf16
-  // under bf16 compute; else d4 itself, in place); dqkv in qkv's dtype (the compute dtype). d4 (the GELU's
-  // output gradient, fp32) is null under a fused GELU backward, which writes d4_lo from the GEMM.
-  float *dres = nullptr, *dtmp = nullptr, *dln = nullptr, *d4 = nullptr, *datty = nullptr;
+  // gradient workspace. d4: the GELU's output gradient, the projection GEMM's input gradient, in the compute dtype
+  // (bf16 under bf16 compute, as PyTorch's autocast leaves it); null under a fused GELU backward, which writes d4_lo
+  // from the GEMM. d4_lo: the GELU backward's output, the fc GEMM's output gradient, in the GEMM input dtype: d4
+  // itself (in place) where the two dtypes agree. dqkv in qkv's dtype (the compute dtype).
+  float *dres = nullptr, *dtmp = nullptr, *dln = nullptr, *datty = nullptr;
   bool fused_dgelu = false;  // Backend::gelu_backward_fused when prepared
-  TensorPtr d4_lo, dqkv;
+  TensorPtr d4, d4_lo, dqkv;
   bf16* dres_lo = nullptr;  // dres in bf16, the projections' output gradient (GEMM inputs in bf16 only)
 };
 
@@ -138,7 +139,7 @@ void Gpt::prepare(int B, int T, int loss_slots) {
   const int64_t N = static_cast<int64_t>(B) * T, C = shape_.n_embd, L = shape_.n_layer;
   const DType lo = gemm_input_dtype(), out = be_.compute_dtype();
   // Under a fused GELU backward (the gradient at the GELU's input straight from the projection GEMM's epilogue, in
-  // bf16) there is no fp32 d4 (the gradient at its output); the planner's activation_bytes counts the same.
+  // bf16) there is no d4 (the gradient at its output); the planner's activation_bytes counts the same.
   const bool fused_dgelu =
       lo == DType::kBF16 && out == DType::kBF16 && be_.gelu_backward_fused(static_cast<int>(4 * C));
   if (acts_ != nullptr && B == B_ && T == T_ && acts_->fused_dgelu == fused_dgelu && acts_->loss_slots == loss_slots) {
@@ -201,8 +202,8 @@ void Gpt::prepare(int B, int T, int loss_slots) {
     acts_->dres = gr.take(N * C);
     acts_->dtmp = gr.take(N * C);
     acts_->dln = gr.take(N * C);
-    acts_->d4 = fused_dgelu ? nullptr : gr.take(4 * N * C);
-    acts_->d4_lo = lo == DType::kBF16 ? gr.take(4 * N * C, lo) : TensorPtr(acts_->d4);
+    acts_->d4 = fused_dgelu ? TensorPtr() : gr.take(4 * N * C, out);
+    acts_->d4_lo = !fused_dgelu && lo == out ? acts_->d4 : gr.take(4 * N * C, lo);
     acts_->dqkv = gr.take(3 * N * C, out);
     acts_->datty = gr.take(N * C);
     acts_->dres_lo = lo == DType::kBF16 ? gr.take(N * C, lo).as_bf16() : nullptr;

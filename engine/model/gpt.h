@@ -41,7 +41,7 @@ class Gpt {
   const ModelLayout& layout() const { return layout_; }
 
   // Allocates activations for micro-batches of B rows of T tokens (T <= block_size). Call again to resize, or
-  // after the backend's GELU fusion changed (Backend::gelu_backward_fused: no fp32 gradient at the GELU's output then).
+  // after the backend's GELU fusion changed (Backend::gelu_backward_fused: no gradient at the GELU's output then).
   // `loss_slots`: how many micro-batches' per-token losses forward_backward_into can hold before mean_losses reads
   // them (the micro-batches of a step).
   void prepare(int B, int T, int loss_slots = 1);

@@ -50,7 +50,8 @@ struct PlanInput {
   // bf16 (bf16 compute).
   ShardingOptions sharding;
   // run.gelu_fusion: none | forward | full. Under full with bf16 compute the GELU backward is the projection GEMM's
-  // epilogue, so the model keeps no fp32 gradient at the GELU's output (where the epilogue takes the width).
+  // epilogue (where it takes the width): the bf16 gradient at the GELU's input takes the place of the one at its
+  // output, in which the unfused backward runs in place; the same memory.
   std::string gelu_fusion = "none";
   // The trainer's compute dtype: bf16 on a GPU under param_dtype bf16 (the CPU computes in fp32).
   bool bf16_compute() const { return fused_attention && sharding.param_dtype == DType::kBF16; }

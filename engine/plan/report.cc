@@ -22,7 +22,7 @@ std::string device_label(const PlanInput& in) {
   std::string label = "cuda (fused attention; cuBLASLt, scratch and cast areas under workspace)";
   if (in.gelu_fusion != "none") {
     label += ", gelu_fusion " + in.gelu_fusion +
-             (in.fused_gelu_backward() ? " (no fp32 gradient at the GELU's output)" : "");
+             (in.fused_gelu_backward() ? " (the GELU backward in the projection GEMM's epilogue)" : "");
   }
   return label;
 }
@@ -43,7 +43,9 @@ std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& pl
       in.micro_batches_per_step, in.world_size, per_node, in.activation_checkpointing,
       dtype_label(in.sharding.param_dtype), dtype_label(in.sharding.reduce_dtype), in.sharding.prefetch,
       in.sharding.reshard_after_forward,
-      in.bf16_compute() ? ", but for the GEMM inputs, the qkv and fc outputs and the logits in bf16" : "",
+      in.bf16_compute()
+          ? ", but for the GEMM inputs, the qkv and fc outputs, the GELU's gradients and the logits in bf16"
+          : "",
       device_label(in));
 
   constexpr int kLabel = 28, kCol = 14;

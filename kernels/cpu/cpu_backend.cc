@@ -83,16 +83,20 @@ void CpuBackend::matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPt
   cpu::matmul_forward(result_area(out, N * ld_out), a, w, b, N, C, OC, ld_out);
   finish(out, N * ld_out);
 }
-void CpuBackend::matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
+void CpuBackend::matmul_backward(TensorPtr dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                                  ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) {
   if (compute_dtype_ == DType::kF32) {
-    cpu::matmul_backward(dinp, dweight, dbias, dout.as_f32(), inp.as_f32(), weight.as_f32(), N, C, OC, ld_dout);
+    cpu::matmul_backward(dinp.as_f32(), dweight, dbias, dout.as_f32(), inp.as_f32(), weight.as_f32(), N, C, OC,
+                         ld_dout);
     return;
   }
   const float* a = bf16_operand(0, inp, N * C);
   const float* w = bf16_operand(1, weight, static_cast<int64_t>(OC) * C);
   const float* d = bf16_operand(2, dout, N * ld_dout);
-  cpu::matmul_backward(dinp, dweight, dbias, d, a, w, N, C, OC, ld_dout);  // dbias from the bf16 values, as on CUDA
+  const int64_t n = dinp.data != nullptr ? N * C : 0;
+  float* di = dinp.data != nullptr ? result_area(dinp, n) : nullptr;
+  cpu::matmul_backward(di, dweight, dbias, d, a, w, N, C, OC, ld_dout);  // dbias from the bf16 values, as on CUDA
+  if (di != nullptr) finish(dinp, n);
 }
 void CpuBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                                    ConstTensorPtr bias, int64_t N, int C) {
@@ -134,8 +138,8 @@ void CpuBackend::gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) {
   cpu::gelu_forward(result_area(out, N), f32_view(0, inp, N), N);
   finish(out, N);
 }
-void CpuBackend::gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N) {
-  cpu::gelu_backward(result_area(dinp, N), f32_view(0, inp, N), dout, N);
+void CpuBackend::gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N) {
+  cpu::gelu_backward(result_area(dinp, N), f32_view(0, inp, N), f32_view(1, dout, N), N);
   finish(dinp, N);
 }
 void CpuBackend::residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) {

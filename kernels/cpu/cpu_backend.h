@@ -26,7 +26,7 @@ class CpuBackend final : public Backend {
   using Backend::matmul_forward;
   void matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                       int OC, int64_t ld_out) override;
-  void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
+  void matmul_backward(TensorPtr dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                        ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) override;
   void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                          ConstTensorPtr bias, int64_t N, int C) override;
@@ -45,7 +45,7 @@ class CpuBackend final : public Backend {
                           int B, int T, int C, int NH, const DropoutMask& drop) override;
   void attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) override;
   void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override;
-  void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N) override;
+  void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N) override;
   void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override;
   void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) override;
   void dropout_forward(float* x, int64_t N, const DropoutMask& drop) override;

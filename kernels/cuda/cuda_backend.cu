@@ -403,14 +403,14 @@ void CudaBackend::matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorP
   const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
   matmul_->forward(out.data, out.dtype, a, w, DType::kBF16, gemm_bias(bias, out.dtype, OC), N, C, OC, ld_out);
 }
-void CudaBackend::matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
+void CudaBackend::matmul_backward(TensorPtr dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                                   ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) {
   const OpTimer timed =
-      time_op("matmul_backward", flop_work(2.0 * N * C * OC * ((dinp != nullptr) + (dweight != nullptr))));
+      time_op("matmul_backward", flop_work(2.0 * N * C * OC * ((dinp.data != nullptr) + (dweight != nullptr))));
   void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
   if (compute_dtype_ == DType::kF32) {
-    matmul_->backward(dinp, dweight, dbias, dout.as_f32(), inp.as_f32(), weight.as_f32(), DType::kF32, N, C, OC,
-                      ld_dout, s);
+    matmul_->backward(dinp.as_f32(), dweight, dbias, dout.as_f32(), inp.as_f32(), weight.as_f32(), DType::kF32, N, C,
+                      OC, ld_dout, s);
     return;
   }
   const bf16* a = gemm_input(0, inp, N * C);
@@ -441,9 +441,9 @@ void CudaBackend::matmul_gelu_forward(TensorPtr pre, TensorPtr out, ConstTensorP
   const auto* b = static_cast<const bf16*>(gemm_bias(bias, DType::kBF16, OC));
   matmul_->forward_gelu(out.as_bf16(), pre.as_bf16(), a, w, b, N, C, OC);
 }
-void CudaBackend::matmul_backward_gelu(TensorPtr dpre, float* dinp, float* dweight, float* dbias, ConstTensorPtr dout,
-                                       ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr pre, int64_t N, int C,
-                                       int OC) {
+void CudaBackend::matmul_backward_gelu(TensorPtr dpre, TensorPtr dinp, float* dweight, float* dbias,
+                                       ConstTensorPtr dout, ConstTensorPtr inp, ConstTensorPtr weight,
+                                       ConstTensorPtr pre, int64_t N, int C, int OC) {
   if (!gelu_fused(GeluFusion::kFull, C, {dpre, pre})) {
     Backend::matmul_backward_gelu(dpre, dinp, dweight, dbias, dout, inp, weight, pre, N, C, OC);
     return;
@@ -549,8 +549,8 @@ void CudaBackend::gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) {
   const OpTimer timed = time_op("gelu_forward", byte_work(N * (esize(inp) + esize(out))));
   cuda::gelu_forward(out, inp, N, stream_);
 }
-void CudaBackend::gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N) {
-  const OpTimer timed = time_op("gelu_backward", byte_work(N * (esize(dinp) + esize(inp) + 4)));
+void CudaBackend::gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N) {
+  const OpTimer timed = time_op("gelu_backward", byte_work(N * (esize(dinp) + esize(inp) + esize(dout))));
   cuda::gelu_backward(dinp, inp, dout, N, stream_);
 }
 void CudaBackend::residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) {

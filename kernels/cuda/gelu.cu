@@ -40,10 +40,10 @@ void launch_forward(Out* out, const In* inp, int64_t n, cudaStream_t stream) {
   gelu_forward_kernel<In, Out><<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, stream>>>(out, inp, n, vec);
 }
 
-// dinp may alias dout when both are fp32 (the model does that under fp32 compute): a thread reads its group of
-// dout before it writes the same group of dinp.
-template <typename In, typename Out>
-__global__ void gelu_backward_kernel(Out* dinp, const In* inp, const float* dout, int64_t n, bool vec) {
+// dinp may alias dout of its dtype (the model does that where the GELU's output gradient is in the GEMM input
+// dtype): a thread reads its group of dout before it writes the same group of dinp.
+template <typename In, typename Grad, typename Out>
+__global__ void gelu_backward_kernel(Out* dinp, const In* inp, const Grad* dout, int64_t n, bool vec) {
   for (int64_t i = 4 * (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x); i < n;
        i += 4 * static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float x[4], dy[4], dx[4];
@@ -55,10 +55,11 @@ __global__ void gelu_backward_kernel(Out* dinp, const In* inp, const float* dout
   }
 }
 
-template <typename In, typename Out>
-void launch_backward(Out* dinp, const In* inp, const float* dout, int64_t n, cudaStream_t stream) {
+template <typename In, typename Grad, typename Out>
+void launch_backward(Out* dinp, const In* inp, const Grad* dout, int64_t n, cudaStream_t stream) {
   const bool vec = aligned4(dinp) && aligned4(inp) && aligned4(dout);
-  gelu_backward_kernel<In, Out><<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, stream>>>(dinp, inp, dout, n, vec);
+  gelu_backward_kernel<In, Grad, Out>
+      <<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, stream>>>(dinp, inp, dout, n, vec);
 }
 
 }  // namespace
@@ -69,9 +70,11 @@ void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N, cudaStream_t str
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N, cudaStream_t stream) {
+void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N, cudaStream_t stream) {
   if (N == 0) return;
-  with_dtype(inp, [&](auto* x) { with_dtype(dinp, [&](auto* dx) { launch_backward(dx, x, dout, N, stream); }); });
+  with_dtype(inp, [&](auto* x) {
+    with_dtype(dout, [&](auto* dy) { with_dtype(dinp, [&](auto* dx) { launch_backward(dx, x, dy, N, stream); }); });
+  });
   GPT_CUDA_CHECK_LAUNCH();
 }
 

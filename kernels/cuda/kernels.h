@@ -64,9 +64,9 @@ void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, C
 void crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensorPtr logits, const int32_t* targets,
                                    int64_t N, int V, int Vp, float dloss, cudaStream_t stream);
 
-// gelu.cu. inp f32 or bf16; out f32 or bf16 (rounded at the store).
+// gelu.cu. inp and dout f32 or bf16; out and dinp f32 or bf16 (rounded at the store); dinp may alias dout.
 void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N, cudaStream_t stream);
-void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N, cudaStream_t stream);
+void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N, cudaStream_t stream);
 
 // elementwise.cu
 void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop,
@@ -120,8 +120,9 @@ class Matmul {
                int C, int OC, int64_t ld);
   static size_t backward_scratch_bytes(int64_t N, int OC);
   // dout, inp and weight are the GEMM inputs of `type`; dbias sums dout's values (bf16 ones in fp32). dout's rows
-  // are ld >= OC elements apart (no column past OC is read).
-  void backward(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
+  // are ld >= OC elements apart (no column past OC is read). dinp (skipped if null) f32, or bf16 with bf16 inputs
+  // (the fp32 sum rounded once).
+  void backward(TensorPtr dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
                 DType type, int64_t N, int C, int OC, int64_t ld, void* scratch);
   // Whether the GELU epilogues take these operands: bf16, rows (OC forward, C backward) a multiple of 8 (cuBLASLt's
   // rule for the GELU input's leading dimension).

@@ -6,10 +6,10 @@
 //   dweight(OC,C)       += dout^T inp               <=>  dweight^T(C,OC) += inp^T(C,N) dout(N,OC)
 // fp32 compute without TF32 (CUBLAS_COMPUTE_32F), so results match the CPU to fp32 rounding. With bf16
 // inputs (the mixed-precision policy) A and B are bf16 and the tensor cores multiply them, still
-// accumulating and writing fp32 (or, for the forward, a bf16 output rounded once); the only difference from fp32
-// is the rounding of the inputs. dbias gets a deterministic fp32 column sum of dout as the GEMMs take it (partials over
-// fixed row chunks, then added in chunk order): cuBLASLt's BGRAD epilogue overwrites instead of accumulating across
-// micro-batches.
+// accumulating and writing fp32 (or, for the forward and the input gradient, a bf16 output rounded once); the only
+// difference from fp32 is the rounding of the inputs. dbias gets a deterministic fp32 column sum of dout as the GEMMs
+// take it (partials over fixed row chunks, then added in chunk order): cuBLASLt's BGRAD epilogue overwrites instead of
+// accumulating across micro-batches.
 #include <cublasLt.h>
 
 #include <array>
@@ -249,11 +249,11 @@ void Matmul::forward(void* out, DType out_type, const void* inp, const void* wei
 
 size_t Matmul::backward_scratch_bytes(int64_t N, int OC) { return cuda_workspace::matmul_backward(N, OC); }
 
-void Matmul::backward(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
-                      DType type, int64_t N, int C, int OC, int64_t ld, void* scratch) {
+void Matmul::backward(TensorPtr dinp, float* dweight, float* dbias, const void* dout, const void* inp,
+                      const void* weight, DType type, int64_t N, int C, int OC, int64_t ld, void* scratch) {
   GPT_CHECK(N > 0 && C > 0 && OC > 0 && ld >= OC);
-  if (dinp != nullptr) {
-    gemm(false, false, C, N, OC, weight, C, dout, ld, type, dinp, DType::kF32, C, 0.0f, nullptr);
+  if (dinp.data != nullptr) {
+    gemm(false, false, C, N, OC, weight, C, dout, ld, type, dinp.data, dinp.dtype, C, 0.0f, nullptr);
   }
   dweight_dbias(dweight, dbias, dout, inp, type, N, C, OC, ld, scratch);
 }

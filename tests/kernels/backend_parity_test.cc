@@ -311,6 +311,15 @@ TEST_CASE("parity: bf16 matmul equals the fp32 matmul of bf16-rounded inputs", "
     const double worst = bf16_worst(out_lo, g_lo.read(), e);
     INFO("bf16 output: worst difference " << worst << " of its bound (fp32 bound " << e << " + one bf16 place)");
     CHECK(worst <= 1.0);
+    // A bf16 input gradient (the projections' under bf16 compute), bounded the same way against the fp32 dinp; no
+    // dweight or dbias asked.
+    Dev<bf16> g_dinp_lo(*gpu, dinp.size());
+    gpu->matmul_backward(g_dinp_lo.p(), nullptr, nullptr, g_dout.p(), g_inp.p(), g_w.p(), N, C, OC);
+    const double ed = kReduction * max_abs(dinp);
+    const double worst_d = bf16_worst(dinp, g_dinp_lo.read(), ed);
+    INFO("bf16 dinp: worst difference " << worst_d << " of its bound (fp32 bound " << ed << " + one bf16 place)");
+    CHECK(worst_d <= 1.0);
+    expect_close("bf16 matmul dweight, once", c_dw, g_dw.read(), kReduction);  // not accumulated again
   }
   gpu->set_compute_dtype(DType::kF32);
 }
@@ -953,6 +962,33 @@ TEST_CASE("parity: gelu, residual, dropout", "[cuda]") {
     gpu->gelu_backward(ga.p(), gxh.p(), gd.p(), n);
     gpu->gelu_backward(gb.p(), gxw.p(), gd.p(), n);
     CHECK(ga.read() == gb.read());
+    // A bf16 output gradient (the projection GEMM's bf16 input gradient) reads as its widening too, and a bf16
+    // result in place over it (the model's d4) is the separate one's, bit for bit.
+    std::vector<bf16> dh(n);
+    cpu().cast_to_bf16(dh.data(), d.data(), n);
+    std::vector<float> dw(n);
+    cpu().cast_from_bf16(dw.data(), dh.data(), n);
+    Dev<bf16> gdh(*gpu, dh), gio(*gpu, dh), glo(*gpu, n);
+    Dev<float> gdw(*gpu, dw);
+    gpu->gelu_backward(ga.p(), gxh.p(), gdh.p(), n);
+    gpu->gelu_backward(gb.p(), gxh.p(), gdw.p(), n);
+    CHECK(ga.read() == gb.read());
+    gpu->gelu_backward(glo.p(), gxh.p(), gdh.p(), n);
+    gpu->gelu_backward(gio.p(), gxh.p(), gio.p(), n);
+    const std::vector<bf16> separate = glo.read(), in_place = gio.read();
+    CHECK(std::memcmp(in_place.data(), separate.data(), separate.size() * sizeof(bf16)) == 0);
+    std::vector<bf16> want(n);
+    cpu().cast_to_bf16(want.data(), ga.read().data(), n);
+    CHECK(std::memcmp(separate.data(), want.data(), want.size() * sizeof(bf16)) == 0);
+    // The CPU backend's the same: its bf16 result in place over a bf16 dout.
+    std::vector<bf16> cio = dh, cwant(n);
+    std::vector<float> cx(n);
+    cpu().cast_from_bf16(cx.data(), xh.data(), n);
+    cpu().gelu_backward(cio.data(), xh.data(), cio.data(), n);
+    std::vector<float> cy(n);
+    cpu().gelu_backward(cy.data(), cx.data(), dw.data(), n);
+    cpu().cast_to_bf16(cwant.data(), cy.data(), n);
+    CHECK(std::memcmp(cio.data(), cwant.data(), cwant.size() * sizeof(bf16)) == 0);
   }
   for (float p : {0.0f, 0.3f, 0.95f, 0.999f}) {  // near 1: nearly all dropped, the kept ones scaled by up to 1000
     CAPTURE(p);

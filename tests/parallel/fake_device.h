@@ -76,7 +76,7 @@ class FakeDeviceBackend final : public Backend {
     cpu_->matmul_forward(fake_device::real(out), fake_device::real(inp), fake_device::real(weight),
                          fake_device::real(bias), N, C, OC, ld_out);
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
+  void matmul_backward(TensorPtr dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                        ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) override {
     cpu_->matmul_backward(fake_device::real(dinp), fake_device::real(dweight), fake_device::real(dbias),
                           fake_device::real(dout), fake_device::real(inp), fake_device::real(weight), N, C, OC,
@@ -117,7 +117,7 @@ class FakeDeviceBackend final : public Backend {
   void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override {
     cpu_->gelu_forward(fake_device::real(out), fake_device::real(inp), N);
   }
-  void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, const float* dout, int64_t N) override {
+  void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N) override {
     cpu_->gelu_backward(fake_device::real(dinp), fake_device::real(inp), fake_device::real(dout), N);
   }
   void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override {

@@ -207,11 +207,13 @@ TEST_CASE("run.device cuda counts the CUDA backend's workspaces, bf16 compute ad
   CHECK(big < casts + (int64_t{64} << 20));
 }
 
-// run.gelu_fusion full: the GELU backward is the projection GEMM's DGELU epilogue, writing the bf16 gradient at the
-// GELU's input from the GEMM, so Gpt::prepare carves no fp32 (N, 4C) gradient at its output. Only under bf16 compute
-// on cuda, and where the epilogue takes the width (4C a multiple of 8); forward fusion changes no memory.
-// (test_nccl_trainer.cc holds the Trainer on an emulated GPU to these plans, byte for byte.)
-TEST_CASE("run.gelu_fusion full plans no fp32 gradient at the GELU's output", "[plan]") {
+// Under bf16 compute the gradient at the GELU's output (the projection GEMM's input gradient, d4) is bf16 and the
+// GELU backward runs in place on it. run.gelu_fusion full: the GELU backward is the projection GEMM's DGELU epilogue,
+// writing the bf16 gradient at the GELU's input from the GEMM, so Gpt::prepare carves no d4 but that one instead: the
+// same bytes. Under fp32 compute d4 is fp32 and the backward in place too. (test_nccl_trainer.cc holds the Trainer
+// on an emulated GPU to these plans, byte for byte.)
+TEST_CASE("run.gelu_fusion plans the same memory at every level: the GELU gradients are in the compute dtype",
+          "[plan]") {
   auto workspace = [](PlanInput in, const char* fusion) {
     in.gelu_fusion = fusion;
     REQUIRE(check_plan_input(in).is_ok());
@@ -222,12 +224,28 @@ TEST_CASE("run.gelu_fusion full plans no fp32 gradient at the GELU's output", "[
   in.sharding.param_dtype = DType::kBF16;
   REQUIRE(in.bf16_compute());
   const int64_t N = int64_t{in.micro_batch} * in.shape.block_size, C = in.shape.n_embd;
-  const int64_t d4 = (N * 4 * C * 4 + 63) / 64 * 64;
+  PlanInput fused = in;
+  fused.gelu_fusion = "full";
+  CHECK(fused.fused_gelu_backward());  // so the "full" plan below takes the epilogue's memory
   CHECK(workspace(in, "forward") == workspace(in, "none"));
-  CHECK(workspace(in, "none") - workspace(in, "full") == d4);
-  PlanInput f32 = in;  // fp32 compute: no epilogue
+  CHECK(workspace(in, "full") == workspace(in, "none"));
+  // The gradient area's bytes (the activations' workspace part): dres, dtmp, dln, datty fp32; the GELU's gradient
+  // bf16, one (N, 4C) area; dres in bf16; dqkv bf16.
+  auto carved = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+  const ActivationBytes bf16 =
+      activation_bytes(in.shape, in.micro_batch, in.shape.block_size, {}, true, DType::kBF16, DType::kBF16, false);
+  CHECK(bf16.workspace == 4 * carved(N * C * 4) + carved(4 * N * C * 2) + carved(N * C * 2) + carved(3 * N * C * 2));
+  CHECK(activation_bytes(in.shape, in.micro_batch, in.shape.block_size, {}, true, DType::kBF16, DType::kBF16, true)
+            .workspace == bf16.workspace);
+  // bf16 compute over fp32 GEMM inputs (a test configuration): d4 bf16, the GELU's input gradient its own fp32 area.
+  CHECK(activation_bytes(in.shape, in.micro_batch, in.shape.block_size, {}, true, DType::kF32, DType::kBF16, false)
+            .workspace ==
+        4 * carved(N * C * 4) + carved(4 * N * C * 2) + carved(4 * N * C * 4) + carved(3 * N * C * 2));
+  PlanInput f32 = in;  // fp32 compute: no epilogue; d4 fp32, in place
   f32.sharding.param_dtype = DType::kF32;
   CHECK(workspace(f32, "full") == workspace(f32, "none"));
+  CHECK(activation_bytes(in.shape, in.micro_batch, in.shape.block_size, {}, true).workspace ==
+        4 * carved(N * C * 4) + carved(4 * N * C * 4) + carved(3 * N * C * 4));
   PlanInput odd = in;  // 4C = 132: not a multiple of 8, the backend runs the two ops
   odd.shape.n_embd = 33;
   odd.shape.n_head = 3;
