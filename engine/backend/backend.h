@@ -231,8 +231,9 @@ class Backend {
   virtual void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                                  ConstTensorPtr bias, int64_t N, int C) = 0;
   // dinp (the residual stream's gradient) is accumulated into; dinp_lo, when not null, also gets the accumulated
-  // dinp rounded to bf16 (as cast_to_bf16 rounds), the projection GEMMs' output gradient under bf16 compute.
-  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+  // dinp rounded to bf16 (as cast_to_bf16 rounds), the projection GEMMs' output gradient under bf16 compute. dout
+  // f32, or bf16 (the next GEMM's input gradient under bf16 compute), read as fp32.
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, const float* inp,
                                   ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C,
                                   bf16* dinp_lo) = 0;
   // The residual add fused with the LayerNorm that reads its result (llm.c's fused residual + LayerNorm):
@@ -252,11 +253,12 @@ class Backend {
   // dropout (mask element ((b*NH + h)*T + t)*T + t2, offset by drop.base) applies to the probabilities in
   // the product. Backward also reads forward's `out`. qkv, out and dqkv share one dtype: f32, or bf16 (the model's
   // under bf16 compute: read as fp32, written rounded as layernorm_forward's); the tensor-core backward's
-  // D = rowsum(dout * out) takes out as bf16 either way.
+  // D = rowsum(dout * out) takes out as bf16 either way. dout f32, or bf16 (the projection GEMM's input gradient
+  // under bf16 compute), read as fp32 (the tensor-core kernels multiply its bf16 rounding either way).
   virtual int64_t attention_state_floats(int B, int T, int NH) const = 0;
   virtual void attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                                  const DropoutMask& drop) = 0;
-  virtual void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out,
+  virtual void attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out,
                                   const float* att, int B, int T, int C, int NH, const DropoutMask& drop) = 0;
   // Inference over a KV cache (sampling): the causal attention of positions [t0, T) of one sequence over its
   // positions [0, T). qkv(T,3C) holds every position's q|k|v (those before t0 written by earlier calls); out(T-t0,C)
@@ -278,8 +280,8 @@ class Backend {
   // The GEMM after the GELU, backward through both: dpre(N,C) = gelu_backward of dinp = dout @ weight at `pre`
   // (the GELU's input), dweight and dbias as matmul_backward's (inp is the GELU's output). Unfused (the default,
   // and kNone/kForward): matmul_backward into dinp ((N,C) scratch, as matmul_backward's), then gelu_backward(dpre,
-  // pre, dinp), bit for bit; dpre may alias dinp. Fused (gelu_backward_fused(C): the CUDA backend under kFull,
-  // cuBLASLt's DGELU epilogue on the dinp GEMM): dpre bf16, written by the GEMM from its fp32 sum (dinp is not
+  // pre, dinp), bit for bit; dpre may alias dinp of its dtype. Fused (gelu_backward_fused(C): the CUDA backend under
+  // kFull, cuBLASLt's DGELU epilogue on the dinp GEMM): dpre bf16, written by the GEMM from its fp32 sum (dinp is not
   // written, and may be null), so within a bf16 place of the unfused dpre.
   virtual void matmul_backward_gelu(TensorPtr dpre, TensorPtr dinp, float* dweight, float* dbias, ConstTensorPtr dout,
                                     ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr pre, int64_t N, int C,

@@ -56,13 +56,14 @@ struct Gpt::Acts {
   // ParamSource holds them).
   ConstTensorPtr wte;
   ConstTensorPtr head;
-  // gradient workspace. d4: the GELU's output gradient, the projection GEMM's input gradient, in the compute dtype
-  // (bf16 under bf16 compute, as PyTorch's autocast leaves it); null under a fused GELU backward, which writes d4_lo
-  // from the GEMM. d4_lo: the GELU backward's output, the fc GEMM's output gradient, in the GEMM input dtype: d4
-  // itself (in place) where the two dtypes agree. dqkv in qkv's dtype (the compute dtype).
-  float *dres = nullptr, *dtmp = nullptr, *dln = nullptr, *datty = nullptr;
+  // gradient workspace. The GEMMs' input gradients are in the compute dtype (bf16 under bf16 compute, as PyTorch's
+  // autocast leaves a Linear's): dln (the LayerNorms' output gradient), datty (attention's), and d4 (the GELU's
+  // output gradient), which is null under a fused GELU backward, which writes d4_lo from the GEMM. d4_lo: the GELU
+  // backward's output, the fc GEMM's output gradient, in the GEMM input dtype: d4 itself (in place) where the two
+  // dtypes agree. dqkv in qkv's dtype (the compute dtype). dres (the residual stream's) and dtmp stay fp32.
+  float *dres = nullptr, *dtmp = nullptr;
   bool fused_dgelu = false;  // Backend::gelu_backward_fused when prepared
-  TensorPtr d4, d4_lo, dqkv;
+  TensorPtr dln, datty, d4, d4_lo, dqkv;
   bf16* dres_lo = nullptr;  // dres in bf16, the projections' output gradient (GEMM inputs in bf16 only)
 };
 
@@ -201,11 +202,11 @@ void Gpt::prepare(int B, int T, int loss_slots) {
     Carver gr(pass ? &acts_->grads : nullptr);
     acts_->dres = gr.take(N * C);
     acts_->dtmp = gr.take(N * C);
-    acts_->dln = gr.take(N * C);
+    acts_->dln = gr.take(N * C, out);
     acts_->d4 = fused_dgelu ? TensorPtr() : gr.take(4 * N * C, out);
     acts_->d4_lo = !fused_dgelu && lo == out ? acts_->d4 : gr.take(4 * N * C, lo);
     acts_->dqkv = gr.take(3 * N * C, out);
-    acts_->datty = gr.take(N * C);
+    acts_->datty = gr.take(N * C, out);
     acts_->dres_lo = lo == DType::kBF16 ? gr.take(N * C, lo).as_bf16() : nullptr;
     if (pass == 0) {
       acts_->scratch = be_.alloc(sc.used(), MemCategory::kActivations);
@@ -538,7 +539,7 @@ void Gpt::forward_backward_into(ParamSource& params, const int32_t* inputs, cons
     head_forward(r0, rows);
     be_.crossentropy_forward_backward(losses + r0, acts_->dlogits, acts_->logits, tgt + r0, rows, V,
                                       static_cast<int>(Vp), loss_scale);
-    be_.matmul_backward(acts_->dln + r0 * C, dembed + eu.params[0].offset, nullptr, acts_->dlogits,
+    be_.matmul_backward(acts_->dln.at(r0 * C), dembed + eu.params[0].offset, nullptr, acts_->dlogits,
                         acts_->lnf.at(r0 * C), acts_->wte, rows, C, V, Vp);
   }
   const int head = layout_.head_unit();

@@ -57,12 +57,12 @@ class Gpt {
   // cross-entropy see only the first V columns; wte stays (V, C). The planner pads by the same function.
   static int64_t logits_stride(int64_t V) { return (V + 15) / 16 * 16; }
 
-  // The dtype of the activations only GEMMs read (the ln_1, ln_2 and ln_f outputs, the GELU output, its gradient
-  // and the LM head's dlogits, which then get buffers of their own instead of overwriting fp32 ones): the
-  // backend's compute dtype, so under bf16 compute they are stored in bf16, bit for bit what the GEMMs would
+  // The dtype of the activations only GEMMs read (the ln_1, ln_2 and ln_f outputs, the GELU output, the gradient
+  // at its input and the LM head's dlogits, which then get buffers of their own instead of overwriting fp32 ones):
+  // the backend's compute dtype, so under bf16 compute they are stored in bf16, bit for bit what the GEMMs would
   // round fp32 copies to. set_gemm_input_dtype (before prepare) overrides it, for tests of exactly that.
-  // (qkv, the attention output, its gradient dqkv and the fc output, which attention and the GELU also read, are
-  // stored in the compute dtype whatever this says.)
+  // (qkv, the attention output, its gradient dqkv, the fc output, which attention and the GELU also read, and the
+  // GEMMs' input gradients, which GEMMs write, are stored in the compute dtype whatever this says.)
   DType gemm_input_dtype() const;
   void set_gemm_input_dtype(DType type);
 

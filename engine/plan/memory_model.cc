@@ -51,11 +51,11 @@ ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const Acti
   a.stored += carved(N * C, lo) + 2 * carved(N) + carved(head, out) + (lo == out ? 0 : carved(head, lo)) +
               carved(loss_slots * N);
   a.tokens = 2 * N * 4;  // the int32 inputs and targets, copied to the backend
-  // dres, dtmp, dln, datty; d4 in the compute dtype (none under a fused GELU backward, which takes bf16 GEMM inputs
-  // and outputs); the gradient at the GELU's input in the GEMM input dtype (in place in d4 where the dtypes agree);
-  // dqkv (compute dtype); and dres in bf16 (GEMM inputs in bf16)
+  // dres, dtmp; the GEMMs' input gradients in the compute dtype: dln, datty and d4 (none under a fused GELU backward,
+  // which takes bf16 GEMM inputs and outputs); the gradient at the GELU's input in the GEMM input dtype (in place in
+  // d4 where the dtypes agree); dqkv (compute dtype); and dres in bf16 (GEMM inputs in bf16)
   const bool no_d4 = fused_gelu_backward && lo == DType::kBF16 && out == DType::kBF16;
-  a.workspace = 4 * carved(N * C) + (no_d4 ? 0 : carved(4 * N * C, out)) +
+  a.workspace = 2 * carved(N * C) + 2 * carved(N * C, out) + (no_d4 ? 0 : carved(4 * N * C, out)) +
                 (!no_d4 && lo == out ? 0 : carved(4 * N * C, lo)) + (lo == f32 ? 0 : carved(N * C, lo)) +
                 carved(3 * N * C, out);
   return a;

@@ -44,7 +44,7 @@ std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& pl
       dtype_label(in.sharding.param_dtype), dtype_label(in.sharding.reduce_dtype), in.sharding.prefetch,
       in.sharding.reshard_after_forward,
       in.bf16_compute()
-          ? ", but for the GEMM inputs, the qkv and fc outputs, the GELU's gradients and the logits in bf16"
+          ? ", but for the GEMM inputs, the qkv and fc outputs, the GEMMs' input gradients and the logits in bf16"
           : "",
       device_label(in));
 

@@ -103,10 +103,11 @@ void CpuBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, cons
   cpu::layernorm_forward(result_area(out, N * C), mean, rstd, inp, f32_view(0, weight, C), f32_view(1, bias, C), N, C);
   finish(out, N * C);
 }
-void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, const float* inp,
                                     ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C,
                                     bf16* dinp_lo) {
-  cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, f32_view(0, weight, C), mean, rstd, N, C);
+  cpu::layernorm_backward(dinp, dweight, dbias, f32_view(2, dout, N * C), inp, f32_view(0, weight, C), mean, rstd, N,
+                          C);
   if (dinp_lo != nullptr) cast_to_bf16(dinp_lo, dinp, N * C);
 }
 void CpuBackend::residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
@@ -123,10 +124,10 @@ void CpuBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv
   finish(out, n);
 }
 // The probabilities in `att` give the backward; it does not read out.
-void CpuBackend::attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr /*out*/,
+void CpuBackend::attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr /*out*/,
                                     const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
   const int64_t n = static_cast<int64_t>(B) * T * 3 * C;
-  cpu::attention_backward(result_area(dqkv, n), dout, f32_view(0, qkv, n), att, B, T, C, NH, drop);
+  cpu::attention_backward(result_area(dqkv, n), f32_view(2, dout, n / 3), f32_view(0, qkv, n), att, B, T, C, NH, drop);
   finish(dqkv, n);
 }
 void CpuBackend::attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) {
@@ -139,7 +140,7 @@ void CpuBackend::gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) {
   finish(out, N);
 }
 void CpuBackend::gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N) {
-  cpu::gelu_backward(result_area(dinp, N), f32_view(0, inp, N), f32_view(1, dout, N), N);
+  cpu::gelu_backward(result_area(dinp, N), f32_view(0, inp, N), f32_view(2, dout, N), N);
   finish(dinp, N);
 }
 void CpuBackend::residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) {

@@ -30,7 +30,7 @@ class CpuBackend final : public Backend {
                        ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) override;
   void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                          ConstTensorPtr bias, int64_t N, int C) override;
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, const float* inp,
                           ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C,
                           bf16* dinp_lo) override;
   void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
@@ -41,7 +41,7 @@ class CpuBackend final : public Backend {
   }
   void attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                          const DropoutMask& drop) override;
-  void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
+  void attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
                           int B, int T, int C, int NH, const DropoutMask& drop) override;
   void attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) override;
   void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override;
@@ -67,7 +67,8 @@ class CpuBackend final : public Backend {
 
  private:
   // Staging buffer `slot` of at least n floats (0: GEMM input or a LayerNorm weight, 1: GEMM weight or a LayerNorm
-  // bias, 2: output gradient, 3: an output, 4: a GEMM bias).
+  // bias, 2: an output gradient (a GEMM's, or a bf16 one the LayerNorm, attention or GELU backward reads widened), 3:
+  // an output, 4: a GEMM bias).
   float* staging(int slot, int64_t n);
   // x's values as a bf16 GEMM reads them (bf16 expanded, or fp32 rounded to bf16), as fp32 in staging `slot`.
   const float* bf16_operand(int slot, ConstTensorPtr x, int64_t n);

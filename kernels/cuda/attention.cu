@@ -249,9 +249,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 
 // Dv for every (b, h, t): one warp per row, lanes stride the channels, then a fixed-order warp sum. kRound: an
 // fp32 out rounded to bf16 first.
-template <typename In, bool kRound>
-__global__ void attention_row_dot_kernel(float* dv, const float* dout, const In* out, int64_t rows, int T, int C,
-                                         int NH, int hs) {
+template <typename In, bool kRound, typename G>
+__global__ void attention_row_dot_kernel(float* dv, const G* dout, const In* out, int64_t rows, int T, int C, int NH,
+                                         int hs) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   if (row >= rows) return;  // whole warps leave together, so warp_sum below has all 32 lanes
   const int lane = threadIdx.x % kWarp;
@@ -261,7 +261,7 @@ __global__ void attention_row_dot_kernel(float* dv, const float* dout, const In*
   float acc = 0.0f;
   for (int c = lane; c < hs; c += kWarp) {
     const float o = load_value(out + off + c);
-    acc = fmaf(dout[off + c], kRound ? round_bf16(o) : o, acc);
+    acc = fmaf(load_value(dout + off + c), kRound ? round_bf16(o) : o, acc);
   }
   acc = warp_sum(acc);
   if (lane == 0) dv[row] = acc;
@@ -297,9 +297,9 @@ __device__ inline void score_grads(float* sp, float* sds, const float* sq, const
 }
 
 // dK, dV for one key tile of one (b, h): sums over query tiles in ascending order, each in ascending row order.
-template <int D, class Cfg, typename In>
+template <int D, class Cfg, typename In, typename G>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    attention_backward_kv_kernel(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int T,
+    attention_backward_kv_kernel(In* dqkv, const G* dout, const In* qkv, const float* lse, const float* dvec, int T,
                                  int C, int NH, int hs, float scale, DropoutMask drop, float keep) {
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, TY = Cfg::TY, NT = Cfg::kThreads;
   constexpr int LD = kLd<D>, LDP = kLdp<Cfg>;
@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const In* q = qkv + qkv_off;
   const In* k = q + C;
   const In* v = q + 2 * C;
-  const float* dO = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * hs;
+  const G* dO = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * hs;
   const float* lse_bh = lse + static_cast<int64_t>(bh) * T;
   const float* dvec_bh = dvec + static_cast<int64_t>(bh) * T;
   const uint64_t first = static_cast<uint64_t>(bh) * T * T;
@@ -363,9 +363,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 }
 
 // dQ for one query tile of one (b, h): sums over key tiles in ascending order.
-template <int D, class Cfg, typename In>
+template <int D, class Cfg, typename In, typename G>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    attention_backward_q_kernel(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int T,
+    attention_backward_q_kernel(In* dqkv, const G* dout, const In* qkv, const float* lse, const float* dvec, int T,
                                 int C, int NH, int hs, float scale, DropoutMask drop, float keep) {
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, TY = Cfg::TY, NT = Cfg::kThreads;
   constexpr int LD = kLd<D>, LDP = kLdp<Cfg>;
@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const In* q = qkv + qkv_off;
   const In* k = q + C;
   const In* v = q + 2 * C;
-  const float* dO = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * hs;
+  const G* dO = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * hs;
   const uint64_t first = static_cast<uint64_t>(bh) * T * T;
 
   load_tile<BQ, D, NT>(sq, q, C3, q0, T, hs);
@@ -490,8 +490,8 @@ void forward_impl(Out* out, float* lse, const In* qkv, int B, int T, int C, int 
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-template <int D, typename In>
-void backward_impl(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T, int C,
+template <int D, typename In, typename G>
+void backward_impl(In* dqkv, const G* dout, const In* qkv, const float* lse, const float* dvec, int B, int T, int C,
                    int NH, const DropoutMask& drop, cudaStream_t stream) {
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -499,7 +499,7 @@ void backward_impl(In* dqkv, const float* dout, const In* qkv, const float* lse,
   {
     using Cfg = typename Config<D>::BwdKv;
     constexpr size_t smem = backward_smem_bytes<D, Cfg>(2);
-    const auto kernel = attention_backward_kv_kernel<D, Cfg, In>;
+    const auto kernel = attention_backward_kv_kernel<D, Cfg, In, G>;
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BK)), static_cast<unsigned>(B * NH));
     kernel<<<grid, Cfg::kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, hs, scale, drop, keep);
@@ -508,7 +508,7 @@ void backward_impl(In* dqkv, const float* dout, const In* qkv, const float* lse,
   {
     using Cfg = typename Config<D>::BwdQ;
     constexpr size_t smem = backward_smem_bytes<D, Cfg>(1);
-    const auto kernel = attention_backward_q_kernel<D, Cfg, In>;
+    const auto kernel = attention_backward_q_kernel<D, Cfg, In, G>;
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
     kernel<<<grid, Cfg::kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, hs, scale, drop, keep);
@@ -546,26 +546,29 @@ size_t attention_backward_scratch_bytes(int B, int T, int C, int NH) {
   return cuda_workspace::attention_backward(B, T, NH);  // Dv(B,NH,T)
 }
 
-void attention_row_dot(float* dv, const float* dout, ConstTensorPtr out, bool round_out, int B, int T, int C, int NH,
+void attention_row_dot(float* dv, ConstTensorPtr dout, ConstTensorPtr out, bool round_out, int B, int T, int C, int NH,
                        cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(B) * NH * T;
   constexpr int kThreads = 256;
   constexpr int kRowsPerBlock = kThreads / kWarp;
   const dim3 grid(static_cast<unsigned>(ceil_div(rows, kRowsPerBlock)));
-  if (out.is_bf16()) {
-    attention_row_dot_kernel<bf16, false>
-        <<<grid, kThreads, 0, stream>>>(dv, dout, out.as_bf16(), rows, T, C, NH, C / NH);
-  } else if (round_out) {
-    attention_row_dot_kernel<float, true>
-        <<<grid, kThreads, 0, stream>>>(dv, dout, out.as_f32(), rows, T, C, NH, C / NH);
-  } else {
-    attention_row_dot_kernel<float, false>
-        <<<grid, kThreads, 0, stream>>>(dv, dout, out.as_f32(), rows, T, C, NH, C / NH);
-  }
+  with_dtype(dout, [&](auto* dy) {
+    using G = element_t<decltype(dy)>;
+    if (out.is_bf16()) {
+      attention_row_dot_kernel<bf16, false, G>
+          <<<grid, kThreads, 0, stream>>>(dv, dy, out.as_bf16(), rows, T, C, NH, C / NH);
+    } else if (round_out) {
+      attention_row_dot_kernel<float, true, G>
+          <<<grid, kThreads, 0, stream>>>(dv, dy, out.as_f32(), rows, T, C, NH, C / NH);
+    } else {
+      attention_row_dot_kernel<float, false, G>
+          <<<grid, kThreads, 0, stream>>>(dv, dy, out.as_f32(), rows, T, C, NH, C / NH);
+    }
+  });
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
+void attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
                         int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream) {
   const int hs = head_size(B, T, C, NH);
   GPT_CHECK(dqkv.dtype == qkv.dtype && out.dtype == qkv.dtype);
@@ -574,8 +577,10 @@ void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, C
   attention_row_dot(dvec, dout, out, false, B, T, C, NH, stream);
   with_dtype(qkv, [&](auto* q) {
     auto* dq = static_cast<element_t<decltype(q)>*>(dqkv.data);  // dqkv has qkv's dtype
-    with_head_size(
-        hs, [&](auto d) { backward_impl<decltype(d)::value>(dq, dout, q, lse, dvec, B, T, C, NH, drop, stream); });
+    with_dtype(dout, [&](auto* dy) {
+      with_head_size(
+          hs, [&](auto d) { backward_impl<decltype(d)::value>(dq, dy, q, lse, dvec, B, T, C, NH, drop, stream); });
+    });
   });
 }
 

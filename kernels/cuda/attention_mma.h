@@ -27,13 +27,14 @@ size_t attention_mma_smem_bytes(int C, int NH);
 void attention_forward_mma(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
                            const DropoutMask& drop, cudaStream_t stream);
 
-// The backward's scratch: D (B,NH,T floats) and dO rounded to bf16 (B,T,C).
+// The backward's scratch: D (B,NH,T floats) and dO rounded to bf16 (B,T,C; unused where dout is bf16).
 size_t attention_backward_mma_scratch_bytes(int B, int T, int C, int NH);
 
-// dqkv(B,T,3C) bf16 (overwritten) from dout(B,T,C) fp32, forward's out (bf16) and lse. REQUIRES
+// dqkv(B,T,3C) bf16 (overwritten) from dout(B,T,C) fp32 or bf16, forward's out (bf16) and lse. REQUIRES
 // attention_mma_supported(C, NH), 16-byte aligned dqkv, dout, qkv, out and scratch of
 // attention_backward_mma_scratch_bytes.
-void attention_backward_mma(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
-                            int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
+void attention_backward_mma(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out,
+                            const float* lse, int B, int T, int C, int NH, const DropoutMask& drop, void* scratch,
+                            cudaStream_t stream);
 
 }  // namespace gpt::cuda

@@ -342,10 +342,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // dK, dV for one key tile of one (b, h); warp w owns keys k0 + 16w.. and sums over the query tiles in ascending
 // order. Works on transposed scores: S^T = K Q^T (keys x queries).
-template <int D, typename In>
+template <int D, typename In, typename G>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_kv_tc_kernel(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec,
-                                    int T, int C, int NH, float scale, DropoutMask drop, float keep) {
+    attention_backward_kv_tc_kernel(In* dqkv, const G* dout, const In* qkv, const float* lse, const float* dvec, int T,
+                                    int C, int NH, float scale, DropoutMask drop, float keep) {
   using Cfg = BwdKvCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LDK = Cfg::LDK, LDB = Cfg::LDB;
   constexpr int KD = D / 16, NBQ = BQ / 16;
@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(kThreads)
   const In* q = qkv + qkv_off;
   const In* k = q + C;
   const In* v = q + 2 * C;
-  const float* dO = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
+  const G* dO = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
   const float* lse_bh = lse + static_cast<int64_t>(bh) * T;
   const float* dvec_bh = dvec + static_cast<int64_t>(bh) * T;
   const uint64_t first = static_cast<uint64_t>(bh) * T * T;
@@ -467,10 +467,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // dQ for one query tile of one (b, h); warp w owns queries q0 + 16w.. and sums over the key tiles in ascending
 // order.
-template <int D, typename In>
+template <int D, typename In, typename G>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_q_tc_kernel(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec,
-                                   int T, int C, int NH, float scale, DropoutMask drop, float keep) {
+    attention_backward_q_tc_kernel(In* dqkv, const G* dout, const In* qkv, const float* lse, const float* dvec, int T,
+                                   int C, int NH, float scale, DropoutMask drop, float keep) {
   using Cfg = BwdQCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LDK = Cfg::LDK, LDB = Cfg::LDB;
   constexpr int KD = D / 16, NBK = BK / 16;
@@ -492,7 +492,7 @@ __global__ void __launch_bounds__(kThreads)
   const In* q = qkv + qkv_off;
   const In* k = q + C;
   const In* v = q + 2 * C;
-  const float* dO = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
+  const G* dO = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D;
   const uint64_t first = static_cast<uint64_t>(bh) * T * T;
 
   AccFrag idx;
@@ -594,15 +594,15 @@ void forward_impl(Out* out, float* lse, const In* qkv, int B, int T, int C, int 
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-template <int D, typename In>
-void backward_impl(In* dqkv, const float* dout, const In* qkv, const float* lse, const float* dvec, int B, int T, int C,
+template <int D, typename In, typename G>
+void backward_impl(In* dqkv, const G* dout, const In* qkv, const float* lse, const float* dvec, int B, int T, int C,
                    int NH, const DropoutMask& drop, cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const float keep = keep_scale(drop);
   {
     using Cfg = BwdKvCfg<D>;
     constexpr size_t smem = Cfg::kBytes;
-    const auto kernel = attention_backward_kv_tc_kernel<D, In>;
+    const auto kernel = attention_backward_kv_tc_kernel<D, In, G>;
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BK)), static_cast<unsigned>(B * NH));
     kernel<<<grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, drop, keep);
@@ -611,7 +611,7 @@ void backward_impl(In* dqkv, const float* dout, const In* qkv, const float* lse,
   {
     using Cfg = BwdQCfg<D>;
     constexpr size_t smem = Cfg::kBytes;
-    const auto kernel = attention_backward_q_tc_kernel<D, In>;
+    const auto kernel = attention_backward_q_tc_kernel<D, In, G>;
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
     kernel<<<grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, drop, keep);
@@ -649,19 +649,22 @@ void attention_forward_tc(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, 
   });
 }
 
-void attention_backward_tc(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
-                           int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream) {
+void attention_backward_tc(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out,
+                           const float* lse, int B, int T, int C, int NH, const DropoutMask& drop, void* scratch,
+                           cudaStream_t stream) {
   const int hs = check_shape(B, T, C, NH);
   GPT_CHECK(dqkv.dtype == qkv.dtype && out.dtype == qkv.dtype);
   if (B == 0 || T == 0) return;
-  GPT_CHECK(aligned16(dqkv.data) && aligned16(dout) && aligned16(qkv.data));  // float4 access
+  GPT_CHECK(aligned16(dqkv.data) && aligned16(dout.data) && aligned16(qkv.data));  // float4 access
   float* dvec = static_cast<float*>(scratch);
   // attention.cu's, with O as bf16 (rounded when stored in fp32), as FlashAttention's bf16 O.
   attention_row_dot(dvec, dout, out, /*round_out=*/true, B, T, C, NH, stream);
   with_dtype(qkv, [&](auto* q) {
     auto* dq = static_cast<element_t<decltype(q)>*>(dqkv.data);  // dqkv has qkv's dtype
-    with_head_size(
-        hs, [&](auto d) { backward_impl<decltype(d)::value>(dq, dout, q, lse, dvec, B, T, C, NH, drop, stream); });
+    with_dtype(dout, [&](auto* dy) {
+      with_head_size(
+          hs, [&](auto d) { backward_impl<decltype(d)::value>(dq, dy, q, lse, dvec, B, T, C, NH, drop, stream); });
+    });
   });
 }
 

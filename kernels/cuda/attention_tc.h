@@ -26,10 +26,12 @@ size_t attention_tc_smem_bytes(int C, int NH);
 void attention_forward_tc(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
                           const DropoutMask& drop, cudaStream_t stream);
 
-// dqkv(B,T,3C) (overwritten; qkv's dtype) from dout(B,T,C), forward's out and lse. REQUIRES attention_tc_supported(C,
-// NH), 16-byte aligned dqkv, dout, qkv, and scratch of attention_backward_scratch_bytes (the fp32 path's D, from out as
-// bf16: an fp32 out is rounded, so the result does not depend on the dtype out is stored in).
-void attention_backward_tc(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
-                           int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
+// dqkv(B,T,3C) (overwritten; qkv's dtype) from dout(B,T,C) (f32 or bf16), forward's out and lse. REQUIRES
+// attention_tc_supported(C, NH), 16-byte aligned dqkv, dout, qkv, and scratch of attention_backward_scratch_bytes (the
+// fp32 path's D, from out as bf16: an fp32 out is rounded, so the result does not depend on the dtype out is stored
+// in).
+void attention_backward_tc(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out,
+                           const float* lse, int B, int T, int C, int NH, const DropoutMask& drop, void* scratch,
+                           cudaStream_t stream);
 
 }  // namespace gpt::cuda

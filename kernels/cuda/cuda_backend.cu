@@ -461,11 +461,12 @@ void CudaBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, con
       time_op("layernorm_forward", byte_work(N * C * (4 + esize(out)) + 8 * N + 2 * int64_t{C} * esize(weight)));
   cuda::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, stream_);
 }
-void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, const float* inp,
                                      ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C,
                                      bf16* dinp_lo) {
-  const OpTimer timed = time_op("layernorm_backward", byte_work(N * C * (16 + (dinp_lo != nullptr ? 2 : 0)) + 8 * N +
-                                                                int64_t{C} * (esize(weight) + 16)));
+  const OpTimer timed = time_op(
+      "layernorm_backward",
+      byte_work(N * C * (12 + esize(dout) + (dinp_lo != nullptr ? 2 : 0)) + 8 * N + int64_t{C} * (esize(weight) + 16)));
   cuda::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, dinp_lo,
                            scratch(cuda::layernorm_backward_scratch_bytes(N, C)), stream_);
 }
@@ -480,7 +481,7 @@ void CudaBackend::residual_layernorm_forward(float* res_out, TensorPtr out, floa
 // move 16 bytes at a time): the mma.sync ones (attention_mma.cu) where every tensor but dout is bf16 and
 // run.attention_kernel is auto, else the WMMA ones (attention_tc.cu); else the fp32 kernels.
 CudaBackend::AttentionPath CudaBackend::attention_path(int C, int NH, std::initializer_list<ConstTensorPtr> tensors,
-                                                       const float* dout) const {
+                                                       const void* dout) const {
   if (compute_dtype_ != DType::kBF16 || !cuda::attention_tc_supported(C, NH)) return AttentionPath::kFp32;
   if (reinterpret_cast<uintptr_t>(dout) % 16 != 0) return AttentionPath::kFp32;
   bool bf16 = true;
@@ -522,10 +523,10 @@ void CudaBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qk
       break;
   }
 }
-void CudaBackend::attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out,
+void CudaBackend::attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out,
                                      const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
   const OpTimer timed = time_op("attention_backward", flop_work(5.0 * B * T * T * C));
-  switch (attention_path(C, NH, {dqkv, qkv, out}, dout)) {
+  switch (attention_path(C, NH, {dqkv, qkv, out}, dout.data)) {
     case AttentionPath::kMma:
       cuda::attention_backward_mma(dqkv, dout, qkv, out, att, B, T, C, NH, drop,
                                    scratch(cuda::attention_backward_mma_scratch_bytes(B, T, C, NH)), stream_);

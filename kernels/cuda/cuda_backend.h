@@ -61,7 +61,7 @@ class CudaBackend final : public Backend {
                        ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) override;
   void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                          ConstTensorPtr bias, int64_t N, int C) override;
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, const float* inp,
                           ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C,
                           bf16* dinp_lo) override;
   void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
@@ -72,7 +72,7 @@ class CudaBackend final : public Backend {
   }
   void attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                          const DropoutMask& drop) override;
-  void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
+  void attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
                           int B, int T, int C, int NH, const DropoutMask& drop) override;
   void attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) override;
   void matmul_gelu_forward(TensorPtr pre, TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias,
@@ -137,12 +137,12 @@ class CudaBackend final : public Backend {
   const bf16* gemm_input(int slot, ConstTensorPtr x, int64_t n);
   // A GEMM's bias as Matmul takes it for an output of `out_type` (null for none); may use cast area 3.
   const void* gemm_bias(ConstTensorPtr bias, DType out_type, int OC);
-  // Which attention kernels take these tensors (qkv, out, dqkv; the backward's fp32 dout), from the compute dtype,
-  // the shape, the tensors' dtypes and alignment, run.attention_kernel, and the shared memory a block may have on
-  // this GPU (the first time a choice is given up for that, a warning says so).
+  // Which attention kernels take these tensors (qkv, out, dqkv; the backward's dout, of either dtype), from the compute
+  // dtype, the shape, the tensors' dtypes and alignment, run.attention_kernel, and the shared memory a block may have
+  // on this GPU (the first time a choice is given up for that, a warning says so).
   enum class AttentionPath { kFp32, kWmma, kMma };
   AttentionPath attention_path(int C, int NH, std::initializer_list<ConstTensorPtr> tensors,
-                               const float* dout = nullptr) const;
+                               const void* dout = nullptr) const;
   // Whether a GELU epilogue takes these: at least `level` fusion asked for, bf16 compute, the GELU's input and
   // output bf16 and 16-byte aligned, `rows` (the GELU's width) a multiple of 8.
   bool gelu_fused(GeluFusion level, int64_t rows, std::initializer_list<ConstTensorPtr> gelu_tensors) const;

@@ -38,8 +38,8 @@ void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, floa
                                 const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                                 const DropoutMask& drop, cudaStream_t stream);
 size_t layernorm_backward_scratch_bytes(int64_t N, int C);
-// dinp_lo, when not null, gets the accumulated dinp rounded to bf16 in the same pass.
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+// dout f32 or bf16 (read widened). dinp_lo, when not null, gets the accumulated dinp rounded to bf16 in the same pass.
+void layernorm_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, const float* inp,
                         ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C, bf16* dinp_lo,
                         void* scratch, cudaStream_t stream);
 
@@ -53,10 +53,10 @@ void attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, in
 size_t attention_backward_scratch_bytes(int B, int T, int C, int NH);
 // D(B,NH,T) = rowsum(dout * out) per head, the first step of both attention backwards (attention_tc.cu's too).
 // `round_out`: an fp32 out is rounded to bf16 first (a bf16 one is read as it is): the tensor-core backward's D
-// does not depend on the dtype out was stored in.
-void attention_row_dot(float* dv, const float* dout, ConstTensorPtr out, bool round_out, int B, int T, int C, int NH,
+// does not depend on the dtype out was stored in. dout f32 or bf16 (read widened), here and in attention_backward.
+void attention_row_dot(float* dv, ConstTensorPtr dout, ConstTensorPtr out, bool round_out, int B, int T, int C, int NH,
                        cudaStream_t stream);
-void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
+void attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
                         int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
 
 // crossentropy.cu: one pass per row over the vocabulary in chunks (online max and sum), then dlogits. logits f32
@@ -64,7 +64,7 @@ void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, C
 void crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensorPtr logits, const int32_t* targets,
                                    int64_t N, int V, int Vp, float dloss, cudaStream_t stream);
 
-// gelu.cu. inp and dout f32 or bf16; out and dinp f32 or bf16 (rounded at the store); dinp may alias dout.
+// gelu.cu. inp and dout f32 or bf16; out and dinp f32 or bf16 (rounded at the store); dinp may alias dout of its dtype.
 void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N, cudaStream_t stream);
 void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N, cudaStream_t stream);
 

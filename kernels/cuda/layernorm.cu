@@ -138,13 +138,12 @@ __global__ void __launch_bounds__(kRowThreads)
 // owns its columns, so no races). Then the block adds its warps' accumulators in warp order into
 // partial[chunk] = [dweight (C) | dbias (C)]. Each row's dout and inp come from memory once (the second read of a
 // row is a cache hit, in L1 or at wide C in L2), where a row kernel and a column kernel read them twice.
-template <bool kVec, typename W>
+template <bool kVec, typename W, typename G>
 __global__ void __launch_bounds__(kRowThreads)
     layernorm_backward_kernel(float* __restrict__ dinp, bf16* __restrict__ dinp_lo, bool lo_vec,
-                              float* __restrict__ partial, const float* __restrict__ dout,
-                              const float* __restrict__ inp, const W* __restrict__ weight,
-                              const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N, int C,
-                              int64_t rpc) {
+                              float* __restrict__ partial, const G* __restrict__ dout, const float* __restrict__ inp,
+                              const W* __restrict__ weight, const float* __restrict__ mean,
+                              const float* __restrict__ rstd, int64_t N, int C, int64_t rpc) {
   extern __shared__ float acc[];  // warps x [dweight (C) | dbias (C)]
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
   float* wacc = acc + static_cast<int64_t>(warp) * 2 * C;
@@ -159,7 +158,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const int64_t r1 = r0 + rpc < N ? r0 + rpc : N;
   for (int64_t row = r0 + warp; row < r1; row += warps) {  // warp-uniform
     const float* x = inp + row * C;
-    const float* dy = dout + row * C;
+    const G* dy = dout + row * C;
     float* dx = dinp + row * C;
     const float m = mean[row], s = rstd[row];
     float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
@@ -319,26 +318,26 @@ size_t layernorm_backward_scratch_bytes(int64_t N, int C) {
 
 namespace {
 
-template <typename W>
-void launch_layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+template <typename W, typename G>
+void launch_layernorm_backward(float* dinp, float* dweight, float* dbias, const G* dout, const float* inp,
                                const W* weight, const float* mean, const float* rstd, int64_t N, int C, bf16* dinp_lo,
                                void* scratch, cudaStream_t stream) {
   GPT_CHECK(N >= 0 && C > 0);
   GPT_CHECK(dinp != nullptr && dweight != nullptr && dbias != nullptr && dout != nullptr && inp != nullptr);
   GPT_CHECK(weight != nullptr && mean != nullptr && rstd != nullptr);
-  GPT_CHECK(dinp != dout && dinp != inp);  // the kernels read dout/inp through __restrict__ pointers
+  GPT_CHECK(static_cast<const void*>(dinp) != dout && dinp != inp);  // read through __restrict__ pointers
   if (N == 0) return;
   GPT_CHECK(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 16 == 0);
 
   const int64_t rpc = rows_per_chunk(N);
   const int chunks = static_cast<int>(ceil_div(N, rpc));  // <= kChunks, each chunk non-empty
   auto* partial = static_cast<float*>(scratch);
-  const bool vec = C % 4 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned4(weight);
+  const bool vec = C % 4 == 0 && aligned16(dinp) && aligned4(dout) && aligned16(inp) && aligned4(weight);
   // Four bf16 in one 8-byte store when every row's column 4k is 8-byte aligned.
   const bool lo_vec = C % 4 == 0 && reinterpret_cast<uintptr_t>(dinp_lo) % 8 == 0;
   const int warps = backward_warps(C);
   const size_t smem = static_cast<size_t>(warps) * 2 * C * sizeof(float);
-  auto* kernel = vec ? layernorm_backward_kernel<true, W> : layernorm_backward_kernel<false, W>;
+  auto* kernel = vec ? layernorm_backward_kernel<true, W, G> : layernorm_backward_kernel<false, W, G>;
   set_smem(kernel, smem);
   kernel<<<static_cast<unsigned>(chunks), warps * kWarp, smem, stream>>>(dinp, dinp_lo, lo_vec, partial, dout, inp,
                                                                          weight, mean, rstd, N, C, rpc);
@@ -350,11 +349,13 @@ void launch_layernorm_backward(float* dinp, float* dweight, float* dbias, const 
 
 }  // namespace
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+void layernorm_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, const float* inp,
                         ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C, bf16* dinp_lo,
                         void* scratch, cudaStream_t stream) {
   with_dtype(weight, [&](auto* w) {
-    launch_layernorm_backward(dinp, dweight, dbias, dout, inp, w, mean, rstd, N, C, dinp_lo, scratch, stream);
+    with_dtype(dout, [&](auto* dy) {
+      launch_layernorm_backward(dinp, dweight, dbias, dy, inp, w, mean, rstd, N, C, dinp_lo, scratch, stream);
+    });
   });
 }
 

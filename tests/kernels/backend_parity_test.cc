@@ -454,6 +454,31 @@ void compare_layernorm(Backend* gpu, const std::vector<float>& inp, int64_t N, i
   expect_close("layernorm dinp", c_dinp, g_dinp.read(), kReduction);
   expect_close("layernorm dweight", c_dw, g_dw.read(), kReduction);
   expect_close("layernorm dbias", c_db, g_db.read(), kReduction);
+  {  // A bf16 dout (a GEMM's input gradient under bf16 compute) reads as its widening: dinp, dweight and dbias those
+     // of the fp32 dout of its values, bit for bit, on both backends.
+    std::vector<bf16> dh(N * C);
+    cpu().cast_to_bf16(dh.data(), dout.data(), N * C);
+    std::vector<float> dwide(N * C);
+    cpu().cast_from_bf16(dwide.data(), dh.data(), N * C);
+    Dev<bf16> g_dh(*gpu, dh);
+    Dev<float> g_dwide(*gpu, dwide);
+    Dev<float> a_dinp(*gpu, dinp), a_dw(*gpu, dw), a_db(*gpu, db), b_dinp(*gpu, dinp), b_dw(*gpu, dw), b_db(*gpu, db);
+    gpu->layernorm_backward(a_dinp.p(), a_dw.p(), a_db.p(), g_dh.p(), g_inp.p(), g_w.p(), g_mean.p(), g_rstd.p(), N, C,
+                            nullptr);
+    gpu->layernorm_backward(b_dinp.p(), b_dw.p(), b_db.p(), g_dwide.p(), g_inp.p(), g_w.p(), g_mean.p(), g_rstd.p(), N,
+                            C, nullptr);
+    CHECK(a_dinp.read() == b_dinp.read());
+    CHECK(a_dw.read() == b_dw.read());
+    CHECK(a_db.read() == b_db.read());
+    std::vector<float> ca = dinp, caw = dw, cab = db, cb = dinp, cbw = dw, cbb = db;
+    cpu().layernorm_backward(ca.data(), caw.data(), cab.data(), dh.data(), inp.data(), w.data(), mean.data(),
+                             rstd.data(), N, C, nullptr);
+    cpu().layernorm_backward(cb.data(), cbw.data(), cbb.data(), dwide.data(), inp.data(), w.data(), mean.data(),
+                             rstd.data(), N, C, nullptr);
+    CHECK(ca == cb);
+    CHECK(caw == cbw);
+    CHECK(cab == cbb);
+  }
   // Recomputation passes null statistics.
   Dev<float> g_out2(*gpu, out.size());
   gpu->layernorm_forward(g_out2.p(), nullptr, nullptr, g_inp.p(), g_w.p(), g_b.p(), N, C);
@@ -730,6 +755,74 @@ TEST_CASE("parity: tensor-core attention (bf16 compute) against the CPU's fp32",
   }
   REQUIRE(gpu->set_attention_kernel(AttentionKernel::kAuto).is_ok());
   gpu->set_compute_dtype(DType::kF32);
+}
+
+// A bf16 output gradient (the projection GEMM's input gradient under bf16 compute) reads as its widening on every
+// attention backward: dqkv bit for bit that of the fp32 dout of its values. The tensor-core kernels multiply dO
+// rounded to bf16, which the widened values already are, and D sums the same values; the mma.sync backward takes the
+// bf16 dout as its dO instead of rounding a copy. On the CPU too.
+TEST_CASE("parity: a bf16 attention output gradient reads as its widening on every kernel", "[cuda]") {
+  Backend* gpu = cuda_or_skip("attention bf16 dout");
+  if (!gpu) return;
+  using Shape = AttentionShape;
+  struct Case {
+    DType compute;
+    AttentionKernel kernel;
+    Shape s;
+    const char* path;
+  };
+  // mma.sync (head sizes 64, 32), WMMA (64), and the fp32 kernels at head size 16 under both computes.
+  for (const Case& c : {Case{DType::kBF16, AttentionKernel::kAuto, Shape{2, 65, 128, 2}, "mma"},
+                        Case{DType::kBF16, AttentionKernel::kAuto, Shape{1, 33, 64, 2}, "mma hs 32"},
+                        Case{DType::kBF16, AttentionKernel::kWmma, Shape{2, 65, 128, 2}, "wmma"},
+                        Case{DType::kBF16, AttentionKernel::kAuto, Shape{2, 33, 64, 4}, "fp32 kernels, bf16 qkv"},
+                        Case{DType::kF32, AttentionKernel::kAuto, Shape{2, 33, 64, 2}, "fp32 kernels"}}) {
+    CAPTURE(c.path);
+    gpu->set_compute_dtype(c.compute);
+    REQUIRE(gpu->set_attention_kernel(c.kernel).is_ok());
+    const Shape s = c.s;
+    const int64_t nq = int64_t{s.B} * s.T * 3 * s.C, no = int64_t{s.B} * s.T * s.C;
+    const DropoutMask drop = mask(0.1f, 5151);
+    const DType t = c.compute;
+    std::vector<bf16> qh(nq), dh(no);
+    cpu().cast_to_bf16(qh.data(), randn(nq, 92).data(), nq);
+    cpu().cast_to_bf16(dh.data(), randn(no, 93).data(), no);
+    std::vector<float> qw(nq), dw(no);
+    cpu().cast_from_bf16(qw.data(), qh.data(), nq);
+    cpu().cast_from_bf16(dw.data(), dh.data(), no);
+    const int64_t na = gpu->attention_state_floats(s.B, s.T, s.NH);
+    // qkv, out and dqkv in the compute dtype, as the model stores them.
+    const size_t es = dtype_size(t);
+    Dev<unsigned char> g_q(*gpu, nq * es), g_o(*gpu, no * es), g_a(*gpu, nq * es), g_b(*gpu, nq * es);
+    if (t == DType::kBF16) {
+      gpu->to_device(g_q.p(), qh.data(), nq * es);
+    } else {
+      gpu->to_device(g_q.p(), qw.data(), nq * es);
+    }
+    Dev<float> g_att(*gpu, na), g_dw(*gpu, dw);
+    Dev<bf16> g_dh(*gpu, dh);
+    const TensorPtr q(g_q.p(), t), o(g_o.p(), t), da(g_a.p(), t), db(g_b.p(), t);
+    gpu->attention_forward(o, g_att.p(), q, s.B, s.T, s.C, s.NH, drop);
+    gpu->attention_backward(da, g_dh.p(), q, o, g_att.p(), s.B, s.T, s.C, s.NH, drop);
+    gpu->attention_backward(db, g_dw.p(), q, o, g_att.p(), s.B, s.T, s.C, s.NH, drop);
+    CHECK(g_a.read() == g_b.read());
+  }
+  REQUIRE(gpu->set_attention_kernel(AttentionKernel::kAuto).is_ok());
+  gpu->set_compute_dtype(DType::kF32);
+  // The CPU's (fp32 tensors, the probabilities kept) the same way.
+  const Shape s{2, 17, 64, 2};
+  const int64_t nq = int64_t{s.B} * s.T * 3 * s.C, no = int64_t{s.B} * s.T * s.C;
+  const auto q = randn(nq, 94);
+  std::vector<bf16> dh(no);
+  cpu().cast_to_bf16(dh.data(), randn(no, 95).data(), no);
+  std::vector<float> dw(no), out(no), att(cpu().attention_state_floats(s.B, s.T, s.NH)), da(nq), db(nq);
+  cpu().cast_from_bf16(dw.data(), dh.data(), no);
+  cpu().attention_forward(out.data(), att.data(), q.data(), s.B, s.T, s.C, s.NH, mask(0.1f, 5152));
+  cpu().attention_backward(da.data(), dh.data(), q.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH,
+                           mask(0.1f, 5152));
+  cpu().attention_backward(db.data(), dw.data(), q.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH,
+                           mask(0.1f, 5152));
+  CHECK(da == db);
 }
 
 // Scores far from 0: qkv of standard deviation 6 gives scores q.k / sqrt(hs) of standard deviation 36, so the

@@ -87,7 +87,7 @@ class FakeDeviceBackend final : public Backend {
     cpu_->layernorm_forward(fake_device::real(out), fake_device::real(mean), fake_device::real(rstd),
                             fake_device::real(inp), fake_device::real(weight), fake_device::real(bias), N, C);
   }
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, const float* inp,
                           ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C,
                           bf16* dinp_lo) override {
     cpu_->layernorm_backward(fake_device::real(dinp), fake_device::real(dweight), fake_device::real(dbias),
@@ -106,7 +106,7 @@ class FakeDeviceBackend final : public Backend {
                          const DropoutMask& drop) override {
     cpu_->attention_forward(fake_device::real(out), fake_device::real(att), fake_device::real(qkv), B, T, C, NH, drop);
   }
-  void attention_backward(TensorPtr dqkv, const float* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
+  void attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
                           int B, int T, int C, int NH, const DropoutMask& drop) override {
     cpu_->attention_backward(fake_device::real(dqkv), fake_device::real(dout), fake_device::real(qkv),
                              fake_device::real(out), fake_device::real(att), B, T, C, NH, drop);

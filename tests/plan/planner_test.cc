@@ -229,18 +229,20 @@ TEST_CASE("run.gelu_fusion plans the same memory at every level: the GELU gradie
   CHECK(fused.fused_gelu_backward());  // so the "full" plan below takes the epilogue's memory
   CHECK(workspace(in, "forward") == workspace(in, "none"));
   CHECK(workspace(in, "full") == workspace(in, "none"));
-  // The gradient area's bytes (the activations' workspace part): dres, dtmp, dln, datty fp32; the GELU's gradient
-  // bf16, one (N, 4C) area; dres in bf16; dqkv bf16.
+  // The gradient area's bytes (the activations' workspace part): dres, dtmp fp32; the GEMMs' input gradients dln,
+  // datty bf16; the GELU's gradient bf16, one (N, 4C) area; dres in bf16; dqkv bf16.
   auto carved = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
   const ActivationBytes bf16 =
       activation_bytes(in.shape, in.micro_batch, in.shape.block_size, {}, true, DType::kBF16, DType::kBF16, false);
-  CHECK(bf16.workspace == 4 * carved(N * C * 4) + carved(4 * N * C * 2) + carved(N * C * 2) + carved(3 * N * C * 2));
+  CHECK(bf16.workspace == 2 * carved(N * C * 4) + 2 * carved(N * C * 2) + carved(4 * N * C * 2) + carved(N * C * 2) +
+                              carved(3 * N * C * 2));
   CHECK(activation_bytes(in.shape, in.micro_batch, in.shape.block_size, {}, true, DType::kBF16, DType::kBF16, true)
             .workspace == bf16.workspace);
-  // bf16 compute over fp32 GEMM inputs (a test configuration): d4 bf16, the GELU's input gradient its own fp32 area.
+  // bf16 compute over fp32 GEMM inputs (a test configuration): dln, datty, d4 bf16, the GELU's input gradient its
+  // own fp32 area.
   CHECK(activation_bytes(in.shape, in.micro_batch, in.shape.block_size, {}, true, DType::kF32, DType::kBF16, false)
-            .workspace ==
-        4 * carved(N * C * 4) + carved(4 * N * C * 2) + carved(4 * N * C * 4) + carved(3 * N * C * 2));
+            .workspace == 2 * carved(N * C * 4) + 2 * carved(N * C * 2) + carved(4 * N * C * 2) +
+                              carved(4 * N * C * 4) + carved(3 * N * C * 2));
   PlanInput f32 = in;  // fp32 compute: no epilogue; d4 fp32, in place
   f32.sharding.param_dtype = DType::kF32;
   CHECK(workspace(f32, "full") == workspace(f32, "none"));
