@@ -15,8 +15,9 @@
 //    forward, 16 with dropout at D = 128; 16 keys in dK/dV, 16 queries in dQ), so sums run in a fixed order and no
 //    two warps write one element: deterministic, no atomics. The forward keeps Q's fragments in registers at
 //    D <= 64 and reads them from shared memory per tile at D = 128, as FlashAttention-2 does there.
-//  - The backward first writes D = rowsum(dO * O) and dO rounded to bf16 (scratch), so the main kernels copy
-//    bf16 tiles only. lse is read as lse * log2(e), and the kernels exponentiate with exp2f.
+//  - The backward first writes D = rowsum(dO * O) and, for an fp32 dO, its rounding to bf16 (scratch; the model's
+//    dO is bf16 already), so the main kernels copy bf16 tiles only. lse is read as lse * log2(e), and the kernels
+//    exponentiate with exp2f.
 //  - Work above the diagonal is skipped 16 keys at a time (P and dS there are zero), as in attention_tc.cu. Tiles
 //    wholly below it for a warp (most of them) take a copy of the softmax / dS code without the per-element mask,
 //    as FlashAttention-2 separates its masking iterations (not with dropout, nor in the D = 128 forward: there

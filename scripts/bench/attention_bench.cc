@@ -144,22 +144,24 @@ int run(const Args& a, const BackendFactory& make_device) {
   std::vector<float> qkv(n_qkv), dout(n_out);
   for (float& x : qkv) x = normal(gen);
   for (float& x : dout) x = normal(gen);
-  // What the kernels read: bf16 qkv is the rounded one; the CPU reference reads the same values.
+  // What the kernels read: bf16 qkv and output gradient (the model's under bf16 compute: the projection GEMM's bf16
+  // input gradient) are the rounded ones; the CPU reference reads the same values.
   if (dtype == DType::kBF16) {
     for (float& x : qkv) x = bf16_to_f32(f32_to_bf16(x));
+    for (float& x : dout) x = bf16_to_f32(f32_to_bf16(x));
   }
   DropoutMask drop;
   drop.p = a.dropout;
   drop.rng = CounterRng{20261203, 7};
 
-  Buffer d_qkv = upload(be, qkv, dtype), d_dout = upload(be, dout, DType::kF32);
+  Buffer d_qkv = upload(be, qkv, dtype), d_dout = upload(be, dout, dtype);
   Buffer d_out = be.alloc(n_out * dtype_size(dtype), MemCategory::kActivations);
   Buffer d_dqkv = be.alloc(n_qkv * dtype_size(dtype), MemCategory::kActivations);
   Buffer d_att = be.alloc(be.attention_state_floats(B, T, NH) * sizeof(float), MemCategory::kActivations);
   const TensorPtr out(d_out.data(), dtype), dqkv(d_dqkv.data(), dtype);
   const ConstTensorPtr in(d_qkv.data(), dtype);
   float* att = d_att.as<float>();
-  const float* g = d_dout.as<float>();
+  const ConstTensorPtr g(d_dout.data(), dtype);
 
   // The reference: the CPU backend in fp32 on sequence 0 (the first T·3C inputs, T·C outputs).
   std::unique_ptr<Backend> cpu = std::move(*make_backend("cpu", 0, 1));
