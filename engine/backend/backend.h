@@ -239,9 +239,9 @@ class Backend {
   // The residual add fused with the LayerNorm that reads its result (llm.c's fused residual + LayerNorm):
   // res_out(N,C) = res + dropout(inp), then layernorm_forward(out, mean, rstd, res_out, ...). res_out may alias
   // res. Bit for bit the two separate ops (recomputation uses plain layernorm_forward on the stored res_out);
-  // a backend fuses them to read the residual stream once. The default runs the two ops.
+  // a backend fuses them to read the residual stream once. The default runs the two ops. inp as residual_forward's.
   virtual void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                          const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N,
+                                          ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N,
                                           int C, const DropoutMask& drop) {
     residual_forward(res_out, res, inp, N * C, drop);
     layernorm_forward(out, mean, rstd, res_out, weight, bias, N, C);
@@ -300,8 +300,10 @@ class Backend {
   virtual void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) = 0;
   virtual void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N) = 0;
 
-  // out = res + dropout(inp) (out may alias res).
-  virtual void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) = 0;
+  // out = res + dropout(inp) (out may alias res). inp f32, or bf16 (a projection GEMM's output under bf16 compute,
+  // as PyTorch's autocast adds a Linear's bf16 output to the fp32 residual stream), read widened.
+  virtual void residual_forward(float* out, const float* res, ConstTensorPtr inp, int64_t N,
+                                const DropoutMask& drop) = 0;
   // dinp = dropout_backward(dout) (the mask and 1/(1-p) scale); plain copy when inactive.
   virtual void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) = 0;
   // In-place dropout on x (used after the embedding).

@@ -13,7 +13,8 @@ namespace gpt {
 // are read only by GEMMs and stored in the GEMM input dtype (bf16 under bf16 compute: what the GEMMs would round
 // fp32 copies to). qkv, the attention output and the fc output are stored in the compute dtype: the qkv and fc
 // GEMMs round their outputs once to bf16 under bf16 compute (llm.c's bf16 activations), attention and the GELU
-// read them so, and attention writes its output (the projection's GEMM input) in qkv's dtype.
+// read them so, and attention writes its output (the projection's GEMM input) in qkv's dtype. (So do the
+// projections, into the shared proj_out that the fused residual + LayerNorm adds to the fp32 residual stream.)
 struct BlockActs {
   TensorPtr ln1;       // (B,T,C)
   float* ln1_mean;     // (B,T)
@@ -42,7 +43,9 @@ struct Gpt::Acts {
   float* x = nullptr;                // residual stream (L+1, B,T,C): x[0] embedding output, x[l+1] block l output
   std::vector<BlockActs> blocks;
   BlockActs recompute{};
-  float* proj_out = nullptr;  // (B,T,C) temporary
+  // (B,T,C) temporary: the projections' output, in the compute dtype (as autocast leaves a Linear's), added to the
+  // fp32 residual stream
+  TensorPtr proj_out;
   TensorPtr lnf;              // (B,T,C), a GEMM input
   float* lnf_mean = nullptr;  // (B,T)
   float* lnf_rstd = nullptr;  // (B,T)
@@ -73,11 +76,12 @@ struct Gpt::DecodeActs {
   Buffer memory;    // everything below but the tokens (category: activations)
   Buffer tokens;    // (max_T) the new tokens, on the backend
   TensorPtr cache;  // (L, max_T, 3C) every block's qkv GEMM output at every position: the compute dtype
-  float *x = nullptr, *res_mid = nullptr, *proj_out = nullptr;  // (max_T, C) fp32
-  TensorPtr ln;                                                 // (max_T, C) the GEMM input dtype
-  TensorPtr atty;                                               // (max_T, C) the compute dtype
-  TensorPtr fch, fch_gelu;                                      // (max_T, 4C) compute, GEMM input dtypes
-  TensorPtr logits;                                             // (logits_stride(V)) the compute dtype
+  float *x = nullptr, *res_mid = nullptr;  // (max_T, C) fp32
+  TensorPtr proj_out;                      // (max_T, C) the compute dtype
+  TensorPtr ln;                            // (max_T, C) the GEMM input dtype
+  TensorPtr atty;                          // (max_T, C) the compute dtype
+  TensorPtr fch, fch_gelu;                 // (max_T, 4C) compute, GEMM input dtypes
+  TensorPtr logits;                        // (logits_stride(V)) the compute dtype
   std::vector<float> logits_host;
   std::vector<bf16> logits_lo_host;
 };
@@ -185,7 +189,7 @@ void Gpt::prepare(int B, int T, int loss_slots) {
   for (int pass = 0; pass < 2; ++pass) {
     Carver sc(pass ? &acts_->scratch : nullptr);
     if (any_scratch) acts_->recompute = carve_block(sc, nullptr, true);
-    acts_->proj_out = sc.take(N * C);
+    acts_->proj_out = sc.take(N * C, out);
     Carver st(pass ? &acts_->stored : nullptr);
     acts_->x = st.take((L + 1) * N * C);
     acts_->blocks.clear();
@@ -404,7 +408,7 @@ void Gpt::prepare_decode(int max_T) {
     d.cache = c.take(L * N * 3 * C, out);
     d.x = c.take(N * C);
     d.res_mid = c.take(N * C);
-    d.proj_out = c.take(N * C);
+    d.proj_out = c.take(N * C, out);
     d.ln = c.take(N * C, lo);
     d.atty = c.take(N * C, out);
     d.fch = c.take(4 * N * C, out);

@@ -42,7 +42,7 @@ ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const Acti
   const bool any_scratch = ckpt.mode != ActivationCheckpointing::Mode::kNone;
   ActivationBytes a;
   if (any_scratch) a.scratch += block(true, true);
-  a.scratch += carved(N * C);  // proj_out
+  a.scratch += carved(N * C, out);  // proj_out
   a.stored += carved((L + 1) * N * C);
   for (int l = 0; l < L; ++l) a.stored += block(!any_scratch, !ckpt.recompute_block(l));
   // ln_f out (a GEMM input), mean, rstd; one LM head chunk's logits in the compute dtype, rows padded (and its

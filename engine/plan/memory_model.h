@@ -34,10 +34,11 @@ struct ActivationBytes {
 // Bytes Gpt::prepare(B, T, loss_slots) allocates.
 // `fused_attention`: the attention state is Backend::attention_state_floats of the CUDA backend (B,NH,T)
 // instead of the CPU's (B,NH,T,T). `gemm_inputs`: Gpt::gemm_input_dtype, the dtype of the activations GEMMs
-// read (bf16 under bf16 compute); `compute`: the backend's compute dtype, that of the qkv and fc GEMMs' outputs
-// (attention's and the GELU's inputs), by default gemm_inputs. `fused_gelu_backward`: Backend::gelu_backward_fused
-// (run.gelu_fusion full on cuda, bf16 compute, 4C a multiple of 8): no gradient at the GELU's output (d4) in the
-// workspace, but one at its input in the GEMM input dtype (unfused: in place in d4 where the dtypes agree).
+// read (bf16 under bf16 compute); `compute`: the backend's compute dtype, that of the GEMMs' outputs (qkv, fc:
+// attention's and the GELU's inputs; the projections) and input gradients, by default gemm_inputs.
+// `fused_gelu_backward`: Backend::gelu_backward_fused (run.gelu_fusion full on cuda, bf16 compute, 4C a multiple of 8):
+// no gradient at the GELU's output (d4) in the workspace, but one at its input in the GEMM input dtype (unfused: in
+// place in d4 where the dtypes agree).
 ActivationBytes activation_bytes(const GptShape& shape, int B, int T, const ActivationCheckpointing& ckpt,
                                  bool fused_attention = false, DType gemm_inputs = DType::kF32,
                                  std::optional<DType> compute = std::nullopt, bool fused_gelu_backward = false,

@@ -45,9 +45,9 @@ struct PlanInput {
   // the CUDA backend's own workspaces (cuBLASLt, scratch, bf16 cast areas) count under workspace.
   bool fused_attention = false;
   // parallel.prefetch, reshard_after_forward, param_dtype and reduce_dtype. Master weights, optimizer state and
-  // gradient accumulation are fp32 whatever these say; activations too, but for the GEMM inputs (the LayerNorm,
-  // attention and GELU outputs), the qkv and fc outputs and the GEMMs' input gradients, bf16 when fused_attention
-  // (run.device cuda) and param_dtype bf16 (bf16 compute).
+  // gradient accumulation are fp32 whatever these say; activations too, but for the GEMMs' inputs (the LayerNorm,
+  // attention and GELU outputs), outputs (qkv, fc, the projections, the logits) and input gradients, bf16 when
+  // fused_attention (run.device cuda) and param_dtype bf16 (bf16 compute).
   ShardingOptions sharding;
   // run.gelu_fusion: none | forward | full. Under full with bf16 compute the GELU backward is the projection GEMM's
   // epilogue (where it takes the width): the bf16 gradient at the GELU's input takes the place of the one at its

@@ -43,9 +43,7 @@ std::string plan_report(const PlanInput& in, const std::vector<StrategyPlan>& pl
       in.micro_batches_per_step, in.world_size, per_node, in.activation_checkpointing,
       dtype_label(in.sharding.param_dtype), dtype_label(in.sharding.reduce_dtype), in.sharding.prefetch,
       in.sharding.reshard_after_forward,
-      in.bf16_compute()
-          ? ", but for the GEMM inputs, the qkv and fc outputs, the GEMMs' input gradients and the logits in bf16"
-          : "",
+      in.bf16_compute() ? ", but for the GEMMs' inputs, outputs (the logits too) and input gradients in bf16" : "",
       device_label(in));
 
   constexpr int kLabel = 28, kCol = 14;

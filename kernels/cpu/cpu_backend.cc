@@ -111,10 +111,10 @@ void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, C
   if (dinp_lo != nullptr) cast_to_bf16(dinp_lo, dinp, N * C);
 }
 void CpuBackend::residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                            const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N,
+                                            ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N,
                                             int C, const DropoutMask& drop) {
-  cpu::residual_layernorm_forward(res_out, result_area(out, N * C), mean, rstd, res, inp, f32_view(0, weight, C),
-                                  f32_view(1, bias, C), N, C, drop);
+  cpu::residual_layernorm_forward(res_out, result_area(out, N * C), mean, rstd, res, f32_view(2, inp, N * C),
+                                  f32_view(0, weight, C), f32_view(1, bias, C), N, C, drop);
   finish(out, N * C);
 }
 void CpuBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
@@ -143,8 +143,9 @@ void CpuBackend::gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPt
   cpu::gelu_backward(result_area(dinp, N), f32_view(0, inp, N), f32_view(2, dout, N), N);
   finish(dinp, N);
 }
-void CpuBackend::residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) {
-  cpu::residual_forward(out, res, inp, N, drop);
+void CpuBackend::residual_forward(float* out, const float* res, ConstTensorPtr inp, int64_t N,
+                                  const DropoutMask& drop) {
+  cpu::residual_forward(out, res, f32_view(2, inp, N), N, drop);
 }
 void CpuBackend::dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) {
   cpu::dropout_backward(dinp, dout, N, drop);

@@ -471,10 +471,10 @@ void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, 
                            scratch(cuda::layernorm_backward_scratch_bytes(N, C)), stream_);
 }
 void CudaBackend::residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                             const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N,
+                                             ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N,
                                              int C, const DropoutMask& drop) {
-  const OpTimer timed = time_op("residual_layernorm_forward",
-                                byte_work(N * C * (12 + esize(out)) + 8 * N + 2 * int64_t{C} * esize(weight)));
+  const OpTimer timed = time_op("residual_layernorm_forward", byte_work(N * C * (8 + esize(inp) + esize(out)) + 8 * N +
+                                                                        2 * int64_t{C} * esize(weight)));
   cuda::residual_layernorm_forward(res_out, out, mean, rstd, res, inp, weight, bias, N, C, drop, stream_);
 }
 // Under bf16 compute, the tensor-core kernels for the head sizes they cover and 16-byte aligned tensors (they
@@ -554,8 +554,9 @@ void CudaBackend::gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorP
   const OpTimer timed = time_op("gelu_backward", byte_work(N * (esize(dinp) + esize(inp) + esize(dout))));
   cuda::gelu_backward(dinp, inp, dout, N, stream_);
 }
-void CudaBackend::residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) {
-  const OpTimer timed = time_op("residual_forward", byte_work(12 * N));
+void CudaBackend::residual_forward(float* out, const float* res, ConstTensorPtr inp, int64_t N,
+                                   const DropoutMask& drop) {
+  const OpTimer timed = time_op("residual_forward", byte_work((8 + esize(inp)) * N));
   cuda::residual_forward(out, res, inp, N, drop, stream_);
 }
 void CudaBackend::dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) {

@@ -65,7 +65,7 @@ class CudaBackend final : public Backend {
                           ConstTensorPtr weight, const float* mean, const float* rstd, int64_t N, int C,
                           bf16* dinp_lo) override;
   void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                  const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
+                                  ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                                   const DropoutMask& drop) override;
   int64_t attention_state_floats(int B, int T, int NH) const override {
     return static_cast<int64_t>(B) * NH * T;  // each query row's log-sum-exp
@@ -82,7 +82,7 @@ class CudaBackend final : public Backend {
                             int OC) override;
   void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override;
   void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N) override;
-  void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override;
+  void residual_forward(float* out, const float* res, ConstTensorPtr inp, int64_t N, const DropoutMask& drop) override;
   void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) override;
   void dropout_forward(float* x, int64_t N, const DropoutMask& drop) override;
   void crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensorPtr logits, const int32_t* targets,

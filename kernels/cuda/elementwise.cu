@@ -10,11 +10,12 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void residual_kernel(float* out, const float* res, const float* inp, int64_t n, DropoutMask drop,
-                                float keep) {
+template <typename In>
+__global__ void residual_kernel(float* out, const float* res, const In* inp, int64_t n, DropoutMask drop, float keep) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = res[i] + (drop.active() ? dropped(inp[i], drop, keep, i) : inp[i]);
+    const float x = load_value(inp + i);
+    out[i] = res[i] + (drop.active() ? dropped(x, drop, keep, i) : x);
   }
 }
 
@@ -42,10 +43,13 @@ __global__ void from_bf16_kernel(float* dst, const bf16* src, int64_t n) {
 
 }  // namespace
 
-void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop,
+void residual_forward(float* out, const float* res, ConstTensorPtr inp, int64_t N, const DropoutMask& drop,
                       cudaStream_t stream) {
   if (N == 0) return;
-  residual_kernel<<<grid_for(N, kThreads), kThreads, 0, stream>>>(out, res, inp, N, drop, keep_scale(drop));
+  with_dtype(inp, [&](auto* x) {
+    using In = element_t<decltype(x)>;
+    residual_kernel<In><<<grid_for(N, kThreads), kThreads, 0, stream>>>(out, res, x, N, drop, keep_scale(drop));
+  });
   GPT_CUDA_CHECK_LAUNCH();
 }
 

@@ -33,9 +33,9 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                        ConstTensorPtr bias, int64_t N, int C, cudaStream_t stream);
 // The fused residual + LayerNorm: res_out = res + dropout(inp) (the residual_forward expression; res_out may
-// alias res), then layernorm_forward of res_out, bit for bit the two kernels.
+// alias res; inp f32 or bf16, read widened), then layernorm_forward of res_out, bit for bit the two kernels.
 void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
+                                ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                                 const DropoutMask& drop, cudaStream_t stream);
 size_t layernorm_backward_scratch_bytes(int64_t N, int C);
 // dout f32 or bf16 (read widened). dinp_lo, when not null, gets the accumulated dinp rounded to bf16 in the same pass.
@@ -68,8 +68,8 @@ void crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensor
 void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N, cudaStream_t stream);
 void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N, cudaStream_t stream);
 
-// elementwise.cu
-void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop,
+// elementwise.cu. residual_forward's inp f32 or bf16 (read widened).
+void residual_forward(float* out, const float* res, ConstTensorPtr inp, int64_t N, const DropoutMask& drop,
                       cudaStream_t stream);
 void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop, cudaStream_t stream);
 void dropout_forward(float* x, int64_t N, const DropoutMask& drop, cudaStream_t stream);

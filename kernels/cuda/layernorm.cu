@@ -76,10 +76,11 @@ __device__ inline void store4(bf16* p, int j, int n, const float (&v)[4]) {
 // of elementwise.cu's residual_kernel), stores it and sums it; the later passes read back what the same lane
 // stored, so the statistics and the output are those of layernorm_forward on the stored residual, bit for bit.
 // Out: float, or bf16 (the same fp32 values rounded at the store). W: the parameters' type, float or bf16 (widened).
-template <bool kVec, bool kResidual, typename Out, typename W>
+// A: the residual's added term's type, float or bf16 (widened).
+template <bool kVec, bool kResidual, typename Out, typename W, typename A>
 __global__ void __launch_bounds__(kRowThreads)
     layernorm_forward_kernel(Out* out, float* __restrict__ mean, float* __restrict__ rstd, float* inp, const float* res,
-                             const float* add, DropoutMask drop, float keep, const W* __restrict__ weight,
+                             const A* add, DropoutMask drop, float keep, const W* __restrict__ weight,
                              const W* __restrict__ bias, int64_t N, int C) {
   const int lane = threadIdx.x % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
@@ -248,8 +249,8 @@ int backward_warps(int C) {
 namespace {
 
 // Both forward entry points: res == nullptr for the plain LayerNorm of x.
-template <typename Out, typename W>
-void launch_layernorm_forward(Out* out, float* mean, float* rstd, float* x, const float* res, const float* add,
+template <typename Out, typename W, typename A>
+void launch_layernorm_forward(Out* out, float* mean, float* rstd, float* x, const float* res, const A* add,
                               const DropoutMask& drop, const W* weight, const W* bias, int64_t N, int C,
                               cudaStream_t stream) {
   GPT_CHECK(N >= 0 && C > 0);
@@ -259,36 +260,38 @@ void launch_layernorm_forward(Out* out, float* mean, float* rstd, float* x, cons
   const dim3 grid(static_cast<unsigned>(ceil_div(N, kRowWarps)));
   // A bf16 row of 4k elements is stored as 8-byte pieces, an fp32 one as float4s.
   const bool vec = C % 4 == 0 && aligned4(out) && aligned16(x) && aligned4(weight) && aligned4(bias) &&
-                   (res == nullptr || (aligned16(res) && aligned16(add)));
+                   (res == nullptr || (aligned16(res) && aligned4(add)));
   const float keep = drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f;
   if (res == nullptr) {
     if (vec) {
-      layernorm_forward_kernel<true, false, Out, W>
+      layernorm_forward_kernel<true, false, Out, W, A>
           <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, nullptr, nullptr, drop, keep, weight, bias, N, C);
     } else {
-      layernorm_forward_kernel<false, false, Out, W>
+      layernorm_forward_kernel<false, false, Out, W, A>
           <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, nullptr, nullptr, drop, keep, weight, bias, N, C);
     }
   } else if (vec) {
-    layernorm_forward_kernel<true, true, Out, W>
+    layernorm_forward_kernel<true, true, Out, W, A>
         <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, res, add, drop, keep, weight, bias, N, C);
   } else {
-    layernorm_forward_kernel<false, true, Out, W>
+    layernorm_forward_kernel<false, true, Out, W, A>
         <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, res, add, drop, keep, weight, bias, N, C);
   }
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-void launch_layernorm_forward(TensorPtr out, float* mean, float* rstd, float* x, const float* res, const float* add,
+void launch_layernorm_forward(TensorPtr out, float* mean, float* rstd, float* x, const float* res, ConstTensorPtr add,
                               const DropoutMask& drop, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                               cudaStream_t stream) {
   GPT_CHECK_MSG(weight.dtype == bias.dtype, "layernorm_forward: weight and bias of different dtypes");
   with_dtype(out, [&](auto* o) {
-    if (weight.is_bf16()) {
-      launch_layernorm_forward(o, mean, rstd, x, res, add, drop, weight.as_bf16(), bias.as_bf16(), N, C, stream);
-    } else {
-      launch_layernorm_forward(o, mean, rstd, x, res, add, drop, weight.as_f32(), bias.as_f32(), N, C, stream);
-    }
+    with_dtype(add, [&](auto* a) {
+      if (weight.is_bf16()) {
+        launch_layernorm_forward(o, mean, rstd, x, res, a, drop, weight.as_bf16(), bias.as_bf16(), N, C, stream);
+      } else {
+        launch_layernorm_forward(o, mean, rstd, x, res, a, drop, weight.as_f32(), bias.as_f32(), N, C, stream);
+      }
+    });
   });
 }
 
@@ -297,15 +300,15 @@ void launch_layernorm_forward(TensorPtr out, float* mean, float* rstd, float* x,
 void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                        ConstTensorPtr bias, int64_t N, int C, cudaStream_t stream) {
   // The plain kernel only reads inp (the pointer is non-const for the fused variant, which writes it).
-  launch_layernorm_forward(out, mean, rstd, const_cast<float*>(inp), nullptr, nullptr, DropoutMask{}, weight, bias, N,
-                           C, stream);
+  launch_layernorm_forward(out, mean, rstd, const_cast<float*>(inp), nullptr, ConstTensorPtr(), DropoutMask{}, weight,
+                           bias, N, C, stream);
 }
 
 void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
+                                ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                                 const DropoutMask& drop, cudaStream_t stream) {
-  GPT_CHECK(res != nullptr && inp != nullptr);
-  GPT_CHECK(out.data != res_out && out.data != res && out.data != inp);  // out is written after res_out is read back
+  GPT_CHECK(res != nullptr && inp.data != nullptr);
+  GPT_CHECK(out.data != res_out && out.data != res && out.data != inp.data);  // written after res_out is read back
   launch_layernorm_forward(out, mean, rstd, res_out, res, inp, drop, weight, bias, N, C, stream);
 }
 

@@ -556,6 +556,34 @@ TEST_CASE("parity: fused residual + layernorm, and bit for bit the two separate 
     REQUIRE(g_out.read() == s_out.read());
     REQUIRE(g_mean.read() == s_mean.read());
     REQUIRE(g_rstd.read() == s_rstd.read());
+    // A bf16 added term (a projection's output under bf16 compute) reads as its widening: fused and separate, on
+    // both backends, bit for bit what the fp32 term of its values gives.
+    std::vector<bf16> ah(N * C);
+    cpu().cast_to_bf16(ah.data(), add.data(), N * C);
+    std::vector<float> aw(N * C);
+    cpu().cast_from_bf16(aw.data(), ah.data(), N * C);
+    Dev<bf16> g_ah(*gpu, ah);
+    Dev<float> g_aw(*gpu, aw), h_res(*gpu, res), h_out(*gpu, out.size()), w_res(*gpu, res), w_out(*gpu, out.size());
+    gpu->residual_layernorm_forward(h_res.p(), h_out.p(), nullptr, nullptr, h_res.p(), g_ah.p(), g_w.p(), g_b.p(), N, C,
+                                    drop);
+    gpu->residual_layernorm_forward(w_res.p(), w_out.p(), nullptr, nullptr, w_res.p(), g_aw.p(), g_w.p(), g_b.p(), N, C,
+                                    drop);
+    CHECK(h_res.read() == w_res.read());
+    CHECK(h_out.read() == w_out.read());
+    Dev<float> r_h(*gpu, res.size()), r_w(*gpu, res.size());
+    gpu->residual_forward(r_h.p(), g_res.p(), g_ah.p(), N * C, drop);
+    gpu->residual_forward(r_w.p(), g_res.p(), g_aw.p(), N * C, drop);
+    CHECK(r_h.read() == r_w.read());
+    std::vector<float> ch_res(N * C), ch_out(N * C), cw_res(N * C), cw_out(N * C), cr_h(N * C), cr_w(N * C);
+    cpu().residual_layernorm_forward(ch_res.data(), ch_out.data(), nullptr, nullptr, res.data(), ah.data(), w.data(),
+                                     b.data(), N, C, drop);
+    cpu().residual_layernorm_forward(cw_res.data(), cw_out.data(), nullptr, nullptr, res.data(), aw.data(), w.data(),
+                                     b.data(), N, C, drop);
+    CHECK(ch_res == cw_res);
+    CHECK(ch_out == cw_out);
+    cpu().residual_forward(cr_h.data(), res.data(), ah.data(), N * C, drop);
+    cpu().residual_forward(cr_w.data(), res.data(), aw.data(), N * C, drop);
+    CHECK(cr_h == cr_w);
   }
 }
 

@@ -95,7 +95,7 @@ class FakeDeviceBackend final : public Backend {
                              fake_device::real(mean), fake_device::real(rstd), N, C, fake_device::real(dinp_lo));
   }
   void residual_layernorm_forward(float* res_out, TensorPtr out, float* mean, float* rstd, const float* res,
-                                  const float* inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
+                                  ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias, int64_t N, int C,
                                   const DropoutMask& drop) override {
     cpu_->residual_layernorm_forward(fake_device::real(res_out), fake_device::real(out), fake_device::real(mean),
                                      fake_device::real(rstd), fake_device::real(res), fake_device::real(inp),
@@ -120,7 +120,7 @@ class FakeDeviceBackend final : public Backend {
   void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N) override {
     cpu_->gelu_backward(fake_device::real(dinp), fake_device::real(inp), fake_device::real(dout), N);
   }
-  void residual_forward(float* out, const float* res, const float* inp, int64_t N, const DropoutMask& drop) override {
+  void residual_forward(float* out, const float* res, ConstTensorPtr inp, int64_t N, const DropoutMask& drop) override {
     cpu_->residual_forward(fake_device::real(out), fake_device::real(res), fake_device::real(inp), N, drop);
   }
   void dropout_backward(float* dinp, const float* dout, int64_t N, const DropoutMask& drop) override {
