@@ -67,8 +67,8 @@ class CpuBackend final : public Backend {
 
  private:
   // Staging buffer `slot` of at least n floats (0: GEMM input or a LayerNorm weight, 1: GEMM weight or a LayerNorm
-  // bias, 2: an output gradient (a GEMM's, or a bf16 one the LayerNorm, attention or GELU backward reads widened), 3:
-  // an output, 4: a GEMM bias).
+  // bias, 2: an output gradient (a GEMM's, or a bf16 one the LayerNorm, attention or GELU backward reads widened) or
+  // a bf16 residual term read widened, 3: an output, 4: a GEMM bias).
   float* staging(int slot, int64_t n);
   // x's values as a bf16 GEMM reads them (bf16 expanded, or fp32 rounded to bf16), as fp32 in staging `slot`.
   const float* bf16_operand(int slot, ConstTensorPtr x, int64_t n);

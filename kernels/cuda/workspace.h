@@ -93,8 +93,9 @@ inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedd
     // The residual stream's gradient into the projections, with dropout only: without it the LayerNorm backward
     // leaves a bf16 copy (dqkv, the GELU's and the LM head's output gradients come in bf16 anyway).
     a.cast[2] = d.dropout ? N * C : 0;
-    // Biases as the outputs' dtypes want them: a bf16 bias widened for the projections' fp32 outputs (C floats, the
-    // room of 2C bf16), or an fp32 or unaligned one for a bf16 output, at most the fc GEMM's (4C, the GELU's input).
+    // Biases as the outputs' dtypes want them: an fp32 or unaligned one for a bf16 output (every biased GEMM's under
+    // bf16 compute), at most the fc GEMM's (4C, the GELU's input); or a bf16 bias widened for an fp32 output (C
+    // floats, the room of 2C bf16), which the model no longer asks for.
     a.cast[3] = 4 * C;
   }
   return a;

@@ -184,7 +184,7 @@ TEST_CASE("run.device cuda counts the CUDA backend's workspaces, bf16 compute ad
   CHECK(extra == cuda_backend_workspace_bytes(s, B, T, false, local, spans));
   CHECK(extra >= static_cast<int64_t>(cuda_workspace::kCublasLtBytes));
   // bf16: the cast areas: the biases as the outputs want them (4C: the fc GEMM's fp32 bias rounded for its bf16
-  // output, or a bf16 bias widened for a projection's fp32 output) and, with dropout, the residual stream's gradient
+  // output, the largest of the biased GEMMs, all bf16 outputs) and, with dropout, the residual stream's gradient
   // into the projections (without, the LayerNorm backward leaves it in bf16; dqkv, the GELU's and the LM head's come
   // in bf16). None for the GEMM inputs (Gpt stores them all in bf16) or the weights (ShardedParams holds them in bf16
   // under param_dtype bf16).
