@@ -15,8 +15,8 @@
 //    forward, 16 with dropout at D = 128; 16 keys in dK/dV, 16 queries in dQ), so sums run in a fixed order and no
 //    two warps write one element: deterministic, no atomics. The forward keeps Q's fragments in registers at
 //    D <= 64 and reads them from shared memory per tile at D = 128, as FlashAttention-2 does there.
-//  - The backward first writes D = rowsum(dO * O) and, for an fp32 dO, its rounding to bf16 (scratch; the model's
-//    dO is bf16 already), so the main kernels copy bf16 tiles only. lse is read as lse * log2(e), and the kernels
+//  - The backward takes dO in bf16 (the model's; CudaBackend rounds an fp32 one first) and first writes
+//    D = rowsum(dO * O), so the main kernels copy bf16 tiles only. lse is read as lse * log2(e), and the kernels
 //    exponentiate with exp2f.
 //  - Work above the diagonal is skipped 16 keys at a time (P and dS there are zero), as in attention_tc.cu. Tiles
 //    wholly below it for a warp (most of them) take a copy of the softmax / dS code without the per-element mask,
@@ -414,14 +414,12 @@ __global__ void __launch_bounds__(kThreads)
                         qw, T, lane);
 }
 
-// D(B,NH,T) = rowsum(dO * O) over each head's channels (fp32 or bf16 dO, bf16 O; fp32 sums in a fixed order), and
-// an fp32 dO rounded to bf16 (B,T,C) (a bf16 dO is the main kernels' as it is). Each row (b, t, h) takes hs / 4 lanes
-// (a power of two: hs is 32, 64 or 128), each lane 4 channels, so a warp holds 32 / (hs / 4) rows and every lane is
-// busy (one row per warp left half of them idle at hs 64). The row's sum is the xor tree over its lanes: the sum one
-// row per warp gave, but for the sign of a zero.
-template <typename G>
-__global__ void attention_prep_mma_kernel(float* dvec, bf16* dob, const G* dout, const bf16* out, int64_t rows, int T,
-                                          int C, int NH, int hs) {
+// D(B,NH,T) = rowsum(dO * O) over each head's channels (bf16 dO and O; fp32 sums in a fixed order). Each row (b, t,
+// h) takes hs / 4 lanes (a power of two: hs is 32, 64 or 128), each lane 4 channels, so a warp holds 32 / (hs / 4)
+// rows and every lane is busy (one row per warp left half of them idle at hs 64). The row's sum is the xor tree over
+// its lanes: the sum one row per warp gave, but for the sign of a zero.
+__global__ void attention_prep_mma_kernel(float* dvec, const bf16* dout, const bf16* out, int64_t rows, int T, int C,
+                                          int NH, int hs) {
   const int lanes = hs / 4, lane = threadIdx.x % kWarp, sub = lane % lanes;
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   const int64_t row = warp * (kWarp / lanes) + lane / lanes;
@@ -436,7 +434,6 @@ __global__ void attention_prep_mma_kernel(float* dvec, bf16* dob, const G* dout,
     load4_values(o, out + off);
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc = fmaf(d[e], o[e], acc);
-    if constexpr (std::is_same_v<G, float>) store4_values(dob + off, d);
   }
   for (int o = lanes / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);  // inside the row's lanes
   if (in && sub == 0) {
@@ -774,38 +771,28 @@ void attention_forward_mma(TensorPtr out, float* lse, ConstTensorPtr qkv, int B,
 }
 
 size_t attention_backward_mma_scratch_bytes(int B, int T, int C, int NH) {
-  return cuda_workspace::attention_backward_mma(B, T, C, NH);
+  (void)C;
+  return cuda_workspace::attention_backward(B, T, NH);  // D; dO comes in bf16
 }
 
-void attention_backward_mma(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out,
-                            const float* lse, int B, int T, int C, int NH, const DropoutMask& drop, void* scratch,
-                            cudaStream_t stream) {
+void attention_backward_mma(TensorPtr dqkv, const bf16* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
+                            int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream) {
   const int hs = check_shape(B, T, C, NH);
   GPT_CHECK(dqkv.is_bf16() && qkv.is_bf16() && out.is_bf16());
   if (B == 0 || T == 0) return;
-  GPT_CHECK(aligned16(dqkv.data) && aligned16(dout.data) && aligned16(qkv.data) && aligned16(out.data) &&
+  GPT_CHECK(aligned16(dqkv.data) && aligned16(dout) && aligned16(qkv.data) && aligned16(out.data) &&
             aligned16(scratch));
   float* dvec = static_cast<float*>(scratch);
-  // dO in bf16: dout itself, or its rounding, which the prep kernel writes into the scratch after D.
-  bf16* rounded = dout.is_bf16()
-                      ? nullptr
-                      : reinterpret_cast<bf16*>(static_cast<unsigned char*>(scratch) +
-                                                cuda_workspace::align_up(cuda_workspace::attention_backward(B, T, NH)));
-  const bf16* dob = dout.is_bf16() ? dout.as_bf16() : rounded;
   {
     const int64_t rows = static_cast<int64_t>(B) * T * NH;
     constexpr int kPrepThreads = 256;
     GPT_CHECK(hs % 4 == 0 && kWarp % (hs / 4) == 0);  // whole rows per warp (check_shape: hs 32, 64 or 128)
     const dim3 grid(static_cast<unsigned>(ceil_div(rows, kPrepThreads / kWarp * (kWarp / (hs / 4)))));
-    with_dtype(dout, [&](auto* dy) {
-      using G = element_t<decltype(dy)>;
-      attention_prep_mma_kernel<G>
-          <<<grid, kPrepThreads, 0, stream>>>(dvec, rounded, dy, out.as_bf16(), rows, T, C, NH, hs);
-    });
+    attention_prep_mma_kernel<<<grid, kPrepThreads, 0, stream>>>(dvec, dout, out.as_bf16(), rows, T, C, NH, hs);
     GPT_CUDA_CHECK_LAUNCH();
   }
   with_head_size(hs, [&](auto d) {
-    backward_impl<decltype(d)::value>(dqkv.as_bf16(), dob, qkv.as_bf16(), lse, dvec, B, T, C, NH, drop, stream);
+    backward_impl<decltype(d)::value>(dqkv.as_bf16(), dout, qkv.as_bf16(), lse, dvec, B, T, C, NH, drop, stream);
   });
 }
 

@@ -2,7 +2,8 @@
 // output and dqkv, the same arguments, lse state, dropout mask and deterministic backward as attention_tc.cu, with
 // S, P, dP and dS kept in registers (never in shared memory) and the K/V (forward, dQ) or Q/dO (dK/dV) tiles
 // double-buffered through cp.async. The same roundings as attention_tc.cu: P times the dropout factor and dS
-// rounded to bf16 before their products, dO rounded to bf16, l summed over the fp32 P, D = rowsum(dO * O) in fp32.
+// rounded to bf16 before their products, dO in bf16 (the model's is; the backward takes it so, and D too), l summed
+// over the fp32 P, D = rowsum(dO * O) in fp32.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,14 +28,13 @@ size_t attention_mma_smem_bytes(int C, int NH);
 void attention_forward_mma(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
                            const DropoutMask& drop, cudaStream_t stream);
 
-// The backward's scratch: D (B,NH,T floats) and dO rounded to bf16 (B,T,C; unused where dout is bf16).
+// The backward's scratch: D (B,NH,T floats).
 size_t attention_backward_mma_scratch_bytes(int B, int T, int C, int NH);
 
-// dqkv(B,T,3C) bf16 (overwritten) from dout(B,T,C) fp32 or bf16, forward's out (bf16) and lse. REQUIRES
+// dqkv(B,T,3C) bf16 (overwritten) from dout(B,T,C) bf16, forward's out (bf16) and lse. REQUIRES
 // attention_mma_supported(C, NH), 16-byte aligned dqkv, dout, qkv, out and scratch of
 // attention_backward_mma_scratch_bytes.
-void attention_backward_mma(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out,
-                            const float* lse, int B, int T, int C, int NH, const DropoutMask& drop, void* scratch,
-                            cudaStream_t stream);
+void attention_backward_mma(TensorPtr dqkv, const bf16* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
+                            int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
 
 }  // namespace gpt::cuda

@@ -526,13 +526,18 @@ void CudaBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qk
 void CudaBackend::attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out,
                                      const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
   const OpTimer timed = time_op("attention_backward", flop_work(5.0 * B * T * T * C));
-  switch (attention_path(C, NH, {dqkv, qkv, out}, dout.data)) {
+  const AttentionPath path = attention_path(C, NH, {dqkv, qkv, out}, dout.data);
+  // The tensor-core kernels take dO in bf16 (the model's is: the projection GEMM's input gradient), for D as well; an
+  // fp32 one (tests, fp32 callers) is rounded into cast area 0 first, as a GEMM input would be (grown on use), so the
+  // mma.sync and WMMA kernels give the same bits for either.
+  const bf16* dob = path != AttentionPath::kFp32 ? gemm_input(0, dout, int64_t{B} * T * C) : nullptr;
+  switch (path) {
     case AttentionPath::kMma:
-      cuda::attention_backward_mma(dqkv, dout, qkv, out, att, B, T, C, NH, drop,
+      cuda::attention_backward_mma(dqkv, dob, qkv, out, att, B, T, C, NH, drop,
                                    scratch(cuda::attention_backward_mma_scratch_bytes(B, T, C, NH)), stream_);
       break;
     case AttentionPath::kWmma:
-      cuda::attention_backward_tc(dqkv, dout, qkv, out, att, B, T, C, NH, drop,
+      cuda::attention_backward_tc(dqkv, dob, qkv, out, att, B, T, C, NH, drop,
                                   scratch(cuda::attention_backward_scratch_bytes(B, T, C, NH)), stream_);
       break;
     case AttentionPath::kFp32:

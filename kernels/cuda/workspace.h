@@ -32,12 +32,8 @@ inline size_t layernorm_backward(int64_t /*N*/, int C) {
 constexpr int kDbiasRows = 256;
 inline size_t matmul_backward(int64_t N, int OC) { return static_cast<size_t>(ceil_div(N, kDbiasRows)) * OC * 4; }
 
-// attention.cu and attention_tc.cu: the backward's D = rowsum(dO * O), one float per (B, NH, T).
+// attention.cu, attention_tc.cu and attention_mma.cu: the backward's D = rowsum(dO * O), one float per (B, NH, T).
 inline size_t attention_backward(int B, int T, int NH) { return static_cast<size_t>(B) * NH * T * 4; }
-// attention_mma.cu: D as above, then dO rounded to bf16 (B, T, C).
-inline size_t attention_backward_mma(int B, int T, int C, int NH) {
-  return align_up(attention_backward(B, T, NH)) + static_cast<size_t>(B) * T * C * 2;
-}
 
 // embedding.cu: three int32 arrays of B*T (keys, sorted keys, sorted positions) before cub's sort storage,
 // whose size cub reports at run time (embedding_backward_scratch_bytes adds it).
@@ -81,10 +77,6 @@ inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedd
                         matmul_backward(N, static_cast<int>(4 * C)),  // the widest GEMM with a bias
                         attention_backward(static_cast<int>(d.B), static_cast<int>(d.T), static_cast<int>(d.NH)),
                         sum_squares()});
-  if (bf16_compute) {  // the tensor-core attention of attention_mma.cu (run.attention_kernel auto)
-    a.scratch = std::max(a.scratch, attention_backward_mma(static_cast<int>(d.B), static_cast<int>(d.T),
-                                                           static_cast<int>(C), static_cast<int>(d.NH)));
-  }
   if (bf16_compute) {
     // Gpt stores every GEMM input activation in bf16, and under bf16 compute every ShardedParams strategy holds the
     // parameters in bf16 (param_dtype bf16): the input and weight areas are for fp32 callers only (grown on use).

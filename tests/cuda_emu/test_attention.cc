@@ -294,8 +294,12 @@ void run_mma(int B, int NH, int hs, int T, float p) {
   const DropoutMask drop = make_drop(p, hs);
   REQUIRE(emu::attention_mma_supported(C, NH));
 
-  Buf<gpt::bf16> qh(nqkv);
+  Buf<gpt::bf16> qh(nqkv), doh(nout);
   for (size_t i = 0; i < nqkv; ++i) qh[i] = gpt::f32_to_bf16(qkv[i]);
+  for (size_t i = 0; i < nout; ++i) {  // the kernel's dO is bf16 (the model's): the references read its values
+    doh[i] = gpt::f32_to_bf16(dout[i]);
+    dout[i] = gpt::bf16_to_f32(doh[i]);
+  }
   Buf<gpt::bf16> out[2] = {Buf<gpt::bf16>(nout), Buf<gpt::bf16>(nout)},
                  dqkv[2] = {Buf<gpt::bf16>(nqkv), Buf<gpt::bf16>(nqkv)};
   Buf<float> lse[2] = {Buf<float>(nlse), Buf<float>(nlse)};
@@ -305,7 +309,7 @@ void run_mma(int B, int NH, int hs, int T, float p) {
     std::memset(scratch.p, 0xff, scratch_bytes);  // NaN as fp32 and as bf16
     emu::attention_forward_mma(gpt::TensorPtr(out[r].p), lse[r].p, gpt::ConstTensorPtr(qh.p), B, T, C, NH, drop,
                                nullptr);
-    emu::attention_backward_mma(gpt::TensorPtr(dqkv[r].p), dout.p, gpt::ConstTensorPtr(qh.p),
+    emu::attention_backward_mma(gpt::TensorPtr(dqkv[r].p), doh.p, gpt::ConstTensorPtr(qh.p),
                                 gpt::ConstTensorPtr(out[r].p), lse[r].p, B, T, C, NH, drop, scratch.p, nullptr);
   }
   CHECK(out[0].same(out[1]));
