@@ -93,10 +93,9 @@ void CpuBackend::matmul_backward(TensorPtr dinp, float* dweight, float* dbias, C
   const float* a = bf16_operand(0, inp, N * C);
   const float* w = bf16_operand(1, weight, static_cast<int64_t>(OC) * C);
   const float* d = bf16_operand(2, dout, N * ld_dout);
-  const int64_t n = dinp.data != nullptr ? N * C : 0;
-  float* di = dinp.data != nullptr ? result_area(dinp, n) : nullptr;
+  float* di = dinp.data != nullptr ? result_area(dinp, N * C) : nullptr;
   cpu::matmul_backward(di, dweight, dbias, d, a, w, N, C, OC, ld_dout);  // dbias from the bf16 values, as on CUDA
-  if (di != nullptr) finish(dinp, n);
+  if (di != nullptr) finish(dinp, N * C);
 }
 void CpuBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                                    ConstTensorPtr bias, int64_t N, int C) {
