@@ -225,6 +225,9 @@ class Backend {
                        ConstTensorPtr weight, int64_t N, int C, int OC) {
     matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, OC);
   }
+  // matmul_backward's dbias alone: dbias(OC) += the column sums of dout(N,OC) as matmul_backward takes it, bit for
+  // bit.
+  virtual void bias_backward(float* dbias, ConstTensorPtr dout, int64_t N, int OC) = 0;
 
   // out(N,C) = (inp - mean) * rstd * weight + bias; mean(N), rstd(N) saved for backward (either may be null).
   // out f32, or bf16 (the fp32 result rounded to nearest even, bit for bit cast_to_bf16 of the f32 output).
@@ -278,19 +281,23 @@ class Backend {
     gelu_forward(out, pre, N * OC);
   }
   // The GEMM after the GELU, backward through both: dpre(N,C) = gelu_backward of dinp = dout @ weight at `pre`
-  // (the GELU's input), dweight and dbias as matmul_backward's (inp is the GELU's output). Unfused (the default,
-  // and kNone/kForward): matmul_backward into dinp ((N,C) scratch, as matmul_backward's), then gelu_backward(dpre,
-  // pre, dinp), bit for bit; dpre may alias dinp of its dtype. Fused (gelu_backward_fused(C): the CUDA backend under
-  // kFull, cuBLASLt's DGELU epilogue on the dinp GEMM): dpre bf16, written by the GEMM from its fp32 sum (dinp is not
-  // written, and may be null), so within a bf16 place of the unfused dpre.
-  virtual void matmul_backward_gelu(TensorPtr dpre, TensorPtr dinp, float* dweight, float* dbias, ConstTensorPtr dout,
-                                    ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr pre, int64_t N, int C,
-                                    int OC) {
+  // (the GELU's input), dweight and dbias as matmul_backward's (inp is the GELU's output), and, when dpre_bias is
+  // not null, bias_backward(dpre_bias, dpre): the gradient of the bias of the GEMM before the GELU (the fc's), which
+  // a backend may sum while it writes dpre instead of reading dpre again (the CUDA backend does). Unfused (the
+  // default, and kNone/kForward): matmul_backward into dinp ((N,C) scratch, as matmul_backward's), then
+  // gelu_backward(dpre, pre, dinp) and that bias_backward, bit for bit; dpre may alias dinp of its dtype. Fused
+  // (gelu_backward_fused(C): the CUDA backend under kFull, cuBLASLt's DGELU epilogue on the dinp GEMM): dpre bf16,
+  // written by the GEMM from its fp32 sum (dinp is not written, and may be null), so within a bf16 place of the
+  // unfused dpre; dpre_bias still bias_backward's of the dpre written.
+  virtual void matmul_backward_gelu(TensorPtr dpre, float* dpre_bias, TensorPtr dinp, float* dweight, float* dbias,
+                                    ConstTensorPtr dout, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr pre,
+                                    int64_t N, int C, int OC) {
     GPT_CHECK_MSG(dinp.data != nullptr,
                   "matmul_backward_gelu unfused needs dinp: was the model prepared under a fused "
                   "GELU backward (run.gelu_fusion full) that is now off?");
     matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
     gelu_backward(dpre, pre, dinp, N * C);
+    if (dpre_bias != nullptr) bias_backward(dpre_bias, dpre, N, C);
   }
 
   // GELU, tanh approximation. out f32, or bf16 (rounded as layernorm_forward's).

@@ -502,9 +502,10 @@ void Gpt::block_backward(int l, const BlockParams& p, const BlockGrads& g, const
   }
   float* dres = acts_->dres;
   const ConstTensorPtr dmlp = projection_dout(dres, dropout(kSiteMlpResid, l, ctx, static_cast<uint64_t>(T_) * C), ctx);
-  be_.matmul_backward_gelu(acts_->d4_lo, acts_->d4, g.fcprojw, g.fcprojb, dmlp, a.fch_gelu, p.fcprojw, a.fch, N, 4 * C,
-                           C);
-  be_.matmul_backward(acts_->dln, g.fcw, g.fcb, acts_->d4_lo, a.ln2, p.fcw, N, C, 4 * C);
+  // The fc bias's gradient comes with the GELU's backward (which may sum it as it writes d4_lo).
+  be_.matmul_backward_gelu(acts_->d4_lo, g.fcb, acts_->d4, g.fcprojw, g.fcprojb, dmlp, a.fch_gelu, p.fcprojw, a.fch, N,
+                           4 * C, C);
+  be_.matmul_backward(acts_->dln, g.fcw, nullptr, acts_->d4_lo, a.ln2, p.fcw, N, C, 4 * C);
   be_.layernorm_backward(dres, g.ln2w, g.ln2b, acts_->dln, a.res_mid, p.ln2w, a.ln2_mean, a.ln2_rstd, N, C,
                          residual_grad_lo(ctx));
   const ConstTensorPtr dattn =

@@ -97,6 +97,11 @@ void CpuBackend::matmul_backward(TensorPtr dinp, float* dweight, float* dbias, C
   cpu::matmul_backward(di, dweight, dbias, d, a, w, N, C, OC, ld_dout);  // dbias from the bf16 values, as on CUDA
   if (di != nullptr) finish(dinp, N * C);
 }
+void CpuBackend::bias_backward(float* dbias, ConstTensorPtr dout, int64_t N, int OC) {
+  const int64_t n = N * OC;
+  const float* d = compute_dtype_ == DType::kF32 ? dout.as_f32() : bf16_operand(2, dout, n);
+  cpu::bias_backward(dbias, d, N, OC, OC);
+}
 void CpuBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                                    ConstTensorPtr bias, int64_t N, int C) {
   cpu::layernorm_forward(result_area(out, N * C), mean, rstd, inp, f32_view(0, weight, C), f32_view(1, bias, C), N, C);

@@ -28,6 +28,7 @@ class CpuBackend final : public Backend {
                       int OC, int64_t ld_out) override;
   void matmul_backward(TensorPtr dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                        ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) override;
+  void bias_backward(float* dbias, ConstTensorPtr dout, int64_t N, int OC) override;
   void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                          ConstTensorPtr bias, int64_t N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, const float* inp,

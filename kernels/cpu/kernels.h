@@ -21,6 +21,8 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
                     int64_t ld);
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int64_t N, int C, int OC, int64_t ld);
+// matmul_backward's dbias alone: dbias(OC) += the column sums of dout's N rows.
+void bias_backward(float* dbias, const float* dout, int64_t N, int OC, int64_t ld);
 inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
                            int OC) {
   matmul_forward(out, inp, weight, bias, N, C, OC, OC);

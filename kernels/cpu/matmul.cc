@@ -35,23 +35,26 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   GPT_CHECK(ld >= OC);
   if (dinp != nullptr) sgemm('N', 'N', N, C, OC, dout, ld, weight, C, 0.0f, dinp, C);
   if (dweight != nullptr) sgemm('T', 'N', OC, C, N, dout, ld, inp, C, 1.0f, dweight, C);
-  if (dbias != nullptr) {
-    // Column sums: each thread owns a slice of columns and walks the rows in order (deterministic).
+  if (dbias != nullptr) bias_backward(dbias, dout, N, OC, ld);
+}
+
+void bias_backward(float* dbias, const float* dout, int64_t N, int OC, int64_t ld) {
+  GPT_CHECK(ld >= OC);
+  // Column sums: each thread owns a slice of columns and walks the rows in order (deterministic).
 #pragma omp parallel
-    {
-      const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
-      const int chunk = (OC + nt - 1) / nt;
-      const int lo = std::min(OC, tid * chunk), hi = std::min(OC, lo + chunk);
-      if (lo < hi) {
-        thread_local std::vector<float> acc;  // grows once, then reused: no allocation in the step loop
-        acc.assign(hi - lo, 0.0f);
-        for (int64_t i = 0; i < N; ++i) {
-          const float* row = dout + i * ld;
+  {
+    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int chunk = (OC + nt - 1) / nt;
+    const int lo = std::min(OC, tid * chunk), hi = std::min(OC, lo + chunk);
+    if (lo < hi) {
+      thread_local std::vector<float> acc;  // grows once, then reused: no allocation in the step loop
+      acc.assign(hi - lo, 0.0f);
+      for (int64_t i = 0; i < N; ++i) {
+        const float* row = dout + i * ld;
 #pragma omp simd
-          for (int o = lo; o < hi; ++o) acc[o - lo] += row[o];
-        }
-        for (int o = lo; o < hi; ++o) dbias[o] += acc[o - lo];
+        for (int o = lo; o < hi; ++o) acc[o - lo] += row[o];
       }
+      for (int o = lo; o < hi; ++o) dbias[o] += acc[o - lo];
     }
   }
 }

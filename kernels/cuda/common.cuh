@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/workspace.h"
 
 namespace gpt::cuda {
 
@@ -192,6 +193,48 @@ void with_head_size(int hs, F&& f) {
 // v rounded to bf16 (nearest even) and back to fp32.
 __device__ inline float round_bf16(float v) {
   return __uint_as_float(static_cast<uint32_t>(bf16_bits_nearest(__float_as_uint(v))) << 16);
+}
+
+// Deterministic column sums, step 1: the bias gradients of matmul.cu's bias_backward and of gelu.cu's GELU backward
+// with the fc bias (which must agree bit for bit). A block of kWarp x kDbiasRowThreads threads takes kDbiasCols
+// columns of one chunk of cuda_workspace::kDbiasRows rows (column_partials_grid) and writes partial[chunk * OC + oc],
+// the chunk's sum at column oc. Thread (x, y) sums the 4 columns from 4x on over rows lo + y, lo + y + 8, ... in
+// order; then the 8 row subsets are added in order. row4(n, oc, v) gives row n's values at columns oc..oc+3 as fp32,
+// 0 past OC (it may also write them: gelu.cu stores its result and returns what it stored). sums: the block's
+// shared-memory float[kDbiasRowThreads][kDbiasCols].
+constexpr int kDbiasCols = 4 * kWarp;
+constexpr int kDbiasRowThreads = 8;
+template <class Row4>
+__device__ inline void column_partials(float (*sums)[kDbiasCols], float* partial, int64_t N, int OC, Row4&& row4) {
+  const int oc = blockIdx.x * kDbiasCols + 4 * threadIdx.x;
+  const int64_t lo = static_cast<int64_t>(blockIdx.y) * cuda_workspace::kDbiasRows;
+  const int64_t hi = min(N, lo + cuda_workspace::kDbiasRows);
+  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (oc < OC) {
+    for (int64_t n = lo + threadIdx.y; n < hi; n += kDbiasRowThreads) {
+      float v[4];
+      row4(n, oc, v);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s[k] += v[k];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) sums[threadIdx.y][4 * threadIdx.x + k] = s[k];
+  __syncthreads();
+  // Thread (x, y) finishes column 32 y + x of the block's 128 (warp y reads one row of sums: no bank conflicts).
+  const int col = kWarp * threadIdx.y + threadIdx.x;
+  const int out = blockIdx.x * kDbiasCols + col;
+  if (col < kDbiasCols && out < OC) {
+    float t = 0.0f;
+    for (int r = 0; r < kDbiasRowThreads; ++r) t += sums[r][col];
+    partial[static_cast<int64_t>(blockIdx.y) * OC + out] = t;
+  }
+}
+// column_partials' grid (its block: dim3(kWarp, kDbiasRowThreads)).
+inline dim3 column_partials_grid(int64_t N, int OC) {
+  const int64_t chunks = ceil_div(N, cuda_workspace::kDbiasRows);
+  GPT_CHECK_MSG(chunks <= 65535, "bias gradient: too many rows for the grid of its column sums");
+  return dim3(static_cast<unsigned>(ceil_div(OC, kDbiasCols)), static_cast<unsigned>(chunks));
 }
 
 // Sum over the block; every thread gets the result. REQUIRES: blockDim.x a multiple of 32, <= 1024;

@@ -418,6 +418,14 @@ void CudaBackend::matmul_backward(TensorPtr dinp, float* dweight, float* dbias, 
   const bf16* d = gemm_input(2, dout, N * ld_dout);
   matmul_->backward(dinp, dweight, dbias, d, a, w, DType::kBF16, N, C, OC, ld_dout, s);  // dbias sums the bf16 d
 }
+void CudaBackend::bias_backward(float* dbias, ConstTensorPtr dout, int64_t N, int OC) {
+  if (N == 0) return;
+  const OpTimer timed = time_op("bias_backward", byte_work(N * OC * esize(dout)));
+  // As matmul_backward takes dout: under bf16 compute its bf16 rounding.
+  const ConstTensorPtr d =
+      compute_dtype_ == DType::kF32 ? ConstTensorPtr(dout.as_f32()) : ConstTensorPtr(gemm_input(2, dout, N * OC));
+  cuda::bias_backward(dbias, d, N, OC, OC, scratch(cuda::bias_backward_scratch_bytes(N, OC)), stream_);
+}
 bool CudaBackend::gelu_fused(GeluFusion level, int64_t rows, std::initializer_list<ConstTensorPtr> gelu_tensors) const {
   if (static_cast<int>(gelu_fusion_) < static_cast<int>(level) || compute_dtype_ != DType::kBF16) return false;
   if (!cuda::Matmul::gelu_fusable(rows)) return false;
@@ -441,19 +449,33 @@ void CudaBackend::matmul_gelu_forward(TensorPtr pre, TensorPtr out, ConstTensorP
   const auto* b = static_cast<const bf16*>(gemm_bias(bias, DType::kBF16, OC));
   matmul_->forward_gelu(out.as_bf16(), pre.as_bf16(), a, w, b, N, C, OC);
 }
-void CudaBackend::matmul_backward_gelu(TensorPtr dpre, TensorPtr dinp, float* dweight, float* dbias,
+void CudaBackend::matmul_backward_gelu(TensorPtr dpre, float* dpre_bias, TensorPtr dinp, float* dweight, float* dbias,
                                        ConstTensorPtr dout, ConstTensorPtr inp, ConstTensorPtr weight,
                                        ConstTensorPtr pre, int64_t N, int C, int OC) {
   if (!gelu_fused(GeluFusion::kFull, C, {dpre, pre})) {
-    Backend::matmul_backward_gelu(dpre, dinp, dweight, dbias, dout, inp, weight, pre, N, C, OC);
+    // The fc bias's gradient summed by the GELU backward as it stores dpre, where dpre is what matmul_backward would
+    // take (its dtype the compute dtype): bias_backward of it, bit for bit (column_partials' order either way).
+    if (dpre_bias == nullptr || dpre.dtype != compute_dtype_ || dinp.data == nullptr || N == 0) {
+      Backend::matmul_backward_gelu(dpre, dpre_bias, dinp, dweight, dbias, dout, inp, weight, pre, N, C, OC);
+      return;
+    }
+    matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+    const OpTimer timed = time_op("gelu_backward_bias", byte_work(N * C * (esize(dpre) + esize(pre) + esize(dinp))));
+    cuda::gelu_backward_bias(dpre, dpre_bias, pre, dinp, N, C, scratch(cuda::bias_backward_scratch_bytes(N, C)),
+                             stream_);
     return;
   }
-  const OpTimer timed = time_op("matmul_backward_gelu", flop_work(2.0 * N * C * OC * (1 + (dweight != nullptr))));
-  void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
-  const bf16* a = gemm_input(0, inp, N * C);
-  const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
-  const bf16* d = gemm_input(2, dout, N * OC);
-  matmul_->backward_dgelu(dpre.as_bf16(), pre.as_bf16(), dweight, dbias, d, a, w, N, C, OC, s);
+  {
+    const OpTimer timed = time_op("matmul_backward_gelu", flop_work(2.0 * N * C * OC * (1 + (dweight != nullptr))));
+    void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
+    const bf16* a = gemm_input(0, inp, N * C);
+    const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
+    const bf16* d = gemm_input(2, dout, N * OC);
+    matmul_->backward_dgelu(dpre.as_bf16(), pre.as_bf16(), dweight, dbias, d, a, w, N, C, OC, s);
+  }
+  // Timed on its own (a timed op inside another is left out). cuBLASLt's DGELU_BGRAD epilogue would overwrite, not
+  // accumulate across micro-batches.
+  if (dpre_bias != nullptr) bias_backward(dpre_bias, dpre, N, C);
 }
 void CudaBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                                     ConstTensorPtr bias, int64_t N, int C) {

@@ -59,6 +59,7 @@ class CudaBackend final : public Backend {
                       int OC, int64_t ld_out) override;
   void matmul_backward(TensorPtr dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                        ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) override;
+  void bias_backward(float* dbias, ConstTensorPtr dout, int64_t N, int OC) override;
   void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                          ConstTensorPtr bias, int64_t N, int C) override;
   void layernorm_backward(float* dinp, float* dweight, float* dbias, ConstTensorPtr dout, const float* inp,
@@ -77,9 +78,9 @@ class CudaBackend final : public Backend {
   void attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) override;
   void matmul_gelu_forward(TensorPtr pre, TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias,
                            int64_t N, int C, int OC) override;
-  void matmul_backward_gelu(TensorPtr dpre, TensorPtr dinp, float* dweight, float* dbias, ConstTensorPtr dout,
-                            ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr pre, int64_t N, int C,
-                            int OC) override;
+  void matmul_backward_gelu(TensorPtr dpre, float* dpre_bias, TensorPtr dinp, float* dweight, float* dbias,
+                            ConstTensorPtr dout, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr pre,
+                            int64_t N, int C, int OC) override;
   void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override;
   void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N) override;
   void residual_forward(float* out, const float* res, ConstTensorPtr inp, int64_t N, const DropoutMask& drop) override;

@@ -62,6 +62,27 @@ void launch_backward(Out* dinp, const In* inp, const Grad* dout, int64_t n, cuda
       <<<grid_for(ceil_div(n, 4), kThreads), kThreads, 0, stream>>>(dinp, inp, dout, n, vec);
 }
 
+// gelu_backward_kernel over N rows of C as column_partials' blocks (4 columns by a strided set of rows per thread),
+// each thread summing the values it stored (rounded, for a bf16 dinp): the fc bias's gradient partials. vec: every
+// row's groups of 4 aligned (C % 4 == 0 and aligned bases); columns past C add 0.
+template <typename In, typename Grad, typename Out>
+__global__ void gelu_backward_bias_kernel(Out* dinp, float* partial, const In* inp, const Grad* dout, int64_t N, int C,
+                                          bool vec) {
+  __shared__ float sums[kDbiasRowThreads][kDbiasCols];
+  column_partials(sums, partial, N, C, [&](int64_t n, int c, float(&v)[4]) {
+    const int64_t row = n * C;
+    float x[4], dy[4];
+    load4_upto(x, inp + row, c, C, vec, 0.0f);
+    load4_upto(dy, dout + row, c, C, vec, 0.0f);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float dx = gelu_grad(x[k]) * dy[k];
+      v[k] = c + k < C ? (std::is_same_v<Out, bf16> ? round_bf16(dx) : dx) : 0.0f;
+    }
+    store4_upto(dinp + row, c, C, vec, v);  // a rounded value stores as itself
+  });
+}
+
 }  // namespace
 
 void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N, cudaStream_t stream) {
@@ -76,6 +97,29 @@ void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int6
     with_dtype(dout, [&](auto* dy) { with_dtype(dinp, [&](auto* dx) { launch_backward(dx, x, dy, N, stream); }); });
   });
   GPT_CUDA_CHECK_LAUNCH();
+}
+
+void gelu_backward_bias(TensorPtr dinp, float* dbias, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N, int C,
+                        void* scratch, cudaStream_t stream) {
+  GPT_CHECK(N >= 0 && C > 0 && dbias != nullptr);
+  if (N == 0) return;
+  GPT_CHECK(scratch != nullptr);
+  auto* partial = static_cast<float*>(scratch);
+  const dim3 grid = column_partials_grid(N, C);
+  with_dtype(inp, [&](auto* x) {
+    with_dtype(dout, [&](auto* dy) {
+      with_dtype(dinp, [&](auto* dx) {
+        using In = element_t<decltype(x)>;
+        using Grad = element_t<decltype(dy)>;
+        using Out = element_t<decltype(dx)>;
+        const bool vec = C % 4 == 0 && aligned4(dx) && aligned4(x) && aligned4(dy);
+        gelu_backward_bias_kernel<In, Grad, Out>
+            <<<grid, dim3(kWarp, kDbiasRowThreads), 0, stream>>>(dx, partial, x, dy, N, C, vec);
+      });
+    });
+  });
+  GPT_CUDA_CHECK_LAUNCH();
+  bias_backward_sum(dbias, partial, N, C, stream);
 }
 
 }  // namespace gpt::cuda

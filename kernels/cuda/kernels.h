@@ -67,6 +67,11 @@ void crossentropy_forward_backward(float* losses, TensorPtr dlogits, ConstTensor
 // gelu.cu. inp and dout f32 or bf16; out and dinp f32 or bf16 (rounded at the store); dinp may alias dout of its dtype.
 void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N, cudaStream_t stream);
 void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N, cudaStream_t stream);
+// gelu_backward over N rows of C, and dbias(C) += the column sums of dinp as stored (bf16 values widened): the fc
+// GEMM's bias gradient taken while dinp is written, where bias_backward would read it again; bit for bit
+// bias_backward of the stored dinp. scratch: bias_backward_scratch_bytes(N, C).
+void gelu_backward_bias(TensorPtr dinp, float* dbias, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N, int C,
+                        void* scratch, cudaStream_t stream);
 
 // elementwise.cu. residual_forward's inp f32 or bf16 (read widened).
 void residual_forward(float* out, const float* res, ConstTensorPtr inp, int64_t N, const DropoutMask& drop,
@@ -101,6 +106,15 @@ void round_to_bf16_spans(bf16* dst, const float* src, const SpanTable& t, const 
                          cudaStream_t stream);
 size_t sum_squares_spans_scratch_bytes(const SpanTable& t);
 void sum_squares_spans(double* result, const float* x, const SpanTable& t, void* scratch, cudaStream_t stream);
+
+// matmul.cu: bias gradients. dbias(OC) += the column sums of dout (N rows ld >= OC elements apart; f32, or bf16 summed
+// in fp32), deterministic: partials over fixed chunks of cuda_workspace::kDbiasRows rows (common.cuh's
+// column_partials), then bias_backward_sum adds them in chunk order. scratch: bias_backward_scratch_bytes(N, OC).
+size_t bias_backward_scratch_bytes(int64_t N, int OC);
+void bias_backward(float* dbias, ConstTensorPtr dout, int64_t N, int OC, int64_t ld, void* scratch,
+                   cudaStream_t stream);
+// The second step alone, for a kernel that wrote the partials (column_partials) itself.
+void bias_backward_sum(float* dbias, const float* partial, int64_t N, int OC, cudaStream_t stream);
 
 // matmul.cu: cuBLASLt GEMMs with fp32 accumulation and fp32 outputs (the forward's may be bf16); inputs fp32 (no
 // TF32, so results match the CPU to fp32 rounding) or bf16 (tensor cores; the caller casts). dbias is a deterministic

@@ -32,53 +32,18 @@ namespace gpt::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = cuda_workspace::kCublasLtBytes;
-constexpr int kColsPerBlock = 4 * kWarp;  // dbias_partial_kernel: 4 columns per thread
-constexpr int kRowsPerChunk = cuda_workspace::kDbiasRows;
-
-int64_t dbias_chunks(int64_t N) { return ceil_div(N, kRowsPerChunk); }
-
-// partial[chunk, oc] = sum of dout[n, oc] (rows ld apart) over the chunk's rows, in row order. Block: 32 x 8 threads
-// over kColsPerBlock columns x 8 rows; each thread sums 4 adjacent columns (one 16-byte fp32 or 8-byte bf16 load per
-// row when `vec`: dout and ld 4-element aligned) over a strided subset of the chunk's rows, then the 8 row subsets
-// are added in order. The same sums, in the same order, on either load path. In: float or bf16 (read as fp32).
+// bias_backward's row4: dout's values as stored (bf16 ones widened); one 16-byte fp32 or 8-byte bf16 load per row
+// when `vec` (dout and ld 4-element aligned). The same sums, in the same order, on either load path.
 template <typename In>
-__global__ void dbias_partial_kernel(float* partial, const In* dout, int64_t N, int OC, int64_t ld, bool vec) {
-  __shared__ float sums[8][kColsPerBlock];
-  const int oc = blockIdx.x * kColsPerBlock + 4 * threadIdx.x;
-  const int64_t lo = static_cast<int64_t>(blockIdx.y) * kRowsPerChunk;
-  const int64_t hi = min(N, lo + kRowsPerChunk);
-  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (oc < OC) {
-    for (int64_t n = lo + threadIdx.y; n < hi; n += blockDim.y) {
-      float v[4];
-      load4_upto(v, dout + n * ld, oc, OC, vec, 0.0f);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) s[k] += v[k];
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k) sums[threadIdx.y][4 * threadIdx.x + k] = s[k];
-  __syncthreads();
-  // Thread (x, y) finishes column 32 y + x of the block's 128 (warp y reads one row of sums: no bank conflicts).
-  const int col = kWarp * threadIdx.y + threadIdx.x;
-  const int out = blockIdx.x * kColsPerBlock + col;
-  if (col < kColsPerBlock && out < OC) {
-    float t = 0.0f;
-    for (int r = 0; r < 8; ++r) t += sums[r][col];
-    partial[static_cast<int64_t>(blockIdx.y) * OC + out] = t;
-  }
-}
-
-template <typename In>
-void launch_dbias_partial(float* partial, const In* dout, int64_t N, int OC, int64_t ld, dim3 grid,
-                          cudaStream_t stream) {
-  const bool vec = aligned4(dout) && ld % 4 == 0;
-  dbias_partial_kernel<In><<<grid, dim3(kWarp, 8), 0, stream>>>(partial, dout, N, OC, ld, vec);
+__global__ void bias_partial_kernel(float* partial, const In* dout, int64_t N, int OC, int64_t ld, bool vec) {
+  __shared__ float sums[kDbiasRowThreads][kDbiasCols];
+  column_partials(sums, partial, N, OC,
+                  [&](int64_t n, int oc, float(&v)[4]) { load4_upto(v, dout + n * ld, oc, OC, vec, 0.0f); });
 }
 
 // dbias[oc] += the chunks' partials, added in chunk order. One warp per block: OC / 32 blocks spread the columns
 // over the SMs; each thread's loads are independent of its adds, so the unrolled loop keeps several in flight.
-__global__ void dbias_sum_kernel(float* dbias, const float* partial, int64_t chunks, int OC) {
+__global__ void bias_sum_kernel(float* dbias, const float* partial, int64_t chunks, int OC) {
   const int oc = blockIdx.x * blockDim.x + threadIdx.x;
   if (oc >= OC) return;
   float s = 0.0f;
@@ -247,7 +212,7 @@ void Matmul::forward(void* out, DType out_type, const void* inp, const void* wei
   gemm(true, false, OC, N, C, weight, C, inp, C, type, out, out_type, ld, 0.0f, bias);
 }
 
-size_t Matmul::backward_scratch_bytes(int64_t N, int OC) { return cuda_workspace::matmul_backward(N, OC); }
+size_t Matmul::backward_scratch_bytes(int64_t N, int OC) { return bias_backward_scratch_bytes(N, OC); }
 
 void Matmul::backward(TensorPtr dinp, float* dweight, float* dbias, const void* dout, const void* inp,
                       const void* weight, DType type, int64_t N, int C, int OC, int64_t ld, void* scratch) {
@@ -277,17 +242,29 @@ void Matmul::dweight_dbias(float* dweight, float* dbias, const void* dout, const
   if (dweight != nullptr) {
     gemm(false, true, C, OC, N, inp, C, dout, ld, type, dweight, DType::kF32, C, 1.0f, nullptr);
   }
-  if (dbias != nullptr) {
-    auto* partial = static_cast<float*>(scratch);
-    const int64_t chunks = dbias_chunks(N);
-    GPT_CHECK_MSG(chunks <= 65535, "matmul_backward: too many rows for the dbias grid");
-    const dim3 grid(static_cast<unsigned>(ceil_div(OC, kColsPerBlock)), static_cast<unsigned>(chunks));
-    with_dtype(ConstTensorPtr(dout, type),
-               [&](auto* d) { launch_dbias_partial(partial, d, N, OC, ld, grid, stream_); });
-    GPT_CUDA_CHECK_LAUNCH();
-    dbias_sum_kernel<<<static_cast<unsigned>(ceil_div(OC, kWarp)), kWarp, 0, stream_>>>(dbias, partial, chunks, OC);
-    GPT_CUDA_CHECK_LAUNCH();
-  }
+  if (dbias != nullptr) bias_backward(dbias, ConstTensorPtr(dout, type), N, OC, ld, scratch, stream_);
+}
+
+size_t bias_backward_scratch_bytes(int64_t N, int OC) { return cuda_workspace::matmul_backward(N, OC); }
+
+void bias_backward(float* dbias, ConstTensorPtr dout, int64_t N, int OC, int64_t ld, void* scratch,
+                   cudaStream_t stream) {
+  GPT_CHECK(N > 0 && OC > 0 && ld >= OC && dbias != nullptr && dout.data != nullptr && scratch != nullptr);
+  auto* partial = static_cast<float*>(scratch);
+  const dim3 grid = column_partials_grid(N, OC);
+  with_dtype(dout, [&](auto* d) {
+    using In = element_t<decltype(d)>;
+    const bool vec = aligned4(d) && ld % 4 == 0;
+    bias_partial_kernel<In><<<grid, dim3(kWarp, kDbiasRowThreads), 0, stream>>>(partial, d, N, OC, ld, vec);
+  });
+  GPT_CUDA_CHECK_LAUNCH();
+  bias_backward_sum(dbias, partial, N, OC, stream);
+}
+
+void bias_backward_sum(float* dbias, const float* partial, int64_t N, int OC, cudaStream_t stream) {
+  const int64_t chunks = ceil_div(N, cuda_workspace::kDbiasRows);
+  bias_sum_kernel<<<static_cast<unsigned>(ceil_div(OC, kWarp)), kWarp, 0, stream>>>(dbias, partial, chunks, OC);
+  GPT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace gpt::cuda

@@ -28,7 +28,8 @@ inline size_t layernorm_backward(int64_t /*N*/, int C) {
   return align_up(static_cast<size_t>(kLayerNormChunks) * 2 * C * 4);
 }
 
-// matmul.cu: dbias partials, one row of OC floats per chunk of kDbiasRows rows.
+// matmul.cu's bias_backward (and gelu.cu's GELU backward with the fc bias): dbias partials, one row of OC floats per
+// chunk of kDbiasRows rows.
 constexpr int kDbiasRows = 256;
 inline size_t matmul_backward(int64_t N, int OC) { return static_cast<size_t>(ceil_div(N, kDbiasRows)) * OC * 4; }
 
@@ -74,7 +75,7 @@ inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedd
   const int64_t N = d.N(), C = d.C;
   StepAreas a;
   a.scratch = std::max({embedding_scratch, layernorm_backward(N, static_cast<int>(C)),
-                        matmul_backward(N, static_cast<int>(4 * C)),  // the widest GEMM with a bias
+                        matmul_backward(N, static_cast<int>(4 * C)),  // the widest bias gradient: the fc's
                         attention_backward(static_cast<int>(d.B), static_cast<int>(d.T), static_cast<int>(d.NH)),
                         sum_squares()});
   if (bf16_compute) {

@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -458,6 +460,71 @@ void run_gelu(int64_t n) {
   CHECK(du.same(dh));
 }
 
+// gelu_backward_bias over N rows of C: dinp bit for bit gelu_backward's, and dbias (accumulated into) bit for bit
+// bias_backward's of the dinp stored, for every dtype of the model's paths (In: the GELU input; Grad: dout; Out:
+// dinp), dinp aliasing a bf16 dout as the model runs it, and tensors `off` elements past alignment (the
+// element-by-element loads). Run twice: the same bits.
+template <typename In, typename Grad, typename Out>
+void run_gelu_bias(int64_t N, int C, size_t off) {
+  constexpr bool in_lo = std::is_same_v<In, gpt::bf16>, grad_lo = std::is_same_v<Grad, gpt::bf16>,
+                 out_lo = std::is_same_v<Out, gpt::bf16>;
+  INFO("gelu_backward_bias N=" << N << " C=" << C << " off=" << off << " in/grad/out bf16 " << in_lo << grad_lo
+                               << out_lo);
+  const int64_t n = N * C;
+  Buf<float> xf(n), dyf(n);
+  randn(xf, 3.0f), randn(dyf);
+  Buf<In> x(n, off);
+  Buf<Grad> dy(n, off);
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<In, gpt::bf16>)
+      x[i] = gpt::f32_to_bf16(xf[i]);
+    else
+      x[i] = xf[i];
+    if constexpr (std::is_same_v<Grad, gpt::bf16>)
+      dy[i] = gpt::f32_to_bf16(dyf[i]);
+    else
+      dy[i] = dyf[i];
+  }
+  Buf<float> db0(C);
+  randn(db0);
+  Buf<Out> want(n, off);
+  emu::gelu_backward(want.p, gpt::ConstTensorPtr(x.p), gpt::ConstTensorPtr(dy.p), n, nullptr);
+  Buf<float> want_db(C), scratch(emu::bias_backward_scratch_bytes(N, C) / sizeof(float));
+  want_db.copy_from(db0);
+  emu::bias_backward(want_db.p, gpt::ConstTensorPtr(want.p), N, C, C, scratch.p, nullptr);
+  for (int r = 0; r < 2; ++r) {
+    Buf<Out> d(n, off);
+    Buf<float> db(C);
+    db.copy_from(db0);
+    scratch.poison();
+    emu::gelu_backward_bias(d.p, db.p, gpt::ConstTensorPtr(x.p), gpt::ConstTensorPtr(dy.p), N, C, scratch.p, nullptr);
+    CHECK(d.same(want));
+    CHECK(db.same(want_db));
+    if constexpr (std::is_same_v<Grad, Out>) {  // in place, as the model runs it (bf16 dpre = bf16 dinp)
+      Buf<Out> io(n, off);
+      io.copy_from(dy);
+      db.copy_from(db0);
+      emu::gelu_backward_bias(io.p, db.p, gpt::ConstTensorPtr(x.p), gpt::ConstTensorPtr(io.p), N, C, scratch.p,
+                              nullptr);
+      CHECK(io.same(want));
+      CHECK(db.same(want_db));
+    }
+  }
+  // And close to the CPU's fp32 sums of the same values: the partials' order, not a different quantity.
+  Buf<float> wide(n), cdb(C);
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<Out, gpt::bf16>)
+      wide[i] = gpt::bf16_to_f32(want[i]);
+    else
+      wide[i] = want[i];
+  }
+  cdb.copy_from(db0);
+  cpu::bias_backward(cdb.p, wide.p, N, C, C);
+  const Cmp e = compare(want_db.p, cdb.p, C);
+  CHECK(e.nonfinite == 0);
+  CHECK(e.rel() < 1e-5);
+}
+
 void run_adamw(int64_t n, bool sum_squares) {
   INFO("adamw n=" << n << " grid cap=" << emu_grid_cap);
   Buf<float> p(n), m(n), v(n), g(n), cp(n), cm(n), cv(n);
@@ -750,6 +817,20 @@ TEST_CASE("cuda_emu: gelu.cu matches the CPU twin", "[cuda_emu][gelu]") {
   run_gelu(300);
   GridCap cap(2);
   run_gelu(1001);
+}
+
+TEST_CASE("cuda_emu: gelu.cu's backward with the bias gradient equals gelu_backward then bias_backward bit for bit",
+          "[cuda_emu][gelu]") {
+  using gpt::bf16;
+  // One row; 3 row chunks x 3 column blocks (the last partly past C); C not a multiple of 4 (loads one by one);
+  // tensors one element past alignment.
+  const std::tuple<int64_t, int, size_t> shapes[] = {{1, 3, 0}, {600, 300, 0}, {300, 6, 0}, {520, 260, 1}};
+  for (const auto& [N, C, off] : shapes) {
+    run_gelu_bias<bf16, bf16, bf16>(N, C, off);     // the model under bf16 compute
+    run_gelu_bias<float, float, float>(N, C, off);  // under fp32 compute
+    run_gelu_bias<bf16, float, bf16>(N, C, off);
+    run_gelu_bias<float, bf16, float>(N, C, off);
+  }
 }
 
 TEST_CASE("cuda_emu: adamw.cu and sum_squares match the CPU twin", "[cuda_emu][adamw]") {

@@ -348,7 +348,8 @@ TEST_CASE("parity: matmul on 4-byte aligned operands and bias", "[cuda]") {
 // missing epilogue is off by O(1). Unfused, out is the GELU of the rounded pre: the two differ somewhere, which shows
 // the epilogue ran. Backward: the fused input gradient is GELU'(pre) times the GEMM's fp32 sum, rounded once; the
 // fp32 scratch the unfused path writes is left as it was (NaN), and dweight and dbias are the unfused ones bit for
-// bit (the same GEMM and kernels). The next test shows the model taking both fused ops.
+// bit (the same GEMM and kernels); the fc bias's gradient is bias_backward's of the dpre written, bit for bit, either
+// way. The next test shows the model taking both fused ops.
 std::vector<double> tanh_allowance(const std::vector<float>& x, const std::vector<float>* dinp) {
   constexpr double kS = 0.7978845608028654, kA = 0.044715, kTanhErr = 1.0 / 1024;
   std::vector<double> out(x.size());
@@ -400,24 +401,36 @@ TEST_CASE("parity: GELU fused into the bf16 GEMMs (run.gelu_fusion)", "[cuda]") 
     Dev<bf16> g_pre(*gpu, to_bf16(pre));
     Dev<float> g_act(*gpu, act), g_w(*gpu, w), g_dout(*gpu, dout);
     std::vector<float> got_dw[2], got_db[2];
+    const std::vector<float> dpb0 = randn(C2, 157);                         // the fc bias's gradient, accumulated into
     for (const GeluFusion f : {GeluFusion::kForward, GeluFusion::kFull}) {  // kForward: backward unfused
       const bool fused = f == GeluFusion::kFull;
       CAPTURE(fused);
       REQUIRE(gpu->set_gelu_fusion(f).is_ok());
       Dev<bf16> g_dpre(*gpu, N * C2);
       Dev<float> g_scratch(*gpu, std::vector<float>(N * C2, NAN)), g_dw(*gpu, dw.size()), g_db(*gpu, OC2);
-      gpu->matmul_backward_gelu(g_dpre.p(), g_scratch.p(), g_dw.p(), g_db.p(), g_dout.p(), g_act.p(), g_w.p(),
-                                g_pre.p(), N, C2, OC2);
+      Dev<float> g_dpb(*gpu, dpb0);
+      gpu->matmul_backward_gelu(g_dpre.p(), g_dpb.p(), g_scratch.p(), g_dw.p(), g_db.p(), g_dout.p(), g_act.p(),
+                                g_w.p(), g_pre.p(), N, C2, OC2);
       const std::vector<float> scratch = g_scratch.read();
       CHECK(std::all_of(scratch.begin(), scratch.end(), [](float v) { return std::isnan(v); }) == fused);
-      const double worst =
-          bf16_worst(want, g_dpre.read(), 1.13 * e, fused ? tanh_allowance(pre, &d) : std::vector<double>{});
+      const std::vector<bf16> dpre = g_dpre.read();
+      const double worst = bf16_worst(want, dpre, 1.13 * e, fused ? tanh_allowance(pre, &d) : std::vector<double>{});
       INFO("input gradient: " << worst << " of its bound");
       CHECK(worst <= 1.0);
       got_dw[fused] = g_dw.read();
       got_db[fused] = g_db.read();
       expect_close("dweight", dw, got_dw[fused], kReduction);
       expect_close("dbias", db, got_db[fused], kReduction);
+      // The fc bias's gradient: bias_backward of the dpre written, bit for bit (unfused, the GELU backward sums it
+      // as it stores dpre), and the CPU's column sums of those values within the reduction bound.
+      Dev<float> g_dpb_sep(*gpu, dpb0);
+      gpu->bias_backward(g_dpb_sep.p(), g_dpre.p(), N, C2);
+      const std::vector<float> dpb = g_dpb.read();
+      CHECK(dpb == g_dpb_sep.read());
+      std::vector<float> cdpb = dpb0, dpre_f(dpre.size());
+      for (size_t i = 0; i < dpre.size(); ++i) dpre_f[i] = bf16_to_f32(dpre[i]);
+      cpu().bias_backward(cdpb.data(), dpre_f.data(), N, C2);
+      expect_close("dpre_bias", cdpb, dpb, kReduction);
     }
     CHECK(got_dw[0] == got_dw[1]);
     CHECK(got_db[0] == got_db[1]);

@@ -82,6 +82,9 @@ class FakeDeviceBackend final : public Backend {
                           fake_device::real(dout), fake_device::real(inp), fake_device::real(weight), N, C, OC,
                           ld_dout);
   }
+  void bias_backward(float* dbias, ConstTensorPtr dout, int64_t N, int OC) override {
+    cpu_->bias_backward(fake_device::real(dbias), fake_device::real(dout), N, OC);
+  }
   void layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                          ConstTensorPtr bias, int64_t N, int C) override {
     cpu_->layernorm_forward(fake_device::real(out), fake_device::real(mean), fake_device::real(rstd),
