@@ -76,7 +76,7 @@ __global__ void gelu_backward_bias_kernel(Out* dinp, float* partial, const In* i
     load4_upto(dy, dout + row, c, C, vec, 0.0f);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float dx = gelu_grad(x[k]) * dy[k];
+      const float dx = __fmul_rn(gelu_grad(x[k]), dy[k]);  // rounded as stored: no FMA into the sum below
       v[k] = c + k < C ? (std::is_same_v<Out, bf16> ? round_bf16(dx) : dx) : 0.0f;
     }
     store4_upto(dinp + row, c, C, vec, v);  // a rounded value stores as itself

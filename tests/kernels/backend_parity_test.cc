@@ -439,6 +439,62 @@ TEST_CASE("parity: GELU fused into the bf16 GEMMs (run.gelu_fusion)", "[cuda]") 
   gpu->set_compute_dtype(DType::kF32);
 }
 
+// matmul_backward_gelu's fc bias gradient (dpre_bias), unfused, with dpre in place over dinp as the model runs it
+// (T: fp32 under fp32 compute, bf16 under bf16), over 3 row chunks and a partial block of columns: dpre is the
+// separate matmul_backward and gelu_backward's bit for bit, dpre_bias bias_backward's of the dpre written bit for bit
+// (the CUDA backend sums it inside the GELU backward: a product fused into the sum by an FMA would show here), and
+// the CPU's column sums of those values within the reduction bound.
+template <typename T>
+void check_gelu_bias(Backend* gpu, DType compute) {
+  gpu->set_compute_dtype(compute);
+  const int64_t N = 600;
+  const int C = 300, OC = 40;  // C: the GELU's width (dpre's), OC: the projection's outputs
+  Dev<float> g_pre(*gpu, randn(N * C, 160, 2.0f)), g_act(*gpu, randn(N * C, 161));
+  Dev<float> g_w(*gpu, randn(int64_t{OC} * C, 162, 0.3f)), g_dout(*gpu, randn(N * OC, 163));
+  const std::vector<float> dpb0 = randn(C, 164);
+  Dev<T> g_d(*gpu, N * C);
+  Dev<float> g_dw(*gpu, std::vector<float>(int64_t{OC} * C, 0.0f)), g_db(*gpu, std::vector<float>(OC, 0.0f));
+  Dev<float> g_dpb(*gpu, dpb0);
+  gpu->matmul_backward_gelu(g_d.p(), g_dpb.p(), g_d.p(), g_dw.p(), g_db.p(), g_dout.p(), g_act.p(), g_w.p(), g_pre.p(),
+                            N, C, OC);
+  Dev<T> g_dinp(*gpu, N * C), g_dpre(*gpu, N * C);
+  Dev<float> g_dw2(*gpu, std::vector<float>(int64_t{OC} * C, 0.0f)), g_db2(*gpu, std::vector<float>(OC, 0.0f));
+  Dev<float> g_dpb2(*gpu, dpb0);
+  gpu->matmul_backward(g_dinp.p(), g_dw2.p(), g_db2.p(), g_dout.p(), g_act.p(), g_w.p(), N, C, OC);
+  gpu->gelu_backward(g_dpre.p(), g_pre.p(), g_dinp.p(), N * C);
+  gpu->bias_backward(g_dpb2.p(), g_dpre.p(), N, C);
+  const std::vector<T> d = g_d.read(), dpre = g_dpre.read();
+  CHECK(std::memcmp(d.data(), dpre.data(), d.size() * sizeof(T)) == 0);
+  CHECK(g_dw.read() == g_dw2.read());
+  CHECK(g_db.read() == g_db2.read());
+  const std::vector<float> dpb = g_dpb.read();
+  CHECK(dpb == g_dpb2.read());
+  std::vector<float> wide(d.size()), cdpb = dpb0;
+  for (size_t i = 0; i < d.size(); ++i) {
+    if constexpr (std::is_same_v<T, bf16>) {
+      wide[i] = bf16_to_f32(d[i]);
+    } else {
+      wide[i] = d[i];
+    }
+  }
+  cpu().bias_backward(cdpb.data(), wide.data(), N, C);
+  expect_close("dpre_bias", cdpb, dpb, kReduction);
+  gpu->set_compute_dtype(DType::kF32);
+}
+
+TEST_CASE("parity: matmul_backward_gelu's fc bias gradient is bias_backward's of the dpre written", "[cuda]") {
+  Backend* gpu = cuda_or_skip("the GELU backward with the fc bias");
+  if (!gpu) return;
+  {
+    INFO("fp32 compute");
+    check_gelu_bias<float>(gpu, DType::kF32);
+  }
+  {
+    INFO("bf16 compute");
+    check_gelu_bias<bf16>(gpu, DType::kBF16);
+  }
+}
+
 // LayerNorm forward and backward of the rows `inp` (N x C) on the CPU and on `gpu`: within kReduction, the
 // recomputation (null statistics) and the bf16 outputs bit for bit.
 void compare_layernorm(Backend* gpu, const std::vector<float>& inp, int64_t N, int C) {
