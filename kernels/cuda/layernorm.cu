@@ -263,12 +263,17 @@ void launch_layernorm_forward(Out* out, float* mean, float* rstd, float* x, cons
                    (res == nullptr || (aligned16(res) && aligned4(add)));
   const float keep = drop.active() ? 1.0f / (1.0f - drop.p) : 1.0f;
   if (res == nullptr) {
-    if (vec) {
-      layernorm_forward_kernel<true, false, Out, W, A>
-          <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, nullptr, nullptr, drop, keep, weight, bias, N, C);
+    // The plain LayerNorm adds nothing: its kernels only for the (null) fp32 term, not once more per added dtype.
+    if constexpr (std::is_same_v<A, float>) {
+      if (vec) {
+        layernorm_forward_kernel<true, false, Out, W, A>
+            <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, nullptr, nullptr, drop, keep, weight, bias, N, C);
+      } else {
+        layernorm_forward_kernel<false, false, Out, W, A>
+            <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, nullptr, nullptr, drop, keep, weight, bias, N, C);
+      }
     } else {
-      layernorm_forward_kernel<false, false, Out, W, A>
-          <<<grid, kRowThreads, 0, stream>>>(out, mean, rstd, x, nullptr, nullptr, drop, keep, weight, bias, N, C);
+      GPT_CHECK_MSG(false, "layernorm_forward: an added term without the residual it adds to");
     }
   } else if (vec) {
     layernorm_forward_kernel<true, true, Out, W, A>
