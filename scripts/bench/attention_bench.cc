@@ -8,7 +8,7 @@
 //
 // Times: wall time of `iters` back-to-back calls after `warmup` ones, between two synchronize()s, divided by iters
 // (the calls queue on one stream, so this is device time once a call is longer than its launches). backward is the
-// whole op as the model calls it (on the mma path: the prep kernel for D and dO in bf16, then dK/dV, then dQ).
+// whole op as the model calls it (on the mma path: the prep kernel for D, then dK/dV, then dQ; dO in bf16).
 // FLOPs as FlashAttention's benchmarks count them: forward 4·B·NH·T²·hs / 2 (causal), backward 2.5 times that.
 // One line per kernel, "attention_bench kernel=... fwd_ms=... bwd_ms=... fwd_tflops=... bwd_tflops=...
 // out_err=... dqkv_err=... wrong=0|1" (errors: relative l2, ‖x − ref‖ / ‖ref‖; wrong when over 2e-2 for bf16, the
