@@ -93,7 +93,7 @@ class NcclCommunicator final : public Communicator {
       cudaStreamSynchronize(stream_);
     }
     tasks_->run_sync([] {});  // the queued waits end (their collectives are done)
-    if (comm_ != nullptr) {
+    {
       const CommStream::HostCall call = tasks_->host_call("ncclCommDestroy");
       ncclCommDestroy(comm_);
     }
@@ -152,8 +152,6 @@ class NcclCommunicator final : public Communicator {
     ncclComm_t comm = nullptr;
     ncclResult_t r;
     {
-      std::lock_guard<std::mutex> lock(launch_mu_);
-      GPT_CHECK_MSG(comm_ != nullptr, ("NCCL communicator '" + name_ + "' was aborted after an error").c_str());
       const CommStream::HostCall call = tasks->host_call("ncclCommSplit");
       r = ncclCommSplit(comm_, color, key, &comm, nullptr);  // null config: the parent's
     }
@@ -235,9 +233,6 @@ class NcclCommunicator final : public Communicator {
         GPT_CUDA_CHECK(cudaStreamWaitEvent(stream_, last, 0));  // after the device's previous collective
       }
       {
-        // Not while the CommStream thread aborts the communicator after an asynchronous error (wait_for).
-        std::lock_guard<std::mutex> lock(launch_mu_);
-        GPT_CHECK_MSG(comm_ != nullptr, ("NCCL communicator '" + name_ + "' was aborted after an error").c_str());
         // A launch may wait for the peers (NCCL sets up connections on first use): watched as a running collective.
         const CommStream::HostCall call = tasks_->host_call(kNcclCall[static_cast<size_t>(op)]);
         enqueue();
@@ -260,7 +255,9 @@ class NcclCommunicator final : public Communicator {
   // a peer that died or a network failure surfaces here as an abort naming the communicator instead of a
   // silent hang (a collective that merely never completes is the watchdog's to report, which watches this
   // communicator's CommStream too). The error is read once more after `done`: NCCL documents that after an
-  // error nothing can be assumed about the completion or correctness of operations.
+  // error nothing can be assumed about the completion or correctness of operations. The process ends there without
+  // ncclCommAbort: NCCL asks every rank of a node to call it, so on a rank whose peers are gone (or still computing)
+  // it can wait for them, the hang this check is for; ending the process frees the communicator's resources.
   void wait_for(cudaEvent_t done) {
     for (int polls = 0;; ++polls) {
       const cudaError_t q = cudaEventQuery(done);
@@ -268,13 +265,6 @@ class NcclCommunicator final : public Communicator {
       ncclResult_t async = ncclSuccess;
       GPT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
       if (async != ncclSuccess && async != ncclInProgress) {
-        // The training thread may be launching a collective on comm_ right now: not during one. A launch can
-        // itself wait for the failed peer (connection set-up), so the abort is skipped rather than waited for:
-        // the process ends below either way.
-        if (std::unique_lock<std::mutex> lock(launch_mu_, std::try_to_lock); lock.owns_lock()) {
-          ncclCommAbort(comm_);
-          comm_ = nullptr;
-        }
         GPT_CHECK_MSG(false, ("NCCL communicator '" + name_ + "' (rank " + std::to_string(rank_) + " of " +
                               std::to_string(size_) + "): " + ncclGetErrorString(async))
                                  .c_str());
@@ -288,8 +278,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> owned_bootstrap_;  // split(): the sub-group this communicator was made on
   int device_;
   cudaStream_t compute_;
-  ncclComm_t comm_;  // written only by wait_for's abort (CommStream thread), under launch_mu_
-  std::mutex launch_mu_;
+  ncclComm_t comm_;
   std::string name_;
   int rank_ = 0, size_ = 1;
   cudaStream_t stream_ = nullptr;
