@@ -22,19 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Every rank learns whether any rank failed: returns the local error, or one naming the first failed rank.
-Status agree(Communicator& world, const Status& local, const std::string& what) {
-  const int32_t mine = local.is_ok() ? 0 : 1;
-  std::vector<int32_t> all(static_cast<size_t>(world.size()));
-  world.all_gather(&mine, all.data(), 1, DType::kI32).wait();
-  if (!local.is_ok()) return local;
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r] != 0)
-      return Status::io_error(what + " failed on rank " + std::to_string(r) + " (its log has the cause)");
-  }
-  return Status::ok();
-}
-
 // Test hooks (tests/apps/checkpoint_faults_test.sh), from GPT_TRAIN_FAULT:
 //   kill_during_save:<rank>:<step>  that rank SIGKILLs itself right after writing its shard of that step;
 //   file_size_limit:<bytes>         from the first save on, the kernel refuses to grow any file past <bytes>

@@ -1,6 +1,7 @@
 #include "comm/communicator.h"
 
 #include <cstring>
+#include <vector>
 
 #include "core/check.h"
 
@@ -94,6 +95,19 @@ class SingleCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_single_communicator(std::string name) {
   return std::make_unique<SingleCommunicator>(std::move(name));
+}
+
+Status agree(Communicator& group, const Status& local, const std::string& what) {
+  const int32_t mine = local.is_ok() ? 0 : 1;
+  std::vector<int32_t> all(static_cast<size_t>(group.size()));
+  group.all_gather(&mine, all.data(), 1, DType::kI32).wait();
+  if (!local.is_ok()) return local;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] != 0) {
+      return Status::io_error(what + " failed on rank " + std::to_string(r) + " (its log has the cause)");
+    }
+  }
+  return Status::ok();
 }
 
 }  // namespace gpt

@@ -27,6 +27,7 @@
 #include <string_view>
 
 #include "core/dtype.h"
+#include "core/status.h"
 
 namespace gpt {
 
@@ -101,5 +102,12 @@ class Communicator {
 
 // The single-process communicator: a group of one. Collectives are copies; counted like the others.
 std::unique_ptr<Communicator> make_single_communicator(std::string name = "world");
+
+// Every rank of `group` learns whether any rank failed a step each took on its own (writing or reading its
+// checkpoint shards): returns `local` where that failed, else an io_error "<what> failed on rank R (its log has the
+// cause)" naming the first rank that failed, else ok. Collective (a host all_gather: `group` carries host memory).
+// So the ranks go on, or return, together: one that returned alone would leave the others waiting in their next
+// collective, and on GPUs in NCCL's teardown, which waits for the node's other ranks.
+Status agree(Communicator& group, const Status& local, const std::string& what);
 
 }  // namespace gpt

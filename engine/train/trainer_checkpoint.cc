@@ -147,8 +147,8 @@ Status Trainer::read_local_slices(const CheckpointReader& r, int sections) {
 
 Status Trainer::load_initial_weights(const CheckpointReader& r) {
   const auto t0 = std::chrono::steady_clock::now();
-  GPT_RETURN_IF_ERROR(
-      read_local_slices(r, 1).with_context(config_.where("checkpoint.init_from") + ": checkpoint.init_from"));
+  GPT_RETURN_IF_ERROR(agree(world_, read_local_slices(r, 1), "reading " + r.dir())
+                          .with_context(config_.where("checkpoint.init_from") + ": checkpoint.init_from"));
   params_->publish(0);
   // The ids the weights learned against and the ones this run's data holds: a different vocabulary of the same size
   // loads, but means other tokens.
@@ -180,9 +180,13 @@ Status Trainer::restore() {
   const auto t0 = std::chrono::steady_clock::now();
   const CheckpointReader& r = *resume_;
   const Manifest& m = r.manifest();
-  GPT_RETURN_IF_ERROR(read_local_slices(r, 3));
+  // Each rank reads its own slices: one that fails (a corrupt shard) fails every rank, here, before the collectives
+  // that follow (publish's all-gathers; on GPUs also NCCL's teardown when the Trainer goes, which waits for the
+  // node's other ranks).
+  Status read = read_local_slices(r, 3);
+  if (read.is_ok()) read = train_.restore({m.loader_batch_index, m.global_batch});
+  GPT_RETURN_IF_ERROR(agree(world_, read, "resuming from " + r.dir()));
   optimizer_->set_steps_taken(m.adam_steps);
-  GPT_RETURN_IF_ERROR(train_.restore({m.loader_batch_index, m.global_batch}));
   params_->publish(m.adam_steps);  // the bf16 parameters as the uninterrupted run rounded them at this step
   start_step_ = m.step;
   spdlog::info("resumed from {} (step {}, saved by {} on {} rank(s)); this rank read {:.2f} MiB of shards in {:.3f} s",

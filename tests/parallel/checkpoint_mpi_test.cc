@@ -3,7 +3,9 @@
 // on a different sub-communicator), with the optimizer state carried over.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "checkpoint/checkpoint_reader.h"
@@ -65,6 +67,45 @@ TEST_CASE("Resuming from a checkpoint continues bit for bit under every strategy
   }
   world->barrier().wait();
   if (r == 0) fs::remove_all(dir);
+}
+
+// A shard that fails to read on one rank (a flipped byte: its checksum) fails the resume on every rank, together:
+// that rank with the file named, the others naming that rank. Before, the others went on into the all-gathers that
+// publish the parameters and waited there for it (on GPUs, NCCL's teardown would wait for it too).
+TEST_CASE("A shard that fails to read on one rank fails the resume on every rank, naming that rank",
+          "[mpi][checkpoint]") {
+  auto world = testing::g_mpi->make_world();
+  const int n = world->size(), r = world->rank();
+  const std::string dir = shared_data_dir(*world);
+  RunConfig cfg = make_config(dir, dir + "/bad_shard", n, 0.0f, "none");
+  set_strategy(cfg, n == 1 ? "single" : "zero3");  // zero3 at the same world size: rank r reads shard r alone
+  cfg.training.steps = 2;
+  cfg.checkpoint.every = 2;
+  (void)train(cfg, *world);
+  const std::string ck = cfg.run.out_dir + "/checkpoints/" + step_dir_name(2);
+  const int bad = n - 1;
+  char shard[32];
+  std::snprintf(shard, sizeof shard, "shard_%05d.bin", bad);
+  if (r == bad) {
+    std::fstream f(ck + "/" + shard, std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(f.good());
+    f.seekp(100);
+    f.put('\x7f');
+  }
+  world->barrier().wait();
+  RunConfig again = cfg;
+  again.run.out_dir = dir + "/bad_shard_resumed";
+  again.checkpoint.resume = ck;
+  auto trainer = Trainer::create(again, *world, 1, 0);
+  REQUIRE_FALSE(trainer.has_value());
+  const std::string msg = trainer.status().message();
+  INFO(msg);
+  if (r == bad) {
+    CHECK(msg.find(std::string(shard) + ": checksum mismatch") != std::string::npos);
+  } else {
+    CHECK(msg.find("resuming from " + ck + " failed on rank " + std::to_string(bad)) != std::string::npos);
+  }
+  world->barrier().wait();
 }
 
 // A chain of runs on sub-communicators of the world, each resuming the previous run's checkpoint saved two
