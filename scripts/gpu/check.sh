@@ -85,6 +85,8 @@ else gpus=0; record SKIP "nvidia-smi" 0 "no GPU visible ($(echo "$gpu_line" | cu
 
 # --- the binaries: the bundle, else a build
 export OMPI_MCA_ess_singleton_isolated=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# cuBLASLt's own errors (level 1: errors only) into the steps' output: a GEMM it rejects names its reason there.
+export CUBLASLT_LOG_LEVEL=${CUBLASLT_LOG_LEVEL:-1}
 tarball=$(ls gpu-bundle/*.tar.* 2>/dev/null | head -1)
 if [ -n "$tarball" ]; then
   t0=$SECONDS
