@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -288,8 +289,10 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<EventPool> pool_ = std::make_shared<EventPool>();
 };
 
-// The GPU as "<host> <PCI bus id>", to find ranks sharing one (which NCCL reports only as "invalid usage");
-// "" when the bus id is not known.
+// The GPU as "<boot id> <PCI bus id> <host>", to find ranks sharing one (which NCCL reports only as "invalid
+// usage"); "" when the bus id is not known. The kernel's boot id tells machines apart where containers on different
+// nodes share a host name (NCCL's own host hash takes it too); the host name, last, is for the message (a long one
+// may be cut off).
 std::string gpu_identity(int device) {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
@@ -298,7 +301,9 @@ std::string gpu_identity(int device) {
     cudaGetLastError();
     return "";
   }
-  return std::string(host) + " " + bus;
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return (boot.empty() ? std::string() : boot + " ") + bus + " " + host;
 }
 
 }  // namespace
