@@ -407,7 +407,7 @@ void CudaBackend::matmul_backward(TensorPtr dinp, float* dweight, float* dbias, 
                                   ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) {
   const OpTimer timed =
       time_op("matmul_backward", flop_work(2.0 * N * C * OC * ((dinp.data != nullptr) + (dweight != nullptr))));
-  void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
+  void* s = dbias != nullptr ? scratch(cuda::bias_backward_scratch_bytes(N, OC)) : nullptr;
   if (compute_dtype_ == DType::kF32) {
     matmul_->backward(dinp.as_f32(), dweight, dbias, dout.as_f32(), inp.as_f32(), weight.as_f32(), DType::kF32, N, C,
                       OC, ld_dout, s);
@@ -467,7 +467,7 @@ void CudaBackend::matmul_backward_gelu(TensorPtr dpre, float* dpre_bias, TensorP
   }
   {
     const OpTimer timed = time_op("matmul_backward_gelu", flop_work(2.0 * N * C * OC * (1 + (dweight != nullptr))));
-    void* s = dbias != nullptr ? scratch(cuda::Matmul::backward_scratch_bytes(N, OC)) : nullptr;
+    void* s = dbias != nullptr ? scratch(cuda::bias_backward_scratch_bytes(N, OC)) : nullptr;
     const bf16* a = gemm_input(0, inp, N * C);
     const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
     const bf16* d = gemm_input(2, dout, N * OC);

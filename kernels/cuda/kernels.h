@@ -132,10 +132,9 @@ class Matmul {
   // out's rows are ld >= OC elements apart (no column past OC is written).
   void forward(void* out, DType out_type, const void* inp, const void* weight, DType type, const void* bias, int64_t N,
                int C, int OC, int64_t ld);
-  static size_t backward_scratch_bytes(int64_t N, int OC);
-  // dout, inp and weight are the GEMM inputs of `type`; dbias sums dout's values (bf16 ones in fp32). dout's rows
-  // are ld >= OC elements apart (no column past OC is read). dinp (skipped if null) f32, or bf16 with bf16 inputs
-  // (the fp32 sum rounded once).
+  // dout, inp and weight are the GEMM inputs of `type`; dbias sums dout's values (bf16 ones in fp32) as bias_backward
+  // does (scratch: bias_backward_scratch_bytes(N, OC), when dbias is asked). dout's rows are ld >= OC elements apart
+  // (no column past OC is read). dinp (skipped if null) f32, or bf16 with bf16 inputs (the fp32 sum rounded once).
   void backward(TensorPtr dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight,
                 DType type, int64_t N, int C, int OC, int64_t ld, void* scratch);
   // Whether the GELU epilogues take these operands: bf16, rows (OC forward, C backward) a multiple of 8 (cuBLASLt's

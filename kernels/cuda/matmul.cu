@@ -212,8 +212,6 @@ void Matmul::forward(void* out, DType out_type, const void* inp, const void* wei
   gemm(true, false, OC, N, C, weight, C, inp, C, type, out, out_type, ld, 0.0f, bias);
 }
 
-size_t Matmul::backward_scratch_bytes(int64_t N, int OC) { return bias_backward_scratch_bytes(N, OC); }
-
 void Matmul::backward(TensorPtr dinp, float* dweight, float* dbias, const void* dout, const void* inp,
                       const void* weight, DType type, int64_t N, int C, int OC, int64_t ld, void* scratch) {
   GPT_CHECK(N > 0 && C > 0 && OC > 0 && ld >= OC);

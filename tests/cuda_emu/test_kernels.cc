@@ -734,7 +734,7 @@ void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs, int64_t 
   Buf<float> dinp[2] = {Buf<float>(inp.n, off), Buf<float>(inp.n, off)},
              dw[2] = {Buf<float>(w.n, off), Buf<float>(w.n, off)}, db[2] = {Buf<float>(OC, off), Buf<float>(OC, off)};
   for (int r = 0; r < 2; ++r) {
-    Buf<float> scratch(emu::Matmul::backward_scratch_bytes(N, OC) / sizeof(float));
+    Buf<float> scratch(emu::bias_backward_scratch_bytes(N, OC) / sizeof(float));
     dw[r].copy_from(dw0), db[r].copy_from(db0);
     mm.backward(dinp[r].p, dw[r].p, db[r].p, dout_in, inp_in, w_in, type, N, C, OC, ld, scratch.p);
   }
