@@ -61,8 +61,8 @@ Command add_train_command(CLI::App& app) {
   app.add_option("--set", args->overrides, "Override a config key, e.g. --set training.steps=100 (repeatable)")
       ->type_name("KEY=VALUE");
   app.add_option("--resume", args->resume,
-                 "Continue from a checkpoint: 'auto' (<checkpoint.dir>/latest, if any) or a step directory saved at "
-                 "any world size and strategy (sets checkpoint.resume)")
+                 "Continue from a checkpoint: 'auto' (<checkpoint.dir>/latest, if any), a step directory saved at "
+                 "any world size and strategy, or a checkpoint root (its latest) (sets checkpoint.resume)")
       ->type_name("auto|DIR");
   app.add_option("--stop-marker", args->stop_marker,
                  "A file rank 0 removes at the start and writes when a signal stops the run early, after its "
@@ -88,7 +88,7 @@ Command add_train_command(CLI::App& app) {
     if (!cfg) return report_error(cfg.status());
     init_logging(world().rank(), cfg->logging.level);
     spdlog::info("resolved config ({}):\n{}", args->config.empty() ? kEmbeddedConfigName : args->config, to_yaml(*cfg));
-    start_comm_watchdog(cfg->comm.timeout_s);
+    start_comm_watchdog(cfg->comm.timeout_s, cfg->comm.save_timeout_s);
     const bool marks = !args->stop_marker.empty() && world().rank() == 0;
     if (marks) {
       if (Status st = clear_stop_marker(args->stop_marker); !st.is_ok()) return report_error(st);

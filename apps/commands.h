@@ -35,7 +35,8 @@ Communicator& world();
 // Ranks of this job on this node (from MPI_Comm_split_type SHARED).
 int ranks_per_node();
 int local_rank();
-// Starts the collective watchdog (comm.timeout_s) over every MPI communicator. Collective.
-void start_comm_watchdog(double timeout_s);
+// Starts the collective watchdog (comm.timeout_s; comm.save_timeout_s for the checkpoint writer's) over every MPI
+// communicator. Collective.
+void start_comm_watchdog(double timeout_s, double save_timeout_s);
 
 }  // namespace gpt

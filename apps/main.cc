@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <map>
+#include <new>
 
 #include "apps/commands.h"
 #include "comm/mpi_communicator.h"
@@ -19,7 +20,7 @@ std::unique_ptr<Communicator> g_world;
 Communicator& world() { return *g_world; }
 int ranks_per_node() { return g_mpi->local_size(); }
 int local_rank() { return g_mpi->local_rank(); }
-void start_comm_watchdog(double timeout_s) { g_mpi->start_watchdog(timeout_s); }
+void start_comm_watchdog(double timeout_s, double save_timeout_s) { g_mpi->start_watchdog(timeout_s, save_timeout_s); }
 
 int report_error(const Status& status) {
   spdlog::error("{}", status.message());
@@ -73,13 +74,30 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
+    // --help and --version exit 0; a bad argument is bad input like any other: exit 2 (CLI11's own codes vary).
+    const int code = app.exit(e) == 0 ? 0 : 2;
     gpt::g_world.reset();  // communicators go before the MPI environment (and its watchdog)
     return code;
   }
   int code = 0;
   for (auto& [sub, run] : commands) {
-    if (sub->parsed()) code = run();
+    if (!sub->parsed()) continue;
+    // Under mpirun or srun with several tasks only `train` uses the ranks; any other subcommand runs on rank 0 alone
+    // (every rank doing it would race on the same output files, or print its sample N times).
+    if (sub != train && (*mpi)->world_size() > 1) {
+      if ((*mpi)->world_rank() != 0) continue;
+      spdlog::info("{} runs on rank 0 only; the job's other {} rank(s) have nothing to do", sub->get_name(),
+                   (*mpi)->world_size() - 1);
+    }
+    try {
+      code = run();
+    } catch (const std::bad_alloc&) {
+      // Host memory (a device's runs out through the backend's own error): the planner's figures were logged first.
+      code = gpt::report_error(gpt::Status::failed_precondition(
+          "out of host memory (std::bad_alloc) in `" + sub->get_name() +
+          "`: this process could not allocate what it needs; for a run, the plan logged above gives the memory per "
+          "rank (`gpt-train plan` shows it beforehand), and a smaller model, micro-batch or more ranks need less"));
+    }
   }
   gpt::g_world.reset();
   return code;

@@ -1,15 +1,18 @@
 #include "checkpoint/checkpoint_writer.h"
 
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "checkpoint/crc32c.h"
 #include "core/atomic_file.h"
@@ -24,6 +27,7 @@ namespace {
 
 // Test hooks (tests/apps/checkpoint_faults_test.sh), from GPT_TRAIN_FAULT:
 //   kill_during_save:<rank>:<step>  that rank SIGKILLs itself right after writing its shard of that step;
+//   hang_during_save:<rank>:<step>  that rank stops there (sleeps for ever: a file system that never returns);
 //   file_size_limit:<bytes>         from the first save on, the kernel refuses to grow any file past <bytes>
 //                                   (RLIMIT_FSIZE: write() fails with EFBIG), as a full disk would; set here
 //                                   rather than by the shell's ulimit, which MPI's start-up files would hit.
@@ -37,6 +41,9 @@ void maybe_limit_file_size(const std::optional<TestFault>& fault) {
 
 void maybe_inject_kill(const std::optional<TestFault>& fault, int rank, int64_t step) {
   if (fault && fault->is("kill_during_save", 2) && fault->args[0] == rank && fault->args[1] == step) ::raise(SIGKILL);
+  if (fault && fault->is("hang_during_save", 2) && fault->args[0] == rank && fault->args[1] == step) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
 }
 
 Status remove_tree(const fs::path& p) {
@@ -173,9 +180,14 @@ std::string latest_checkpoint(const std::string& root) {
     if (!name.empty() && name.find('/') == std::string::npos && fs::exists(dir / "manifest.json", ec)) {
       return dir.string();
     }
+    const auto steps = step_dirs(root, /*complete=*/true);
+    if (!steps.empty()) {
+      spdlog::warn("{}/latest names '{}', which is not a complete step directory there; taking the newest that is, {}",
+                   root, name, steps.back().second.filename().string());
+    }
+    return steps.empty() ? std::string() : steps.back().second.string();
   }
-  // No usable `latest` (a crash between the rename and its update, or a hand-edited root): the newest
-  // complete step directory.
+  // No `latest` (a crash between the rename and its update, or a hand-made root): the newest complete step directory.
   const auto steps = step_dirs(root, /*complete=*/true);
   return steps.empty() ? std::string() : steps.back().second.string();
 }

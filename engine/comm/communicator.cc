@@ -97,14 +97,27 @@ std::unique_ptr<Communicator> make_single_communicator(std::string name) {
   return std::make_unique<SingleCommunicator>(std::move(name));
 }
 
+std::string broadcast_string(Communicator& group, std::string text) {
+  int32_t n = static_cast<int32_t>(text.size());
+  group.broadcast(&n, 1, DType::kI32, 0).wait();
+  std::vector<int32_t> words(static_cast<size_t>((n + 3) / 4), 0);
+  if (group.rank() == 0) std::memcpy(words.data(), text.data(), text.size());
+  group.broadcast(words.data(), static_cast<int64_t>(words.size()), DType::kI32, 0).wait();
+  text.assign(reinterpret_cast<const char*>(words.data()), static_cast<size_t>(n));
+  return text;
+}
+
 Status agree(Communicator& group, const Status& local, const std::string& what) {
-  const int32_t mine = local.is_ok() ? 0 : 1;
+  // Each rank's status code, so that the others fail with the failing rank's kind of error (and the job ends with one
+  // exit code, whichever rank's abort lands first).
+  const int32_t mine = static_cast<int32_t>(local.code());
   std::vector<int32_t> all(static_cast<size_t>(group.size()));
   group.all_gather(&mine, all.data(), 1, DType::kI32).wait();
   if (!local.is_ok()) return local;
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r] != 0) {
-      return Status::io_error(what + " failed on rank " + std::to_string(r) + " (its log has the cause)");
+      return Status::from_code(static_cast<StatusCode>(all[r]),
+                               what + " failed on rank " + std::to_string(r) + " (its log has the cause)");
     }
   }
   return Status::ok();

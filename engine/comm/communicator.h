@@ -104,10 +104,15 @@ class Communicator {
 std::unique_ptr<Communicator> make_single_communicator(std::string name = "world");
 
 // Every rank of `group` learns whether any rank failed a step each took on its own (writing or reading its
-// checkpoint shards): returns `local` where that failed, else an io_error "<what> failed on rank R (its log has the
-// cause)" naming the first rank that failed, else ok. Collective (a host all_gather: `group` carries host memory).
-// So the ranks go on, or return, together: one that returned alone would leave the others waiting in their next
-// collective, and on GPUs in NCCL's teardown, which waits for the node's other ranks.
+// checkpoint shards): returns `local` where that failed, else "<what> failed on rank R (its log has the cause)"
+// naming the first rank that failed, with that rank's status code (so every rank exits alike), else ok. Collective (a
+// host all_gather: `group` carries host memory). So the ranks go on, or return, together: one that returned alone would
+// leave the others waiting in their next collective, and on GPUs in NCCL's teardown, which waits for the node's other
+// ranks.
 Status agree(Communicator& group, const Status& local, const std::string& what);
+
+// Rank 0's `text` on every rank of `group` (so that all ranks act alike even where their file systems differ).
+// Collective (host broadcasts).
+std::string broadcast_string(Communicator& group, std::string text);
 
 }  // namespace gpt

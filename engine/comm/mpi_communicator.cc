@@ -95,10 +95,9 @@ class MpiCommunicator final : public Communicator {
     GPT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     GPT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
     stream_ = std::make_unique<CommStream>(name_, rank_);
-    // A "checkpoint" group waits on file systems (a rank that writes nothing waits for the others' writes):
-    // the watchdog, which looks for ranks out of step, leaves it alone.
-    if (watchdog_ != nullptr && name_ == "checkpoint") watchdog_ = nullptr;
-    if (watchdog_ != nullptr) watchdog_->watch(stream_.get());
+    // A "checkpoint" group waits on file systems (a rank that writes nothing waits for the others' writes): the
+    // watchdog holds it to comm.save_timeout_s instead.
+    if (watchdog_ != nullptr) watchdog_->watch(stream_.get(), /*slow=*/name_ == "checkpoint");
   }
   ~MpiCommunicator() override {
     if (watchdog_ != nullptr) watchdog_->unwatch(stream_.get());
@@ -198,14 +197,21 @@ struct WireRecord {
 };
 constexpr size_t kWireRecords = 4 * CommStream::kHistory;  // up to 4 communicators per rank
 
-// Gathers every rank's history over `comm` (a duplicate of the world kept for this), giving up after
-// `timeout_s`.
-std::optional<std::vector<std::vector<CollectiveRecord>>> exchange_histories(
+// Sends this rank's history to every other rank and receives theirs over `comm` (a duplicate of the world kept for
+// this), point to point, so that a rank that does not answer within `timeout_s` is known by name (nullopt). Its
+// buffers are left to the job's end when some rank did not answer: MPI may still write into them (a stopped rank
+// that resumes), and the job is about to be aborted anyway.
+constexpr int kHistoryTag = 8;
+std::vector<std::optional<std::vector<CollectiveRecord>>> exchange_histories(
     MPI_Comm comm, double timeout_s, const std::vector<CollectiveRecord>& mine) {
-  int size = 1;
+  int size = 1, rank = 0;
   MPI_Comm_size(comm, &size);
-  std::vector<WireRecord> send(kWireRecords), recv(kWireRecords * static_cast<size_t>(size));
-  for (WireRecord& w : send) w = WireRecord{};
+  MPI_Comm_rank(comm, &rank);
+  std::vector<std::optional<std::vector<CollectiveRecord>>> all(static_cast<size_t>(size));
+  auto* buffers = new std::vector<WireRecord>(kWireRecords * static_cast<size_t>(size + 1));
+  std::vector<WireRecord>& recv = *buffers;  // rank r's at r * kWireRecords; this rank's own to send at the end
+  WireRecord* send = recv.data() + static_cast<size_t>(size) * kWireRecords;
+  for (size_t i = 0; i < kWireRecords; ++i) send[i] = WireRecord{};
   const size_t n = std::min(mine.size(), kWireRecords);
   for (size_t i = 0; i < n; ++i) {
     const CollectiveRecord& r = mine[mine.size() - n + i];
@@ -216,31 +222,53 @@ std::optional<std::vector<std::vector<CollectiveRecord>>> exchange_histories(
     send[i].done = r.done ? 1 : 0;
   }
   const int bytes = static_cast<int>(sizeof(WireRecord) * kWireRecords);
-  MPI_Request req;
+  std::copy(send, send + kWireRecords, recv.data() + static_cast<size_t>(rank) * kWireRecords);
+  std::vector<MPI_Request> recvs(static_cast<size_t>(size), MPI_REQUEST_NULL);
+  std::vector<bool> answered(static_cast<size_t>(size), false);
+  answered[static_cast<size_t>(rank)] = true;
   {
     std::lock_guard<std::mutex> lock(mpi_mutex());
-    if (MPI_Iallgather(send.data(), bytes, MPI_BYTE, recv.data(), bytes, MPI_BYTE, comm, &req) != MPI_SUCCESS) {
-      return std::nullopt;
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      MPI_Request req;  // never waited for: a peer that is gone would hold it forever
+      MPI_Isend(send, bytes, MPI_BYTE, r, kHistoryTag, comm, &req);
+      MPI_Request_free(&req);
+      MPI_Irecv(recv.data() + static_cast<size_t>(r) * kWireRecords, bytes, MPI_BYTE, r, kHistoryTag, comm,
+                &recvs[static_cast<size_t>(r)]);
     }
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  for (int done = 0; !done;) {
+  for (int left = size - 1; left > 0;) {
     {
       std::lock_guard<std::mutex> lock(mpi_mutex());
-      if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return std::nullopt;
+      for (int r = 0; r < size; ++r) {
+        int done = 0;
+        if (answered[static_cast<size_t>(r)]) continue;
+        MPI_Test(&recvs[static_cast<size_t>(r)], &done, MPI_STATUS_IGNORE);
+        if (done) {
+          answered[static_cast<size_t>(r)] = true;
+          --left;
+        }
+      }
     }
-    if (!done && std::chrono::steady_clock::now() > deadline) return std::nullopt;
-    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (left == 0 || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  std::vector<std::vector<CollectiveRecord>> all(static_cast<size_t>(size));
+  bool everyone = true;
   for (int r = 0; r < size; ++r) {
+    if (!answered[static_cast<size_t>(r)]) {
+      everyone = false;
+      continue;
+    }
+    auto& history = all[static_cast<size_t>(r)].emplace();
     for (size_t i = 0; i < kWireRecords; ++i) {
       const WireRecord& w = recv[static_cast<size_t>(r) * kWireRecords + i];
       if (w.seq == 0) continue;
-      all[static_cast<size_t>(r)].push_back({std::string(w.group, strnlen(w.group, sizeof(w.group))), w.seq,
-                                             static_cast<CommOp>(w.op), w.elements, w.done != 0});
+      history.push_back({std::string(w.group, strnlen(w.group, sizeof(w.group))), w.seq, static_cast<CommOp>(w.op),
+                         w.elements, w.done != 0});
     }
   }
+  if (everyone) delete buffers;  // else left for the abort that follows (see above)
   return all;
 }
 
@@ -282,7 +310,7 @@ std::unique_ptr<Communicator> MpiEnvironment::make_world() {
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false, "world", watchdog_.get());
 }
 
-void MpiEnvironment::start_watchdog(double timeout_s) {
+void MpiEnvironment::start_watchdog(double timeout_s, double save_timeout_s) {
   if (timeout_s <= 0) return;
   MPI_Comm channel = MPI_COMM_NULL;
   {
@@ -312,7 +340,7 @@ void MpiEnvironment::start_watchdog(double timeout_s) {
     MPI_Recv(&alert, 1, MPI_INT32_T, status.MPI_SOURCE, kAlertTag, channel, MPI_STATUS_IGNORE);
     return true;
   };
-  watchdog_->start(timeout_s, world_rank_, std::move(wire), [](const std::string& diagnosis) {
+  watchdog_->start(timeout_s, save_timeout_s, world_rank_, std::move(wire), [](const std::string& diagnosis) {
     spdlog::error("{}", diagnosis);
     spdlog::default_logger()->flush();
     std::fflush(stderr);

@@ -29,8 +29,9 @@ class MpiEnvironment {
   // The collective watchdog over every communicator made here (and their splits): after timeout_s seconds
   // in one collective, every rank logs its recent collectives, the ranks compare them, and the job ends
   // (MPI_Abort) with the first collective where they disagree. 0 = off. Collective over MPI_COMM_WORLD.
-  // Communicators named "checkpoint" are not watched: their collectives legitimately wait for file writes.
-  void start_watchdog(double timeout_s);
+  // Communicators named "checkpoint" get save_timeout_s instead (0 = not watched): their collectives legitimately
+  // wait for file writes. A rank that does not answer the comparison within timeout_s is named.
+  void start_watchdog(double timeout_s, double save_timeout_s);
   // Ends every rank of the job (after a failure on this one has been logged).
   [[noreturn]] void abort(int exit_code);
 

@@ -69,20 +69,21 @@ CommWatchdog::~CommWatchdog() {
   if (thread_.joinable()) thread_.join();
 }
 
-void CommWatchdog::watch(const CommStream* stream) {
+void CommWatchdog::watch(const CommStream* stream, bool slow) {
   std::lock_guard<std::mutex> lock(mu_);
-  streams_.push_back(stream);
+  streams_.emplace_back(stream, slow);
 }
 
 void CommWatchdog::unwatch(const CommStream* stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::erase(streams_, stream);
+  std::erase_if(streams_, [stream](const auto& s) { return s.first == stream; });
 }
 
-void CommWatchdog::start(double timeout_s, int rank, WatchdogChannel channel,
+void CommWatchdog::start(double timeout_s, double save_timeout_s, int rank, WatchdogChannel channel,
                          std::function<void(const std::string&)> on_hang) {
   if (thread_.joinable() || timeout_s <= 0) return;
   timeout_s_ = timeout_s;
+  save_timeout_s_ = save_timeout_s;
   rank_ = rank;
   channel_ = std::move(channel);
   on_hang_ = std::move(on_hang);
@@ -93,14 +94,21 @@ void CommWatchdog::loop() {
   while (!stop_) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     std::vector<CollectiveRecord> mine;
-    double stuck = 0;
+    std::string fired;  // "a collective of <group> has not finished after N s (comm.timeout_s)"
     bool alerted = false;
     std::string blocked;  // "; blocked in ncclCommInitRank (nccl:world)": host calls in progress
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (const CommStream* s : streams_) stuck = std::max(stuck, s->running_for().value_or(0.0));
-      if (stuck < timeout_s_ && !(alerted = channel_.alerted())) continue;
-      for (const CommStream* s : streams_) {
+      for (const auto& [s, slow] : streams_) {
+        const double limit = slow ? save_timeout_s_ : timeout_s_;
+        const double running = s->running_for().value_or(0.0);
+        if (limit > 0 && running >= limit && fired.empty()) {
+          fired = fmt::format("a {} collective has not finished after {:.0f} s (comm.{})", s->group(), running,
+                              slow ? "save_timeout_s" : "timeout_s");
+        }
+      }
+      if (fired.empty() && !(alerted = channel_.alerted())) continue;
+      for (const auto& [s, slow] : streams_) {
         const auto h = s->history();
         mine.insert(mine.end(), h.begin(), h.end());
         if (const char* what = s->blocked_in()) blocked += fmt::format("; blocked in {} ({})", what, s->group());
@@ -110,15 +118,26 @@ void CommWatchdog::loop() {
     std::string lines;
     for (const CollectiveRecord& r : mine) lines += fmt::format("\n  {} #{}: {}", r.group, r.seq, describe(r));
     spdlog::error("{}{}; this rank's last collectives:{}",
-                  alerted ? std::string("another rank's collective watchdog fired")
-                          : fmt::format("a collective has not finished after {:.0f} s (comm.timeout_s)", stuck),
-                  blocked, lines);
-    const auto all = channel_.exchange(mine);
-    const std::string diagnosis =
-        all ? diagnose_hang(*all)
-            : "not every rank answered within comm.timeout_s (a rank may be stuck outside a collective or dead); "
-              "this rank alone: " +
-                  diagnose_hang({mine});
+                  alerted ? std::string("another rank's collective watchdog fired") : fired, blocked, lines);
+    const std::vector<std::optional<std::vector<CollectiveRecord>>> answers = channel_.exchange(mine);
+    // The ranks that did not answer (their process stopped or died, or is stuck with its watchdog) are named; the
+    // others' histories are compared among themselves.
+    std::vector<std::vector<CollectiveRecord>> histories(answers.size());
+    std::string silent;
+    for (size_t r = 0; r < answers.size(); ++r) {
+      if (answers[r]) {
+        histories[r] = *answers[r];
+      } else {
+        silent += (silent.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    std::string diagnosis = diagnose_hang(histories);
+    if (!silent.empty()) {
+      diagnosis = fmt::format(
+          "rank(s) {} did not answer within comm.timeout_s (stopped, dead, or stuck outside any collective, watchdog "
+          "included); among the ranks that answered: {}",
+          silent, diagnosis);
+    }
     on_hang_(fmt::format("collective watchdog on rank {}: {}{}", rank_, diagnosis, blocked));
     return;
   }

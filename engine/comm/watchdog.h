@@ -14,15 +14,17 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/comm_stream.h"
 
 namespace gpt {
 
-// Every rank's history, indexed by rank. Returns nullopt when not every rank answered in time.
+// Every rank's history, indexed by rank: nullopt for a rank that did not answer in time (stopped, dead, or stuck
+// outside our code with its watchdog).
 using HistoryExchange =
-    std::function<std::optional<std::vector<std::vector<CollectiveRecord>>>(const std::vector<CollectiveRecord>&)>;
+    std::function<std::vector<std::optional<std::vector<CollectiveRecord>>>(const std::vector<CollectiveRecord>&)>;
 // How the watchdogs of different ranks reach each other: `alert_all` tells every other rank's watchdog to
 // report now; `alerted` says whether another rank has done so (polled; must not block).
 struct WatchdogChannel {
@@ -43,16 +45,19 @@ class CommWatchdog {
   CommWatchdog(const CommWatchdog&) = delete;
   CommWatchdog& operator=(const CommWatchdog&) = delete;
 
-  void watch(const CommStream* stream);
+  // `slow`: a stream whose collectives wait on file systems (the checkpoint writer's), held to save_timeout_s.
+  void watch(const CommStream* stream, bool slow = false);
   void unwatch(const CommStream* stream);
-  // Starts checking (once). `on_hang` receives the diagnosis and must not return (it aborts the job).
-  void start(double timeout_s, int rank, WatchdogChannel channel, std::function<void(const std::string&)> on_hang);
+  // Starts checking (once): a collective of a stream running longer than timeout_s (a slow one's: save_timeout_s; 0 =
+  // never) fires it. `on_hang` receives the diagnosis and must not return (it aborts the job).
+  void start(double timeout_s, double save_timeout_s, int rank, WatchdogChannel channel,
+             std::function<void(const std::string&)> on_hang);
 
  private:
   void loop();
   std::mutex mu_;
-  std::vector<const CommStream*> streams_;
-  double timeout_s_ = 0;
+  std::vector<std::pair<const CommStream*, bool>> streams_;  // and whether it is slow
+  double timeout_s_ = 0, save_timeout_s_ = 0;
   int rank_ = 0;
   WatchdogChannel channel_;
   std::function<void(const std::string&)> on_hang_;

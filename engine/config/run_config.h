@@ -9,6 +9,10 @@
 
 namespace gpt {
 
+// The most CPU threads run.threads (and sample's --threads) take: far more than any machine's cores, and far below
+// the counts at which OpenMP's runtime fails to make its pool (65536 crashed libgomp).
+inline constexpr int kMaxThreads = 4096;
+
 struct RunSection {
   std::string name = "gpt";               // run name, used in logs and metrics
   std::string out_dir = "runs/gpt";       // where the resolved config, metrics and final weights go
@@ -81,7 +85,8 @@ struct CheckpointSection {
 };
 
 struct CommSection {
-  float timeout_s = 300.0f;  // a collective running longer ends the job with a diagnosis; 0 = no watchdog
+  float timeout_s = 300.0f;        // a collective running longer ends the job with a diagnosis; 0 = no watchdog
+  float save_timeout_s = 1800.0f;  // the same for the checkpoint writer's collectives (they wait on file systems)
 };
 
 struct LoggingSection {

@@ -60,6 +60,19 @@ std::string check_tied(const std::string& v) {
   return v == "true" ? "" : "false is not supported yet (the LM head always shares the token embedding)";
 }
 Allowed tied() { return checked(check_tied, "only true for now"); }
+// A file the run writes into run.out_dir beside its own: a plain name, not one of theirs.
+std::string check_out_file(const std::string& v) {
+  if (v.empty() || v == "." || v == ".." || v.find('/') != std::string::npos) {
+    return "expected a plain file name (it goes inside run.out_dir), got '" + v + "'";
+  }
+  for (const char* taken : {"config.yaml", "summary.json", "model", "checkpoints"}) {
+    if (v == taken) return "'" + v + "' is a name the run writes itself in run.out_dir; choose another";
+  }
+  return "";
+}
+Allowed out_file() {
+  return checked(check_out_file, "a plain file name, not config.yaml, summary.json, model or checkpoints");
+}
 
 // Key name, section, field name and field accessor from one mention of the field, so they cannot drift.
 #define GPT_KEY(sec, fld) #sec "." #fld, #sec, #fld, [](RunConfig & c) -> FieldRef { return &c.sec.fld; }
@@ -112,7 +125,8 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(run, name), non_empty(), "run name, used in logs and metrics"},
       {GPT_KEY(run, out_dir), non_empty(), "directory for the resolved config, metrics, checkpoints and weights"},
       {GPT_KEY(run, seed), anything(), "seeds parameter init, dropout and data order"},
-      {GPT_KEY(run, threads), at_least(0), "CPU threads for kernels; 0 = all cores"},
+      {GPT_KEY(run, threads), between(0, kMaxThreads, /*hi_exclusive=*/false),
+       "CPU threads for kernels; 0 = all cores"},
       {GPT_KEY(run, device), one_of("cpu|cuda"),
        "where the model computes: cpu, or cuda (one GPU per rank, chosen by the rank's index on its node)"},
       {GPT_KEY(run, gelu_fusion), one_of("none|forward|full"),
@@ -203,7 +217,9 @@ std::span<const KeySpec> config_schema() {
        "(still atomic; the next save waits for the previous one)"},
       {GPT_KEY(checkpoint, resume), anything(),
        "empty: start fresh; auto: continue from <checkpoint.dir>/latest when there is one; or a step directory "
-       "(any world size and strategy). The command line's --resume sets it"},
+       "(any world size and strategy), or a checkpoint root (its latest). A run that does not continue its own "
+       "checkpoint root's steps refuses a root that already holds some (its saves would replace them). The "
+       "command line's --resume sets it"},
       {GPT_KEY(checkpoint, init_from), anything(),
        "fine-tuning: start from these weights instead of a random init (a model directory such as <out_dir>/model "
        "or `checkpoint import`'s, a checkpoint step directory, a checkpoint root: its latest, or a run's out_dir: "
@@ -215,10 +231,13 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(comm, timeout_s), at_least(0),
        "seconds one collective may run before every rank logs its last 20 collectives and the job ends, naming "
        "the first collective where ranks disagree (a rank that skipped one or died); 0 = no watchdog"},
+      {GPT_KEY(comm, save_timeout_s), at_least(0),
+       "the same for the collectives of a checkpoint save, which wait for the file system (a rank that writes "
+       "little waits for the others' writes); 0 = never, under a watchdog that comm.timeout_s runs"},
 
       {GPT_KEY(logging, level), one_of("trace|debug|info|warn|error"), "log level"},
       {GPT_KEY(logging, log_interval), at_least(1), "steps between plain progress lines when stdout is not a terminal"},
-      {GPT_KEY(logging, metrics_file), non_empty(), "metrics JSONL file name, inside run.out_dir"},
+      {GPT_KEY(logging, metrics_file), out_file(), "metrics JSONL file name, inside run.out_dir"},
       {GPT_KEY(logging, peak_tflops), at_least(0),
        "dense bf16 peak TFLOP/s of one GPU, the denominator of MFU in progress lines and summary.json; 0 = known "
        "from the GPU's name (H100/H200 989, A100 312), else no MFU"},

@@ -21,8 +21,11 @@ class [[nodiscard]] Status {
   static Status not_found(std::string msg) { return Status(StatusCode::kNotFound, std::move(msg)); }
   static Status io_error(std::string msg) { return Status(StatusCode::kIoError, std::move(msg)); }
   static Status corruption(std::string msg) { return Status(StatusCode::kCorruption, std::move(msg)); }
-  static Status failed_precondition(std::string msg) {
-    return Status(StatusCode::kFailedPrecondition, std::move(msg));
+  static Status failed_precondition(std::string msg) { return Status(StatusCode::kFailedPrecondition, std::move(msg)); }
+  // An error of the given kind (another rank's, say); kOk or an unknown code gives an I/O error.
+  static Status from_code(StatusCode code, std::string msg) {
+    const bool known = code > StatusCode::kOk && code <= StatusCode::kFailedPrecondition;
+    return Status(known ? code : StatusCode::kIoError, std::move(msg));
   }
 
   bool is_ok() const { return code_ == StatusCode::kOk; }
@@ -45,7 +48,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Expected {
  public:
-  Expected(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Expected(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
   Expected(Status status) : v_(std::move(status)) {}  // NOLINT; REQUIRES: !status.is_ok()
 
   bool has_value() const { return std::holds_alternative<T>(v_); }
@@ -65,10 +68,10 @@ class [[nodiscard]] Expected {
 }  // namespace gpt
 
 // Returns early from the enclosing function if `expr` yields a non-OK Status.
-#define GPT_RETURN_IF_ERROR(expr)          \
-  do {                                     \
-    ::gpt::Status _st = (expr);            \
-    if (!_st.is_ok()) return _st;          \
+#define GPT_RETURN_IF_ERROR(expr) \
+  do {                            \
+    ::gpt::Status _st = (expr);   \
+    if (!_st.is_ok()) return _st; \
   } while (0)
 
 #define GPT_CONCAT_INNER(a, b) a##b

@@ -1,6 +1,7 @@
 // Fault injection for the end-to-end fault tests (tests/apps/*.sh): GPT_TRAIN_FAULT=<kind>:<n>[:<n>...] asks
 // one hook to misbehave. This is the one reader of the variable; each hook matches its kind and numbers:
 //   kill_during_save:<rank>:<step>   checkpoint_writer.cc    nan_grad:<step>:<unit>   trainer.cc
+//   hang_during_save:<rank>:<step>   checkpoint_writer.cc    stop:<rank>:<step>       trainer.cc
 //   file_size_limit:<bytes>          checkpoint_writer.cc    hang:<rank>:<step>       trainer.cc
 //   skip_collective:<rank>:<seq>     comm_stream.cc          slow_start:<ms>          apps/cmd_train.cc
 //   fake_nodes:<n>                   trainer.cc (rank r on node r % n)

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <sstream>
 #include <string_view>
 #include <thread>
 
@@ -25,17 +27,75 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The tokenizer named by data.tokenizer, else tokenizer.json beside the first train shard if present.
-Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, const data::DataLoader& train) {
+// The tokenizer named by data.tokenizer, else tokenizer.json beside the first train shard if present. Without
+// data.tokenizer, the tokenizer.json files beside the train and val shards must agree: shards `prepare`d with
+// different vocabularies would mix ids that mean different tokens.
+Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, const data::DataLoader& train,
+                                                        const data::DataLoader& val) {
   std::string path = cfg.data.tokenizer;
   if (path.empty()) {
-    const fs::path beside = fs::path(train.shards().front().path()).parent_path() / "tokenizer.json";
-    if (!fs::exists(beside)) return std::optional<data::Tokenizer>();
-    path = beside.string();
+    std::optional<data::Tokenizer> first;
+    std::string first_path;
+    std::vector<fs::path> seen;
+    for (const data::DataLoader* split : {&train, &val}) {
+      for (const auto& shard : split->shards()) {
+        const fs::path dir = fs::path(shard.path()).parent_path();
+        if (std::find(seen.begin(), seen.end(), dir) != seen.end()) continue;
+        seen.push_back(dir);
+        const fs::path beside = dir / "tokenizer.json";
+        std::error_code ec;
+        if (!fs::exists(beside, ec)) continue;
+        auto tok = data::Tokenizer::load(beside.string());
+        if (!tok) return tok.status().with_context(cfg.where("data.train") + ": the tokenizer beside the data");
+        if (!first) {
+          first = std::move(*tok);
+          first_path = beside.string();
+        } else if (tok->to_json() != first->to_json()) {
+          return Status::invalid_argument(
+              cfg.where(split == &train ? "data.train" : "data.val") + ": the shards of data.train ('" +
+              cfg.data.train + "') and data.val ('" + cfg.data.val + "') were prepared with different tokenizers (" +
+              first_path + " and " + beside.string() +
+              " differ), so the same id would mean different tokens; prepare them with one vocabulary (or name the "
+              "one that holds with data.tokenizer)");
+        }
+      }
+    }
+    return first;
   }
   auto tok = data::Tokenizer::load(path);
   if (!tok) return tok.status().with_context(cfg.where("data.tokenizer") + ": data.tokenizer");
   return std::optional<data::Tokenizer>(std::move(*tok));
+}
+
+// Every rank must run the same resolved config (each reads its own file and command line: a node with another copy
+// of the YAML, or a --set given to some tasks only, would otherwise train diverging replicas, or fail later in a
+// collective of another size). Rank 0's text goes to every rank; a rank whose own differs names the first key.
+Status check_same_config(const RunConfig& cfg, Communicator& world) {
+  const std::string mine = to_yaml(cfg);
+  const std::string theirs = broadcast_string(world, mine);
+  Status st;
+  if (theirs != mine) {
+    std::istringstream a(mine), b(theirs);
+    std::string section, la, lb;
+    while (std::getline(a, la) && std::getline(b, lb)) {
+      if (!la.starts_with(" ")) section = la.substr(0, la.find(':'));
+      if (la == lb) continue;
+      const size_t colon = la.find(':');
+      const std::string key = section + "." + la.substr(2, colon == std::string::npos ? 0 : colon - 2);
+      const auto value = [](const std::string& line) {
+        const size_t c = line.find(": ");
+        return c == std::string::npos ? line : line.substr(c + 2);
+      };
+      st = Status::invalid_argument(
+          "rank " + std::to_string(world.rank()) + "'s config differs from rank 0's at " + key + ": " + value(la) +
+          " here, " + value(lb) + " on rank 0 (" + cfg.where(key) +
+          "); every rank must run the same config: the same file and --set arguments on every node");
+      break;
+    }
+    if (st.is_ok())
+      st = Status::invalid_argument("rank " + std::to_string(world.rank()) + "'s config differs from rank 0's");
+  }
+  return agree(world, st, "checking that every rank runs the same config");
 }
 
 Expected<data::DataLoader> open_split(const RunConfig& cfg, const std::string& key, const std::string& pattern,
@@ -123,6 +183,7 @@ void warn_if_shard_groups_span_nodes(Communicator& world, int S) {
 
 Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communicator& world, int ranks_per_node,
                                                    int local_rank, TrainerHooks hooks) {
+  GPT_RETURN_IF_ERROR(check_same_config(cfg, world));
   const bool hybrid = cfg.parallel.strategy == "hybrid";
   const bool automatic = cfg.parallel.strategy == "auto";
   Strategy strategy = Strategy::kDdp;  // auto: decided once the model shape is known
@@ -140,7 +201,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   GPT_ASSIGN_OR_RETURN(data::DataLoader train, open_split(cfg, "train", cfg.data.train, cfg.global_batch(), mode));
   GPT_ASSIGN_OR_RETURN(data::DataLoader val, open_split(cfg, "val", cfg.data.val, cfg.training.micro_batch_size,
                                                         data::SamplingMode::kRandom));
-  GPT_ASSIGN_OR_RETURN(std::optional<data::Tokenizer> tokenizer, find_tokenizer(cfg, train));
+  GPT_ASSIGN_OR_RETURN(std::optional<data::Tokenizer> tokenizer, find_tokenizer(cfg, train, val));
   GPT_ASSIGN_OR_RETURN(ActivationCheckpointing ckpt,
                        ActivationCheckpointing::parse(cfg.training.activation_checkpointing));
 
@@ -200,6 +261,24 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
     GPT_ASSIGN_OR_RETURN(init_from, open_init_from(cfg, shape, world));
   } else if (!cfg.checkpoint.init_from.empty()) {
     spdlog::info("checkpoint.init_from {} not read: the run resumes from {}", cfg.checkpoint.init_from, resume->dir());
+  }
+  if (resume && tokenizer) {
+    // The ids the checkpoint learned against must mean the same tokens in this run's data (init_from only warns: a
+    // fine-tune may start from weights of another vocabulary on purpose; a resumed run continues the same one).
+    Status same;
+    const std::string theirs = resume->file_path(resume->manifest().tokenizer);
+    if (world.rank() == 0 && !theirs.empty()) {
+      auto saved = data::Tokenizer::load(theirs);
+      if (!saved) {
+        same = saved.status().with_context("checkpoint.resume");
+      } else if (saved->to_json() != tokenizer->to_json()) {
+        same = Status::invalid_argument(
+            cfg.where("checkpoint.resume") + ": checkpoint.resume: " + theirs +
+            " differs from this run's tokenizer (data.tokenizer, or the one beside data.train): the checkpoint's "
+            "ids would read this data as other tokens; resume with the data it was trained on");
+      }
+    }
+    GPT_RETURN_IF_ERROR(agree(world, same, "comparing the checkpoint's tokenizer"));
   }
   if (resume && resume->manifest().sampling == "sequential" && resume->manifest().global_batch != cfg.global_batch()) {
     return Status::invalid_argument(cfg.where("training.global_batch_sequences") + ": the checkpoint " + resume->dir() +
@@ -354,7 +433,9 @@ void maybe_inject_nan(const std::optional<TestFault>& fault, int64_t step, Shard
 
 // Test hook hang:<rank>:<step> makes that rank stop at the start of that step (1-based) without entering a
 // collective, as a rank stuck in I/O or a deadlock of its own would.
+// stop:<rank>:<step> stops that whole process there (SIGSTOP: its watchdog too), as a rank whose node froze would.
 void maybe_hang(const std::optional<TestFault>& fault, int64_t step, int rank) {
+  if (fault && fault->is("stop", 2) && fault->args[0] == rank && fault->args[1] == step) ::raise(SIGSTOP);
   if (!fault || !fault->is("hang", 2) || fault->args[0] != rank || fault->args[1] != step) return;
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
@@ -400,7 +481,7 @@ Expected<float> Trainer::train_step(int64_t step) {
       return Status::failed_precondition(what + " (training.nonfinite: stop; lower training.lr, clip harder with " +
                                          "training.grad_clip, or set training.nonfinite: skip_step)");
     }
-    spdlog::warn("{}: update skipped (training.nonfinite: skip_step)", what);
+    if (world_.rank() == 0) spdlog::warn("{}: update skipped (training.nonfinite: skip_step)", what);  // all alike
     step_skipped_ = true;
     return loss;
   }

@@ -27,17 +27,6 @@ std::string root_of(const RunConfig& cfg) {
 
 std::string Trainer::checkpoint_root() const { return root_of(config_); }
 
-// Rank 0's `text` on every rank (so that all ranks agree even where file-system views differ).
-static std::string broadcast_string(Communicator& world, std::string text) {
-  int32_t n = static_cast<int32_t>(text.size());
-  world.broadcast(&n, 1, DType::kI32, 0).wait();
-  std::vector<int32_t> words(static_cast<size_t>((n + 3) / 4), 0);
-  std::memcpy(words.data(), text.data(), text.size() * (world.rank() == 0 ? 1 : 0));
-  world.broadcast(words.data(), static_cast<int64_t>(words.size()), DType::kI32, 0).wait();
-  text.assign(reinterpret_cast<const char*>(words.data()), static_cast<size_t>(n));
-  return text;
-}
-
 // The run's model shape against the one `reader`'s manifest records, key by key: "<key> is A but <what> <manifest>
 // has B; <rule>". `shorter_block`: a smaller block_size passes too (the embed unit is wte then wpe's rows, so the
 // run's is a prefix of the saved one: wpe cropped, as nanoGPT's crop_block_size).
@@ -90,10 +79,40 @@ Expected<std::optional<CheckpointReader>> Trainer::open_init_from(const RunConfi
   return std::optional<CheckpointReader>(std::move(*reader));
 }
 
+// A run's first save retires every step directory of its checkpoint root after the step it saves (a resumed run's
+// abandoned future). So a run that does not continue this root's own steps (it starts fresh, or resumes a checkpoint
+// kept elsewhere) would delete the steps of the run that was there before: refused, with what to do instead. Rank 0
+// looks, for every rank.
+static Status check_root_is_ours(const RunConfig& cfg, Communicator& world, const std::string& resume_dir) {
+  Status st;
+  if (world.rank() == 0) {
+    const std::string root = root_of(cfg), latest = latest_checkpoint(root);
+    fs::path step = fs::path(resume_dir).lexically_normal();
+    if (!step.has_filename()) step = step.parent_path();  // "step_00000002/"
+    std::error_code ec;
+    const bool ours = !resume_dir.empty() && fs::equivalent(step.parent_path(), fs::path(root), ec) && !ec;
+    if (fs::exists(root, ec) && !fs::is_directory(root, ec)) {  // found now, not at the first save after training
+      st = Status::invalid_argument(cfg.where(cfg.checkpoint.dir.empty() ? "run.out_dir" : "checkpoint.dir") +
+                                    ": the checkpoint directory " + root + " exists and is not a directory");
+    } else if (!latest.empty() && !ours) {
+      st = Status::failed_precondition(
+          "checkpoint.resume: " + root + " already holds the checkpoints of an earlier run (latest " +
+          fs::path(latest).filename().string() + "), which this run" +
+          (resume_dir.empty() ? std::string(", starting fresh,") : " (resuming " + resume_dir + ")") +
+          " would replace at its first save: continue that run with --resume auto (checkpoint.resume: auto), or "
+          "give this one its own run.out_dir (or checkpoint.dir), or remove them");
+    }
+  }
+  return agree(world, st, "checking checkpoint root " + root_of(cfg));
+}
+
 Expected<std::optional<CheckpointReader>> Trainer::open_resume(const RunConfig& cfg, const GptShape& shape,
                                                                Communicator& world) {
   const std::string& resume = cfg.checkpoint.resume;
-  if (resume.empty()) return std::optional<CheckpointReader>();
+  if (resume.empty()) {
+    GPT_RETURN_IF_ERROR(check_root_is_ours(cfg, world, ""));
+    return std::optional<CheckpointReader>();
+  }
   std::string dir = resume;
   if (resume == "auto") {
     // Rank 0 decides which checkpoint is the latest, so every rank loads the same one.
@@ -102,6 +121,14 @@ Expected<std::optional<CheckpointReader>> Trainer::open_resume(const RunConfig& 
       spdlog::info("checkpoint.resume auto: no checkpoint in {} yet, starting from step 0", root_of(cfg));
       return std::optional<CheckpointReader>();
     }
+  } else {
+    // A checkpoint root (a run's checkpoints directory) resumes its latest step, as init_from and sample take it.
+    std::error_code ec;
+    if (!fs::exists(fs::path(resume) / "manifest.json", ec) && fs::exists(fs::path(resume) / "latest", ec)) {
+      dir = broadcast_string(world, world.rank() == 0 ? latest_checkpoint(resume) : std::string());
+      if (dir.empty()) dir = resume;  // the reader says what is missing
+    }
+    GPT_RETURN_IF_ERROR(check_root_is_ours(cfg, world, dir));
   }
   const std::string where = cfg.where("checkpoint.resume") + ": checkpoint.resume";
   auto reader = CheckpointReader::open(dir);

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The collective watchdog: under mpirun -np 2 (zero3), rank 1 skips the world's collective #12
-# (GPT_TRAIN_FAULT=skip_collective, after which its next collective hangs). Within comm.timeout_s (2 s) plus
+# The collective watchdog: under mpirun -np 2 (zero3), rank 1 skips the world's collective #15 (after the 3 start-up
+# collectives that compare the ranks' configs, the 12th; GPT_TRAIN_FAULT=skip_collective, after which its next
+# collective hangs). Within comm.timeout_s (2 s) plus
 # a little, every rank logs its last collectives, the job ends (non-zero, never a hang) and the message names
-# collective #12 and what each rank issued there. Then rank 1 stops outside any collective instead.
+# collective #15 and what each rank issued there. Then rank 1 stops outside any collective instead; then its whole
+# process stops (SIGSTOP: its watchdog too), and the message names it as the rank that did not answer; then it
+# stops inside a checkpoint save, which comm.save_timeout_s ends.
 set -uo pipefail
 gpt_train="$1"
 source "$(dirname "$0")/lib.sh"
@@ -16,7 +19,7 @@ parallel: {strategy: zero3}
 comm: {timeout_s: 2}
 YAML
 start=$(date +%s)
-out=$(GPT_TRAIN_FAULT=skip_collective:1:12 timeout 60 mpirun -np 2 --oversubscribe -x GPT_TRAIN_FAULT \
+out=$(GPT_TRAIN_FAULT=skip_collective:1:15 timeout 60 mpirun -np 2 --oversubscribe -x GPT_TRAIN_FAULT \
   "$gpt_train" train -c "$work/run.yaml" 2>&1)
 code=$?
 elapsed=$(( $(date +%s) - start ))
@@ -25,10 +28,10 @@ check "the job ends with an error (exit $code)" test "$code" -ne 0 -a "$code" -n
 check "within seconds (${elapsed}s)" test "$elapsed" -lt 30
 for r in 0 1; do
   check "rank $r logs its last collectives" grep -qE \
-    "\[rank $r\] \[error\] (a collective has not finished after 2 s|another rank's collective watchdog fired)" <<< "$out"
+    "\[rank $r\] \[error\] (a world collective has not finished after 2 s \(comm.timeout_s\)|another rank's collective watchdog fired)" <<< "$out"
 done
 check "the message names the first collective where the ranks disagree" \
-  grep -qE "ranks disagree at world collective #12: rank 0 issued [a-z_]+ of [0-9]+ elements.*rank 1 issued" <<< "$out"
+  grep -qE "ranks disagree at world collective #15: rank 0 issued [a-z_]+ of [0-9]+ elements.*rank 1 issued" <<< "$out"
 
 # Rank 1 stops outside any collective (GPT_TRAIN_FAULT=hang): rank 0's watchdog fires and alerts rank 1's,
 # which reports too, so the diagnosis names the collective rank 1 never issued.
@@ -44,5 +47,34 @@ check "the stuck rank reports after the alert" grep -q "\[rank 1\] \[error\] ano
   <<< "$out"
 check "the message names what rank 1 never issued" grep -qE "rank 1 never issued world collective #[0-9]+" <<< "$out"
 
-[ "$fail" -eq 0 ] && echo "PASS: a skipped collective and a stuck rank each end the job in seconds, diagnosed"
+# Rank 1's whole process stops (GPT_TRAIN_FAULT=stop: SIGSTOP, as a frozen node): no watchdog answers for it, so
+# rank 0's names it. (Before, the histories went through one all-gather: the message could not say which rank was
+# missing, and the abort freed buffers the pending all-gather still wrote into.)
+start=$(date +%s)
+out=$(GPT_TRAIN_FAULT=stop:1:5 timeout 60 mpirun -np 2 --oversubscribe -x GPT_TRAIN_FAULT \
+  "$gpt_train" train -c "$work/run.yaml" 2>&1)
+code=$?
+elapsed=$(( $(date +%s) - start ))
+echo "$out" | grep -E "watchdog" | head -3
+check "a stopped rank: the job ends (exit $code) in ${elapsed}s" test "$code" -ne 0 -a "$code" -ne 124 -a "$elapsed" -lt 30
+check "the message names the rank that did not answer" \
+  grep -qE "collective watchdog on rank 0: rank\(s\) 1 did not answer within comm.timeout_s" <<< "$out"
+check "and no heap corruption on the rank that aborts" bash -c '! grep -qiE "corrupted|double free|free\(\)" <<< "$1"' _ "$out"
+
+# Rank 1 stops inside the save of step 2 (its file system never returns): the checkpoint writer's collectives are held
+# to comm.save_timeout_s (2 s here; before, they were not watched and the job waited for ever).
+start=$(date +%s)
+out=$(GPT_TRAIN_FAULT=hang_during_save:1:2 timeout 60 mpirun -np 2 --oversubscribe -x GPT_TRAIN_FAULT \
+  "$gpt_train" train -c "$work/run.yaml" --set checkpoint.every=2 --set comm.save_timeout_s=2 2>&1)
+code=$?
+elapsed=$(( $(date +%s) - start ))
+echo "$out" | grep -E "watchdog" | head -3
+check "a rank stuck in a save: the job ends (exit $code) in ${elapsed}s" \
+  test "$code" -ne 0 -a "$code" -ne 124 -a "$elapsed" -lt 30
+check "rank 0 reports the save's collective under comm.save_timeout_s" \
+  grep -q "\[rank 0\] \[error\] a checkpoint collective has not finished after 2 s (comm.save_timeout_s)" <<< "$out"
+check "the message names what rank 1 never issued in the save" \
+  grep -qE "rank 1 never issued checkpoint collective #[0-9]+" <<< "$out"
+
+[ "$fail" -eq 0 ] && echo "PASS: a skipped collective, a stuck rank, a stopped rank and a rank stuck in a save each end the job in seconds, diagnosed"
 exit $fail

@@ -31,5 +31,23 @@ fail=0
 # fail the check although the line is there.
 grep -q "\[rank 1\] \[error\].*unknown key 'training.parallel_typo'" <<< "$out" || { echo "FAIL: rank 1's error not logged"; fail=1; }
 [ "$elapsed" -lt 30 ] || { echo "FAIL: took ${elapsed}s"; fail=1; }
-[ "$fail" -eq 0 ] && echo "PASS: every rank ended (exit $code) in ${elapsed}s with rank 1's error logged"
+
+# The other subcommands under mpirun with 3 tasks (srun in an sbatch script does this): rank 0 alone does the work.
+# Before, every rank prepared the same files and raced on their temporaries (a rename failed on one), and sample
+# printed its text 3 times.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+out=$(timeout 60 mpirun -np 3 --oversubscribe "$gpt_train" prepare --input "$work/corpus.txt" --out "$work/data3" 2>&1)
+code=$?
+if [ "$code" -ne 0 ] || ! cmp -s "$work/data/train.bin" "$work/data3/train.bin"; then
+  echo "FAIL: prepare under mpirun -np 3 (exit $code)"; echo "$out" | tail -5; fail=1
+fi
+grep -q "prepare runs on rank 0 only; the job's other 2 rank(s) have nothing to do" <<< "$out" ||
+  { echo "FAIL: prepare does not say it runs on rank 0 only"; fail=1; }
+sed 's/, parallel_typo: 1//; s/steps: 100000/steps: 2/; s/strategy: zero3/strategy: ddp/' "$work/good.yaml" > "$work/short.yaml"
+timeout 60 mpirun -np 2 --oversubscribe "$gpt_train" train --config "$work/short.yaml" > /dev/null 2>&1 ||
+  { echo "FAIL: the 2-step run under mpirun -np 2"; fail=1; }
+samples=$(timeout 60 mpirun -np 3 --oversubscribe "$gpt_train" sample --run "$work/run" --prompt-ids 1 --ids -n 5 2>/dev/null |
+  grep -cE '^1( [0-9]+){5}$')
+[ "$samples" = 1 ] || { echo "FAIL: sample under mpirun -np 3 printed $samples samples, not 1"; fail=1; }
+[ "$fail" -eq 0 ] && echo "PASS: every rank ended in ${elapsed}s with rank 1's error logged; prepare and sample run on rank 0 alone under mpirun"
 exit $fail

@@ -51,11 +51,11 @@ TEST_CASE("the watchdog fires on a host call that outlives comm.timeout_s, namin
     watchdog.watch(&stream);
     WatchdogChannel channel;  // one rank: its own history is everyone's
     channel.exchange = [](const std::vector<CollectiveRecord>& mine) {
-      return std::optional<std::vector<std::vector<CollectiveRecord>>>({mine});
+      return std::vector<std::optional<std::vector<CollectiveRecord>>>{mine};
     };
     channel.alert_all = [] {};
     channel.alerted = [] { return false; };
-    watchdog.start(0.3, 0, channel, [&](const std::string& why) {
+    watchdog.start(0.3, 0, 0, channel, [&](const std::string& why) {
       std::lock_guard<std::mutex> lock(mu);
       report = why;
       cv.notify_all();

@@ -100,10 +100,61 @@ TEST_CASE("A shard that fails to read on one rank fails the resume on every rank
   REQUIRE_FALSE(trainer.has_value());
   const std::string msg = trainer.status().message();
   INFO(msg);
+  CHECK(trainer.status().code() == StatusCode::kCorruption);  // every rank's: the job's exit code is the same
   if (r == bad) {
     CHECK(msg.find(std::string(shard) + ": checksum mismatch") != std::string::npos);
   } else {
     CHECK(msg.find("resuming from " + ck + " failed on rank " + std::to_string(bad)) != std::string::npos);
+  }
+  world->barrier().wait();
+}
+
+// A run's first save retires its checkpoint root's later steps (the abandoned future of a resumed run), so a run that
+// does not continue that root's own steps must not start there: a fresh run, or one resuming a checkpoint kept
+// elsewhere, into a root that holds another run's steps is refused on every rank, and the steps stay. A checkpoint
+// root given as checkpoint.resume continues its latest step.
+TEST_CASE("A run that would replace another run's checkpoints is refused; a checkpoint root resumes its latest",
+          "[mpi][checkpoint]") {
+  auto world = testing::g_mpi->make_world();
+  const int n = world->size();
+  const std::string dir = shared_data_dir(*world);
+  RunConfig cfg = make_config(dir, dir + "/taken", n, 0.0f, "none");
+  set_strategy(cfg, n == 1 ? "single" : "zero2");
+  cfg.training.steps = 2;
+  cfg.checkpoint.every = 2;
+  (void)train(cfg, *world);
+  const std::string root = cfg.run.out_dir + "/checkpoints", step2 = root + "/" + step_dir_name(2);
+  RunConfig other = make_config(dir, dir + "/elsewhere", n, 0.0f, "none");
+  other.training.steps = 2;
+  other.checkpoint.every = 2;
+  (void)train(other, *world);
+  const std::string their_step = other.run.out_dir + "/checkpoints/" + step_dir_name(2);
+
+  RunConfig fresh = cfg;  // resume empty
+  RunConfig foreign = cfg;
+  foreign.checkpoint.resume = their_step;
+  for (const RunConfig* run : {&fresh, &foreign}) {
+    auto trainer = Trainer::create(*run, *world, 1, 0);
+    REQUIRE_FALSE(trainer.has_value());
+    INFO(trainer.status().message());
+    CHECK(trainer.status().code() == StatusCode::kFailedPrecondition);
+    if (world->rank() == 0) {
+      CHECK(trainer.status().message().find(root + " already holds the checkpoints of an earlier run (latest " +
+                                            step_dir_name(2) + ")") != std::string::npos);
+      CHECK(trainer.status().message().find("--resume auto") != std::string::npos);
+    }
+    world->barrier().wait();
+    REQUIRE(fs::exists(step2 + "/manifest.json"));
+  }
+
+  // Its own root, as checkpoint.resume: step 2 resumed (with a trailing slash on a step directory alike).
+  for (const std::string& resume : {root, step2 + "/"}) {
+    CAPTURE(resume);
+    RunConfig more = cfg;
+    more.training.steps = 3;
+    more.checkpoint.resume = resume;
+    const Result r = train(more, *world);
+    CHECK(r.losses.size() == 1);
   }
   world->barrier().wait();
 }

@@ -76,6 +76,36 @@ TEST_CASE("Every strategy trains like a single process on the same global batch"
   if (world->rank() == 0) fs::remove_all(dir);
 }
 
+// Each rank reads its own config file and command line: one whose resolved config differs (another copy of the
+// YAML on one node, a --set given to some tasks only) would train a diverging replica without a word, or fail later
+// in a collective of another size. Every rank fails at once instead; the odd one names the key and both values.
+TEST_CASE("Ranks whose configs differ fail together, naming the key", "[mpi][parallel]") {
+  auto world = testing::g_mpi->make_world();
+  const int n = world->size(), r = world->rank();
+  if (n < 2) {
+    std::puts("configs that differ: skipped, one rank has no other to differ from (runs at np >= 2)");
+    return;
+  }
+  const std::string dir = shared_data_dir(*world);
+  RunConfig cfg = make_config(dir, dir + "/differ", n, 0.0f, "none");
+  cfg.parallel.strategy = "ddp";
+  if (r == n - 1) cfg.training.lr = 0.5f;
+  auto trainer = Trainer::create(cfg, *world, 1, 0);
+  REQUIRE_FALSE(trainer.has_value());
+  const std::string msg = trainer.status().message();
+  INFO(msg);
+  CHECK(trainer.status().code() == StatusCode::kInvalidArgument);
+  if (r == n - 1) {
+    CHECK(msg.find("rank " + std::to_string(r) +
+                   "'s config differs from rank 0's at training.lr: 0.5 here, 0.003 on "
+                   "rank 0") != std::string::npos);
+  } else {
+    CHECK(msg.find("checking that every rank runs the same config failed on rank " + std::to_string(n - 1)) !=
+          std::string::npos);
+  }
+  world->barrier().wait();
+}
+
 TEST_CASE("Validation batches are shared out over the ranks and give a single process's loss to the bit",
           "[mpi][parallel]") {
   auto world = testing::g_mpi->make_world();
