@@ -238,7 +238,28 @@ Command add_checkpoint_command(CLI::App& app) {
       "  gpt-train checkpoint import gpt2-hf/ --out models/gpt2   # then train with checkpoint.init_from=models/gpt2\n"
       "consolidate maps wte/wpe, h.<i>.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj} and ln_f to the\n"
       "names of Hugging Face's GPT2Model; c_attn, c_proj and c_fc weights are stored (in, out) as HF's Conv1D.");
+  // Each subcommand's own examples (CLI11 would show gpt-train's).
+  inspect_cmd->footer(
+      "Examples:\n"
+      "  gpt-train checkpoint inspect runs/shakespeare-char/checkpoints/step_00001000\n"
+      "  gpt-train checkpoint inspect runs/shakespeare-char/model");
+  verify_cmd->footer(
+      "Examples:\n"
+      "  gpt-train checkpoint verify runs/shakespeare-char/checkpoints        # the step `latest` names\n"
+      "  gpt-train checkpoint verify runs/shakespeare-char/checkpoints/step_00001000");
+  consolidate_cmd->footer(
+      "Examples:\n"
+      "  gpt-train checkpoint consolidate runs/shakespeare-char/model --out model.safetensors\n"
+      "  gpt-train checkpoint consolidate runs/gpt2-124m/model --out hf/   # + config.json: from_pretrained(\"hf\")\n"
+      "wte/wpe, h.<i>.{ln_1,attn.c_attn,attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj} and ln_f get the names of Hugging\n"
+      "Face's GPT2Model; c_attn, c_proj and c_fc weights are stored (in, out) as HF's Conv1D.");
+  import_cmd->footer(
+      "Examples:\n"
+      "  gpt-train checkpoint import gpt2-hf/ --out models/gpt2   # then train with checkpoint.init_from=models/gpt2");
   return [args, inspect_cmd, verify_cmd, consolidate_cmd, import_cmd]() -> int {
+    if ((consolidate_cmd->parsed() || import_cmd->parsed()) && args->out.empty()) {
+      return report_error(Status::invalid_argument("--out is empty: expected a file or directory name"));
+    }
     if (inspect_cmd->parsed()) return inspect(args->dir);
     if (verify_cmd->parsed()) return verify(args->dir);
     if (consolidate_cmd->parsed()) return consolidate(args->dir, args->out);

@@ -32,6 +32,17 @@ struct PlanArgs {
 
 }  // namespace
 
+// A finite number > 0 (CLI11's PositiveNumber lets "nan" and "inf" through).
+const CLI::Validator kFinitePositive(
+    [](const std::string& text) -> std::string {
+      double v = 0;
+      if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || v <= 0) {
+        return "expected a finite number > 0, got '" + text + "'";
+      }
+      return "";
+    },
+    "POSITIVE");
+
 Command add_plan_command(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   app.add_option("--config,-c", args->config, "YAML run config (default: the built-in configs/quickstart.yaml)");
@@ -46,15 +57,15 @@ Command add_plan_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   app.add_option("--device-memory-gb", args->device_memory_gb,
                  "Memory per rank in GB (1e9 bytes) for choosing `auto` (default: unlimited)")
-      ->check(CLI::PositiveNumber);
+      ->check(kFinitePositive);
   app.add_option("--gpu-free-gb", args->gpu_free_gb,
                  "Free memory per GPU in GB (1e9 bytes) at the start, as a cuda training run measures it: `auto` "
                  "picks within it less parallel.device_memory_reserve_gb (and --device-memory-gb if smaller), and "
                  "the configured strategy is checked against that as train does (exit 2 if it does not fit)")
-      ->check(CLI::PositiveNumber);
+      ->check(kFinitePositive);
   app.add_option("--vocab-size", args->vocab_size,
                  "Vocabulary size when the config's model.vocab_size is 0 (default: 50257, GPT-2's)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 65536));  // as model.vocab_size: token ids are uint16 in the shards
   app.footer(
       "Prints bytes per rank for params, grads, master weights, optimizer state, activations, workspace and\n"
       "comm buffers, and elements/bytes communicated per step, for single (world size 1), ddp, zero1, zero2,\n"
@@ -113,14 +124,7 @@ Command add_plan_command(CLI::App& app) {
       std::cout << "config: parallel.strategy is " << cfg->parallel.strategy
                 << (cfg->parallel.strategy == "hybrid" ? " of " + cfg->parallel.hybrid_inner : std::string()) << " "
                 << (where == "(default)" ? where : "(" + where + ")") << "\n";
-      if (cfg->parallel.strategy == "single" && args->world_size > 1) {
-        std::cout << "note: single runs on one process, so train refuses it at world size " << args->world_size
-                  << ": set parallel.strategy to auto (" << strategy_name(choice->strategy)
-                  << " here), ddp, zero1, zero2, zero3 or hybrid\n";
-      }
     }
-    if (!budget) return 0;
-    // The configured strategy against the GPU, as train checks it at its start.
     const bool hybrid = cfg->parallel.strategy == "hybrid";
     Strategy strategy = choice->strategy;
     if (cfg->parallel.strategy != "auto") {
@@ -128,12 +132,14 @@ Command add_plan_command(CLI::App& app) {
       if (!parsed) return report_error(parsed.status());
       strategy = *parsed;
     }
-    if (strategy == Strategy::kSingle && args->world_size > 1) {  // as train refuses it
+    if (strategy == Strategy::kSingle && args->world_size > 1) {  // as train refuses it (after the report)
       return report_error(Status::invalid_argument(
           cfg->where("parallel.strategy") + ": parallel.strategy: single runs on one process, but the plan is for " +
           std::to_string(args->world_size) + " ranks; choose auto (" + std::string(strategy_name(choice->strategy)) +
           " here), ddp, zero1, zero2, zero3 or hybrid"));
     }
+    if (!budget) return 0;
+    // The configured strategy against the GPU, as train checks it at its start.
     // Hybrid with one shard group of the whole world runs as plain zero2/zero3, and is checked so.
     const Expected<const StrategyPlan*> plan =
         find_run_plan(plans, strategy, hybrid ? in.shard_group_size : args->world_size, args->world_size);

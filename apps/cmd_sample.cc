@@ -55,10 +55,11 @@ Command add_sample_command(CLI::App& app) {
       "  gpt-train sample --run runs/gpt2-124m --prompt-ids 15496,11 --ids   # GPT-2 BPE: tiktoken encodes and "
       "decodes\n"
       "  gpt-train sample --run runs/gpt2-1.5b --prompt-ids 15496,11 --ids --device cuda");
-  return [args]() -> int {
+  return [args, prompt]() -> int {
     if (args->run_dir.empty() && args->opts.model_dir.empty() && args->checkpoint_dir.empty()) {
       return report_error(Status::invalid_argument("sample needs --run DIR, --model DIR or --checkpoint DIR"));
     }
+    args->opts.prompt_is_default = prompt->count() == 0 && args->opts.prompt_ids.empty();
     if (!args->run_dir.empty()) args->opts.model_dir = (std::filesystem::path(args->run_dir) / "model").string();
     if (!args->checkpoint_dir.empty()) args->opts.model_dir = resolve_checkpoint_dir(args->checkpoint_dir);
     Status st = sample_text(args->opts, [](const std::string& piece) { std::cout << piece << std::flush; });

@@ -23,9 +23,11 @@ Status errno_status(const std::string& what, const std::string& path) {
 }  // namespace
 
 Expected<AtomicFileWriter> AtomicFileWriter::open(const std::string& path) {
+  Expected<std::string> target = atomic_write_target(path);
+  if (!target) return target.status();
   AtomicFileWriter w;
-  w.path_ = path;
-  w.tmp_ = path + ".tmp";
+  w.path_ = *target;
+  w.tmp_ = w.path_ + ".tmp";
   w.fd_ = ::open(w.tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w.fd_ < 0) return errno_status("open for writing", w.tmp_);
   w.buf_.reserve(kBufferBytes);

@@ -3,8 +3,10 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <stdexcept>
 
 #include "checkpoint/json_text.h"
 
@@ -12,7 +14,16 @@ namespace gpt {
 
 namespace {
 
-uint32_t parse_crc(const YAML::Node& n) { return static_cast<uint32_t>(std::stoul(n.as<std::string>(), nullptr, 16)); }
+// "0x" and up to 8 hex digits (hex32's form); anything else throws, naming the field (the caller reports a malformed
+// manifest).
+uint32_t parse_crc(const YAML::Node& n) {
+  const std::string text = n.as<std::string>();
+  const std::string digits = text.starts_with("0x") ? text.substr(2) : text;
+  const bool hex =
+      !digits.empty() && digits.size() <= 8 && digits.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos;
+  if (!hex) throw std::runtime_error("crc32c '" + text + "' is not a 32-bit hex number");
+  return static_cast<uint32_t>(std::stoul(digits, nullptr, 16));
+}
 
 }  // namespace
 
@@ -33,11 +44,11 @@ std::string manifest_to_json(const Manifest& m) {
   const GptShape& s = m.shape;
   std::ostringstream o;
   o.precision(9);
-  o << "{\n  \"format\": \"gpt-train checkpoint\",\n  \"version\": " << m.version << ",\n  \"kind\": " << json_string(m.kind)
-    << ",\n  \"step\": " << m.step << ",\n  \"tokens_seen\": " << m.tokens_seen
-    << ",\n  \"model\": {\"n_layer\": " << s.n_layer << ", \"n_head\": " << s.n_head << ", \"n_embd\": " << s.n_embd
-    << ", \"block_size\": " << s.block_size << ", \"vocab_size\": " << s.vocab_size << ", \"dropout\": " << s.dropout
-    << ", \"tied_embeddings\": true},\n";
+  o << "{\n  \"format\": \"gpt-train checkpoint\",\n  \"version\": " << m.version
+    << ",\n  \"kind\": " << json_string(m.kind) << ",\n  \"step\": " << m.step
+    << ",\n  \"tokens_seen\": " << m.tokens_seen << ",\n  \"model\": {\"n_layer\": " << s.n_layer
+    << ", \"n_head\": " << s.n_head << ", \"n_embd\": " << s.n_embd << ", \"block_size\": " << s.block_size
+    << ", \"vocab_size\": " << s.vocab_size << ", \"dropout\": " << s.dropout << ", \"tied_embeddings\": true},\n";
   if (m.kind == "checkpoint") {
     o << "  \"data_loader\": {\"batch_index\": " << m.loader_batch_index << ", \"global_batch\": " << m.global_batch
       << ", \"sampling\": " << json_string(m.sampling) << "},\n"
@@ -151,6 +162,10 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
       return Status::corruption(path + ": kind '" + m.kind + "', expected checkpoint or model");
     }
     m.tokens_seen = j["tokens_seen"].as<int64_t>(0);
+    if (m.step < 0 || m.tokens_seen < 0) {
+      return Status::corruption(path + ": \"step\" " + std::to_string(m.step) + " or \"tokens_seen\" " +
+                                std::to_string(m.tokens_seen) + " is negative");
+    }
     m.sections.clear();
     for (const auto& sec : j["sections"]) m.sections.push_back(sec.as<std::string>());
     if (m.sections.empty() || m.sections[0] != "master") {
@@ -175,6 +190,25 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
       m.reduce_dtype = par["reduce_dtype"].as<std::string>();
       if (m.section_index("adam_m") < 0 || m.section_index("adam_v") < 0) {
         return Status::corruption(path + ": a checkpoint needs sections adam_m and adam_v");
+      }
+      // What resuming trusts, in range (a hand-edited or damaged manifest would otherwise train on quietly: a
+      // negative step gives a negative learning rate, a negative AdamW step count NaN).
+      const auto field = [&](const char* name, const std::string& value, const char* expected) {
+        return Status::corruption(path + ": \"" + name + "\" is " + value + ", expected " + expected);
+      };
+      if (m.global_batch < 1) return field("data_loader.global_batch", std::to_string(m.global_batch), ">= 1");
+      if (m.adam_steps < 0 || m.adam_steps > m.step) {
+        return field("optimizer.steps_taken", std::to_string(m.adam_steps), "in [0, step]");
+      }
+      if (!(m.beta1 >= 0.0f && m.beta1 < 1.0f)) return field("optimizer.beta1", std::to_string(m.beta1), "in [0, 1)");
+      if (!(m.beta2 >= 0.0f && m.beta2 < 1.0f)) return field("optimizer.beta2", std::to_string(m.beta2), "in [0, 1)");
+      if (!(m.eps > 0.0f && std::isfinite(m.eps))) return field("optimizer.eps", std::to_string(m.eps), "> 0");
+      if (!(m.weight_decay >= 0.0f && std::isfinite(m.weight_decay))) {
+        return field("optimizer.weight_decay", std::to_string(m.weight_decay), ">= 0");
+      }
+      if (m.world_size < 1) return field("parallel.world_size", std::to_string(m.world_size), ">= 1");
+      if (m.shard_group_size < 1 || m.shard_group_size > m.world_size) {
+        return field("parallel.shard_group_size", std::to_string(m.shard_group_size), "in [1, world_size]");
       }
     }
     for (const auto& sh : j["shards"]) {

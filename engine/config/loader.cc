@@ -182,7 +182,14 @@ Expected<RunConfig> load_run_config_text(const std::string& yaml_text, const std
   try {
     YAML::Node root;
     try {
-      root = YAML::Load(yaml_text);
+      // Every document, so that a second one (after a `---`) is an error rather than silently ignored.
+      const std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
+      if (docs.size() > 1) {
+        return invalid(place(source_name, docs[1].Mark()) +
+                       ": a second YAML document (after '---'): a run config is one document; merge them or "
+                       "remove the '---'");
+      }
+      if (!docs.empty()) root = docs[0];
     } catch (const YAML::ParserException& e) {
       return invalid(place(source_name, e.mark) + ": invalid YAML: " + e.msg);
     }

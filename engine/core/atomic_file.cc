@@ -50,7 +50,35 @@ Status write_file_atomically(const std::string& path, std::initializer_list<std:
   return write_file_atomically(path, std::span<const std::span<const char>>(pieces.begin(), pieces.size()));
 }
 
-Status write_file_atomically(const std::string& path, std::span<const std::span<const char>> pieces) {
+Expected<std::string> atomic_write_target(const std::string& path) {
+  if (path.empty()) return Status::invalid_argument("an empty path: expected a file name");
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status link = fs::symlink_status(path, ec);
+  if (ec || !fs::exists(link)) return path;  // a new file (the open says what is wrong with its directory)
+  std::string target = path;
+  if (fs::is_symlink(link)) {
+    const fs::path resolved = fs::canonical(path, ec);
+    if (ec)
+      return Status::invalid_argument(path + ": a symbolic link to nothing that can be written (" + ec.message() + ")");
+    target = resolved.string();
+  }
+  const fs::file_status st = fs::status(target, ec);
+  if (ec || !fs::is_regular_file(st)) {
+    const char* kind = fs::is_directory(st)                                 ? "a directory"
+                       : fs::is_character_file(st) || fs::is_block_file(st) ? "a device"
+                       : fs::is_fifo(st)                                    ? "a pipe"
+                                                                            : "not a regular file";
+    return Status::invalid_argument(path + (target == path ? "" : " (-> " + target + ")") + ": is " + kind +
+                                    ", which writing a file here would replace; expected a file name");
+  }
+  return target;
+}
+
+Status write_file_atomically(const std::string& to, std::span<const std::span<const char>> pieces) {
+  const Expected<std::string> target = atomic_write_target(to);
+  if (!target) return target.status();
+  const std::string& path = *target;
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return errno_status("open for writing", tmp);

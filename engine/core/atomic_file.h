@@ -11,7 +11,12 @@
 
 namespace gpt {
 
-// Writes the pieces back to back as the whole content of `path`.
+// The file an atomic write of `path` replaces: `path` itself when it is a regular file or does not exist yet, the
+// file a symbolic link names (written through, as a plain write would), and an error that names `path` when it is
+// empty, or names a directory, a device, a pipe or a socket (which the rename would replace with a file).
+[[nodiscard]] Expected<std::string> atomic_write_target(const std::string& path);
+
+// Writes the pieces back to back as the whole content of `path` (atomic_write_target's).
 [[nodiscard]] Status write_file_atomically(const std::string& path,
                                            std::initializer_list<std::span<const char>> pieces);
 [[nodiscard]] Status write_file_atomically(const std::string& path, std::span<const std::span<const char>> pieces);

@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "checkpoint/model_file.h"
+#include "config/run_config.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
 #include "model/inference_weights.h"
@@ -37,7 +38,15 @@ int choose_token(const float* logits, const SampleOptions& o, double u, std::vec
 }  // namespace
 
 Status sample_text(const SampleOptions& o, const std::function<void(const std::string&)>& emit) {
-  if (o.temperature <= 0.0f) return Status::invalid_argument("--temperature must be > 0");
+  if (!(std::isfinite(o.temperature) && o.temperature > 0.0f)) {
+    return Status::invalid_argument("--temperature must be a finite number > 0, got " + std::to_string(o.temperature));
+  }
+  if (o.top_k < 0)
+    return Status::invalid_argument("--top-k must be >= 0 (0 = every token), got " + std::to_string(o.top_k));
+  if (o.threads < 0 || o.threads > kMaxThreads) {
+    return Status::invalid_argument("--threads must be in [0, " + std::to_string(kMaxThreads) +
+                                    "] (0 = all cores), got " + std::to_string(o.threads));
+  }
   if (o.tokens < 0) return Status::invalid_argument("--tokens must be >= 0");
   if (o.num_samples < 1) return Status::invalid_argument("--num-samples must be >= 1");
   auto made = make_backend(o.device);  // first: a missing GPU is known before a large model is read
@@ -61,6 +70,11 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
   std::vector<int32_t> ids = o.prompt_ids;
   if (text_in) {
     auto encoded = tok->encode(o.prompt);
+    if (!encoded && o.prompt_is_default) {
+      return encoded.status().with_context(
+          "--prompt not given, so the default prompt (a newline) is used, but this model's vocabulary lacks it: give "
+          "one with --prompt TEXT or --prompt-ids");
+    }
     if (!encoded) return encoded.status().with_context("--prompt");
     ids.assign(encoded->begin(), encoded->end());
   }

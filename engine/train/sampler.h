@@ -15,6 +15,7 @@ namespace gpt {
 struct SampleOptions {
   std::string model_dir;  // a model directory (manifest.json + shard), e.g. <run out_dir>/model
   std::string prompt = "\n";
+  bool prompt_is_default = false;  // the user gave no prompt (an error that `prompt` cannot be encoded says so)
   int tokens = 300;
   int num_samples = 1;       // continuations of the prompt, each from its own random draws, separated by a dashed line
   float temperature = 0.8f;  // > 0

@@ -145,6 +145,13 @@ TEST_CASE("bad input: a clear message naming the place, exit code 2, nothing wri
       {"vocab smaller than the data", "", "model.vocab_size=5", "model.vocab_size", "at least"},
       {"missing data", "", "data.train=" + dir.file("nope/train.bin"), "data.train", "nope/train.bin"},
       {"unknown device", "", "run.device=tpu", "run.device", "tpu"},
+      // OpenMP's runtime crashed (a segfault) making a pool of 65536 threads.
+      {"threads beyond any machine", "", "run.threads=65536", "run.threads", "4096"},
+      {"metrics file over the run's config", "", "logging.metrics_file=config.yaml", "logging.metrics_file",
+       "a name the run writes itself"},
+      {"metrics file outside out_dir", "", "logging.metrics_file=../m.jsonl", "logging.metrics_file",
+       "plain file name"},
+      {"a second YAML document", "---\nmodel:\n  n_head: 4\n", "", "a second YAML document", "run.yaml:"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.name);
@@ -220,6 +227,101 @@ TEST_CASE("sample in token ids from a model without a tokenizer", "[apps]") {
 
 // A finished run submitted again with --resume auto (a job requeued as it ended) trains nothing and leaves its
 // summary, metrics and model as they were, exit 0.
+// Mistakes found by trying the CLI as a user would (each once silent, a crash, or a file replaced).
+TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that does not belong together", "[apps]") {
+  TempDir dir;
+  const std::string data = prepare_corpus(dir);
+  const std::string out = dir.file("run");
+  const std::string cfg = dir.write("run.yaml", tiny_config(data, out, "checkpoint:\n  every: 2\n"));
+  const std::string train = gpt_train() + " train --config " + cfg + " --set training.steps=2 --set run.threads=1";
+  {
+    const auto r = run_command(train);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+  }
+  const std::string step2 = out + "/checkpoints/step_00000002";
+  auto expect = [](const testing::CommandResult& r, int code, const std::vector<std::string>& texts) {
+    INFO(r.output);
+    CHECK(r.exit_code == code);
+    for (const std::string& t : texts) CHECK(r.output.find(t) != std::string::npos);
+  };
+  SECTION("sample: temperature, top-k and threads in range") {
+    const std::string sample = gpt_train() + " sample --run " + out + " --tokens 3 ";
+    expect(run_command(sample + "--temperature nan"), 2, {"--temperature must be a finite number > 0"});
+    expect(run_command(sample + "--temperature inf"), 2, {"--temperature must be a finite number > 0"});
+    expect(run_command(sample + "--top-k -5"), 2, {"--top-k must be >= 0"});
+    expect(run_command(sample + "--threads 65536"), 2, {"--threads must be in [0, 4096]"});
+  }
+  SECTION("a fresh run does not replace another run's checkpoints") {
+    const auto r = run_command(train + " --set training.steps=1");
+    expect(
+        r, 2,
+        {out + "/checkpoints already holds the checkpoints of an earlier run (latest step_00000002)", "--resume auto"});
+    CHECK(fs::exists(step2 + "/manifest.json"));
+  }
+  SECTION("a checkpoint's tokenizer, and train and val shards of different tokenizers") {
+    // The same text prepared by byte: ids that mean other tokens.
+    const auto p = run_command(gpt_train() + " prepare --input " + dir.file("corpus.txt") + " --tokenizer byte --out " +
+                               dir.file("bytes"));
+    REQUIRE(p.exit_code == 0);
+    // A vocabulary of the same size, one symbol other ('c' -> 'b'): the shape matches, the tokens do not.
+    std::ifstream in(data + "/tokenizer.json");
+    std::string vocab((std::istreambuf_iterator<char>(in)), {});
+    const size_t c = vocab.find("\"c\"");
+    REQUIRE(c != std::string::npos);
+    vocab[c + 1] = 'b';
+    const std::string other = dir.write("other.json", vocab);
+    expect(run_command(train + " --set training.steps=4 --resume auto --set data.tokenizer=" + other), 2,
+           {"differs from this run's tokenizer", "resume with the data it was trained on"});
+    expect(
+        run_command(train + " --set run.out_dir=" + dir.file("mixed") + " --set data.val=" + dir.file("bytes/val.bin")),
+        2, {"were prepared with different tokenizers", dir.file("bytes/tokenizer.json")});
+    CHECK_FALSE(fs::exists(dir.file("mixed")));
+  }
+  SECTION("a manifest whose numbers are out of range is corrupt") {
+    std::ifstream in(step2 + "/manifest.json");
+    std::string m((std::istreambuf_iterator<char>(in)), {});
+    const size_t at = m.find("\"step\": 2");
+    REQUIRE(at != std::string::npos);
+    m.replace(at, 9, "\"step\": -5");
+    std::ofstream(step2 + "/manifest.json", std::ios::trunc) << m;
+    expect(run_command(gpt_train() + " checkpoint verify " + step2), 2, {"\"step\" -5", "is negative"});
+  }
+  SECTION("consolidate: an empty --out, or one that is not a regular file") {
+    expect(run_command(gpt_train() + " checkpoint consolidate " + out + "/model --out ''"), 2, {"--out is empty"});
+    const std::string fifo = dir.file("pipe");
+    REQUIRE(run_command("mkfifo " + fifo).exit_code == 0);
+    expect(run_command(gpt_train() + " checkpoint consolidate " + out + "/model --out " + fifo), 2,
+           {fifo + ": is a pipe"});
+    CHECK(fs::is_fifo(fifo));
+    // A symbolic link is written through: the link stays, its file gets the weights.
+    const std::string target = dir.write("target.safetensors", "old");
+    fs::create_symlink(target, dir.file("link.safetensors"));
+    expect(run_command(gpt_train() + " checkpoint consolidate " + out + "/model --out " + dir.file("link.safetensors")),
+           0, {});
+    CHECK(fs::is_symlink(dir.file("link.safetensors")));
+    CHECK(fs::file_size(target) > 1000);
+  }
+  SECTION("checkpoint subcommands show their own examples") {
+    for (const char* sub : {"inspect", "verify", "consolidate", "import"}) {
+      const auto h = run_command(gpt_train() + " checkpoint " + sub + " --help");
+      expect(h, 0, {std::string("gpt-train checkpoint ") + sub});
+      CHECK(h.output.find("gpt-train prepare") == std::string::npos);
+    }
+  }
+  SECTION("plan: a memory that is not a number, a vocabulary past uint16") {
+    const std::string plan = gpt_train() + " plan -c " + cfg + " -n 1 ";
+    expect(run_command(plan + "--device-memory-gb nan"), 2, {"expected a finite number > 0"});
+    expect(run_command(plan + "--vocab-size 1000000"), 2, {"--vocab-size"});
+  }
+  SECTION("prepare: a split left empty") {
+    expect(run_command(gpt_train() + " prepare --input " + dir.file("corpus.txt") + " --val-fraction 0.99999 --out " +
+                       dir.file("empty")),
+           2, {"leaves the train split empty; nothing written"});
+    CHECK_FALSE(fs::exists(dir.file("empty/train.bin")));
+  }
+}
+
 TEST_CASE("resume auto of a finished run leaves it as it is", "[apps]") {
   TempDir dir;
   const std::string data = prepare_corpus(dir);

@@ -51,6 +51,13 @@ struct Fixture {
     req.manifest.strategy = "zero3";
     req.manifest.world_size = parts;
     req.manifest.shard_group_size = parts;
+    // What a trainer records (the reader holds these to their ranges).
+    req.manifest.global_batch = 12;
+    req.manifest.adam_steps = step;
+    req.manifest.beta1 = 0.9f;
+    req.manifest.beta2 = 0.95f;
+    req.manifest.eps = 1e-8f;
+    req.manifest.weight_decay = 0.1f;
     req.sections = {master.data(), m.data(), v.data()};
     int64_t offset = 0;
     for (size_t u = 0; u < layout.units.size(); ++u) {
