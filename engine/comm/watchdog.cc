@@ -116,7 +116,10 @@ void CommWatchdog::loop() {
     }
     if (!alerted) channel_.alert_all();
     std::string lines;
-    for (const CollectiveRecord& r : mine) lines += fmt::format("\n  {} #{}: {}", r.group, r.seq, describe(r));
+    // Each line names its rank: the ranks' lists land in one log, interleaved.
+    for (const CollectiveRecord& r : mine) {
+      lines += fmt::format("\n  [rank {}] {} #{}: {}", rank_, r.group, r.seq, describe(r));
+    }
     spdlog::error("{}{}; this rank's last collectives:{}",
                   alerted ? std::string("another rank's collective watchdog fired") : fired, blocked, lines);
     const std::vector<std::optional<std::vector<CollectiveRecord>>> answers = channel_.exchange(mine);

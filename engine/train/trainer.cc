@@ -191,6 +191,12 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
     GPT_ASSIGN_OR_RETURN(strategy, parse_strategy(hybrid ? cfg.parallel.hybrid_inner : cfg.parallel.strategy));
   }
   GPT_ASSIGN_OR_RETURN(const int shard_group_size, run_shard_group_size(cfg, world.size(), ranks_per_node));
+  if (cfg.parallel.shard_group_size > 0 && !hybrid && !automatic && world.rank() == 0) {
+    spdlog::warn(
+        "{}: parallel.shard_group_size {} is not used: it sizes hybrid's shard groups, and "
+        "parallel.strategy is {}",
+        cfg.where("parallel.shard_group_size"), cfg.parallel.shard_group_size, cfg.parallel.strategy);
+  }
   if (strategy == Strategy::kSingle && world.size() > 1) {
     return Status::invalid_argument(cfg.where("parallel.strategy") + ": parallel.strategy: single runs on one " +
                                     "process, but this job has " + std::to_string(world.size()) +

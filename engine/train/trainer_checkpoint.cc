@@ -212,7 +212,7 @@ Status Trainer::restore() {
   // node's other ranks).
   Status read = read_local_slices(r, 3);
   if (read.is_ok()) read = train_.restore({m.loader_batch_index, m.global_batch});
-  GPT_RETURN_IF_ERROR(agree(world_, read, "resuming from " + r.dir()));
+  GPT_RETURN_IF_ERROR(agree(world_, read.with_context("checkpoint.resume"), "resuming from " + r.dir()));
   optimizer_->set_steps_taken(m.adam_steps);
   params_->publish(m.adam_steps);  // the bf16 parameters as the uninterrupted run rounded them at this step
   start_step_ = m.step;
