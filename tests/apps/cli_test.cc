@@ -251,6 +251,24 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
     expect(run_command(sample + "--temperature inf"), 2, {"--temperature must be a finite number > 0"});
     expect(run_command(sample + "--top-k -5"), 2, {"--top-k must be >= 0"});
     expect(run_command(sample + "--threads 65536"), 2, {"--threads must be in [0, 4096]"});
+    // A temperature so small that logits / temperature overflow is its limit, greedy (it picked the k-th token).
+    auto ids = [](const std::string& output) {
+      std::istringstream lines(output);
+      std::string line, found;
+      while (std::getline(lines, line)) {
+        if (!line.empty() && line.find_first_not_of("0123456789 ") == std::string::npos) found = line;
+      }
+      return found;
+    };
+    const auto greedy =
+        run_command(gpt_train() + " sample --run " + out + " --tokens 8 --ids --prompt-ids 1 --top-k 1");
+    const auto tiny = run_command(gpt_train() + " sample --run " + out +
+                                  " --tokens 8 --ids --prompt-ids 1 --top-k 0 --temperature 1e-45");
+    INFO(greedy.output + tiny.output);
+    CHECK(greedy.exit_code == 0);
+    CHECK(tiny.exit_code == 0);
+    CHECK(!ids(greedy.output).empty());
+    CHECK(ids(tiny.output) == ids(greedy.output));
   }
   SECTION("a fresh run does not replace another run's checkpoints") {
     const auto r = run_command(train + " --set training.steps=1");
