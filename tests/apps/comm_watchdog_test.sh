@@ -18,12 +18,18 @@ training: {steps: 50, micro_batch_size: 2, global_batch_sequences: 4, eval_inter
 parallel: {strategy: zero3}
 comm: {timeout_s: 2}
 YAML
-start=$(date +%s)
-out=$(GPT_TRAIN_FAULT=skip_collective:1:15 timeout 60 mpirun -np 2 --oversubscribe -x GPT_TRAIN_FAULT \
-  "$gpt_train" train -c "$work/run.yaml" 2>&1)
-code=$?
-elapsed=$(( $(date +%s) - start ))
-echo "$out" | grep -E "watchdog" | head -3
+# run_with_fault FAULT [ARGS...]: a 2-rank training run with GPT_TRAIN_FAULT=FAULT; sets out, code and elapsed (s).
+run_with_fault() {
+  local fault=$1 start
+  shift
+  start=$(date +%s)
+  out=$(GPT_TRAIN_FAULT=$fault timeout 60 mpirun -np 2 --oversubscribe -x GPT_TRAIN_FAULT \
+    "$gpt_train" train -c "$work/run.yaml" "$@" 2>&1)
+  code=$?
+  elapsed=$(( $(date +%s) - start ))
+  echo "$out" | grep -E "watchdog" | head -3
+}
+run_with_fault skip_collective:1:15
 check "the job ends with an error (exit $code)" test "$code" -ne 0 -a "$code" -ne 124
 check "within seconds (${elapsed}s)" test "$elapsed" -lt 30
 for r in 0 1; do
@@ -35,12 +41,7 @@ check "the message names the first collective where the ranks disagree" \
 
 # Rank 1 stops outside any collective (GPT_TRAIN_FAULT=hang): rank 0's watchdog fires and alerts rank 1's,
 # which reports too, so the diagnosis names the collective rank 1 never issued.
-start=$(date +%s)
-out=$(GPT_TRAIN_FAULT=hang:1:5 timeout 60 mpirun -np 2 --oversubscribe -x GPT_TRAIN_FAULT \
-  "$gpt_train" train -c "$work/run.yaml" 2>&1)
-code=$?
-elapsed=$(( $(date +%s) - start ))
-echo "$out" | grep -E "watchdog" | head -3
+run_with_fault hang:1:5
 check "a rank stuck outside collectives: the job ends (exit $code) in ${elapsed}s" \
   test "$code" -ne 0 -a "$code" -ne 124 -a "$elapsed" -lt 30
 check "the stuck rank reports after the alert" grep -q "\[rank 1\] \[error\] another rank's collective watchdog fired" \
@@ -50,12 +51,7 @@ check "the message names what rank 1 never issued" grep -qE "rank 1 never issued
 # Rank 1's whole process stops (GPT_TRAIN_FAULT=stop: SIGSTOP, as a frozen node): no watchdog answers for it, so
 # rank 0's names it. (Before, the histories went through one all-gather: the message could not say which rank was
 # missing, and the abort freed buffers the pending all-gather still wrote into.)
-start=$(date +%s)
-out=$(GPT_TRAIN_FAULT=stop:1:5 timeout 60 mpirun -np 2 --oversubscribe -x GPT_TRAIN_FAULT \
-  "$gpt_train" train -c "$work/run.yaml" 2>&1)
-code=$?
-elapsed=$(( $(date +%s) - start ))
-echo "$out" | grep -E "watchdog" | head -3
+run_with_fault stop:1:5
 check "a stopped rank: the job ends (exit $code) in ${elapsed}s" test "$code" -ne 0 -a "$code" -ne 124 -a "$elapsed" -lt 30
 check "the message names the rank that did not answer" \
   grep -qE "collective watchdog on rank 0: rank\(s\) 1 did not answer within comm.timeout_s" <<< "$out"
@@ -63,12 +59,7 @@ check "and no heap corruption on the rank that aborts" bash -c '! grep -qiE "cor
 
 # Rank 1 stops inside the save of step 2 (its file system never returns): the checkpoint writer's collectives are held
 # to comm.save_timeout_s (2 s here; before, they were not watched and the job waited for ever).
-start=$(date +%s)
-out=$(GPT_TRAIN_FAULT=hang_during_save:1:2 timeout 60 mpirun -np 2 --oversubscribe -x GPT_TRAIN_FAULT \
-  "$gpt_train" train -c "$work/run.yaml" --set checkpoint.every=2 --set comm.save_timeout_s=2 2>&1)
-code=$?
-elapsed=$(( $(date +%s) - start ))
-echo "$out" | grep -E "watchdog" | head -3
+run_with_fault hang_during_save:1:2 --set checkpoint.every=2 --set comm.save_timeout_s=2
 check "a rank stuck in a save: the job ends (exit $code) in ${elapsed}s" \
   test "$code" -ne 0 -a "$code" -ne 124 -a "$elapsed" -lt 30
 check "rank 0 reports the save's collective under comm.save_timeout_s" \
