@@ -1,6 +1,7 @@
 // gpt-train: the command-line entry point. Subcommands: train, prepare, sample, plan, checkpoint.
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cstdio>
 #include <map>
 #include <new>
@@ -21,6 +22,24 @@ Communicator& world() { return *g_world; }
 int ranks_per_node() { return g_mpi->local_size(); }
 int local_rank() { return g_mpi->local_rank(); }
 void start_comm_watchdog(double timeout_s, double save_timeout_s) { g_mpi->start_watchdog(timeout_s, save_timeout_s); }
+
+// operator new's failure under several ranks: no unwinding (destructors on the way, NCCL's teardown or a communicator
+// draining its queue, would wait for peers that go on), but a line without allocating, and the job ends. One process
+// throws std::bad_alloc as usual, which main catches.
+void on_out_of_memory() {
+  static std::atomic<bool> reported{false};
+  if (g_mpi == nullptr || g_mpi->world_size() == 1) throw std::bad_alloc();
+  if (!reported.exchange(true)) {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "[rank %d] [error] out of host memory (std::bad_alloc): this process could not allocate what it "
+                  "needs; the plan logged above gives the memory per rank\n",
+                  g_mpi->world_rank());
+    std::fputs(line, stderr);
+    std::fflush(stderr);
+  }
+  g_mpi->abort(2);
+}
 
 int report_error(const Status& status) {
   spdlog::error("{}", status.message());
@@ -46,6 +65,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   gpt::g_mpi = mpi->get();
+  std::set_new_handler(gpt::on_out_of_memory);
   gpt::g_world = (*mpi)->make_world();
   gpt::init_logging((*mpi)->world_rank());
   CLI::App app{"gpt-train: train GPT language models on a CPU, a GPU or a cluster (mpirun, srun)"};

@@ -195,12 +195,12 @@ struct WireRecord {
   int64_t elements;
   int32_t op, done;
 };
-constexpr size_t kWireRecords = 4 * CommStream::kHistory;  // up to 4 communicators per rank
+constexpr size_t kWireRecords = 8 * CommStream::kHistory;  // up to 8 streams per rank (hybrid on GPUs has 6)
 
 // Sends this rank's history to every other rank and receives theirs over `comm` (a duplicate of the world kept for
 // this), point to point, so that a rank that does not answer within `timeout_s` is known by name (nullopt). Its
-// buffers are left to the job's end when some rank did not answer: MPI may still write into them (a stopped rank
-// that resumes), and the job is about to be aborted anyway.
+// buffers are never freed: the sends are not waited for (a peer may be gone) and a late peer's message may still land
+// in them; the exchange happens once, just before the job is aborted.
 constexpr int kHistoryTag = 8;
 std::vector<std::optional<std::vector<CollectiveRecord>>> exchange_histories(
     MPI_Comm comm, double timeout_s, const std::vector<CollectiveRecord>& mine) {
@@ -254,12 +254,8 @@ std::vector<std::optional<std::vector<CollectiveRecord>>> exchange_histories(
     if (left == 0 || std::chrono::steady_clock::now() > deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  bool everyone = true;
   for (int r = 0; r < size; ++r) {
-    if (!answered[static_cast<size_t>(r)]) {
-      everyone = false;
-      continue;
-    }
+    if (!answered[static_cast<size_t>(r)]) continue;
     auto& history = all[static_cast<size_t>(r)].emplace();
     for (size_t i = 0; i < kWireRecords; ++i) {
       const WireRecord& w = recv[static_cast<size_t>(r) * kWireRecords + i];
@@ -268,7 +264,6 @@ std::vector<std::optional<std::vector<CollectiveRecord>>> exchange_histories(
                          w.elements, w.done != 0});
     }
   }
-  if (everyone) delete buffers;  // else left for the abort that follows (see above)
   return all;
 }
 
@@ -311,12 +306,14 @@ std::unique_ptr<Communicator> MpiEnvironment::make_world() {
 }
 
 void MpiEnvironment::start_watchdog(double timeout_s, double save_timeout_s) {
-  if (timeout_s <= 0) return;
   MPI_Comm channel = MPI_COMM_NULL;
   {
+    // Collective, so every rank makes it whatever its comm.timeout_s (ranks whose configs differ must reach the
+    // comparison that says so, not hang here). Never freed: it lives as long as the watchdog.
     std::lock_guard<std::mutex> lock(mpi_mutex());
-    GPT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &channel));  // never freed: it lives as long as the watchdog
+    GPT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &channel));
   }
+  if (timeout_s <= 0) return;
   constexpr int kAlertTag = 7;
   WatchdogChannel wire;
   wire.exchange = [channel, timeout_s](const std::vector<CollectiveRecord>& mine) {

@@ -184,8 +184,9 @@ Expected<RunConfig> load_run_config_text(const std::string& yaml_text, const std
     try {
       // Every document, so that a second one (after a `---`) is an error rather than silently ignored.
       const std::vector<YAML::Node> docs = YAML::LoadAll(yaml_text);
-      if (docs.size() > 1) {
-        return invalid(place(source_name, docs[1].Mark()) +
+      for (size_t d = 1; d < docs.size(); ++d) {
+        if (docs[d].IsNull()) continue;  // an empty one (a trailing '---')
+        return invalid(place(source_name, docs[d].Mark()) +
                        ": a second YAML document (after '---'): a run config is one document; merge them or "
                        "remove the '---'");
       }

@@ -54,15 +54,15 @@ Expected<std::string> atomic_write_target(const std::string& path) {
   if (path.empty()) return Status::invalid_argument("an empty path: expected a file name");
   namespace fs = std::filesystem;
   std::error_code ec;
-  const fs::file_status link = fs::symlink_status(path, ec);
-  if (ec || !fs::exists(link)) return path;  // a new file (the open says what is wrong with its directory)
-  std::string target = path;
-  if (fs::is_symlink(link)) {
-    const fs::path resolved = fs::canonical(path, ec);
-    if (ec)
-      return Status::invalid_argument(path + ": a symbolic link to nothing that can be written (" + ec.message() + ")");
-    target = resolved.string();
+  // Follow symbolic links to what they name (which may not exist yet: then that is the new file).
+  fs::path at = path;
+  for (int hops = 0; fs::is_symlink(fs::symlink_status(at, ec)); ++hops) {
+    const fs::path next = fs::read_symlink(at, ec);
+    if (ec || hops == 40) return Status::invalid_argument(path + ": a symbolic link that cannot be followed");
+    at = next.is_absolute() ? next : at.parent_path() / next;
   }
+  const std::string target = at == fs::path(path) ? path : at.lexically_normal().string();
+  if (!fs::exists(fs::symlink_status(target, ec))) return target;  // a new file (the open says what is wrong there)
   const fs::file_status st = fs::status(target, ec);
   if (ec || !fs::is_regular_file(st)) {
     const char* kind = fs::is_directory(st)                                 ? "a directory"

@@ -38,9 +38,11 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
   const auto n_train = static_cast<int64_t>(static_cast<double>(n) * (1.0 - options.val_fraction));
   const std::span<const uint16_t> all(*tokens);
 
-  std::error_code ec;
-  std::filesystem::create_directories(options.out_dir, ec);
-  if (ec) return Status::io_error("prepare: cannot create directory " + options.out_dir + ": " + ec.message());
+  if (n_train == 0 || (options.val_fraction > 0.0 && n_train == n)) {
+    return Status::invalid_argument("prepare: --val-fraction " + std::to_string(options.val_fraction) + " of " +
+                                    std::to_string(n) + " tokens leaves the " + (n_train == 0 ? "train" : "val") +
+                                    " split empty; nothing written");
+  }
   const std::filesystem::path dir(options.out_dir);
 
   PrepareReport report;
@@ -51,11 +53,6 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
   report.train_path = (dir / "train.bin").string();
   report.val_path = (dir / "val.bin").string();
   report.tokenizer_path = (dir / "tokenizer.json").string();
-  if (n_train == 0 || (options.val_fraction > 0.0 && n_train == n)) {
-    return Status::invalid_argument("prepare: --val-fraction " + std::to_string(options.val_fraction) + " of " +
-                                    std::to_string(n) + " tokens leaves the " + (n_train == 0 ? "train" : "val") +
-                                    " split empty; nothing written");
-  }
   // All three outputs checked before any is written, so that a bad one (a directory in its place) leaves the old
   // dataset whole rather than half replaced.
   for (const std::string& path : {report.train_path, report.val_path, report.tokenizer_path}) {
@@ -63,6 +60,9 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
       return target.status().with_context("prepare: --out");
     }
   }
+  std::error_code ec;
+  std::filesystem::create_directories(options.out_dir, ec);
+  if (ec) return Status::io_error("prepare: cannot create directory " + options.out_dir + ": " + ec.message());
   GPT_RETURN_IF_ERROR(write_token_shard(report.train_path, all.first(static_cast<size_t>(n_train))));
   GPT_RETURN_IF_ERROR(write_token_shard(report.val_path, all.subspan(static_cast<size_t>(n_train))));
   GPT_RETURN_IF_ERROR(tokenizer->save(report.tokenizer_path));

@@ -26,8 +26,8 @@ int choose_token(const float* logits, const SampleOptions& o, double u, std::vec
   const int k = o.top_k > 0 ? std::min(o.top_k, V) : V;
   std::partial_sort(scored.begin(), scored.begin() + k, scored.end(), std::greater<>());
   // A temperature so small that logits / temperature overflow: its limit, the most likely token (inf - inf would
-  // make every weight NaN and pick the k-th).
-  if (!std::isfinite(scored[0].first)) return scored[0].second;
+  // make every weight NaN and pick the k-th; the order among the infinities says nothing).
+  if (!std::isfinite(scored[0].first)) return static_cast<int>(std::max_element(logits, logits + V) - logits);
   double sum = 0.0;
   for (int j = 0; j < k; ++j) sum += std::exp(static_cast<double>(scored[j].first - scored[0].first));
   u *= sum;

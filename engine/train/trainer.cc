@@ -46,7 +46,8 @@ Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, co
         std::error_code ec;
         if (!fs::exists(beside, ec)) continue;
         auto tok = data::Tokenizer::load(beside.string());
-        if (!tok) return tok.status().with_context(cfg.where("data.train") + ": the tokenizer beside the data");
+        const std::string key = split == &train ? "data.train" : "data.val";
+        if (!tok) return tok.status().with_context(cfg.where(key) + ": the tokenizer beside " + key + "'s shards");
         if (!first) {
           first = std::move(*tok);
           first_path = beside.string();

@@ -86,21 +86,27 @@ Expected<std::optional<CheckpointReader>> Trainer::open_init_from(const RunConfi
 static Status check_root_is_ours(const RunConfig& cfg, Communicator& world, const std::string& resume_dir) {
   Status st;
   if (world.rank() == 0) {
-    const std::string root = root_of(cfg), latest = latest_checkpoint(root);
-    fs::path step = fs::path(resume_dir).lexically_normal();
-    if (!step.has_filename()) step = step.parent_path();  // "step_00000002/"
+    const std::string root = root_of(cfg);
+    const std::string root_key = cfg.checkpoint.dir.empty() ? "run.out_dir" : "checkpoint.dir";
     std::error_code ec;
-    const bool ours = !resume_dir.empty() && fs::equivalent(step.parent_path(), fs::path(root), ec) && !ec;
+    // The step directory's parent, resolved (a relative path, "step_N/", a symbolic link into the root).
+    bool ours = false;
+    if (!resume_dir.empty()) {
+      fs::path step = fs::weakly_canonical(fs::absolute(fs::path(resume_dir), ec), ec).lexically_normal();
+      if (!step.has_filename()) step = step.parent_path();
+      ours = !ec && fs::equivalent(step.parent_path(), fs::path(root), ec) && !ec;
+    }
     if (fs::exists(root, ec) && !fs::is_directory(root, ec)) {  // found now, not at the first save after training
-      st = Status::invalid_argument(cfg.where(cfg.checkpoint.dir.empty() ? "run.out_dir" : "checkpoint.dir") +
-                                    ": the checkpoint directory " + root + " exists and is not a directory");
-    } else if (!latest.empty() && !ours) {
+      st = Status::invalid_argument(cfg.where(root_key) + ": " + root_key + ": the checkpoint directory " + root +
+                                    " exists and is not a directory");
+    } else if (const std::string latest = ours ? std::string() : latest_checkpoint(root); !latest.empty()) {
       st = Status::failed_precondition(
-          "checkpoint.resume: " + root + " already holds the checkpoints of an earlier run (latest " +
+          cfg.where(root_key) + ": " + root + " already holds the checkpoints of an earlier run (latest " +
           fs::path(latest).filename().string() + "), which this run" +
           (resume_dir.empty() ? std::string(", starting fresh,") : " (resuming " + resume_dir + ")") +
-          " would replace at its first save: continue that run with --resume auto (checkpoint.resume: auto), or "
-          "give this one its own run.out_dir (or checkpoint.dir), or remove them");
+          " would replace at its first save: to continue that run, resume it (--resume auto); for a new one (a "
+          "fine-tune too), give it its own " +
+          root_key + ", or remove them");
     }
   }
   return agree(world, st, "checking checkpoint root " + root_of(cfg));
@@ -113,22 +119,25 @@ Expected<std::optional<CheckpointReader>> Trainer::open_resume(const RunConfig& 
     GPT_RETURN_IF_ERROR(check_root_is_ours(cfg, world, ""));
     return std::optional<CheckpointReader>();
   }
-  std::string dir = resume;
-  if (resume == "auto") {
-    // Rank 0 decides which checkpoint is the latest, so every rank loads the same one.
-    dir = broadcast_string(world, world.rank() == 0 ? latest_checkpoint(root_of(cfg)) : std::string());
-    if (dir.empty()) {
-      spdlog::info("checkpoint.resume auto: no checkpoint in {} yet, starting from step 0", root_of(cfg));
-      return std::optional<CheckpointReader>();
-    }
-  } else {
-    // A checkpoint root (a run's checkpoints directory) resumes its latest step, as init_from and sample take it.
+  // Rank 0 decides which directory is resumed, so every rank loads the same one (and takes the same branch): auto's
+  // latest in the run's root; a step directory as given; a checkpoint root's latest, as init_from and sample take it.
+  std::string dir;
+  if (world.rank() == 0) {
     std::error_code ec;
-    if (!fs::exists(fs::path(resume) / "manifest.json", ec) && fs::exists(fs::path(resume) / "latest", ec)) {
-      dir = broadcast_string(world, world.rank() == 0 ? latest_checkpoint(resume) : std::string());
+    if (resume == "auto") {
+      dir = latest_checkpoint(root_of(cfg));
+    } else if (fs::exists(fs::path(resume) / "manifest.json", ec)) {
+      dir = resume;
+    } else {
+      dir = latest_checkpoint(resume);
       if (dir.empty()) dir = resume;  // the reader says what is missing
     }
-    GPT_RETURN_IF_ERROR(check_root_is_ours(cfg, world, dir));
+  }
+  dir = broadcast_string(world, dir);
+  if (dir.empty()) {  // auto, and nothing saved yet
+    GPT_RETURN_IF_ERROR(check_root_is_ours(cfg, world, ""));
+    spdlog::info("checkpoint.resume auto: no checkpoint in {} yet, starting from step 0", root_of(cfg));
+    return std::optional<CheckpointReader>();
   }
   const std::string where = cfg.where("checkpoint.resume") + ": checkpoint.resume";
   auto reader = CheckpointReader::open(dir);
@@ -139,6 +148,7 @@ Expected<std::optional<CheckpointReader>> Trainer::open_resume(const RunConfig& 
                                     "\"), not a resumable checkpoint; resume from <checkpoint.dir>/step_*, or "
                                     "start from these weights with checkpoint.init_from");
   }
+  if (resume != "auto") GPT_RETURN_IF_ERROR(check_root_is_ours(cfg, world, dir));
   GPT_RETURN_IF_ERROR(
       check_same_shape(cfg, shape, *reader, "the checkpoint", "a checkpoint resumes only the same model shape"));
   if (m.seed != cfg.run.seed) {

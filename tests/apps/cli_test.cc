@@ -276,6 +276,9 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
         r, 2,
         {out + "/checkpoints already holds the checkpoints of an earlier run (latest step_00000002)", "--resume auto"});
     CHECK(fs::exists(step2 + "/manifest.json"));
+    // Its own steps, named relative to the root (the working directory): resumed, not refused.
+    expect(run_command("cd " + out + "/checkpoints && " + train + " --set training.steps=3 --resume step_00000002"), 0,
+           {"resumed from step_00000002"});
   }
   SECTION("a checkpoint's tokenizer, and train and val shards of different tokenizers") {
     // The same text prepared by byte: ids that mean other tokens.
@@ -319,6 +322,13 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
            0, {});
     CHECK(fs::is_symlink(dir.file("link.safetensors")));
     CHECK(fs::file_size(target) > 1000);
+    // A link to a file not there yet makes that file, as a plain write would.
+    fs::create_symlink("made.safetensors", dir.file("dangling.safetensors"));
+    expect(run_command(gpt_train() + " checkpoint consolidate " + out + "/model --out " +
+                       dir.file("dangling.safetensors")),
+           0, {});
+    CHECK(fs::is_symlink(dir.file("dangling.safetensors")));
+    CHECK(fs::file_size(dir.file("made.safetensors")) > 1000);
   }
   SECTION("checkpoint subcommands show their own examples") {
     for (const char* sub : {"inspect", "verify", "consolidate", "import"}) {
@@ -336,7 +346,7 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
     expect(run_command(gpt_train() + " prepare --input " + dir.file("corpus.txt") + " --val-fraction 0.99999 --out " +
                        dir.file("empty")),
            2, {"leaves the train split empty; nothing written"});
-    CHECK_FALSE(fs::exists(dir.file("empty/train.bin")));
+    CHECK_FALSE(fs::exists(dir.file("empty")));
   }
 }
 

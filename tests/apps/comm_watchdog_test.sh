@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The collective watchdog: under mpirun -np 2 (zero3), rank 1 skips the world's collective #15 (after the 3 start-up
-# collectives that compare the ranks' configs, the 12th; GPT_TRAIN_FAULT=skip_collective, after which its next
-# collective hangs). Within comm.timeout_s (2 s) plus
+# The collective watchdog: under mpirun -np 2 (zero3), rank 1 skips the world's collective #15 (counting the start-up
+# ones that compare the ranks' configs and check the checkpoint root; GPT_TRAIN_FAULT=skip_collective, after which its
+# next collective hangs). Within comm.timeout_s (2 s) plus
 # a little, every rank logs its last collectives, the job ends (non-zero, never a hang) and the message names
 # collective #15 and what each rank issued there. Then rank 1 stops outside any collective instead; then its whole
 # process stops (SIGSTOP: its watchdog too), and the message names it as the rank that did not answer; then it

@@ -46,6 +46,18 @@ grep -q "prepare runs on rank 0 only; the job's other 2 rank(s) have nothing to 
 sed 's/, parallel_typo: 1//; s/steps: 100000/steps: 2/; s/strategy: zero3/strategy: ddp/' "$work/good.yaml" > "$work/short.yaml"
 timeout 60 mpirun -np 2 --oversubscribe "$gpt_train" train --config "$work/short.yaml" > /dev/null 2>&1 ||
   { echo "FAIL: the 2-step run under mpirun -np 2"; fail=1; }
+# A --set given to one task only: the ranks' configs differ. comm.timeout_s 0 there (no watchdog) once left that rank
+# in the comparison while the others made the watchdog's communicator: a hang. Every rank fails at once, naming it.
+start=$(date +%s)
+out=$(timeout 60 mpirun -np 2 --oversubscribe sh -c \
+  'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec "$0" train -c "$1" --set comm.timeout_s=0; else exec "$0" train -c "$1"; fi' \
+  "$gpt_train" "$work/short.yaml" 2>&1)
+code=$?
+elapsed=$(( $(date +%s) - start ))
+if [ "$code" -ne 2 ] || [ "$elapsed" -ge 30 ] ||
+   ! grep -q "rank 1's config differs from rank 0's at comm.timeout_s: 0 here, 300 on rank 0" <<< "$out"; then
+  echo "FAIL: configs that differ in comm.timeout_s (exit $code after ${elapsed}s)"; echo "$out" | tail -5; fail=1
+fi
 samples=$(timeout 60 mpirun -np 3 --oversubscribe "$gpt_train" sample --run "$work/run" --prompt-ids 1 --ids -n 5 2>/dev/null |
   grep -cE '^1( [0-9]+){5}$')
 [ "$samples" = 1 ] || { echo "FAIL: sample under mpirun -np 3 printed $samples samples, not 1"; fail=1; }

@@ -92,6 +92,10 @@ TEST_CASE("Loader errors name file:line:column, the key and what was expected", 
   CHECK(load_error("model:\n  n_head: 4\n  n_head: 8\n") ==
         "x.yaml:3:3: duplicate key 'model.n_head' (first at x.yaml:2:11)");
   CHECK(load_error("model: {}\nmodel: {}\n") == "x.yaml:2:1: duplicate section 'model' (first at x.yaml:1:1)");
+  // A second document was ignored, unknown keys and all; an empty one (a trailing '---') is nothing.
+  CHECK(load_error("model:\n  n_head: 2\n---\nmodel:\n  n_head: 4\n").starts_with(
+      "x.yaml:4:1: a second YAML document (after '---')"));
+  CHECK(load_ok("---\nmodel:\n  n_head: 2\n---\n").model.n_head == 2);
   // YAML syntax errors carry yaml-cpp's position.
   CHECK(load_error("model: [1,\ndata: c: d\n") == "x.yaml:2:8: invalid YAML: end of sequence flow not found");
 }
