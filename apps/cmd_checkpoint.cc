@@ -198,13 +198,6 @@ int import_hf(const std::string& src, const std::string& out) {
 
 }  // namespace
 
-std::string resolve_checkpoint_dir(const std::string& dir) {
-  std::error_code ec;
-  if (fs::exists(fs::path(dir) / "manifest.json", ec)) return dir;
-  const std::string latest = latest_checkpoint(dir);
-  return latest.empty() ? dir : latest;
-}
-
 Command add_checkpoint_command(CLI::App& app) {
   auto args = std::make_shared<CheckpointArgs>();
   app.require_subcommand(1);

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "apps/commands.h"
+#include "checkpoint/checkpoint_writer.h"
 #include "train/sampler.h"
 
 namespace gpt {

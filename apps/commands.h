@@ -21,10 +21,6 @@ Command add_sample_command(CLI::App& app);
 Command add_plan_command(CLI::App& app);
 Command add_checkpoint_command(CLI::App& app);
 
-// DIR when it holds a manifest.json; else, when DIR is a checkpoint root with a `latest` file, the step
-// directory that names; else DIR (whose reader then says what is wrong).
-std::string resolve_checkpoint_dir(const std::string& dir);
-
 // Logs the error and returns its exit code (2 for bad input, 1 for I/O); in a multi-rank job it ends
 // every rank instead (MPI_Abort) so that no rank waits forever in a collective.
 int report_error(const Status& status);

@@ -192,6 +192,13 @@ std::string latest_checkpoint(const std::string& root) {
   return steps.empty() ? std::string() : steps.back().second.string();
 }
 
+std::string resolve_checkpoint_dir(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / "manifest.json", ec)) return dir;
+  const std::string latest = latest_checkpoint(dir);
+  return latest.empty() ? dir : latest;
+}
+
 Status save_checkpoint(Communicator& world, const std::string& root_dir, const std::string& name,
                        const SaveRequest& req) {
   GPT_CHECK(req.sections.size() == req.manifest.sections.size());

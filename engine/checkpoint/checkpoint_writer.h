@@ -52,4 +52,8 @@ std::string step_dir_name(int64_t step);
 // "" when there is none.
 std::string latest_checkpoint(const std::string& root);
 
+// DIR when it holds a manifest.json; else, when DIR is a checkpoint root, its latest step directory (as above); else
+// DIR (whose reader then says what is wrong).
+std::string resolve_checkpoint_dir(const std::string& dir);
+
 }  // namespace gpt

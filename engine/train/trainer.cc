@@ -53,9 +53,8 @@ Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, co
           first_path = beside.string();
         } else if (tok->to_json() != first->to_json()) {
           return Status::invalid_argument(
-              cfg.where(split == &train ? "data.train" : "data.val") + ": the shards of data.train ('" +
-              cfg.data.train + "') and data.val ('" + cfg.data.val + "') were prepared with different tokenizers (" +
-              first_path + " and " + beside.string() +
+              cfg.where(key) + ": the shards of data.train ('" + cfg.data.train + "') and data.val ('" + cfg.data.val +
+              "') were prepared with different tokenizers (" + first_path + " and " + beside.string() +
               " differ), so the same id would mean different tokens; prepare them with one vocabulary (or name the "
               "one that holds with data.tokenizer)");
         }

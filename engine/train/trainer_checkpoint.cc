@@ -58,11 +58,12 @@ Expected<std::optional<CheckpointReader>> Trainer::open_init_from(const RunConfi
   if (world.rank() == 0) {
     namespace fs = std::filesystem;
     std::error_code ec;
-    dir = fs::exists(fs::path(from) / "manifest.json", ec) ? from : latest_checkpoint(from);
-    if (dir.empty() && fs::exists(fs::path(from) / "model" / "manifest.json", ec)) {
+    dir =
+        resolve_checkpoint_dir(from);  // as given, else a root's latest, else as given (opening it says what is wrong)
+    if (dir == from && !fs::exists(fs::path(from) / "manifest.json", ec) &&
+        fs::exists(fs::path(from) / "model" / "manifest.json", ec)) {
       dir = (fs::path(from) / "model").string();
     }
-    if (dir.empty()) dir = from;  // opening it says what is missing
   }
   dir = broadcast_string(world, dir);
   const std::string where = cfg.where("checkpoint.init_from") + ": checkpoint.init_from";
@@ -122,17 +123,7 @@ Expected<std::optional<CheckpointReader>> Trainer::open_resume(const RunConfig& 
   // Rank 0 decides which directory is resumed, so every rank loads the same one (and takes the same branch): auto's
   // latest in the run's root; a step directory as given; a checkpoint root's latest, as init_from and sample take it.
   std::string dir;
-  if (world.rank() == 0) {
-    std::error_code ec;
-    if (resume == "auto") {
-      dir = latest_checkpoint(root_of(cfg));
-    } else if (fs::exists(fs::path(resume) / "manifest.json", ec)) {
-      dir = resume;
-    } else {
-      dir = latest_checkpoint(resume);
-      if (dir.empty()) dir = resume;  // the reader says what is missing
-    }
-  }
+  if (world.rank() == 0) dir = resume == "auto" ? latest_checkpoint(root_of(cfg)) : resolve_checkpoint_dir(resume);
   dir = broadcast_string(world, dir);
   if (dir.empty()) {  // auto, and nothing saved yet
     GPT_RETURN_IF_ERROR(check_root_is_ours(cfg, world, ""));

@@ -225,8 +225,6 @@ TEST_CASE("sample in token ids from a model without a tokenizer", "[apps]") {
   CHECK(outside.output.find("--prompt-ids has token 100000, outside the model's vocabulary") != std::string::npos);
 }
 
-// A finished run submitted again with --resume auto (a job requeued as it ended) trains nothing and leaves its
-// summary, metrics and model as they were, exit 0.
 // Mistakes found by trying the CLI as a user would (each once silent, a crash, or a file replaced).
 TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that does not belong together", "[apps]") {
   TempDir dir;
@@ -350,6 +348,8 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
   }
 }
 
+// A finished run submitted again with --resume auto (a job requeued as it ended) trains nothing and leaves its
+// summary, metrics and model as they were, exit 0.
 TEST_CASE("resume auto of a finished run leaves it as it is", "[apps]") {
   TempDir dir;
   const std::string data = prepare_corpus(dir);
