@@ -55,6 +55,12 @@ constexpr bool kEmulated = true;  // every CUDA thread and GEMM term runs in tur
 #else
 constexpr bool kEmulated = false;
 #endif
+// GPT-2-sized shapes (T 1024, the 50304-row head), on a GPU only, and not under GPT_PARITY_SMALL_SHAPES=1: under
+// compute-sanitizer racecheck, which tracks every shared-memory access, one such attention call took minutes.
+bool gpu_sized_shapes() {
+  const char* small = std::getenv("GPT_PARITY_SMALL_SHAPES");
+  return !kEmulated && !(small != nullptr && std::string(small) == "1");
+}
 
 // A fresh CUDA backend (in the emulator's binary, an emulated one).
 Expected<std::unique_ptr<Backend>> make_gpu() {
@@ -154,6 +160,44 @@ double bf16_worst(const std::vector<float>& want_f32, const std::vector<bf16>& g
     if (!(r <= worst)) worst = r;  // NaN sticks
   }
   return worst;
+}
+
+// A bf16 GEMM output with a bias epilogue, against the CPU's fp32 sum with the bf16 bias (rows of OC, ld OC). On an
+// H200, cuBLASLt's kernels for outputs whose columns are not 16-byte aligned (OC not a multiple of 8, or the output
+// pointer 2 bytes off) came out up to 11x the bf16_worst bound on elements where the sum and the bias nearly cancel:
+// as if the product were rounded to bf16 before the bias is added (two roundings, the first at the scale of the
+// product, which can be far larger than the result's). So each element is also allowed one bf16 place of its
+// product before the bias, out - bias: tight still (a missing or misplaced bias, or a wrong product, is off by O(1)
+// of those places). `detail` names the worst element, and the worst ratio without the allowance and against the
+// product with no bias at all, to tell these apart in the log.
+struct BiasedBf16 {
+  double worst = 0.0;  // with the allowance: at most 1 when the result is right
+  std::string detail;
+};
+BiasedBf16 bf16_biased_worst(const std::vector<float>& want, const std::vector<bf16>& got,
+                             const std::vector<float>& bias16, int OC, double e) {
+  std::vector<double> allowance(want.size());
+  std::vector<float> no_bias(want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double product = static_cast<double>(want[i]) - bias16[i % static_cast<size_t>(OC)];
+    allowance[i] = std::ldexp(1.0, std::ilogb(std::max(std::abs(product), 1e-30)) - 7);
+    no_bias[i] = static_cast<float>(product);
+  }
+  BiasedBf16 r;
+  r.worst = bf16_worst(want, got, e, allowance);
+  size_t at = 0;
+  double worst_plain = -1.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = bf16_worst({want[i]}, {got[i]}, e);
+    if (!(d <= worst_plain)) worst_plain = d, at = i;
+  }
+  std::ostringstream os;
+  os << "with one place of the product allowed " << r.worst << ", without " << worst_plain << " at " << at << " (want "
+     << want[at] << ", got " << bf16_to_f32(got[at]) << ", product " << no_bias[at] << ", bias "
+     << bias16[at % static_cast<size_t>(OC)] << "); against the product with no bias " << bf16_worst(no_bias, got, e);
+  r.detail = os.str();
+  if (worst_plain > 1.0) WARN("a bf16 GEMM output needed the allowance for its product's rounding: " << r.detail);
+  return r;
 }
 
 std::vector<bf16> to_bf16(const std::vector<float>& x) {
@@ -279,7 +323,7 @@ TEST_CASE("parity: bf16 matmul equals the fp32 matmul of bf16-rounded inputs", "
   if (!gpu) return;
   gpu->set_compute_dtype(DType::kBF16);
   for (const auto& [N, C, OC] : {std::tuple<int64_t, int, int>{8, 16, 24}, {1024, 768, 2304}, {333, 64, 97}}) {
-    if (kEmulated && N == 1024) continue;  // the qkv GEMM of GPT-2 124M, on a GPU only
+    if (!gpu_sized_shapes() && N == 1024) continue;  // the qkv GEMM of GPT-2 124M, on a GPU only
     CAPTURE(N, C, OC);
     auto inp = randn(N * C, 80), w = randn(int64_t{OC} * C, 81), b = randn(OC, 82), dout = randn(N * OC, 83);
     auto dw = randn(int64_t{OC} * C, 84), db = randn(OC, 85);
@@ -308,9 +352,9 @@ TEST_CASE("parity: bf16 matmul equals the fp32 matmul of bf16-rounded inputs", "
     Dev<bf16> g_lo(*gpu, out.size());
     gpu->matmul_forward(g_lo.p(), g_inp.p(), g_w.p(), g_b.p(), N, C, OC);
     const double e = kReduction * max_abs(out_lo);
-    const double worst = bf16_worst(out_lo, g_lo.read(), e);
-    INFO("bf16 output: worst difference " << worst << " of its bound (fp32 bound " << e << " + one bf16 place)");
-    CHECK(worst <= 1.0);
+    const BiasedBf16 worst = bf16_biased_worst(out_lo, g_lo.read(), rounded(b), OC, e);
+    INFO("bf16 output: worst difference of its bound (fp32 bound " << e << " + one bf16 place): " << worst.detail);
+    CHECK(worst.worst <= 1.0);
     // A bf16 input gradient (the projections' under bf16 compute), bounded the same way against the fp32 dinp; no
     // dweight or dbias asked.
     Dev<bf16> g_dinp_lo(*gpu, dinp.size());
@@ -353,12 +397,15 @@ TEST_CASE("parity: matmul on 4-byte aligned operands and bias, and 2-byte aligne
   gpu->matmul_backward(g_dinp_lo.p() + 1, g_dw.p() + 1, nullptr, g_dout16.p() + 1, g_inp16.p() + 1, g_w16.p() + 1, N, C,
                        OC);
   const std::vector<bf16> lo = g_lo.read(), dinp_lo = g_dinp_lo.read();
-  const double worst_out = bf16_worst(std::vector<float>(out_lo.begin() + 1, out_lo.end()),
-                                      std::vector<bf16>(lo.begin() + 1, lo.end()), kReduction * max_abs(out_lo));
+  const std::vector<float> b16 = rounded(b);
+  const BiasedBf16 out_worst = bf16_biased_worst(
+      std::vector<float>(out_lo.begin() + 1, out_lo.end()), std::vector<bf16>(lo.begin() + 1, lo.end()),
+      std::vector<float>(b16.begin() + 1, b16.end()), OC, kReduction * max_abs(out_lo));
+  const double worst_out = out_worst.worst;
   const double worst_dinp =
       bf16_worst(std::vector<float>(dinp.begin() + 1, dinp.end()),
                  std::vector<bf16>(dinp_lo.begin() + 1, dinp_lo.end()), kReduction * max_abs(dinp));
-  INFO("2-byte aligned bf16 GEMMs: out " << worst_out << ", dinp " << worst_dinp << " of their bounds");
+  INFO("2-byte aligned bf16 GEMMs: out " << out_worst.detail << "; dinp " << worst_dinp << " of its bound");
   CHECK(worst_out <= 1.0);
   CHECK(worst_dinp <= 1.0);
   const std::vector<float> got_dw = g_dw.read();
@@ -812,7 +859,7 @@ TEST_CASE("parity: fused attention forward and backward, with and without dropou
   std::vector<Shape> shapes = {Shape{1, 1, 8, 1},     Shape{2, 13, 32, 4},   Shape{2, 70, 128, 2},
                                Shape{1, 129, 256, 4}, Shape{1, 200, 256, 2}, Shape{1, 64, 128, 2},
                                Shape{2, 128, 128, 2}, Shape{1, 128, 256, 2}};
-  if (!kEmulated) shapes.push_back(Shape{1, 1024, 768, 12});
+  if (gpu_sized_shapes()) shapes.push_back(Shape{1, 1024, 768, 12});
   for (const Shape s : shapes) {
     for (float p : {0.0f, 0.25f}) {
       CAPTURE(s.B, s.T, s.C, s.NH, p);
@@ -835,7 +882,7 @@ TEST_CASE("parity: tensor-core attention (bf16 compute) against the CPU's fp32",
   std::vector<Shape> shapes = {Shape{1, 1, 64, 2},    Shape{3, 17, 96, 3},   Shape{2, 65, 128, 2},
                                Shape{1, 130, 256, 2}, Shape{2, 100, 256, 4}, Shape{1, 64, 128, 2},
                                Shape{2, 128, 128, 2}, Shape{1, 128, 256, 2}};
-  if (!kEmulated) shapes.push_back(Shape{1, 1024, 768, 12});
+  if (gpu_sized_shapes()) shapes.push_back(Shape{1, 1024, 768, 12});
   for (const Shape s : shapes) {
     for (float p : {0.0f, 0.2f}) {
       CAPTURE(s.B, s.T, s.C, s.NH, p);
@@ -1333,7 +1380,7 @@ TEST_CASE("parity: the LM head's GEMMs over padded logit rows, and cross-entropy
   Backend* gpu = cuda_or_skip("padded LM head");
   if (!gpu) return;
   for (const int V : {65, 50257}) {
-    if (kEmulated && V > 1000) continue;  // GPT-2's head, on a GPU only
+    if (!gpu_sized_shapes() && V > 1000) continue;  // GPT-2's head, on a GPU only
     const int64_t N = 33, Vp = Gpt::logits_stride(V);
     const int C = 64;
     CAPTURE(V, Vp);
@@ -1720,7 +1767,7 @@ TEST_CASE("CUDA profile: every op call is counted, read at a synchronize, a full
     std::istringstream line(report.substr(at + 1, report.find('\n', at + 1) - at - 1));
     return std::vector<std::string>{std::istream_iterator<std::string>(line), {}};
   };
-  const auto copy = fields("copy"), fill = fields("fill_zero"), gemm = fields("matmul_forward"),
+  const auto copy = fields("copy"), fill = fields("fill_zero"), gemm = fields("matmul_forward_64_32_48"),
              dropout = fields("dropout_forward");
   REQUIRE(copy.size() >= 8);
   REQUIRE(fill.size() >= 7);
@@ -1728,7 +1775,8 @@ TEST_CASE("CUDA profile: every op call is counted, read at a synchronize, a full
   REQUIRE(dropout.size() == 7);
   CHECK(copy[2] == "8203");
   CHECK(fill[2] == "1");
-  // The rates' work: a copy of 64 floats reads and writes 512 bytes; the GEMM does 2 N C OC operations.
+  // The rates' work: a copy of 64 floats reads and writes 512 bytes; the GEMM (its line named by N, C, OC) does
+  // 2 N C OC operations.
   CHECK(copy[6] == "MB");
   CHECK(std::stod(copy[5]) == Approx(512e-6).epsilon(1e-3));
   CHECK(gemm[2] == "2");
@@ -1736,6 +1784,20 @@ TEST_CASE("CUDA profile: every op call is counted, read at a synchronize, a full
   CHECK(std::stod(gemm[5]) == Approx(2.0 * kN * kC * kOC * 1e-9).epsilon(1e-3));
   CHECK(dropout[5] == "-");              // no work (and so no rate)
   CHECK(be.profile_report() == report);  // read once: a second report adds nothing
+  // profile_restart forgets what came before it (the trainer's first step), pending ops too.
+  be.copy(y.p(), x.p(), 64);
+  be.profile_restart();
+  be.fill_zero(y.p(), 64);
+  const std::string after = be.profile_report();
+  INFO(after);
+  CHECK(after.find("\n  copy ") == std::string::npos);
+  CHECK(after.find("\n  matmul_forward") == std::string::npos);
+  const size_t fill_at = after.find("\n  fill_zero ");
+  REQUIRE(fill_at != std::string::npos);
+  std::istringstream fill_line(after.substr(fill_at + 1));
+  std::string op, total_ms, calls;
+  fill_line >> op >> total_ms >> calls;
+  CHECK(calls == "1");  // the one after the restart
 }
 
 // ARCHITECTURE invariant 4 on the GPU: Gpt::prepare reserves the backend's scratch and cast areas
