@@ -347,9 +347,11 @@ class Backend {
   virtual void cast_from_bf16(float* dst, const bf16* src, int64_t n) = 0;
   virtual void copy(float* dst, const float* src, int64_t n) = 0;
 
-  // A table of device time per op since start, when the backend was asked to profile (the CUDA backend
-  // under GPT_TRAIN_CUDA_PROFILE=1); empty otherwise.
+  // A table of device time per op since start (or since profile_restart), when the backend was asked to profile
+  // (the CUDA backend under GPT_TRAIN_CUDA_PROFILE=1); empty otherwise.
   virtual std::string profile_report() const { return {}; }
+  // Forgets the op times so far (the trainer's first step: cuBLASLt's heuristics, the kernels' first loads).
+  virtual void profile_restart() {}
 };
 
 // The one place backends are registered: "cpu" always; "cuda" when built with CUDA, on the GPU of local rank

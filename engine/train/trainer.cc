@@ -615,9 +615,9 @@ float Trainer::evaluate() {
 
 Expected<TrainSummary> Trainer::run() {
   auto summary = run_steps();
-  if (const std::string report = backend_->profile_report(); !report.empty() && world_.rank() == 0) {
-    spdlog::info("{}", report);
-  }
+  // Taken at the last step before its evaluation; a run stopped early (a signal, an error) reports what it ran.
+  if (profile_report_.empty()) profile_report_ = backend_->profile_report();
+  if (!profile_report_.empty() && world_.rank() == 0) spdlog::info("{}", profile_report_);
   // A save still being written in the background finishes (or fails) before the error ends the job, so the
   // newest checkpoint is not lost to an abort.
   if (!summary) (void)wait_for_save();
@@ -695,6 +695,9 @@ Expected<TrainSummary> Trainer::run_steps() {
       progress.clear_live();
       log_planned_vs_measured(summary);
       log_device_memory(summary);
+      // The profile (GPT_TRAIN_CUDA_PROFILE=1) times the steps after the first: that one also runs cuBLASLt's
+      // heuristics and loads the kernels. A run of one step keeps it.
+      if (step + 1 < t.steps) backend_->profile_restart();
     }
     StepMetrics m;
     m.step = step + 1;
@@ -706,6 +709,7 @@ Expected<TrainSummary> Trainer::run_steps() {
     m.tokens_per_s = tokens_per_step / step_s;
     m.gflops = flops_per_token() * m.tokens_per_s / 1e9;
     const bool last = step + 1 == t.steps;
+    if (last) profile_report_ = backend_->profile_report();  // the training steps' ops, before the final eval
     if ((t.eval_interval > 0 && (step + 1) % t.eval_interval == 0) || last) {
       m.val_loss = evaluate();
       summary.final_val_loss = m.val_loss;

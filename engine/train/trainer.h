@@ -161,8 +161,9 @@ class Trainer {
   int64_t rows_per_rank_ = 0;              // of the global batch
   std::vector<int32_t> inputs_, targets_;  // one micro-batch
   double last_grad_norm_ = 0.0;
-  bool stop_requested_ = false;                          // a rank received a stop signal before this step's end
-  bool step_skipped_ = false;                            // training.nonfinite: skip_step skipped this step's update
+  std::string profile_report_;   // the backend's op times (GPT_TRAIN_CUDA_PROFILE=1), steps 2 to the last
+  bool stop_requested_ = false;  // a rank received a stop signal before this step's end
+  bool step_skipped_ = false;    // training.nonfinite: skip_step skipped this step's update
   const std::optional<TestFault> fault_ = test_fault();  // GPT_TRAIN_FAULT, read once for the step's hooks
   StrategyPlan plan_;                                    // the planner's figures for this run's strategy
   int64_t device_untracked_at_start_ = 0;                // on a device: TrainSummary's device_untracked_at_start

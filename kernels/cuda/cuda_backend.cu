@@ -114,7 +114,8 @@ CudaBackend::~CudaBackend() {
   cudaStreamDestroy(stream_);
 }
 
-CudaBackend::OpTimer::OpTimer(CudaBackend* be, const char* op, OpWork work) : be_(be), op_(op), work_(work) {
+CudaBackend::OpTimer::OpTimer(CudaBackend* be, const char* op, OpWork work, OpShape shape)
+    : be_(be), op_(op), work_(work), shape_(shape) {
   if (be_ != nullptr) start_ = be_->record_op_event();
 }
 
@@ -122,7 +123,7 @@ CudaBackend::OpTimer::~OpTimer() {
   if (be_ == nullptr) return;
   const size_t stop = be_->record_op_event();
   if (stop != start_ + 1) return;  // another timed op ran inside this one (none does): left out, not mis-timed
-  be_->pending_ops_.push_back({op_, work_, start_});
+  be_->pending_ops_.push_back({op_, shape_, work_, start_});
 }
 
 size_t CudaBackend::record_op_event() {
@@ -143,9 +144,9 @@ void CudaBackend::read_op_times() const {
   for (const PendingOp& p : pending_ops_) {
     float ms = 0.0f;
     GPT_CUDA_CHECK(cudaEventElapsedTime(&ms, op_events_[p.start], op_events_[p.start + 1]));
-    auto it =
-        std::find_if(op_times_.begin(), op_times_.end(), [&](const OpTime& t) { return std::strcmp(t.op, p.op) == 0; });
-    if (it == op_times_.end()) it = op_times_.insert(op_times_.end(), OpTime{p.op});
+    auto it = std::find_if(op_times_.begin(), op_times_.end(),
+                           [&](const OpTime& t) { return std::strcmp(t.op, p.op) == 0 && t.shape == p.shape; });
+    if (it == op_times_.end()) it = op_times_.insert(op_times_.end(), OpTime{p.op, p.shape});
     it->ms += ms;
     ++it->calls;
     it->work.flops += p.work.flops;
@@ -163,9 +164,11 @@ std::string CudaBackend::profile_report() const {
   std::sort(sorted.begin(), sorted.end(), [](const OpTime& a, const OpTime& b) { return a.ms > b.ms; });
   double total = 0.0;
   for (const OpTime& t : sorted) total += t.ms;
-  std::string out = "CUDA op time (GPT_TRAIN_CUDA_PROFILE=1; events before and after each op, ops back to back):\n";
-  char line[200];
-  std::snprintf(line, sizeof(line), "  %-32s %10s %8s %10s %6s %16s %14s\n", "op", "total ms", "calls", "ms/call", "%",
+  std::string out =
+      "CUDA op time (GPT_TRAIN_CUDA_PROFILE=1; events before and after each op, ops back to back; GEMMs by shape, "
+      "op_N_C_OC: N rows, C in, OC out):\n";
+  char line[240];
+  std::snprintf(line, sizeof(line), "  %-40s %10s %8s %10s %6s %16s %14s\n", "op", "total ms", "calls", "ms/call", "%",
                 "least work/call", "rate");
   out += line;
   for (const OpTime& t : sorted) {
@@ -180,13 +183,27 @@ std::string CudaBackend::profile_report() const {
       std::snprintf(work, sizeof(work), "%.4g MB", t.work.bytes / calls * 1e-6);
       if (t.ms > 0) std::snprintf(rate, sizeof(rate), "%.0f GB/s", t.work.bytes / (t.ms * 1e6));
     }
-    std::snprintf(line, sizeof(line), "  %-32s %10.2f %8lld %10.4f %5.1f%% %16s %14s\n", t.op, t.ms,
+    std::string name = t.op;
+    if (t.shape != OpShape{}) {
+      for (const int64_t d : t.shape) {
+        name += '_';
+        name += std::to_string(d);  // (not "_" + std::to_string(d): GCC 12's -Wrestrict false positive)
+      }
+    }
+    std::snprintf(line, sizeof(line), "  %-40s %10.2f %8lld %10.4f %5.1f%% %16s %14s\n", name.c_str(), t.ms,
                   static_cast<long long>(t.calls), t.ms / calls, total > 0 ? 100.0 * t.ms / total : 0.0, work, rate);
     out += line;
   }
-  std::snprintf(line, sizeof(line), "  %-32s %10.2f\n", "total", total);
+  std::snprintf(line, sizeof(line), "  %-40s %10.2f\n", "total", total);
   out += line;
   return out;
+}
+
+void CudaBackend::profile_restart() {
+  if (!profile_) return;
+  GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  read_op_times();
+  op_times_.clear();
 }
 
 double CudaBackend::peak_flops() const {
@@ -393,7 +410,7 @@ const void* CudaBackend::gemm_bias(ConstTensorPtr bias, DType out_type, int OC) 
 }
 void CudaBackend::matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias,
                                  int64_t N, int C, int OC, int64_t ld_out) {
-  const OpTimer timed = time_op("matmul_forward", flop_work(2.0 * N * C * OC));
+  const OpTimer timed = time_op("matmul_forward", flop_work(2.0 * N * C * OC), {N, C, OC});
   if (compute_dtype_ == DType::kF32) {
     matmul_->forward(out.as_f32(), DType::kF32, inp.as_f32(), weight.as_f32(), DType::kF32,
                      gemm_bias(bias, DType::kF32, OC), N, C, OC, ld_out);
@@ -405,8 +422,8 @@ void CudaBackend::matmul_forward(TensorPtr out, ConstTensorPtr inp, ConstTensorP
 }
 void CudaBackend::matmul_backward(TensorPtr dinp, float* dweight, float* dbias, ConstTensorPtr dout, ConstTensorPtr inp,
                                   ConstTensorPtr weight, int64_t N, int C, int OC, int64_t ld_dout) {
-  const OpTimer timed =
-      time_op("matmul_backward", flop_work(2.0 * N * C * OC * ((dinp.data != nullptr) + (dweight != nullptr))));
+  const OpTimer timed = time_op(
+      "matmul_backward", flop_work(2.0 * N * C * OC * ((dinp.data != nullptr) + (dweight != nullptr))), {N, C, OC});
   void* s = dbias != nullptr ? scratch(cuda::bias_backward_scratch_bytes(N, OC)) : nullptr;
   if (compute_dtype_ == DType::kF32) {
     matmul_->backward(dinp.as_f32(), dweight, dbias, dout.as_f32(), inp.as_f32(), weight.as_f32(), DType::kF32, N, C,
@@ -443,7 +460,7 @@ void CudaBackend::matmul_gelu_forward(TensorPtr pre, TensorPtr out, ConstTensorP
     Backend::matmul_gelu_forward(pre, out, inp, weight, bias, N, C, OC);
     return;
   }
-  const OpTimer timed = time_op("matmul_gelu_forward", flop_work(2.0 * N * C * OC));
+  const OpTimer timed = time_op("matmul_gelu_forward", flop_work(2.0 * N * C * OC), {N, C, OC});
   const bf16* a = gemm_input(0, inp, N * C);
   const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
   const auto* b = static_cast<const bf16*>(gemm_bias(bias, DType::kBF16, OC));
@@ -466,7 +483,8 @@ void CudaBackend::matmul_backward_gelu(TensorPtr dpre, float* dpre_bias, TensorP
     return;
   }
   {
-    const OpTimer timed = time_op("matmul_backward_gelu", flop_work(2.0 * N * C * OC * (1 + (dweight != nullptr))));
+    const OpTimer timed =
+        time_op("matmul_backward_gelu", flop_work(2.0 * N * C * OC * (1 + (dweight != nullptr))), {N, C, OC});
     void* s = dbias != nullptr ? scratch(cuda::bias_backward_scratch_bytes(N, OC)) : nullptr;
     const bf16* a = gemm_input(0, inp, N * C);
     const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <deque>
 #include <initializer_list>
 #include <memory>
@@ -102,6 +103,7 @@ class CudaBackend final : public Backend {
   void cast_from_bf16(float* dst, const bf16* src, int64_t n) override;
   void copy(float* dst, const float* src, int64_t n) override;
   std::string profile_report() const override;
+  void profile_restart() override;
 
  private:
   // Under GPT_TRAIN_CUDA_PROFILE=1 every op records a CUDA event on the stream before and after itself, without
@@ -113,9 +115,11 @@ class CudaBackend final : public Backend {
   struct OpWork {
     double flops, bytes;
   };
+  // A GEMM's rows, input and output widths (N, C, OC): the report keeps each shape apart ("matmul_forward_N_C_OC").
+  using OpShape = std::array<int64_t, 3>;
   class OpTimer {
    public:
-    OpTimer(CudaBackend* be, const char* op, OpWork work);
+    OpTimer(CudaBackend* be, const char* op, OpWork work, OpShape shape = {});
     ~OpTimer();
     OpTimer(const OpTimer&) = delete;
     OpTimer& operator=(const OpTimer&) = delete;
@@ -124,9 +128,12 @@ class CudaBackend final : public Backend {
     CudaBackend* be_;
     const char* op_;
     OpWork work_;
+    OpShape shape_;
     size_t start_ = 0;  // its first event's index in op_events_
   };
-  OpTimer time_op(const char* op, OpWork work = {0.0, 0.0}) { return OpTimer(profile_ ? this : nullptr, op, work); }
+  OpTimer time_op(const char* op, OpWork work = {0.0, 0.0}, OpShape shape = {}) {
+    return OpTimer(profile_ ? this : nullptr, op, work, shape);
+  }
   static OpWork flop_work(double flops) { return OpWork{flops, 0.0}; }
   static OpWork byte_work(int64_t bytes) { return OpWork{0.0, static_cast<double>(bytes)}; }
   void* scratch(size_t bytes);
@@ -188,6 +195,7 @@ class CudaBackend final : public Backend {
   std::vector<cudaEvent_t> op_events_;
   struct PendingOp {
     const char* op;
+    OpShape shape;
     OpWork work;
     size_t start;
   };
@@ -195,6 +203,7 @@ class CudaBackend final : public Backend {
   mutable size_t next_op_event_ = 0;
   struct OpTime {
     const char* op;
+    OpShape shape{};
     double ms = 0.0;
     int64_t calls = 0;
     OpWork work{0.0, 0.0};  // summed over the calls

@@ -3,7 +3,7 @@
     python3 scripts/bench/by_kind.py GPT_TRAIN_LOG TORCH_LOG STEPS
 
 GPT_TRAIN_LOG: a gpt-train run's log with GPT_TRAIN_CUDA_PROFILE=1 (its "CUDA op time" table: op, total ms,
-calls, ...), over STEPS training steps and the final evaluation's forward. TORCH_LOG: pytorch_gpt2.py's output with
+calls, ...), over STEPS training steps (the trainer leaves its first step and its final evaluation out). TORCH_LOG: pytorch_gpt2.py's output with
 --profile-steps STEPS (its 'PROF steps=N total_ms=... calls=... name=...' lines, one per CUDA kernel). Each op or
 kernel goes to one kind by its name (gpt-train's op names; cuBLAS/CUTLASS, flash/cuDNN attention, fused AdamW and
 Triton kernel names on PyTorch's side), and the table gives ms per step for each and PyTorch's over gpt-train's.
@@ -77,6 +77,16 @@ def torch_ms(path):
     return (out, complete) if found else None
 
 
+def torch_largest(path, steps, n=15):
+    """PyTorch's n largest kernels: (ms per step, calls per step, name), largest first."""
+    rows = []
+    for line in open(path, errors="replace"):
+        m = re.match(r"PROF steps=\d+ total_ms=([0-9.]+) calls=(\d+) name=(.*)", line.strip())
+        if m:
+            rows.append((float(m.group(1)) / steps, int(m.group(2)) / steps, m.group(3)))
+    return sorted(rows, key=lambda r: -r[0])[:n]
+
+
 def main():
     ours_log, torch_log, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
     ours = ours_ms(ours_log)
@@ -86,8 +96,8 @@ def main():
         print(f"  (no by-kind comparison: {why})")
         return
     theirs, complete = prof
-    print(f"device time by kind, ms per step ({steps} steps each; gpt-train's hold its first step and its final eval's"
-          " forward too, PyTorch's are kernels after warm-up; kinds read off op and kernel names, so approximate:"
+    print(f"device time by kind, ms per step ({steps} steps each, after warm-up;"
+          " kinds read off op and kernel names, so approximate:"
           " bias and GELU fused into GEMM epilogues count as GEMM on gpt-train's side, Triton's as the rest):")
     if not complete:
         print("  (PyTorch's profile was cut short: its kernel list has no 'PROF end' line; its column is partial)")
@@ -97,6 +107,10 @@ def main():
         b = (sum(theirs) if name == "total" else theirs[k]) / steps
         ratio = f"{b / a:.2f}" if a > 0 else "-"
         print(f"  {name:<54} {a:>10.2f} {b:>10.2f} {ratio:>18}")
+    # Beside gpt-train's per-op (GEMMs per shape) table: PyTorch's own kernels, for the same comparison per kernel.
+    print("PyTorch's largest kernels, ms per step (calls per step), name:")
+    for ms, calls, name in torch_largest(torch_log, steps):
+        print(f"  {ms:8.3f} ({calls:g})  {name[:120]}")
 
 
 if __name__ == "__main__":

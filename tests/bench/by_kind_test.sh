@@ -11,7 +11,7 @@ cat > "$work/ours.log" <<'LOG'
     op                                 total ms    calls    ms/call      %  least work/call           rate
     matmul_backward                      100.00      200     0.5000  50.0%      154.6 GFLOP  309.2 TFLOP/s
     attention_backward                    40.00       48     0.8333  20.0%      123.7 GFLOP  148.4 TFLOP/s
-    matmul_forward                        30.00      100     0.3000  15.0%      77.31 GFLOP  257.7 TFLOP/s
+    matmul_forward_16384_768_3072         30.00      100     0.3000  15.0%      77.31 GFLOP  257.7 TFLOP/s
     crossentropy_forward_backward         10.00        4     2.5000   5.0%         3298 MB      1319 GB/s
     adamw_update_spans                     8.00        4     2.0000   4.0%         3480 MB      1740 GB/s
     layernorm_backward                    12.00      100     0.1200   6.0%        201.4 MB      1678 GB/s
@@ -35,6 +35,12 @@ for want in 'GEMMs \(with their epilogues\) +32\.50 +22\.50 +0\.69' 'attention +
   grep -qE "$want" <<< "$out" || { echo "FAIL: no line matching: $want"; fail=1; }
 done
 grep -q 'cut short' <<< "$out" && { echo "FAIL: a complete profile called cut short"; fail=1; }
+# PyTorch's kernels, largest first, per step: the GEMM's 90 ms over 4 steps first, the cross-entropy's 8 after the
+# layer norm's 10.
+grep -qE '^ +22\.500 \(75\)  sm90_xmma_gemm' <<< "$out" || { echo "FAIL: no largest-kernel line for the GEMM"; fail=1; }
+[ "$(grep -E '^ +[0-9.]+ \([0-9.]+\)  triton_(per|red)_fused' <<< "$out" | grep -oE 'layer_norm|log_softmax' |
+    tr '\n' ' ')" = "layer_norm log_softmax " ] ||
+  { echo "FAIL: largest kernels not sorted"; fail=1; }
 # A layout copy Inductor names after SDPA is not attention; a cut-short profile says so.
 head -n 4 "$work/torch.log" > "$work/cut.log"
 echo 'PROF steps=4 total_ms=4.000 calls=8 name=triton_poi_fused__scaled_dot_product_flash_attention_3' >> "$work/cut.log"
