@@ -19,7 +19,7 @@ struct RunSection {
   uint64_t seed = 1337;                   // seeds init, dropout and data order
   int threads = 0;                        // CPU threads for kernels; 0 = all cores
   std::string device = "cpu";             // cpu, or cuda (one GPU per rank, chosen by the rank's index on its node)
-  std::string gelu_fusion = "none";       // none | forward | full: the MLP's GELU in the GEMM epilogues (cuda, bf16)
+  std::string gelu_fusion = "auto";       // auto | none | forward | full: the MLP's GELU in the GEMM epilogues
   std::string attention_kernel = "auto";  // auto | wmma: the tensor-core attention kernels (cuda, bf16)
 };
 
@@ -116,6 +116,8 @@ struct RunConfig {
   // Derived (after validation): sequences per optimizer step and micro-batches per step.
   int64_t global_batch() const;
   int64_t grad_accum_steps() const { return global_batch() / training.micro_batch_size; }
+  // run.gelu_fusion with auto decided: full on cuda with bf16 parameters (measured faster there), else none.
+  std::string gelu_fusion() const;
 };
 
 }  // namespace gpt

@@ -129,10 +129,11 @@ std::span<const KeySpec> config_schema() {
        "CPU threads for kernels; 0 = all cores"},
       {GPT_KEY(run, device), one_of("cpu|cuda"),
        "where the model computes: cpu, or cuda (one GPU per rank, chosen by the rank's index on its node)"},
-      {GPT_KEY(run, gelu_fusion), one_of("none|forward|full"),
+      {GPT_KEY(run, gelu_fusion), one_of("auto|none|forward|full"),
        "cuda with parallel.param_dtype bf16: the MLP's GELU computed in cuBLASLt's GEMM epilogues instead of its own "
        "kernels: forward (the fc GEMM writes the GELU's input and output), full (also its backward, in the "
-       "projection GEMM's input gradient); within a bf16 rounding of none, not bit for bit"},
+       "projection GEMM's input gradient); within a bf16 rounding of none, not bit for bit; auto: full on cuda with "
+       "bf16 parameters, else none"},
       {GPT_KEY(run, attention_kernel), one_of("auto|wmma"),
        "cuda with parallel.param_dtype bf16: auto takes the mma.sync flash-attention kernels (head size 32, 64 or "
        "128), wmma the older WMMA kernels (for comparing them); the same math, within a bf16 rounding"},

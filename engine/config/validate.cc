@@ -63,7 +63,7 @@ Status cross_key_rules(const RunConfig& cfg, const std::string& source) {
                     "; it needs run.device: cuda and parallel.param_dtype: bf16, got run.device: " + cfg.run.device +
                     ", parallel.param_dtype: " + cfg.parallel.param_dtype);
   };
-  if (cfg.run.gelu_fusion != "none" && !cuda_bf16) {
+  if (cfg.run.gelu_fusion != "none" && cfg.run.gelu_fusion != "auto" && !cuda_bf16) {
     return needs_cuda_bf16("run.gelu_fusion", cfg.run.gelu_fusion, "fuses the GELU into bf16 cuBLASLt GEMMs");
   }
   if (cfg.run.attention_kernel != "auto" && !cuda_bf16) {

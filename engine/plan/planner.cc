@@ -380,7 +380,7 @@ Expected<PlanInput> plan_input(const RunConfig& cfg, const GptShape& shape, int 
   }
   in.activation_checkpointing = cfg.training.activation_checkpointing;
   in.fused_attention = cfg.run.device == "cuda";
-  in.gelu_fusion = cfg.run.gelu_fusion;
+  in.gelu_fusion = cfg.gelu_fusion();
   in.sharding = sharding_options(cfg.parallel);
   return in;
 }

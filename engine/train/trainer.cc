@@ -327,7 +327,7 @@ Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy
   // On a GPU, bf16 parameters also mean bf16 products (GEMMs and attention on the tensor cores, fp32
   // accumulation), as FSDP's param_dtype does; the CPU computes through fp32.
   if (config_.parallel.param_dtype == "bf16" && !backend_->host_memory()) backend_->set_compute_dtype(DType::kBF16);
-  const GeluFusion fusion = parse_gelu_fusion(config_.run.gelu_fusion).value();  // validated
+  const GeluFusion fusion = parse_gelu_fusion(config_.gelu_fusion()).value();  // validated
   const Status fused = backend_->set_gelu_fusion(fusion);
   GPT_CHECK_MSG(fused.is_ok(), fused.message().c_str());  // validation lets through only what the backend takes
   const Status attention =

@@ -63,6 +63,12 @@ TEST_CASE("Overrides apply after the file, in order, and are recorded", "[config
   // An override may repair what the file got wrong, because validation runs after overrides.
   CHECK(load_ok("training:\n  lr: -1\n", {"training.lr=0.01"}).training.lr == 0.01f);
   CHECK(load_ok("", {"data.tokenizer="}).data.tokenizer.empty());
+  // run.gelu_fusion auto (the default) is full on cuda with bf16 parameters, else none; a level given is kept.
+  CHECK(load_ok("").gelu_fusion() == "none");
+  CHECK(load_ok("", {"run.device=cuda"}).gelu_fusion() == "none");
+  CHECK(load_ok("", {"run.device=cuda", "parallel.param_dtype=bf16"}).gelu_fusion() == "full");
+  CHECK(load_ok("", {"run.device=cuda", "parallel.param_dtype=bf16", "run.gelu_fusion=forward"}).gelu_fusion() ==
+        "forward");
 }
 
 TEST_CASE("Loader errors name file:line:column, the key and what was expected", "[config]") {
@@ -93,8 +99,8 @@ TEST_CASE("Loader errors name file:line:column, the key and what was expected", 
         "x.yaml:3:3: duplicate key 'model.n_head' (first at x.yaml:2:11)");
   CHECK(load_error("model: {}\nmodel: {}\n") == "x.yaml:2:1: duplicate section 'model' (first at x.yaml:1:1)");
   // A second document was ignored, unknown keys and all; an empty one (a trailing '---') is nothing.
-  CHECK(load_error("model:\n  n_head: 2\n---\nmodel:\n  n_head: 4\n").starts_with(
-      "x.yaml:4:1: a second YAML document (after '---')"));
+  CHECK(load_error("model:\n  n_head: 2\n---\nmodel:\n  n_head: 4\n")
+            .starts_with("x.yaml:4:1: a second YAML document (after '---')"));
   CHECK(load_ok("---\nmodel:\n  n_head: 2\n---\n").model.n_head == 2);
   // YAML syntax errors carry yaml-cpp's position.
   CHECK(load_error("model: [1,\ndata: c: d\n") == "x.yaml:2:8: invalid YAML: end of sequence flow not found");
@@ -138,7 +144,7 @@ TEST_CASE("Rules across keys are checked after overrides and placed at the key t
         "x.yaml:2:16: run.gelu_fusion: full fuses the GELU into bf16 cuBLASLt GEMMs; it needs run.device: cuda and "
         "parallel.param_dtype: bf16, got run.device: cpu, parallel.param_dtype: fp32");
   CHECK(load_error("run:\n  gelu_fusion: fused\n") ==
-        "x.yaml:2:16: run.gelu_fusion: expected one of none|forward|full, got 'fused'");
+        "x.yaml:2:16: run.gelu_fusion: expected one of auto|none|forward|full, got 'fused'");
   CHECK(load_error("run:\n  attention_kernel: wmma\n") ==
         "x.yaml:2:21: run.attention_kernel: wmma chooses between bf16 tensor-core kernels; it needs run.device: cuda "
         "and parallel.param_dtype: bf16, got run.device: cpu, parallel.param_dtype: fp32");

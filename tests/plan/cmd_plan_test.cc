@@ -128,18 +128,22 @@ TEST_CASE("gpt-train plan: one rank, overrides, unknown vocabulary, nothing fits
       REQUIRE(at != std::string::npos);
       return out.substr(at + 1, out.find('\n', at + 1) - at - 1);
     };
-    const auto none = run_command(cuda);
+    const auto none = run_command(cuda + " --set run.gelu_fusion=none");
     INFO(none.output);
     REQUIRE(none.exit_code == 0);
     CHECK(none.output.find("device: cuda (fused attention") != std::string::npos);
-    const auto full = run_command(cuda + " --set run.gelu_fusion=full");
-    INFO(full.output);
-    REQUIRE(full.exit_code == 0);
-    CHECK(full.output.find("gelu_fusion full (the GELU backward in the projection GEMM's epilogue)") !=
-          std::string::npos);
+    CHECK(none.output.find("gelu_fusion") == std::string::npos);
+    // auto, the default, is full on cuda with bf16 parameters.
+    for (const std::string& set : {std::string(" --set run.gelu_fusion=full"), std::string()}) {
+      const auto full = run_command(cuda + set);
+      INFO(full.output);
+      REQUIRE(full.exit_code == 0);
+      CHECK(full.output.find("gelu_fusion full (the GELU backward in the projection GEMM's epilogue)") !=
+            std::string::npos);
+      CHECK(workspace_row(full.output) == workspace_row(none.output));
+    }
     // Unfused, the GELU backward runs in place on the bf16 gradient at its output; fused, its bf16 input gradient
-    // comes from the GEMM instead: one bf16 (N, 4C) area either way.
-    CHECK(workspace_row(full.output) == workspace_row(none.output));
+    // comes from the GEMM instead: one bf16 (N, 4C) area either way (checked in the loop above).
     const auto cpu = run_command(gpt_train() + " plan -c " + kConfig + " -n 8 --set run.device=cpu");
     CHECK(cpu.output.find("device: cpu\n") != std::string::npos);
   }
