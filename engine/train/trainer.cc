@@ -615,8 +615,9 @@ float Trainer::evaluate() {
 
 Expected<TrainSummary> Trainer::run() {
   auto summary = run_steps();
-  // Taken at the last step before its evaluation; a run stopped early (a signal, an error) reports what it ran.
-  if (profile_report_.empty()) profile_report_ = backend_->profile_report();
+  // Taken at the last step before its evaluation; a run stopped early (a signal, an error) reports what it ran, and
+  // one that had nothing to train (resumed at its end) nothing.
+  if (profile_report_.empty() && !(summary && summary->steps == 0)) profile_report_ = backend_->profile_report();
   if (!profile_report_.empty() && world_.rank() == 0) spdlog::info("{}", profile_report_);
   // A save still being written in the background finishes (or fails) before the error ends the job, so the
   // newest checkpoint is not lost to an abort.
@@ -696,8 +697,8 @@ Expected<TrainSummary> Trainer::run_steps() {
       log_planned_vs_measured(summary);
       log_device_memory(summary);
       // The profile (GPT_TRAIN_CUDA_PROFILE=1) times the steps after the first: that one also runs cuBLASLt's
-      // heuristics and loads the kernels. A run of one step keeps it.
-      if (step + 1 < t.steps) backend_->profile_restart();
+      // heuristics and loads the kernels. A run of one step, or one stopping after it (a signal), keeps it.
+      if (step + 1 < t.steps && !stop_requested_) backend_->profile_restart();
     }
     StepMetrics m;
     m.step = step + 1;

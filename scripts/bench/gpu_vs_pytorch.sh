@@ -42,11 +42,13 @@
 # GPT_TRAIN_SET (extra "key=value" overrides for gpt-train, space-separated), VARIANTS (more gpt-train runs after the
 # table, ";"-separated, each a space-separated list of overrides on top of GPT_TRAIN_SET, e.g. "run.gelu_fusion=full";
 # default, when the run is bf16 on cuda and this binary has the keys: run.attention_kernel=wmma (the older attention
-# kernels beside the default mma.sync ones), run.gelu_fusion=forward and =full; "" = none),
+# kernels beside the default mma.sync ones), run.gelu_fusion=none and =forward (the base run has auto: full); "" =
+# none),
 # VARIANT_TIMEOUT (60 s each), TIME_LIMIT (0; else seconds from the start: each side's timeout is cut to what is
 # left of it less 15 s for the table, and the profile run and each variant start only if their timeout still fits,
-# else say they were skipped), PROFILE_STEPS (on cuda 4, else 0 = none: after the table, a run of that many steps under
-# GPT_TRAIN_CUDA_PROFILE=1 whose per-op device time table is printed, the per-kernel breakdown of a step; 60 s at
+# else say they were skipped), PROFILE_STEPS (on cuda 4, else 0 = none: after the table, a run of one step more under
+# GPT_TRAIN_CUDA_PROFILE=1, which times the steps after its first, whose per-op device time table (GEMMs by shape) is
+# printed, the per-kernel breakdown of a step; 60 s at
 # most; and PyTorch runs as many more steps under torch.profiler after its RESULT line, so that scripts/bench/by_kind.py
 # prints both sides' device time per step by kind: GEMMs, attention, cross-entropy, optimizer, the rest),
 # GPT_TRAIN_CUDA_PROFILE (passed
