@@ -15,7 +15,9 @@
 # (a filter that matches no test is a FAIL), the benchmark only when both sides ran.
 # Every step has a timeout and the whole check a budget (CHECK_BUDGET_S, 460 s), so it ends inside 8 minutes.
 # Full output: $OUT/check.log (the device tool brings $OUT back), or /tmp/gpt-check/check.log.
-#   CHECK_STEPS="parity nccl train"  # run only these (of: parity nccl train memcheck racecheck bench attention)
+#   CHECK_STEPS="parity nccl train"  # run only these (of: parity nccl train memcheck racecheck bench attention ncu)
+# ncu (not in the default steps): Nsight Compute on the three mma.sync attention kernels at GPT-2 124M's shape
+# (duration, registers, occupancy, issue slots, stalls; the whole report in $OUT/ncu_attention.txt), about 30 s.
 # Without a GPU (e.g. here) the GPU steps SKIP, saying why; with one visible, a test that skips is a FAIL.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -375,7 +377,31 @@ if wanted attention; then
   fi
 fi
 
+# --- h. Nsight Compute on the attention kernels (only when CHECK_STEPS names ncu)
+ncu_tail=""
+if [[ " ${CHECK_STEPS:-} " == *" ncu "* ]]; then
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ "$gpus" = 0 ]; then record SKIP "ncu attention kernels" 0 "no GPU"
+  elif [ -z "$ncu_bin" ]; then record SKIP "ncu attention kernels" 0 "ncu not found"
+  else
+    # --clock-control none: the clocks as a training run has them (the device tool's METHOD.md).
+    run_step "ncu" 120 "$ncu_bin" --clock-control none --kernel-name regex:'attention_(forward|backward_kv|backward_q)_mma' \
+      --launch-count 3 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section SchedulerStats --section MemoryWorkloadAnalysis \
+      --section InstructionStats "$ATTN_BENCH" --device cuda --dtype bf16 --batch 16 --seq 1024 --embd 768 --heads 12 \
+      --iters 1 --warmup 0
+    cp "$OUTF" "$LOGDIR/ncu_attention.txt" 2> /dev/null
+    # One line per kernel: its name, then the figures that say what bounds it.
+    ncu_tail=$(awk '/attention_(forward|backward_kv|backward_q)_mma_kernel</ { match($0, /attention_[a-z_]+_mma_kernel<[0-9, ]+>/); k = substr($0, RSTART, RLENGTH); print "  " k }
+      /Duration|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued/ {
+        n = $NF; $NF = ""; sub(/^ +/, ""); print "      " $0 n }' "$OUTF" | head -n 24)
+    if [ "$RC" = 0 ] && [ -n "$ncu_tail" ]; then record PASS "ncu attention kernels" "$T" "$LOGDIR/ncu_attention.txt"
+    else fail_or_skip "ncu attention kernels"; fi
+  fi
+fi
+
 echo
+if [ -n "$ncu_tail" ]; then echo "--- ncu (attention kernels, GPT-2 124M's shape):"; echo "$ncu_tail"; echo; fi
 if [ -n "$bench_tail" ]; then echo "--- bench:"; echo "$bench_tail"; echo; fi
 if [ -n "$attn_tail" ]; then echo "--- attention:"; echo "$attn_tail"; echo; fi
 {
