@@ -27,6 +27,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "core/check.h"
@@ -49,11 +51,14 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr size_t align128(size_t x) { return (x + 127) / 128 * 128; }
 
 // Shared layouts, in bytes (every tile 128-byte aligned). LD: a tile's row stride in bf16 elements.
+// kRows: query rows per warp, 32 (two 16-row m-tiles) by default; 16 at D = 128 with dropout, and on request (below).
 template <int D, bool kDrop>
+constexpr int kDefaultFwdRows = D <= 64 || !kDrop ? 32 : 16;
+template <int D, bool kDrop, int kRows = kDefaultFwdRows<D, kDrop>>
 struct FwdCfg {
   // 16-row m-tiles per warp: with two, each K or V fragment feeds two products (half the shared-memory reads per
   // product); one where registers do not allow two (with dropout at D = 128, ptxas spilled).
-  static constexpr int MT = D <= 64 || !kDrop ? 2 : 1;
+  static constexpr int MT = kRows / 16;
   static constexpr bool kKeepQ = D <= 64;  // Q's A fragments in registers (else read from shared memory per tile)
   static constexpr int BQ = kWarps * 16 * MT, BK = 64, LD = D + 8;
   static constexpr size_t kTile = align128(sizeof(bf16) * BK * LD);  // one K or V tile
@@ -223,11 +228,11 @@ __device__ inline void store_rows(bf16* dst, int64_t ld, const float (&acc)[MT][
   __syncwarp();
 }
 
-template <int D, bool kDrop>
-__global__ void __launch_bounds__(kThreads)
-    attention_forward_mma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2,
-                                 DropoutMask drop, float keep) {
-  using Cfg = FwdCfg<D, kDrop>;
+// The forward's body, for the kernels below.
+template <int D, bool kDrop, int kRows>
+__device__ __forceinline__ void attention_forward_mma(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH,
+                                                      float scale_log2, DropoutMask drop, float keep) {
+  using Cfg = FwdCfg<D, kDrop, kRows>;
   constexpr int MT = Cfg::MT, BQ = Cfg::BQ, BK = Cfg::BK, LD = Cfg::LD;
   constexpr bool kUnmaskedPath = !kDrop && D <= 64;
   constexpr int KD = D / 16, ND = D / 8, NC = BK / 16;
@@ -412,6 +417,22 @@ __global__ void __launch_bounds__(kThreads)
   // The warp's own rows of the Q tile (read only by this warp, and no more) stage its output.
   store_rows<MT, D, LD>(out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * D, C, o, 1.0f, sq + qr * LD,
                         qw, T, lane);
+}
+
+template <int D, bool kDrop>
+__global__ void __launch_bounds__(kThreads)
+    attention_forward_mma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2,
+                                 DropoutMask drop, float keep) {
+  attention_forward_mma<D, kDrop, kDefaultFwdRows<D, kDrop>>(out, lse, qkv, T, C, NH, scale_log2, drop, keep);
+}
+
+// 16 rows per warp (D <= 64, no dropout: GPT_ATTENTION_FWD_ROWS below): ptxas fits it in 127 registers for 4 blocks
+// per SM (sm_90, no spills), where 32 rows take 239 and allow 2.
+template <int D>
+__global__ void __launch_bounds__(kThreads, 4)
+    attention_forward_mma16_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2,
+                                   DropoutMask drop, float keep) {
+  attention_forward_mma<D, false, 16>(out, lse, qkv, T, C, NH, scale_log2, drop, keep);
 }
 
 // D(B,NH,T) = rowsum(dO * O) over each head's channels (bf16 dO and O; fp32 sums in a fixed order). Each row (b, t,
@@ -695,12 +716,19 @@ int check_shape(int B, int T, int C, int NH) {
   return C / NH;
 }
 
-template <int D, bool kDrop>
+template <int D, bool kDrop, int kRows = kDefaultFwdRows<D, kDrop>>
 void forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
                     cudaStream_t stream) {
-  using Cfg = FwdCfg<D, kDrop>;
+  using Cfg = FwdCfg<D, kDrop, kRows>;
   constexpr size_t smem = Cfg::kBytes;
-  const auto kernel = attention_forward_mma_kernel<D, kDrop>;
+  const auto kernel = [] {
+    if constexpr (kRows == kDefaultFwdRows<D, kDrop>) {
+      return attention_forward_mma_kernel<D, kDrop>;
+    } else {
+      static_assert(kRows == 16 && D <= 64 && !kDrop);
+      return attention_forward_mma16_kernel<D>;
+    }
+  }();
   set_smem(kernel, smem);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
@@ -708,14 +736,32 @@ void forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C,
   GPT_CUDA_CHECK_LAUNCH();
 }
 
+// GPT_ATTENTION_FWD_ROWS=16 (read at each launch): the forward at D <= 64 without dropout with 16 query rows per
+// warp, 64 per block, instead of 32 and 128. On an H200 the default ran at 12% occupancy (8 warps per SM, held by
+// registers and shared memory) with no warp eligible in 54% of cycles; 16 rows allow 4 blocks (16 warps) at the cost
+// of twice the K and V fragment loads per product. An experiment for the next GPU session to measure
+// (attention_vs_pytorch.sh, CHECK_STEPS=ncu) before it becomes the default. The same products and sums in the same
+// order; a row's tiles may take the masked copy of the softmax where 32 rows took the unmasked one (or back), which
+// may differ in the last bit of P before its bf16 rounding.
+bool forward_rows16() {
+  const char* v = std::getenv("GPT_ATTENTION_FWD_ROWS");
+  return v != nullptr && std::string_view(v) == "16";
+}
+
 template <int D>
 void forward_impl(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
                   cudaStream_t stream) {
   if (drop.active()) {
     forward_launch<D, true>(out, lse, qkv, B, T, C, NH, drop, stream);
-  } else {
-    forward_launch<D, false>(out, lse, qkv, B, T, C, NH, drop, stream);
+    return;
   }
+  if constexpr (D <= 64) {
+    if (forward_rows16()) {
+      forward_launch<D, false, 16>(out, lse, qkv, B, T, C, NH, drop, stream);
+      return;
+    }
+  }
+  forward_launch<D, false>(out, lse, qkv, B, T, C, NH, drop, stream);
 }
 
 template <int D>

@@ -16,8 +16,9 @@
 # Every step has a timeout and the whole check a budget (CHECK_BUDGET_S, 460 s), so it ends inside 8 minutes.
 # Full output: $OUT/check.log (the device tool brings $OUT back), or /tmp/gpt-check/check.log.
 #   CHECK_STEPS="parity nccl train"  # run only these (of: parity nccl train memcheck racecheck bench attention ncu)
-# ncu (not in the default steps): Nsight Compute on the three mma.sync attention kernels at GPT-2 124M's shape
-# (duration, registers, occupancy, issue slots, stalls; the whole report in $OUT/ncu_attention.txt), about 30 s.
+# ncu (not in the default steps): Nsight Compute on the three mma.sync attention kernels at GPT-2 124M's shape, then
+# on the forward under GPT_ATTENTION_FWD_ROWS=16 (the 16-rows-per-warp experiment; kernels/cuda/attention_mma.cu):
+# duration, registers, occupancy, issue slots, stalls; the whole reports in $OUT/ncu_attention.txt, about 40 s.
 # Without a GPU (e.g. here) the GPU steps SKIP, saying why; with one visible, a test that skips is a FAIL.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -385,16 +386,22 @@ if [[ " ${CHECK_STEPS:-} " == *" ncu "* ]]; then
   elif [ -z "$ncu_bin" ]; then record SKIP "ncu attention kernels" 0 "ncu not found"
   else
     # --clock-control none: the clocks as a training run has them (the device tool's METHOD.md).
-    run_step "ncu" 120 "$ncu_bin" --clock-control none --kernel-name regex:'attention_(forward|backward_kv|backward_q)_mma' \
-      --launch-count 3 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section ComputeWorkloadAnalysis --section SchedulerStats --section MemoryWorkloadAnalysis \
-      --section InstructionStats "$ATTN_BENCH" --device cuda --dtype bf16 --batch 16 --seq 1024 --embd 768 --heads 12 \
-      --iters 1 --warmup 0
-    cp "$OUTF" "$LOGDIR/ncu_attention.txt" 2> /dev/null
+    ncu_args=(--clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats
+              --section WarpStateStats --section ComputeWorkloadAnalysis --section SchedulerStats
+              --section MemoryWorkloadAnalysis --section InstructionStats)
+    attn_args=(--device cuda --dtype bf16 --batch 16 --seq 1024 --embd 768 --heads 12 --iters 1 --warmup 0)
+    run_step "ncu_rows16" 60 env GPT_ATTENTION_FWD_ROWS=16 "$ncu_bin" "${ncu_args[@]}" \
+      --kernel-name regex:'attention_forward_mma16' --launch-count 1 "$ATTN_BENCH" "${attn_args[@]}"
+    rows16=$OUTF rows16_rc=$RC
+    run_step "ncu" 90 "$ncu_bin" "${ncu_args[@]}" --kernel-name regex:'attention_(forward|backward_kv|backward_q)_mma' \
+      --launch-count 3 "$ATTN_BENCH" "${attn_args[@]}"
+    cat "$OUTF" "$rows16" > "$LOGDIR/ncu_attention.txt" 2> /dev/null
+    [ "$rows16_rc" = 0 ] || RC=$rows16_rc
     # One line per kernel: its name, then the figures that say what bounds it.
-    ncu_tail=$(awk '/attention_(forward|backward_kv|backward_q)_mma_kernel</ { match($0, /attention_[a-z_]+_mma_kernel<[0-9, ]+>/); k = substr($0, RSTART, RLENGTH); print "  " k }
+    ncu_tail=$(awk '/attention_(forward|backward_kv|backward_q)_mma(16)?_kernel</ {
+        match($0, /attention_[a-z_]+_mma(16)?_kernel<[0-9, ]+>/); print "  " substr($0, RSTART, RLENGTH) }
       /Duration|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued/ {
-        n = $NF; $NF = ""; sub(/^ +/, ""); print "      " $0 n }' "$OUTF" | head -n 24)
+        n = $NF; $NF = ""; sub(/^ +/, ""); print "      " $0 n }' "$OUTF" "$rows16" | head -n 32)
     if [ "$RC" = 0 ] && [ -n "$ncu_tail" ]; then record PASS "ncu attention kernels" "$T" "$LOGDIR/ncu_attention.txt"
     else fail_or_skip "ncu attention kernels"; fi
   fi
