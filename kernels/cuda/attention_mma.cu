@@ -67,10 +67,12 @@ struct FwdCfg {
   static constexpr size_t kBytes = kKV + 4 * kTile;
 };
 
-template <int D>
+// kLean (GPT_ATTENTION_BWD_BLOCKS=3, below): 32-query tiles and K, V read from shared memory at every head size,
+// as at D = 128, for fewer registers.
+template <int D, bool kLean = false>
 struct BwdKvCfg {
-  static constexpr int BK = kWarps * 16, BQ = D <= 64 ? 64 : 32, LD = D + 8;
-  static constexpr bool kKeep = D <= 64;  // K, V as A fragments in registers (else read from shared memory)
+  static constexpr int BK = kWarps * 16, BQ = D <= 64 && !kLean ? 64 : 32, LD = D + 8;
+  static constexpr bool kKeep = D <= 64 && !kLean;  // K, V as A fragments in registers (else read from shared memory)
   static constexpr size_t kKTile = align128(sizeof(bf16) * BK * LD), kQTile = align128(sizeof(bf16) * BQ * LD);
   static constexpr size_t kK = 0, kV = kKTile;
   // stage s: Q at kStage + s kStageBytes, dO after it, then lse (times log2 e) and D, BQ floats each
@@ -465,12 +467,11 @@ __global__ void attention_prep_mma_kernel(float* dvec, const bf16* dout, const b
 
 // dK, dV for one 64-key tile of one (b, h); warp w owns keys k0 + 16 w.. and sums over the query tiles in
 // ascending order, on transposed scores S^T = K Q^T (keys x queries), as attention_tc.cu.
-template <int D, bool kDrop>
-__global__ void __launch_bounds__(kThreads)
-    attention_backward_kv_mma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
-                                     int T, int C, int NH, float scale, float scale_log2, DropoutMask drop,
-                                     float keep) {
-  using Cfg = BwdKvCfg<D>;
+template <int D, bool kDrop, bool kLean>
+__device__ __forceinline__ void attention_backward_kv_mma(bf16* dqkv, const bf16* dob, const bf16* qkv,
+                                                          const float* lse, const float* dvec, int T, int C, int NH,
+                                                          float scale, float scale_log2, DropoutMask drop, float keep) {
+  using Cfg = BwdKvCfg<D, kLean>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LD = Cfg::LD, KD = D / 16, ND = D / 8, NC = BQ / 16;
   constexpr bool kKeep = Cfg::kKeep;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -599,12 +600,30 @@ __global__ void __launch_bounds__(kThreads)
   store_rows<1, D, LD>(dk_out + C, C3, dv, 1.0f, sk + kr * LD, kw, T, lane);
 }
 
+template <int D, bool kDrop>
+__global__ void __launch_bounds__(kThreads)
+    attention_backward_kv_mma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
+                                     int T, int C, int NH, float scale, float scale_log2, DropoutMask drop,
+                                     float keep) {
+  attention_backward_kv_mma<D, kDrop, false>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
+}
+
+// The lean configuration in at most 168 registers, for 3 blocks per SM (D 32 and 64 without dropout: sm_90 ptxas,
+// 167 registers at D = 64, no spills, against 242).
+template <int D>
+__global__ void __launch_bounds__(kThreads, 3)
+    attention_backward_kv_mma3_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
+                                      int T, int C, int NH, float scale, float scale_log2, DropoutMask drop,
+                                      float keep) {
+  attention_backward_kv_mma<D, false, true>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
+}
+
 // dQ for one 64-query tile of one (b, h); warp w owns queries q0 + 16 w.. and sums over the key tiles in
 // ascending order.
 template <int D, bool kDrop>
-__global__ void __launch_bounds__(kThreads)
-    attention_backward_q_mma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
-                                    int T, int C, int NH, float scale, float scale_log2, DropoutMask drop, float keep) {
+__device__ __forceinline__ void attention_backward_q_mma(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse,
+                                                         const float* dvec, int T, int C, int NH, float scale,
+                                                         float scale_log2, DropoutMask drop, float keep) {
   using Cfg = BwdQCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LD = Cfg::LD, KD = D / 16, ND = D / 8, NC = BK / 16;
   constexpr bool kKeep = Cfg::kKeep;
@@ -708,6 +727,22 @@ __global__ void __launch_bounds__(kThreads)
   store_rows<1, D, LD>(dqkv + qkv_off, C3, dq, scale, sq + qr * LD, qw, T, lane);
 }
 
+template <int D, bool kDrop>
+__global__ void __launch_bounds__(kThreads)
+    attention_backward_q_mma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
+                                    int T, int C, int NH, float scale, float scale_log2, DropoutMask drop, float keep) {
+  attention_backward_q_mma<D, kDrop>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
+}
+
+// The same in at most 168 registers, for 3 blocks per SM (D = 64 without dropout: 168 against 175, no spills).
+template <int D>
+__global__ void __launch_bounds__(kThreads, 3)
+    attention_backward_q_mma3_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
+                                     int T, int C, int NH, float scale, float scale_log2, DropoutMask drop,
+                                     float keep) {
+  attention_backward_q_mma<D, false>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
+}
+
 // Validates the shape; returns the head size.
 int check_shape(int B, int T, int C, int NH) {
   GPT_CHECK(B >= 0 && T >= 0);
@@ -764,16 +799,31 @@ void forward_impl(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, i
   forward_launch<D, false>(out, lse, qkv, B, T, C, NH, drop, stream);
 }
 
-template <int D>
-void backward_impl(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec, int B, int T,
-                   int C, int NH, const DropoutMask& drop, cudaStream_t stream) {
+// GPT_ATTENTION_BWD_BLOCKS=3 (read at each launch): the backward at D <= 64 without dropout in its lean kernels, 3
+// blocks (12 warps) per SM against 2. On an H200 both backward kernels ran at 12% occupancy with no warp eligible in
+// 61% of cycles. The dK/dV kernel then streams 32-query tiles and reads K and V from shared memory per tile (as at
+// D = 128); the dQ kernel is the same code under a tighter register bound. An experiment for the next GPU session to
+// measure, like GPT_ATTENTION_FWD_ROWS; the same products and sums in the same order.
+bool backward_blocks3() {
+  const char* v = std::getenv("GPT_ATTENTION_BWD_BLOCKS");
+  return v != nullptr && std::string_view(v) == "3";
+}
+
+template <int D, bool kLean>
+void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec, int B, int T,
+                     int C, int NH, const DropoutMask& drop, cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
   const float keep = keep_scale(drop);
   {
-    using Cfg = BwdKvCfg<D>;
+    using Cfg = BwdKvCfg<D, kLean>;
     constexpr size_t smem = Cfg::kBytes;
-    const auto kernel =
-        drop.active() ? attention_backward_kv_mma_kernel<D, true> : attention_backward_kv_mma_kernel<D, false>;
+    const auto kernel = [&] {
+      if constexpr (kLean) {
+        return attention_backward_kv_mma3_kernel<D>;
+      } else {
+        return drop.active() ? attention_backward_kv_mma_kernel<D, true> : attention_backward_kv_mma_kernel<D, false>;
+      }
+    }();
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BK)), static_cast<unsigned>(B * NH));
     kernel<<<grid, kThreads, smem, stream>>>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
@@ -782,13 +832,30 @@ void backward_impl(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* ls
   {
     using Cfg = BwdQCfg<D>;
     constexpr size_t smem = Cfg::kBytes;
-    const auto kernel =
-        drop.active() ? attention_backward_q_mma_kernel<D, true> : attention_backward_q_mma_kernel<D, false>;
+    const auto kernel = [&] {
+      if constexpr (kLean) {
+        return attention_backward_q_mma3_kernel<D>;
+      } else {
+        return drop.active() ? attention_backward_q_mma_kernel<D, true> : attention_backward_q_mma_kernel<D, false>;
+      }
+    }();
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
     kernel<<<grid, kThreads, smem, stream>>>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
     GPT_CUDA_CHECK_LAUNCH();
   }
+}
+
+template <int D>
+void backward_impl(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec, int B, int T,
+                   int C, int NH, const DropoutMask& drop, cudaStream_t stream) {
+  if constexpr (D <= 64) {
+    if (!drop.active() && backward_blocks3()) {
+      backward_launch<D, true>(dqkv, dob, qkv, lse, dvec, B, T, C, NH, drop, stream);
+      return;
+    }
+  }
+  backward_launch<D, false>(dqkv, dob, qkv, lse, dvec, B, T, C, NH, drop, stream);
 }
 
 }  // namespace

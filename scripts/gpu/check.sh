@@ -17,7 +17,7 @@
 # Full output: $OUT/check.log (the device tool brings $OUT back), or /tmp/gpt-check/check.log.
 #   CHECK_STEPS="parity nccl train"  # run only these (of: parity nccl train memcheck racecheck bench attention ncu)
 # ncu (not in the default steps): Nsight Compute on the three mma.sync attention kernels at GPT-2 124M's shape, then
-# on the forward under GPT_ATTENTION_FWD_ROWS=16 (the 16-rows-per-warp experiment; kernels/cuda/attention_mma.cu):
+# on them under GPT_ATTENTION_FWD_ROWS=16 GPT_ATTENTION_BWD_BLOCKS=3 (the occupancy experiments; attention_mma.cu):
 # duration, registers, occupancy, issue slots, stalls; the whole reports in $OUT/ncu_attention.txt, about 40 s.
 # Without a GPU (e.g. here) the GPU steps SKIP, saying why; with one visible, a test that skips is a FAIL.
 set -uo pipefail
@@ -390,18 +390,19 @@ if [[ " ${CHECK_STEPS:-} " == *" ncu "* ]]; then
               --section WarpStateStats --section ComputeWorkloadAnalysis --section SchedulerStats
               --section MemoryWorkloadAnalysis --section InstructionStats)
     attn_args=(--device cuda --dtype bf16 --batch 16 --seq 1024 --embd 768 --heads 12 --iters 1 --warmup 0)
-    run_step "ncu_rows16" 60 env GPT_ATTENTION_FWD_ROWS=16 "$ncu_bin" "${ncu_args[@]}" \
-      --kernel-name regex:'attention_forward_mma16' --launch-count 1 "$ATTN_BENCH" "${attn_args[@]}"
+    run_step "ncu_rows16" 60 env GPT_ATTENTION_FWD_ROWS=16 GPT_ATTENTION_BWD_BLOCKS=3 "$ncu_bin" "${ncu_args[@]}" \
+      --kernel-name regex:'attention_(forward_mma16|backward_kv_mma3|backward_q_mma3)' --launch-count 3 "$ATTN_BENCH" \
+      "${attn_args[@]}"
     rows16=$OUTF rows16_rc=$RC
     run_step "ncu" 90 "$ncu_bin" "${ncu_args[@]}" --kernel-name regex:'attention_(forward|backward_kv|backward_q)_mma' \
       --launch-count 3 "$ATTN_BENCH" "${attn_args[@]}"
     cat "$OUTF" "$rows16" > "$LOGDIR/ncu_attention.txt" 2> /dev/null
     [ "$rows16_rc" = 0 ] || RC=$rows16_rc
     # One line per kernel: its name, then the figures that say what bounds it.
-    ncu_tail=$(awk '/attention_(forward|backward_kv|backward_q)_mma(16)?_kernel</ {
-        match($0, /attention_[a-z_]+_mma(16)?_kernel<[0-9, ]+>/); print "  " substr($0, RSTART, RLENGTH) }
+    ncu_tail=$(awk '/attention_(forward|backward_kv|backward_q)_mma(16|3)?_kernel</ {
+        match($0, /attention_[a-z_]+_mma(16|3)?_kernel<[0-9, ]+>/); print "  " substr($0, RSTART, RLENGTH) }
       /Duration|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued/ {
-        n = $NF; $NF = ""; sub(/^ +/, ""); print "      " $0 n }' "$OUTF" "$rows16" | head -n 32)
+        n = $NF; $NF = ""; sub(/^ +/, ""); print "      " $0 n }' "$OUTF" "$rows16" | head -n 48)
     if [ "$RC" = 0 ] && [ -n "$ncu_tail" ]; then record PASS "ncu attention kernels" "$T" "$LOGDIR/ncu_attention.txt"
     else fail_or_skip "ncu attention kernels"; fi
   fi

@@ -932,24 +932,28 @@ TEST_CASE("parity: tensor-core attention (bf16 compute) against the CPU's fp32",
   gpu->set_compute_dtype(DType::kF32);
 }
 
-// GPT_ATTENTION_FWD_ROWS=16, the mma.sync forward's experiment (16 query rows per warp at head sizes 32 and 64
-// without dropout, for 4 blocks per SM): against the CPU's fp32 as the default kernel is, T off and on the 64-row
-// tiles; and with dropout, where the variable changes nothing (the default kernel runs).
-TEST_CASE("parity: tensor-core attention forward with 16 query rows per warp", "[cuda]") {
-  Backend* gpu = cuda_or_skip("attention, 16 rows per warp");
+// The mma.sync kernels' occupancy experiments at head sizes 32 and 64 without dropout: GPT_ATTENTION_FWD_ROWS=16
+// (the forward with 16 query rows per warp, 4 blocks per SM) and GPT_ATTENTION_BWD_BLOCKS=3 (the backward's lean
+// kernels, 3 blocks per SM), against the CPU's fp32 as the default kernels are, T off and on the tiles; and with
+// dropout, where the variables change nothing (the default kernels run).
+TEST_CASE("parity: tensor-core attention's occupancy experiments (16 rows per warp, 3 backward blocks)", "[cuda]") {
+  Backend* gpu = cuda_or_skip("attention occupancy experiments");
   if (!gpu) return;
   gpu->set_compute_dtype(DType::kBF16);
   ::setenv("GPT_ATTENTION_FWD_ROWS", "16", 1);
+  ::setenv("GPT_ATTENTION_BWD_BLOCKS", "3", 1);
   using Shape = AttentionShape;
-  std::vector<Shape> shapes = {Shape{1, 1, 64, 2}, Shape{2, 65, 128, 2}, Shape{1, 130, 64, 2}, Shape{2, 128, 128, 2}};
+  std::vector<Shape> shapes = {Shape{1, 1, 64, 2}, Shape{2, 65, 128, 2}, Shape{1, 130, 64, 2}, Shape{2, 128, 128, 2},
+                               Shape{1, 97, 128, 2}};
   if (gpu_sized_shapes()) shapes.push_back(Shape{1, 1024, 768, 12});
   for (const Shape s : shapes) {
     for (float p : {0.0f, 0.2f}) {
       CAPTURE(s.B, s.T, s.C, s.NH, p);
-      compare_attention_bf16(*gpu, s, mask(p, 24680), 33, 2e-2, "mma attention, 16 rows per warp");
+      compare_attention_bf16(*gpu, s, mask(p, 24680), 33, 2e-2, "mma attention, occupancy experiments");
     }
   }
   ::unsetenv("GPT_ATTENTION_FWD_ROWS");
+  ::unsetenv("GPT_ATTENTION_BWD_BLOCKS");
   gpu->set_compute_dtype(DType::kF32);
 }
 
