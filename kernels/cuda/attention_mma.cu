@@ -751,6 +751,14 @@ int check_shape(int B, int T, int C, int NH) {
   return C / NH;
 }
 
+// The occupancy experiments' kernels (below) are for more blocks per SM than the driver's default shared-memory
+// carveout gave the default ones (135 KB on the H200, for their 2 blocks): they ask for the most shared memory.
+template <typename Kernel>
+void prefer_shared_memory(Kernel kernel) {
+  GPT_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+}
+
 template <int D, bool kDrop, int kRows = kDefaultFwdRows<D, kDrop>>
 void forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
                     cudaStream_t stream) {
@@ -765,6 +773,7 @@ void forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C,
     }
   }();
   set_smem(kernel, smem);
+  if constexpr (kRows != kDefaultFwdRows<D, kDrop>) prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
   kernel<<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, C, NH, scale_log2, drop, keep_scale(drop));
@@ -825,6 +834,7 @@ void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* 
       }
     }();
     set_smem(kernel, smem);
+    if constexpr (kLean) prefer_shared_memory(kernel);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BK)), static_cast<unsigned>(B * NH));
     kernel<<<grid, kThreads, smem, stream>>>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
     GPT_CUDA_CHECK_LAUNCH();
@@ -840,6 +850,7 @@ void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* 
       }
     }();
     set_smem(kernel, smem);
+    if constexpr (kLean) prefer_shared_memory(kernel);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
     kernel<<<grid, kThreads, smem, stream>>>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
     GPT_CUDA_CHECK_LAUNCH();

@@ -598,14 +598,19 @@ inline int cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   }
   return 1;  // cudaErrorInvalidValue
 }
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize, cudaFuncAttributePreferredSharedMemoryCarveout };
+enum cudaSharedCarveout { cudaSharedmemCarveoutDefault = -1, cudaSharedmemCarveoutMaxShared = 100 };
 // Per kernel: the dynamic shared memory it was opted into (a launch past 48 KB without it fails on a GPU).
 inline std::map<const void*, size_t>& emu_smem_optin() {
   static std::map<const void*, size_t> m;
   return m;
 }
 template <class... P>
-int cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute, int bytes) {
+int cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, int bytes) {
+  if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) {  // a hint (percent of the unified cache): no effect here
+    if (bytes < -1 || bytes > 100) emu_fail("cudaFuncSetAttribute: a shared memory carveout outside -1..100");
+    return 0;
+  }
   if (bytes < 0 || static_cast<size_t>(bytes) > emu_smem_per_block()) {
     emu_fail("cudaFuncSetAttribute: more dynamic shared memory than the device allows a block");
   }
