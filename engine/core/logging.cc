@@ -18,5 +18,6 @@ void init_logging(int rank, const std::string& level, bool all_ranks) {
 }
 
 void log_warning(const std::string& message) { spdlog::warn("{}", message); }
+void log_info(const std::string& message) { spdlog::info("{}", message); }
 
 }  // namespace gpt

@@ -12,5 +12,6 @@ void init_logging(int rank, const std::string& level = "info", bool all_ranks = 
 // A warning through the default logger, for code nvcc compiles (fmt's compile-time format checks do not build
 // there): the message as it is.
 void log_warning(const std::string& message);
+void log_info(const std::string& message);  // the same at info level
 
 }  // namespace gpt

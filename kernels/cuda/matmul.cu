@@ -12,10 +12,13 @@
 // accumulating across micro-batches.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <map>
 #include <string>
 
+#include "core/logging.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/workspace.h"
@@ -32,6 +35,20 @@ namespace gpt::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = cuda_workspace::kCublasLtBytes;
+
+// GPT_GEMM_ALGOS=N (2..16; read when a shape is first seen): an experiment for a GPU session. The first call of each
+// GEMM shape that overwrites its output (beta 0: the forward and input-gradient GEMMs; the weight gradients
+// accumulate, so they keep the heuristic's first choice) times the heuristic's first N algorithms, three calls each
+// after one warm-up, keeps the fastest and logs every time. On an H200 some shapes ran far below the others (the
+// GELU-epilogue GEMMs at 502 TFLOP/s where the same shapes ran at 727-779 unfused): this says whether cuBLASLt has
+// faster algorithms for them. Off by default: the choice depends on timings, so it can differ between runs and
+// ranks, and with it the last bits of the results.
+int gemm_algos_to_time() {
+  const char* v = std::getenv("GPT_GEMM_ALGOS");
+  if (v == nullptr) return 1;
+  const int n = std::atoi(v);
+  return n >= 2 && n <= 16 ? n : 1;
+}
 // bias_backward's row4: dout's values as stored (bf16 ones widened); one 16-byte fp32 or 8-byte bf16 load per row
 // when `vec` (dout and ld 4-element aligned). The same sums, in the same order, on either load path.
 template <typename In>
@@ -91,6 +108,44 @@ struct Matmul::AlgoCache {
     }
   }
 };
+
+namespace {
+
+// GPT_GEMM_ALGOS's timing: each of the heuristic's `found` results whose state is success, one warm-up call and three
+// timed ones (CUDA events on `stream`); returns the fastest, results[0]'s algorithm where none other runs. Logs the
+// times.
+template <typename Run>
+cublasLtMatmulAlgo_t fastest_algo(const cublasLtMatmulHeuristicResult_t* results, int found, Run run,
+                                  cudaStream_t stream, const std::string& shape) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  GPT_CUDA_CHECK(cudaEventCreate(&start));
+  GPT_CUDA_CHECK(cudaEventCreate(&stop));
+  int best = 0;
+  float best_ms = -1.0f;
+  std::string times;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || run(results[i].algo) != CUBLAS_STATUS_SUCCESS) {
+      times += " #" + std::to_string(i) + " -";
+      continue;
+    }
+    GPT_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int r = 0; r < 3; ++r) GPT_CUBLAS_CHECK(run(results[i].algo));
+    GPT_CUDA_CHECK(cudaEventRecord(stop, stream));
+    GPT_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0f;
+    GPT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    ms /= 3.0f;
+    times += " #" + std::to_string(i) + " " + std::to_string(ms * 1e3f).substr(0, 7) + "us";
+    if (best_ms < 0.0f || ms < best_ms) best = i, best_ms = ms;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  log_info("GPT_GEMM_ALGOS: " + shape + ": " + std::to_string(found) + " of the heuristic's algorithms timed:" + times +
+           "; chose #" + std::to_string(best));
+  return results[best].algo;
+}
+
+}  // namespace
 
 Matmul::Matmul(cudaStream_t stream, void* workspace)
     : stream_(stream), workspace_(workspace), algos_(std::make_unique<AlgoCache>()) {
@@ -170,11 +225,13 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
                                                           sizeof(align_c)));
     // The heuristic costs tens of microseconds of host time: asked once per shape, which also keeps every call
     // of a shape on the same algorithm.
-    cublasLtMatmulHeuristicResult_t heuristic{};
+    const int asked = beta == 0.0f ? gemm_algos_to_time() : 1;
+    std::array<cublasLtMatmulHeuristicResult_t, 16> results{};
     int found = 0;
     const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(lt(handle_), p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &heuristic, &found);
+        cublasLtMatmulAlgoGetHeuristic(lt(handle_), p.op, p.la, p.lb, p.lc, p.lc, pref, asked, results.data(), &found);
     cublasLtMatmulPreferenceDestroy(pref);
+    const cublasLtMatmulHeuristicResult_t& heuristic = results[0];
     it = algos_->plans.emplace(key, p).first;  // owned by the cache from here, destroyed with it
     // An epilogue this cuBLASLt (or GPU) has no kernel for at this shape is the user's choice to undo.
     // The result's fields are valid only where its state is success (cublasLt.h).
@@ -185,6 +242,21 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
     GPT_CUBLAS_CHECK(st);
     GPT_CHECK_MSG(usable, "cuBLASLt found no algorithm for a matmul shape");
     it->second.algo = heuristic.algo;
+    if (asked > 1) {
+      const AlgoCache::Plan& q = it->second;
+      auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+        const float alpha = 1.0f;
+        return cublasLtMatmul(lt(handle_), q.op, &alpha, a, q.la, b, q.lb, &beta, c, q.lc, c, q.lc, &algo, workspace_,
+                              kWorkspaceBytes, stream_);
+      };
+      const std::string shape = "GEMM m " + std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
+                                (ab_type == DType::kBF16 ? " bf16" : " fp32") + (c_bf16 ? " -> bf16" : " -> fp32") +
+                                (bias_epilogue ? " +bias" : "") +
+                                (act == Act::kGeluAux ? " +gelu"
+                                 : act == Act::kDGelu ? " +dgelu"
+                                                      : "");
+      it->second.algo = fastest_algo(results.data(), found, run, stream_, shape);
+    }
   } else {
     if (bias_epilogue) {
       GPT_CUBLAS_CHECK(

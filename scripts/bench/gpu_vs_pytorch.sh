@@ -53,6 +53,8 @@
 # prints both sides' device time per step by kind: GEMMs, attention, cross-entropy, optimizer, the rest),
 # GPT_TRAIN_CUDA_PROFILE (passed
 # through; when 1 the whole gpt-train log, with its per-op table, is printed), KEEP=1 keeps the temp dir.
+# GPT_GEMM_ALGOS=N, GPT_ATTENTION_FWD_ROWS=16 and GPT_ATTENTION_BWD_BLOCKS=3 (the CUDA experiments in kernels/cuda)
+# pass through to gpt-train too; under GPT_GEMM_ALGOS its per-shape timings are printed after its log's last lines.
 # Budget: under 4 minutes on one H200 with the defaults before the variants (the two timeouts sum to 210 s), each
 # variant at most VARIANT_TIMEOUT more. Exit status: 0; 1 when a side failed or timed out (after all the output);
 # 2 for a bad setting.
@@ -230,6 +232,8 @@ if ((GPT_OK)) && [[ ${GPT_TRAIN_CUDA_PROFILE:-0} == 1 ]]; then
 elif ((GPT_OK)); then
   echo "--- gpt-train log, last 8 lines ($GPT_WALL s) ---"
   tail -n 8 "$TMP/gpt.log"
+  # GPT_GEMM_ALGOS=N (kernels/cuda/matmul.cu): each GEMM shape's timed algorithms and the one chosen.
+  grep -h 'GPT_GEMM_ALGOS:' "$TMP/gpt.log" | sed 's/^.*GPT_GEMM_ALGOS: /  gemm algorithms: /' | cut -c1-220 || true
 else
   echo "--- gpt-train FAILED: $(why "$GPT_RC" "$GPT_TIMEOUT") after $GPT_WALL s; last 30 lines of its log ---"
   tail -n 30 "$TMP/gpt.log"

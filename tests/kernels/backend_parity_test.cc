@@ -370,6 +370,39 @@ TEST_CASE("parity: bf16 matmul equals the fp32 matmul of bf16-rounded inputs", "
   gpu->set_compute_dtype(DType::kF32);
 }
 
+// GPT_GEMM_ALGOS=4, the GEMM algorithm experiment: a fresh backend (its own per-shape cache) times up to 4 of the
+// heuristic's algorithms at each shape's first beta-0 call and runs the fastest: the output with its bias and the input
+// gradient stay within the fp32 reduction bound of the CPU's, and the weight gradient, which accumulates, is not
+// timed (each timed call would add to it again). (The emulator's cuBLASLt offers one algorithm; a GPU more. Every
+// [cuda] case also passes with GPT_GEMM_ALGOS=4 set, checked by hand in the emulator.)
+TEST_CASE("parity: GEMMs under GPT_GEMM_ALGOS=4", "[cuda]") {
+  if (!cuda_or_skip("GEMM algorithm timing")) return;
+  ::setenv("GPT_GEMM_ALGOS", "4", 1);
+  auto made = make_gpu();
+  ::unsetenv("GPT_GEMM_ALGOS");
+  REQUIRE(made.has_value());
+  Backend& gpu = **made;
+  gpu.set_compute_dtype(DType::kBF16);
+  const int64_t N = 64;
+  const int C = 32, OC = 48;
+  const auto inp = rounded(randn(N * C, 96)), w = rounded(randn(int64_t{OC} * C, 97)), b = randn(OC, 98);
+  const auto dout = rounded(randn(N * OC, 99));
+  std::vector<float> out(N * OC), dinp(N * C), dw(int64_t{OC} * C, 0.0f);
+  cpu().matmul_forward(out.data(), inp.data(), w.data(), b.data(), N, C, OC);
+  cpu().matmul_backward(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
+  Dev<float> g_inp(gpu, inp), g_w(gpu, w), g_b(gpu, b), g_dout(gpu, dout), g_out(gpu, out.size());
+  Dev<float> g_dinp(gpu, dinp.size()), g_dw(gpu, std::vector<float>(dw.size(), 0.0f));
+  ::setenv("GPT_GEMM_ALGOS", "4", 1);  // read when a shape is first seen
+  for (int i = 0; i < 2; ++i) {        // the first call times, the second reuses the choice
+    gpu.matmul_forward(g_out.p(), g_inp.p(), g_w.p(), g_b.p(), N, C, OC);
+    expect_close("timed matmul out", out, g_out.read(), kReduction);
+  }
+  gpu.matmul_backward(g_dinp.p(), g_dw.p(), nullptr, g_dout.p(), g_inp.p(), g_w.p(), N, C, OC);
+  ::unsetenv("GPT_GEMM_ALGOS");
+  expect_close("timed matmul dinp", dinp, g_dinp.read(), kReduction);
+  expect_close("timed matmul dweight (accumulated: not timed)", dw, g_dw.read(), kReduction);
+}
+
 // Parameters sit at any element offset of their unit's buffer: matrices and a bias only 4-byte aligned (fp32), or 2
 // (bf16).
 TEST_CASE("parity: matmul on 4-byte aligned operands and bias, and 2-byte aligned bf16 ones", "[cuda]") {
