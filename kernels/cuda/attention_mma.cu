@@ -27,8 +27,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "core/check.h"
@@ -787,10 +785,7 @@ void forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C,
 // (attention_vs_pytorch.sh, CHECK_STEPS=ncu) before it becomes the default. The same products and sums in the same
 // order; a row's tiles may take the masked copy of the softmax where 32 rows took the unmasked one (or back), which
 // may differ in the last bit of P before its bf16 rounding.
-bool forward_rows16() {
-  const char* v = std::getenv("GPT_ATTENTION_FWD_ROWS");
-  return v != nullptr && std::string_view(v) == "16";
-}
+bool forward_rows16() { return env_is("GPT_ATTENTION_FWD_ROWS", "16"); }
 
 template <int D>
 void forward_impl(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
@@ -813,10 +808,7 @@ void forward_impl(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, i
 // 61% of cycles. The dK/dV kernel then streams 32-query tiles and reads K and V from shared memory per tile (as at
 // D = 128); the dQ kernel is the same code under a tighter register bound. An experiment for the next GPU session to
 // measure, like GPT_ATTENTION_FWD_ROWS; the same products and sums in the same order.
-bool backward_blocks3() {
-  const char* v = std::getenv("GPT_ATTENTION_BWD_BLOCKS");
-  return v != nullptr && std::string_view(v) == "3";
-}
+bool backward_blocks3() { return env_is("GPT_ATTENTION_BWD_BLOCKS", "3"); }
 
 template <int D, bool kLean>
 void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec, int B, int T,

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "backend/backend.h"
@@ -13,6 +15,13 @@
 #include "kernels/cuda/workspace.h"
 
 namespace gpt::cuda {
+
+// Whether the environment variable `name` is set to exactly `value` (the CUDA backend's switches: the profile, the
+// kernel experiments).
+inline bool env_is(const char* name, std::string_view value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string_view(v) == value;
+}
 
 constexpr int kWarp = 32;
 

@@ -83,8 +83,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   GPT_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
   smem_per_block_ = static_cast<size_t>(smem);
   GPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  const char* profile = std::getenv("GPT_TRAIN_CUDA_PROFILE");
-  profile_ = profile != nullptr && std::string(profile) == "1";
+  profile_ = cuda::env_is("GPT_TRAIN_CUDA_PROFILE", "1");
   cublas_workspace_ = alloc(cuda_workspace::kCublasLtBytes, MemCategory::kWorkspace);
   matmul_ = std::make_unique<cuda::Matmul>(stream_, cublas_workspace_.data());
   result_ = alloc(sizeof(double), MemCategory::kWorkspace);

@@ -12,7 +12,6 @@
 // accumulating across micro-batches.
 #include <cublasLt.h>
 
-#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <map>
