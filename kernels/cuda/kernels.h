@@ -150,8 +150,11 @@ class Matmul {
                       const bf16* weight, int64_t N, int C, int OC, void* scratch);
 
  private:
-  enum class Act { kNone, kGeluAux, kDGelu };  // the epilogue's activation part; aux: the GELU input (ld = ldc)
-  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
+  // The epilogue's activation part; aux: the GELU input (ld = ldc). kBGradB: `bias` is an output instead, fp32 (n
+  // elements, 16-byte aligned): the column sums of op(B) over k, cuBLASLt's BGRADB (bf16 A and B, fp32 C only).
+  enum class Act { kNone, kGeluAux, kDGelu, kBGradB };
+  // Returns false only for kBGradB when cuBLASLt has no algorithm for it (then nothing ran); true otherwise.
+  bool gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
             int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc, float beta, const void* bias,
             Act act = Act::kNone, const void* aux = nullptr);
   void dweight_dbias(float* dweight, float* dbias, const void* dout, const void* inp, DType type, int64_t N, int C,

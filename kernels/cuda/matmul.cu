@@ -8,8 +8,8 @@
 // inputs (the mixed-precision policy) A and B are bf16 and the tensor cores multiply them, still
 // accumulating and writing fp32 (or, for the forward and the input gradient, a bf16 output rounded once); the only
 // difference from fp32 is the rounding of the inputs. dbias gets a deterministic fp32 column sum of dout as the GEMMs
-// take it (partials over fixed row chunks, then added in chunk order): cuBLASLt's BGRAD epilogue overwrites instead of
-// accumulating across micro-batches.
+// take it (partials over fixed row chunks, then added in chunk order). GPT_GEMM_BGRAD=1 (an experiment) sums it in
+// the weight-gradient GEMM instead, with cuBLASLt's BGRADB epilogue.
 #include <cublasLt.h>
 
 #include <array>
@@ -36,17 +36,44 @@ namespace {
 constexpr size_t kWorkspaceBytes = cuda_workspace::kCublasLtBytes;
 
 // GPT_GEMM_ALGOS=N (2..16; read when a shape is first seen): an experiment for a GPU session. The first call of each
-// GEMM shape that overwrites its output (beta 0: the forward and input-gradient GEMMs; the weight gradients
-// accumulate, so they keep the heuristic's first choice) times the heuristic's first N algorithms, three calls each
-// after one warm-up, keeps the fastest and logs every time. On an H200 some shapes ran far below the others (the
-// GELU-epilogue GEMMs at 502 TFLOP/s where the same shapes ran at 727-779 unfused): this says whether cuBLASLt has
-// faster algorithms for them. Off by default: the choice depends on timings, so it can differ between runs and
-// ranks, and with it the last bits of the results.
+// GEMM shape times the heuristic's first N algorithms, three calls each after one warm-up, keeps the fastest and logs
+// every time with the algorithm's configuration (id, tile, split-K and its reduction, stages, cluster) and the
+// heuristic's wave count. The weight gradients accumulate into their output (beta 1): for them the output is saved
+// to a temporary device buffer before the timing and put back after it. On an H200 some shapes ran far below the
+// others (the GELU-epilogue GEMMs at 502 TFLOP/s where the same shapes ran at 727-779 unfused; the weight gradients
+// of the attention projection at about 320): this says whether cuBLASLt has faster algorithms for them. Off by
+// default: the choice depends on timings, so it can differ between runs and ranks, and with it the last bits of the
+// results.
 int gemm_algos_to_time() {
   const char* v = std::getenv("GPT_GEMM_ALGOS");
   if (v == nullptr) return 1;
   const int n = std::atoi(v);
   return n >= 2 && n <= 16 ? n : 1;
+}
+// GPT_GEMM_SPLITK=S (2..16): an experiment for a GPU session: the weight-gradient GEMMs (beta 1) take the heuristic's
+// algorithm with S k-splits, reduced in fp32 in a separate deterministic step (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE),
+// where cuBLASLt's check accepts that configuration (else the heuristic's as it is, logged). Their outputs are small
+// (768 x 768 for the attention projection: 36 tiles of 128 x 128 for 132 SMs) and their k long (the B*T rows).
+int gemm_splitk() {
+  const char* v = std::getenv("GPT_GEMM_SPLITK");
+  if (v == nullptr) return 1;
+  const int n = std::atoi(v);
+  return n >= 2 && n <= 16 ? n : 1;
+}
+// An algorithm's configuration in words, for the experiments' logs.
+std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr, auto zero) {
+    decltype(zero) v = zero;
+    size_t written = 0;
+    return cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) == CUBLAS_STATUS_SUCCESS
+               ? std::to_string(v)
+               : std::string("?");
+  };
+  return "id " + get(CUBLASLT_ALGO_CONFIG_ID, int32_t{0}) + " tile " + get(CUBLASLT_ALGO_CONFIG_TILE_ID, uint32_t{0}) +
+         " splitk " + get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, int32_t{0}) + " red " +
+         get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, uint32_t{0}) + " stages " +
+         get(CUBLASLT_ALGO_CONFIG_STAGES_ID, uint32_t{0}) + " cluster " +
+         get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, uint16_t{0});
 }
 // bias_backward's row4: dout's values as stored (bf16 ones widened); one 16-byte fp32 or 8-byte bf16 load per row
 // when `vec` (dout and ld 4-element aligned). The same sums, in the same order, on either load path.
@@ -67,6 +94,14 @@ __global__ void bias_sum_kernel(float* dbias, const float* partial, int64_t chun
   for (int64_t c = 0; c < chunks; ++c) s += partial[c * OC + oc];
   dbias[oc] += s;
 }
+
+// GPT_GEMM_BGRAD=1 (read at each call): with bf16 inputs and a weight gradient to compute, cuBLASLt's BGRADB epilogue
+// sums the bias gradient inside the weight-gradient GEMM (which reads dout anyway) into scratch, then one small kernel
+// adds that to dbias (the epilogue overwrites; dbias accumulates across micro-batches); where cuBLASLt has no BGRADB
+// algorithm for the shape, the kernels as without it. Off by default: on an H200 at GPT-2 124M's shapes the epilogue
+// made each weight-gradient GEMM slower by more than the kernel it saves (the qkv's 85 -> 119 us against a 25 us
+// kernel; the fc's 111 -> 152 against 46). The sums differ from the kernels' in order, so in the last bits.
+bool bgrad_epilogue_enabled() { return env_is("GPT_GEMM_BGRAD", "1"); }
 
 cublasLtHandle_t lt(void* h) { return static_cast<cublasLtHandle_t>(h); }
 
@@ -96,6 +131,7 @@ struct Matmul::AlgoCache {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    bool usable = true;  // false: kBGradB with no algorithm (gemm returns false)
   };
   std::map<std::array<int64_t, 16>, Plan> plans;
   ~AlgoCache() {
@@ -134,7 +170,8 @@ cublasLtMatmulAlgo_t fastest_algo(const cublasLtMatmulHeuristicResult_t* results
     float ms = 0.0f;
     GPT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     ms /= 3.0f;
-    times += " #" + std::to_string(i) + " " + std::to_string(ms * 1e3f).substr(0, 7) + "us";
+    times += " #" + std::to_string(i) + " " + std::to_string(ms * 1e3f).substr(0, 7) + "us (" +
+             algo_config(results[i].algo) + " waves " + std::to_string(results[i].wavesCount).substr(0, 4) + ")";
     if (best_ms < 0.0f || ms < best_ms) best = i, best_ms = ms;
   }
   cudaEventDestroy(start);
@@ -161,20 +198,23 @@ Matmul::~Matmul() {
 // Column-major C(m,n) = op(A) op(B) + beta C [+ bias(m) broadcast over columns]; C fp32, or bf16 (beta 0, and a bias
 // only through the epilogue: the bf16 result is rounded once, from the fp32 sum with the bias). act kGeluAux: C =
 // GELU(sum) and aux (m, n; ld ldc, C's type) = the sum; kDGelu: C = GELU'(aux) * sum (aux read); both bf16 only.
-void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+bool Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
                   const void* b, int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc, float beta,
                   const void* bias, Act act, const void* aux) {
+  const bool bgrad = act == Act::kBGradB;
   // The bias epilogue wants a 16-byte aligned vector; parameters sit at any float offset in their unit's flat
   // buffer, so an unaligned fp32 bias is added by a kernel after the GEMM instead.
-  const bool bias_epilogue = bias != nullptr && alignment(bias) >= 16;
+  const bool bias_epilogue = !bgrad && bias != nullptr && alignment(bias) >= 16;
   const bool c_bf16 = c_type == DType::kBF16;
   GPT_CHECK(!c_bf16 || (ab_type == DType::kBF16 && beta == 0.0f && (bias == nullptr || bias_epilogue)));
-  GPT_CHECK(act == Act::kNone || (c_bf16 && aux != nullptr && ldc % 8 == 0 && (act == Act::kGeluAux || !bias)));
+  GPT_CHECK(act == Act::kNone || bgrad ||
+            (c_bf16 && aux != nullptr && ldc % 8 == 0 && (act == Act::kGeluAux || !bias)));
+  GPT_CHECK(!bgrad || (ab_type == DType::kBF16 && !c_bf16 && bias != nullptr && alignment(bias) >= 16));
   // cuBLASLt assumes 256-byte aligned matrices unless told otherwise; ours are offsets into flat buffers. The
   // bias's and the GELU input's alignments it reads off the pointers the heuristic is given (cublasLt.h: routines
   // that do not dereference them "depend on its value to determine expected pointer alignment").
   const uint32_t align_a = alignment(a), align_b = alignment(b), align_c = alignment(c);
-  const uint32_t align_bias = bias_epilogue ? alignment(bias) : 0;  // 0: no bias epilogue
+  const uint32_t align_bias = bias_epilogue || bgrad ? alignment(bias) : 0;  // 0: no bias epilogue
   const uint32_t align_aux = aux != nullptr ? alignment(aux) : 0;
   // Every input of the heuristic: transposes, sizes, leading dimensions, input and output types, epilogue and
   // alignments.
@@ -194,13 +234,15 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
     cublasLtEpilogue_t epi = bias_epilogue ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     if (act == Act::kGeluAux) epi = bias_epilogue ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     if (act == Act::kDGelu) epi = CUBLASLT_EPILOGUE_DGELU;
+    if (bgrad) epi = CUBLASLT_EPILOGUE_BGRADB;  // into `bias`, C's type (fp32): cuBLASLt's default
     if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
       GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     }
-    if (bias_epilogue) {
+    if (bias_epilogue || bgrad) {
       GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
-    if (act != Act::kNone) {  // the GELU input: C's type (cuBLASLt's default), C's leading dimension
+    if (act == Act::kGeluAux ||
+        act == Act::kDGelu) {  // the GELU input: C's type (cuBLASLt's default), C's leading dimension
       GPT_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
       GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldc, sizeof(ldc)));
@@ -224,7 +266,7 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
                                                           sizeof(align_c)));
     // The heuristic costs tens of microseconds of host time: asked once per shape, which also keeps every call
     // of a shape on the same algorithm.
-    const int asked = beta == 0.0f ? gemm_algos_to_time() : 1;
+    const int asked = gemm_algos_to_time();
     std::array<cublasLtMatmulHeuristicResult_t, 16> results{};
     int found = 0;
     const cublasStatus_t st =
@@ -235,14 +277,46 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
     // An epilogue this cuBLASLt (or GPU) has no kernel for at this shape is the user's choice to undo.
     // The result's fields are valid only where its state is success (cublasLt.h).
     const bool usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && heuristic.state == CUBLAS_STATUS_SUCCESS;
+    if (bgrad && !usable) {  // the caller sums the bias gradient itself; the plan remembers, so asked once
+      it->second.usable = false;
+      log_info("cuBLASLt has no BGRADB algorithm for the weight-gradient GEMM m " + std::to_string(m) + " n " +
+               std::to_string(n) + " k " + std::to_string(k) + ": its bias gradient is summed by a kernel");
+      return false;
+    }
     GPT_CHECK_MSG(act == Act::kNone || usable,
                   "cuBLASLt has no algorithm for the GELU epilogue at this GEMM shape and alignment: run with "
                   "run.gelu_fusion: none");
     GPT_CUBLAS_CHECK(st);
     GPT_CHECK_MSG(usable, "cuBLASLt found no algorithm for a matmul shape");
     it->second.algo = heuristic.algo;
+    if (beta != 0.0f && gemm_splitk() > 1) {
+      cublasLtMatmulAlgo_t split = heuristic.algo;
+      const int32_t splits = gemm_splitk();
+      const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      cublasLtMatmulHeuristicResult_t checked{};
+      const bool ok = cublasLtMatmulAlgoConfigSetAttribute(&split, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                                           sizeof(splits)) == CUBLAS_STATUS_SUCCESS &&
+                      cublasLtMatmulAlgoConfigSetAttribute(&split, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                                           sizeof(scheme)) == CUBLAS_STATUS_SUCCESS &&
+                      cublasLtMatmulAlgoCheck(lt(handle_), p.op, p.la, p.lb, p.lc, p.lc, &split, &checked) ==
+                          CUBLAS_STATUS_SUCCESS &&
+                      checked.workspaceSize <= kWorkspaceBytes;
+      log_info("GPT_GEMM_SPLITK: GEMM m " + std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
+               (ok ? ": " + std::to_string(splits) + " k-splits (" + algo_config(split) + ", workspace " +
+                         std::to_string(checked.workspaceSize) + " B)"
+                   : ": cuBLASLt refuses " + std::to_string(splits) + " k-splits on the heuristic's algorithm (" +
+                         algo_config(heuristic.algo) + "); kept as it is"));
+      if (ok) it->second.algo = split;
+    }
     if (asked > 1) {
       const AlgoCache::Plan& q = it->second;
+      // A weight gradient accumulates into c: saved before the timing, put back after it.
+      void* saved = nullptr;
+      const size_t c_bytes = static_cast<size_t>(ldc) * (n - 1) * (c_bf16 ? 2 : 4) + m * (c_bf16 ? 2 : 4);
+      if (beta != 0.0f) {
+        GPT_CUDA_CHECK(cudaMalloc(&saved, c_bytes));
+        GPT_CUDA_CHECK(cudaMemcpyAsync(saved, c, c_bytes, cudaMemcpyDeviceToDevice, stream_));
+      }
       auto run = [&](const cublasLtMatmulAlgo_t& algo) {
         const float alpha = 1.0f;
         return cublasLtMatmul(lt(handle_), q.op, &alpha, a, q.la, b, q.lb, &beta, c, q.lc, c, q.lc, &algo, workspace_,
@@ -250,18 +324,25 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
       };
       const std::string shape = "GEMM m " + std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
                                 (ab_type == DType::kBF16 ? " bf16" : " fp32") + (c_bf16 ? " -> bf16" : " -> fp32") +
-                                (bias_epilogue ? " +bias" : "") +
+                                (bias_epilogue ? " +bias" : "") + (beta != 0.0f ? " beta 1" : "") +
                                 (act == Act::kGeluAux ? " +gelu"
                                  : act == Act::kDGelu ? " +dgelu"
+                                 : bgrad              ? " +bgradb"
                                                       : "");
       it->second.algo = fastest_algo(results.data(), found, run, stream_, shape);
+      if (saved != nullptr) {
+        GPT_CUDA_CHECK(cudaMemcpyAsync(c, saved, c_bytes, cudaMemcpyDeviceToDevice, stream_));
+        GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        GPT_CUDA_CHECK(cudaFree(saved));
+      }
     }
   } else {
-    if (bias_epilogue) {
+    if (!it->second.usable) return false;
+    if (bias_epilogue || bgrad) {
       GPT_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(it->second.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
-    if (act != Act::kNone) {
+    if (act == Act::kGeluAux || act == Act::kDGelu) {
       GPT_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(it->second.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     }
@@ -270,11 +351,12 @@ void Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
   const float alpha = 1.0f;
   GPT_CUBLAS_CHECK(cublasLtMatmul(lt(handle_), p.op, &alpha, a, p.la, b, p.lb, &beta, c, p.lc, c, p.lc, &p.algo,
                                   workspace_, kWorkspaceBytes, stream_));
-  if (bias != nullptr && !bias_epilogue) {
+  if (bias != nullptr && !bias_epilogue && !bgrad) {
     add_bias_kernel<<<grid_for(m * n, 256), 256, 0, stream_>>>(static_cast<float*>(c), static_cast<const float*>(bias),
                                                                m, n, ldc);
     GPT_CUDA_CHECK_LAUNCH();
   }
+  return true;
 }
 
 void Matmul::forward(void* out, DType out_type, const void* inp, const void* weight, DType type, const void* bias,
@@ -308,6 +390,16 @@ void Matmul::backward_dgelu(bf16* dpre, const bf16* pre, float* dweight, float* 
 
 void Matmul::dweight_dbias(float* dweight, float* dbias, const void* dout, const void* inp, DType type, int64_t N,
                            int C, int OC, int64_t ld, void* scratch) {
+  // dweight^T(C, OC) += inp^T(C, N) dout(N, OC): op(B) is dout, k the rows, so BGRADB's column sums are dbias's.
+  if (dweight != nullptr && dbias != nullptr && type == DType::kBF16 && scratch != nullptr &&
+      alignment(scratch) >= 16 && bgrad_epilogue_enabled()) {
+    auto* sums = static_cast<float*>(scratch);  // OC floats of bias_backward_scratch_bytes(N, OC)
+    if (gemm(false, true, C, OC, N, inp, C, dout, ld, type, dweight, DType::kF32, C, 1.0f, sums, Act::kBGradB)) {
+      bias_sum_kernel<<<static_cast<unsigned>(ceil_div(OC, kWarp)), kWarp, 0, stream_>>>(dbias, sums, 1, OC);
+      GPT_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   if (dweight != nullptr) {
     gemm(false, true, C, OC, N, inp, C, dout, ld, type, dweight, DType::kF32, C, 1.0f, nullptr);
   }

@@ -6,7 +6,9 @@
 // matmul.cu's row-major <-> column-major mapping, its transposes, leading dimensions and bias handling. The GELU
 // epilogues (GELU_AUX, GELU_AUX_BIAS: D = GELU(sum), aux = the sum; DGELU: D = GELU'(aux) * sum), bf16 D and aux,
 // check the aux pointer and leading dimension as cuBLASLt documents them (ld >= rows, a multiple of 8; aligned
-// as the pointer given to the heuristic was).
+// as the pointer given to the heuristic was). BGRADB (fp32 D only, as matmul.cu uses it): the bias pointer is an
+// output, fp32 (D's type, cuBLASLt's default), n elements: the column sums of op(B) over k, in double here; with
+// emu_lt_no_bgradb set (tests) the heuristic finds no algorithm for it, as a real cuBLASLt may at some shapes.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -25,8 +27,10 @@ enum cublasLtEpilogue_t {
   CUBLASLT_EPILOGUE_BIAS,
   CUBLASLT_EPILOGUE_GELU_AUX,
   CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
-  CUBLASLT_EPILOGUE_DGELU
+  CUBLASLT_EPILOGUE_DGELU,
+  CUBLASLT_EPILOGUE_BGRADB
 };
+inline bool emu_lt_no_bgradb = false;  // tests: the heuristic has no BGRADB algorithm
 enum cublasLtMatmulDescAttributes_t {
   CUBLASLT_MATMUL_DESC_TRANSA,
   CUBLASLT_MATMUL_DESC_TRANSB,
@@ -67,8 +71,35 @@ struct cublasLtMatmulAlgo_t {
 };  // the alignments the heuristic was promised (A, B, C, D) or, for the GELU input and the bias, read off their pointers
 struct cublasLtMatmulHeuristicResult_t {
   cublasLtMatmulAlgo_t algo;
+  size_t workspaceSize = 0;
   int state = 0;  // CUBLAS_STATUS_SUCCESS
+  float wavesCount = 1.0f;
 };
+// The algorithm configuration matmul.cu's GPU experiments read and set (GPT_GEMM_ALGOS, GPT_GEMM_SPLITK): reads
+// fail, so the logs say "?"; the check refuses, so the heuristic's algorithm stays.
+enum cublasLtMatmulAlgoConfigAttributes_t {
+  CUBLASLT_ALGO_CONFIG_ID,
+  CUBLASLT_ALGO_CONFIG_TILE_ID,
+  CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+  CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+  CUBLASLT_ALGO_CONFIG_STAGES_ID = 6,
+  CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID = 8
+};
+constexpr uint32_t CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE = 2;
+constexpr int CUBLAS_STATUS_NOT_SUPPORTED = 15;
+inline int cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t*, cublasLtMatmulAlgoConfigAttributes_t,
+                                                void*, size_t, size_t*) {
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+inline int cublasLtMatmulAlgoConfigSetAttribute(cublasLtMatmulAlgo_t*, cublasLtMatmulAlgoConfigAttributes_t,
+                                                const void*, size_t) {
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+inline int cublasLtMatmulAlgoCheck(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
+                                   cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                   const cublasLtMatmulAlgo_t*, cublasLtMatmulHeuristicResult_t*) {
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
 inline const char* cublasLtGetStatusString(int) { return "emu"; }
 inline int cublasLtCreate(cublasLtHandle_t* h) {
   *h = new EmuLtHandle;
@@ -153,7 +184,7 @@ inline uint32_t emu_lt_alignment(const void* p) {
   return a;
 }
 inline bool emu_lt_has_bias(cublasLtEpilogue_t e) {
-  return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_BGRADB;
 }
 inline bool emu_lt_gelu(cublasLtEpilogue_t e) {
   return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
@@ -169,6 +200,7 @@ inline int cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t
   r->algo.align[5] = emu_lt_has_bias(d->epi) ? emu_lt_alignment(d->bias) : 1;
   r->state = 0;
   *found = 1;
+  if (d->epi == CUBLASLT_EPILOGUE_BGRADB && emu_lt_no_bgradb) *found = 0;  // CUBLAS_STATUS_NOT_SUPPORTED's way too
   return 0;
 }
 inline float emu_lt_load(const void* p, cudaDataType_t t, int64_t i) {
@@ -210,6 +242,7 @@ inline int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* 
   }
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);  // host scalars: now
   if (d_bf16 && be != 0.0f) emu_fail("cublasLt: emulated bf16 D only with beta 0");
+  if (d->epi == CUBLASLT_EPILOGUE_BGRADB && d_bf16) emu_fail("cublasLt: BGRADB is emulated for an fp32 D only");
   // The product when the stream gets to it, from the descriptors as they are now (the caller may reuse them).
   emu_enqueue(stream, [dv = *d, lav = *la, lbv = *lb, ldv = *ld, a, b, dd, al, be, d_bf16, m, n, k] {
     emu_lt_compute(&dv, &lav, &lbv, &ldv, a, b, dd, al, be, d_bf16, m, n, k);
@@ -232,7 +265,8 @@ inline void emu_lt_compute(const EmuLtDesc* d, const EmuLtLayout* la,
       }
       double r = al * s;
       if (be != 0.0f) r += static_cast<double>(be) * out[i + j * ld->ld];
-      if (emu_lt_has_bias(d->epi)) r += emu_lt_load(d->bias, lc->type, i);  // the bias has D's type
+      if (emu_lt_has_bias(d->epi) && d->epi != CUBLASLT_EPILOGUE_BGRADB)
+        r += emu_lt_load(d->bias, lc->type, i);  // the bias has D's type
       // GELU, tanh form, on the fp32 sum (in double here: an implementation other than gelu.cu's)
       const double kS = 0.7978845608028654, kA = 0.044715;
       if (d->epi == CUBLASLT_EPILOGUE_GELU_AUX || d->epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
@@ -250,4 +284,12 @@ inline void emu_lt_compute(const EmuLtDesc* d, const EmuLtLayout* la,
         out[i + j * ld->ld] = static_cast<float>(r);
       }
     }
+  if (d->epi == CUBLASLT_EPILOGUE_BGRADB) {  // op(B)'s column sums over k, overwriting (beta plays no part)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p)
+        s += emu_lt_load(b, lb->type, d->tb == CUBLAS_OP_N ? p + j * lb->ld : j + p * lb->ld);
+      static_cast<float*>(const_cast<void*>(d->bias))[j] = static_cast<float>(s);
+    }
+  }
 }
