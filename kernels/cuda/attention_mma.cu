@@ -65,8 +65,8 @@ struct FwdCfg {
   static constexpr size_t kBytes = kKV + 4 * kTile;
 };
 
-// kLean (GPT_ATTENTION_BWD_BLOCKS=3, below): 32-query tiles and K, V read from shared memory at every head size,
-// as at D = 128, for fewer registers.
+// kLean (the default at D <= 64 without dropout; backward_blocks3 below): 32-query tiles and K, V read from shared
+// memory at every head size, as at D = 128, for fewer registers.
 template <int D, bool kLean = false>
 struct BwdKvCfg {
   static constexpr int BK = kWarps * 16, BQ = D <= 64 && !kLean ? 64 : 32, LD = D + 8;
@@ -87,6 +87,16 @@ struct BwdQCfg {
   static constexpr size_t kQ = 0, kDo = kTile;
   static constexpr size_t kKV = 2 * kTile;  // stage s: K at kKV + 2 s kTile, V after it
   static constexpr size_t kBytes = kKV + 4 * kTile;
+};
+
+// The dQ kernel over the kept dS^T (attention_backward_q_ds): per stage a dS^T tile (BK keys x BQ queries, rows of
+// BQ + 8) and a K tile (BK x D, rows of D + 8); two stages.
+template <int D>
+struct BwdQDsCfg {
+  static constexpr int BQ = kWarps * 16, BK = 64, LD = D + 8, LDS = BQ + 8;
+  static constexpr size_t kDsTile = align128(sizeof(bf16) * BK * LDS), kKTile = align128(sizeof(bf16) * BK * LD);
+  static constexpr size_t kStageBytes = kDsTile + kKTile;
+  static constexpr size_t kBytes = 2 * kStageBytes;
 };
 
 // Rows [row0, row0 + ROWS) x [0, D) of a bf16 matrix with row stride ld (elements) into a shared tile of row stride
@@ -338,15 +348,16 @@ __device__ __forceinline__ void attention_forward_mma(bf16* out, float* lse, con
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const int t2 = k0 + n * 8 + 2 * tq + e;
-                float& x = sc[mt][n][2 * hf + e];
-                x = !kMasked || (n < 2 * nc && t2 <= t) ? x * scale_log2 : -INFINITY;
+                float& x = sc[mt][n][2 * hf + e];  // the raw score: the scale goes into exp2's FFMA below
+                if (kMasked && !(n < 2 * nc && t2 <= t)) x = -INFINITY;
                 mx = fmaxf(mx, x);
               }
             }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             // Finite from the first tile on: key 0 is visible to every row. All four lanes of a row agree bitwise.
-            const float m_new = fmaxf(m[mt][hf], mx);
+            // The scale is positive, so the scaled maximum is the maximum of the scaled scores, bit for bit.
+            const float m_new = fmaxf(m[mt][hf], mx * scale_log2);
             alpha[hf] = exp2f(m[mt][hf] - m_new);  // 0 on the first tile (m = -inf)
             float sum = 0.0f;
             const uint64_t row_first = first + static_cast<uint64_t>(t) * T;  // mask index of (t, 0)
@@ -355,7 +366,7 @@ __device__ __forceinline__ void attention_forward_mma(bf16* out, float* lse, con
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 float& x = sc[mt][n][2 * hf + e];
-                const float p = exp2f(x - m_new);  // 0 where masked
+                const float p = exp2f(fmaf(x, scale_log2, -m_new));  // 0 where masked (-inf); one rounding
                 sum += p;
                 const int t2 = k0 + n * 8 + 2 * tq + e;
                 // Padded rows (t >= T) are never written: skip their RNG draws.
@@ -426,7 +437,7 @@ __global__ void __launch_bounds__(kThreads)
   attention_forward_mma<D, kDrop, kDefaultFwdRows<D, kDrop>>(out, lse, qkv, T, C, NH, scale_log2, drop, keep);
 }
 
-// 16 rows per warp (D <= 64, no dropout: GPT_ATTENTION_FWD_ROWS below): ptxas fits it in 127 registers for 4 blocks
+// 16 rows per warp (D <= 64, no dropout: forward_rows16 below): ptxas fits it in 127 registers for 4 blocks
 // per SM (sm_90, no spills), where 32 rows take 239 and allow 2.
 template <int D>
 __global__ void __launch_bounds__(kThreads, 4)
@@ -465,10 +476,14 @@ __global__ void attention_prep_mma_kernel(float* dvec, const bf16* dout, const b
 
 // dK, dV for one 64-key tile of one (b, h); warp w owns keys k0 + 16 w.. and sums over the query tiles in
 // ascending order, on transposed scores S^T = K Q^T (keys x queries), as attention_tc.cu.
-template <int D, bool kDrop, bool kLean>
+// kStoreDs: also dS^T (not yet times scale, bf16 as the dK product takes it) into ds (row stride ds_ld; rows: keys,
+// columns: queries; this (b, h)'s block first) for attention_backward_q_ds, each 16 x 16 block at or below the
+// diagonal (the masked elements of the diagonal's blocks 0), no other.
+template <int D, bool kDrop, bool kLean, bool kStoreDs = false>
 __device__ __forceinline__ void attention_backward_kv_mma(bf16* dqkv, const bf16* dob, const bf16* qkv,
                                                           const float* lse, const float* dvec, int T, int C, int NH,
-                                                          float scale, float scale_log2, DropoutMask drop, float keep) {
+                                                          float scale, float scale_log2, DropoutMask drop, float keep,
+                                                          bf16* ds = nullptr, int64_t ds_ld = 0) {
   using Cfg = BwdKvCfg<D, kLean>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LD = Cfg::LD, KD = D / 16, ND = D / 8, NC = BQ / 16;
   constexpr bool kKeep = Cfg::kKeep;
@@ -575,6 +590,13 @@ __device__ __forceinline__ void attention_backward_kv_mma(bf16* dqkv, const bf16
         uint32_t pa[4], dsa[4];
         pack_a(pa, st[2 * c], st[2 * c + 1]);
         pack_a(dsa, dpt[2 * c], dpt[2 * c + 1]);
+        if constexpr (kStoreDs) {  // the A fragment's layout: {row g, g + 8} x {columns 2 tq, 8 + 2 tq}, pairs
+          bf16* row = ds + (static_cast<int64_t>(bh) * ds_ld + kw + g) * ds_ld + q0 + c * 16 + 2 * tq;
+          *reinterpret_cast<uint32_t*>(row) = dsa[0];
+          *reinterpret_cast<uint32_t*>(row + 8 * ds_ld) = dsa[1];
+          *reinterpret_cast<uint32_t*>(row + 8) = dsa[2];
+          *reinterpret_cast<uint32_t*>(row + 8 * ds_ld + 8) = dsa[3];
+        }
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t ob[4], qb[4];  // dO, Q for queries 16 c.. x channels 16 dp.. (two n-tiles)
@@ -614,6 +636,16 @@ __global__ void __launch_bounds__(kThreads, 3)
                                       int T, int C, int NH, float scale, float scale_log2, DropoutMask drop,
                                       float keep) {
   attention_backward_kv_mma<D, false, true>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
+}
+
+// The same, also writing dS^T for attention_backward_q_ds_kernel (ds: B NH blocks of ds_ld x ds_ld).
+template <int D>
+__global__ void __launch_bounds__(kThreads, 3)
+    attention_backward_kv_ds_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
+                                    int T, int C, int NH, float scale, float scale_log2, DropoutMask drop, float keep,
+                                    bf16* ds, int64_t ds_ld) {
+  attention_backward_kv_mma<D, false, true, true>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep,
+                                                  ds, ds_ld);
 }
 
 // dQ for one 64-query tile of one (b, h); warp w owns queries q0 + 16 w.. and sums over the key tiles in
@@ -741,6 +773,79 @@ __global__ void __launch_bounds__(kThreads, 3)
   attention_backward_q_mma<D, false>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
 }
 
+// dQ for one 64-query tile of one (b, h) from the dS^T the dK/dV kernel kept (attention_backward_kv_ds_kernel): warp w
+// owns queries q0 + 16 w.. and sums dS K over the key tiles in ascending order, one product instead of
+// attention_backward_q_mma's four (no S, P or dP to recompute). Per key tile, the dS^T tile (keys x this tile's
+// queries) and the K tile come in by cp.async, double-buffered; the A fragments of dS (queries x keys) are the
+// transposes of the stored tile's 8 x 8 blocks (ldmatrix .trans at b_row's addresses). Only 16 x 16 blocks at or below
+// the diagonal are used, all of which the dK/dV kernel wrote (its masked elements 0); the rest of a tile is copied
+// but never read. The same dS values as attention_backward_q_mma's (its own recomputation may differ in the last bits
+// of the fp32 dS before the bf16 rounding: S^T and S are different products).
+template <int D>
+__global__ void __launch_bounds__(kThreads, 4)
+    attention_backward_q_ds_kernel(bf16* dqkv, const bf16* qkv, const bf16* ds, int64_t ds_ld, int T, int C, int NH,
+                                   float scale) {
+  using Cfg = BwdQDsCfg<D>;
+  constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LD = Cfg::LD, LDS = Cfg::LDS, ND = D / 8, NC = BK / 16;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query tiles have the most keys: start them first
+  const int64_t C3 = 3 * static_cast<int64_t>(C);
+  const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
+  const bf16* k = qkv + qkv_off + C;
+  const bf16* ds_bh = ds + static_cast<int64_t>(bh) * ds_ld * ds_ld + q0;  // column q0 of row 0
+  const int num_kt = (min(q0 + BQ, T) - 1) / BK + 1;  // key tiles up to the last real query of this tile
+
+  auto stage_ds = [&](int s) { return reinterpret_cast<bf16*>(smem_raw + s * Cfg::kStageBytes); };
+  auto stage_k = [&](int s) { return reinterpret_cast<bf16*>(smem_raw + s * Cfg::kStageBytes + Cfg::kDsTile); };
+  // Rows of the dS^T tile past ds_ld are not read (zero-filled): ds_ld >= T rounded up to 64 holds every key tile.
+  copy_tile_async<BK, BQ, LDS>(stage_ds(0), ds_bh, ds_ld, 0, static_cast<int>(ds_ld));
+  copy_tile_async<BK, D, LD>(stage_k(0), k, C3, 0, T);
+  cp_async_commit();
+
+  const int qr = warp * 16, qw = q0 + qr;  // this warp's first query (in the tile, in the sequence)
+  const int last = qw + 15;
+  float dq[1][ND][4];
+  zero(dq[0]);
+
+  for (int kt = 0; kt < num_kt; ++kt) {
+    const int k0 = kt * BK, s = kt & 1;
+    if (kt + 1 < num_kt) {  // stage s ^ 1 was last read in iteration kt - 1, which ended with a barrier
+      copy_tile_async<BK, BQ, LDS>(stage_ds(s ^ 1), ds_bh, ds_ld, k0 + BK, static_cast<int>(ds_ld));
+      copy_tile_async<BK, D, LD>(stage_k(s ^ 1), k, C3, k0 + BK, T);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's copies of tile kt have landed
+    // 16-key chunks c < nc start at or before the warp's last row: warp-uniform (none for a warp past T).
+    const int nc = qw >= T || last < k0 ? 0 : min(NC, (last - k0) / 16 + 1);
+    const bf16* sds = stage_ds(s);
+    const bf16* sk = stage_k(s);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      if (c >= nc) continue;
+      uint32_t dsa[4];  // dS for the warp's 16 queries x keys 16 c..: the stored (key, query) blocks transposed
+      ldmatrix_x4_trans(dsa, b_row<LDS>(sds, c * 16, qr, lane));
+#pragma unroll
+      for (int d2 = 0; d2 < D / 16; ++d2) {
+        uint32_t kb[4];  // K for keys 16 c.. x channels 16 d2.. (two n-tiles)
+        ldmatrix_x4_trans(kb, a_row<LD>(sk, c * 16, d2 * 16, lane));
+        mma_bf16_16816(dq[0][2 * d2], dsa, kb[0], kb[1]);
+        mma_bf16_16816(dq[0][2 * d2 + 1], dsa, kb[2], kb[3]);
+      }
+    }
+    __syncthreads();  // everyone is done with stage s before iteration kt + 1 refills it
+  }
+
+  if (qw >= T) return;  // warp-uniform; no barrier follows
+  // The warp's own 16 rows of stage 0's K tile (free after the last barrier) stage its output.
+  store_rows<1, D, LD>(dqkv + qkv_off, C3, dq, scale, stage_k(0) + qr * LD, qw, T, lane);
+}
+
 // Validates the shape; returns the head size.
 int check_shape(int B, int T, int C, int NH) {
   GPT_CHECK(B >= 0 && T >= 0);
@@ -778,14 +883,14 @@ void forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C,
   GPT_CUDA_CHECK_LAUNCH();
 }
 
-// GPT_ATTENTION_FWD_ROWS=16 (read at each launch): the forward at D <= 64 without dropout with 16 query rows per
-// warp, 64 per block, instead of 32 and 128. On an H200 the default ran at 12% occupancy (8 warps per SM, held by
-// registers and shared memory) with no warp eligible in 54% of cycles; 16 rows allow 4 blocks (16 warps) at the cost
-// of twice the K and V fragment loads per product. An experiment for the next GPU session to measure
-// (attention_vs_pytorch.sh, CHECK_STEPS=ncu) before it becomes the default. The same products and sums in the same
-// order; a row's tiles may take the masked copy of the softmax where 32 rows took the unmasked one (or back), which
-// may differ in the last bit of P before its bf16 rounding.
-bool forward_rows16() { return env_is("GPT_ATTENTION_FWD_ROWS", "16"); }
+// The forward at D <= 64 without dropout takes 16 query rows per warp, 64 per block, unless GPT_ATTENTION_FWD_ROWS=32
+// (read at each launch) asks for the 32 and 128 of the other cases. On an H200 the 32-row kernel ran at 12% occupancy
+// (8 warps per SM, held by registers and shared memory) with no warp eligible in 54% of cycles; 16 rows allow 4 blocks
+// (16 warps) at the cost of twice the K and V fragment loads per product. Measured there at GPT-2 124M's shape
+// (gpu_vs_pytorch.sh, with the lean backward below): 470,630 tokens/s against 458,177 with both off. The same products
+// and sums in the same order; a row's tiles may take the masked copy of the softmax where 32 rows took the unmasked
+// one (or back), which may differ in the last bit of P before its bf16 rounding.
+bool forward_rows16() { return !env_is("GPT_ATTENTION_FWD_ROWS", "32"); }
 
 template <int D>
 void forward_impl(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, const DropoutMask& drop,
@@ -803,18 +908,47 @@ void forward_impl(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, i
   forward_launch<D, false>(out, lse, qkv, B, T, C, NH, drop, stream);
 }
 
-// GPT_ATTENTION_BWD_BLOCKS=3 (read at each launch): the backward at D <= 64 without dropout in its lean kernels, 3
-// blocks (12 warps) per SM against 2. On an H200 both backward kernels ran at 12% occupancy with no warp eligible in
-// 61% of cycles. The dK/dV kernel then streams 32-query tiles and reads K and V from shared memory per tile (as at
-// D = 128); the dQ kernel is the same code under a tighter register bound. An experiment for the next GPU session to
-// measure, like GPT_ATTENTION_FWD_ROWS; the same products and sums in the same order.
-bool backward_blocks3() { return env_is("GPT_ATTENTION_BWD_BLOCKS", "3"); }
+// The backward at D <= 64 without dropout runs its lean kernels, 3 blocks (12 warps) per SM, unless
+// GPT_ATTENTION_BWD_BLOCKS=2 (read at each launch) asks for the 2 of the other cases. On an H200 both 2-block
+// backward kernels ran at 12% occupancy with no warp eligible in 61% of cycles. The lean dK/dV kernel streams 32-query
+// tiles and reads K and V from shared memory per tile (as at D = 128); the lean dQ kernel is the same code under a
+// tighter register bound. Measured with the 16-row forward above; the same products and sums in the same order.
+bool backward_blocks3() { return !env_is("GPT_ATTENTION_BWD_BLOCKS", "2"); }
 
+// GPT_ATTENTION_DQ=recompute (read at each launch): the lean backward's dQ kernel recomputes S, P and dP from Q, K,
+// V and dO even where the scratch keeps dS^T (attention_backward_q_ds_kernel), as the other configurations always do.
+bool dq_from_kept_ds() { return !env_is("GPT_ATTENTION_DQ", "recompute"); }
+
+// ds (lean kernels only; null: none kept): the dK/dV kernel writes dS^T there and the dQ kernel reads it.
 template <int D, bool kLean>
 void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec, int B, int T,
-                     int C, int NH, const DropoutMask& drop, cudaStream_t stream) {
+                     int C, int NH, const DropoutMask& drop, bf16* ds, cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
   const float keep = keep_scale(drop);
+  if constexpr (kLean) {
+    if (ds != nullptr) {
+      const int64_t ds_ld = cuda_workspace::attention_ds_stride(T);
+      {
+        using Cfg = BwdKvCfg<D, true>;
+        constexpr size_t smem = Cfg::kBytes;
+        const auto kernel = attention_backward_kv_ds_kernel<D>;
+        set_smem(kernel, smem);
+        prefer_shared_memory(kernel);
+        const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BK)), static_cast<unsigned>(B * NH));
+        kernel<<<grid, kThreads, smem, stream>>>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep, ds,
+                                                 ds_ld);
+        GPT_CUDA_CHECK_LAUNCH();
+      }
+      using Cfg = BwdQDsCfg<D>;
+      constexpr size_t smem = Cfg::kBytes;
+      const auto kernel = attention_backward_q_ds_kernel<D>;
+      set_smem(kernel, smem);
+      const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
+      kernel<<<grid, kThreads, smem, stream>>>(dqkv, qkv, ds, ds_ld, T, C, NH, scale);
+      GPT_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   {
     using Cfg = BwdKvCfg<D, kLean>;
     constexpr size_t smem = Cfg::kBytes;
@@ -851,14 +985,14 @@ void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* 
 
 template <int D>
 void backward_impl(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec, int B, int T,
-                   int C, int NH, const DropoutMask& drop, cudaStream_t stream) {
+                   int C, int NH, const DropoutMask& drop, bf16* ds, cudaStream_t stream) {
   if constexpr (D <= 64) {
     if (!drop.active() && backward_blocks3()) {
-      backward_launch<D, true>(dqkv, dob, qkv, lse, dvec, B, T, C, NH, drop, stream);
+      backward_launch<D, true>(dqkv, dob, qkv, lse, dvec, B, T, C, NH, drop, dq_from_kept_ds() ? ds : nullptr, stream);
       return;
     }
   }
-  backward_launch<D, false>(dqkv, dob, qkv, lse, dvec, B, T, C, NH, drop, stream);
+  backward_launch<D, false>(dqkv, dob, qkv, lse, dvec, B, T, C, NH, drop, nullptr, stream);
 }
 
 }  // namespace
@@ -870,7 +1004,8 @@ size_t attention_mma_smem_bytes(int C, int NH) {
   size_t bytes = 0;
   with_head_size(C / NH, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    bytes = std::max({FwdCfg<D, false>::kBytes, FwdCfg<D, true>::kBytes, BwdKvCfg<D>::kBytes, BwdQCfg<D>::kBytes});
+    bytes = std::max({FwdCfg<D, false>::kBytes, FwdCfg<D, true>::kBytes, BwdKvCfg<D>::kBytes, BwdQCfg<D>::kBytes,
+                      BwdQDsCfg<D>::kBytes});
   });
   return bytes;
 }
@@ -886,9 +1021,8 @@ void attention_forward_mma(TensorPtr out, float* lse, ConstTensorPtr qkv, int B,
   });
 }
 
-size_t attention_backward_mma_scratch_bytes(int B, int T, int C, int NH) {
-  (void)C;
-  return cuda_workspace::attention_backward(B, T, NH);  // D; dO comes in bf16
+size_t attention_backward_mma_scratch_bytes(int B, int T, int C, int NH, bool dropout) {
+  return cuda_workspace::attention_backward_mma(B, T, C, NH, dropout);  // D (dO comes in bf16), dS^T
 }
 
 void attention_backward_mma(TensorPtr dqkv, const bf16* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
@@ -907,8 +1041,13 @@ void attention_backward_mma(TensorPtr dqkv, const bf16* dout, ConstTensorPtr qkv
     attention_prep_mma_kernel<<<grid, kPrepThreads, 0, stream>>>(dvec, dout, out.as_bf16(), rows, T, C, NH, hs);
     GPT_CUDA_CHECK_LAUNCH();
   }
+  // dS^T where the scratch keeps it (attention_backward_mma_scratch_bytes), after D.
+  bf16* ds = cuda_workspace::attention_ds_kept(B, T, C, NH, drop.active())
+                 ? reinterpret_cast<bf16*>(static_cast<char*>(scratch) +
+                                           cuda_workspace::align_up(cuda_workspace::attention_backward(B, T, NH)))
+                 : nullptr;
   with_head_size(hs, [&](auto d) {
-    backward_impl<decltype(d)::value>(dqkv.as_bf16(), dout, qkv.as_bf16(), lse, dvec, B, T, C, NH, drop, stream);
+    backward_impl<decltype(d)::value>(dqkv.as_bf16(), dout, qkv.as_bf16(), lse, dvec, B, T, C, NH, drop, ds, stream);
   });
 }
 

@@ -28,8 +28,9 @@ size_t attention_mma_smem_bytes(int C, int NH);
 void attention_forward_mma(TensorPtr out, float* lse, ConstTensorPtr qkv, int B, int T, int C, int NH,
                            const DropoutMask& drop, cudaStream_t stream);
 
-// The backward's scratch: D (B,NH,T floats).
-size_t attention_backward_mma_scratch_bytes(int B, int T, int C, int NH);
+// The backward's scratch: D (B,NH,T floats), and at head size 32 or 64 without dropout dS^T (bf16, B NH Tp^2, Tp =
+// T rounded up to 64), unless that passes cuda_workspace::kAttentionDsMaxBytes.
+size_t attention_backward_mma_scratch_bytes(int B, int T, int C, int NH, bool dropout);
 
 // dqkv(B,T,3C) bf16 (overwritten) from dout(B,T,C) bf16, forward's out (bf16) and lse. REQUIRES
 // attention_mma_supported(C, NH), 16-byte aligned dqkv, dout, qkv, out and scratch of

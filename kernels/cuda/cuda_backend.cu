@@ -573,7 +573,8 @@ void CudaBackend::attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstT
   switch (path) {
     case AttentionPath::kMma:
       cuda::attention_backward_mma(dqkv, dob, qkv, out, att, B, T, C, NH, drop,
-                                   scratch(cuda::attention_backward_mma_scratch_bytes(B, T, C, NH)), stream_);
+                                   scratch(cuda::attention_backward_mma_scratch_bytes(B, T, C, NH, drop.active())),
+                                   stream_);
       break;
     case AttentionPath::kWmma:
       cuda::attention_backward_tc(dqkv, dob, qkv, out, att, B, T, C, NH, drop,

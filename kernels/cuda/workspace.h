@@ -35,6 +35,25 @@ inline size_t matmul_backward(int64_t N, int OC) { return static_cast<size_t>(ce
 
 // attention.cu, attention_tc.cu and attention_mma.cu: the backward's D = rowsum(dO * O), one float per (B, NH, T).
 inline size_t attention_backward(int B, int T, int NH) { return static_cast<size_t>(B) * NH * T * 4; }
+// attention_mma.cu's backward at head size 32 or 64 without dropout (its lean kernels) also keeps dS^T: the dK/dV
+// kernel writes it (bf16, keys x queries, Tp x Tp per (b, h), Tp = T rounded up to 64; only the blocks at and below
+// the diagonal) and the dQ kernel reads it instead of recomputing S, P and dP (three products of its four). Up to
+// kAttentionDsMaxBytes (GPT-2 124M at batch 16: 403 MB); past it the dQ kernel recomputes.
+constexpr size_t kAttentionDsMaxBytes = size_t{1} << 30;
+inline int64_t attention_ds_stride(int64_t T) { return ceil_div(T, 64) * 64; }
+inline size_t attention_ds_bytes(int B, int T, int NH) {
+  const auto tp = static_cast<size_t>(attention_ds_stride(T));
+  return static_cast<size_t>(B) * NH * tp * tp * 2;
+}
+inline bool attention_ds_kept(int B, int T, int C, int NH, bool dropout) {
+  return NH > 0 && C % NH == 0 && (C / NH == 32 || C / NH == 64) && !dropout &&
+         attention_ds_bytes(B, T, NH) <= kAttentionDsMaxBytes;
+}
+// The mma.sync backward's whole scratch: D, then (where kept) dS^T at the next 256-byte boundary.
+inline size_t attention_backward_mma(int B, int T, int C, int NH, bool dropout) {
+  return attention_ds_kept(B, T, C, NH, dropout) ? align_up(attention_backward(B, T, NH)) + attention_ds_bytes(B, T, NH)
+                                                 : attention_backward(B, T, NH);
+}
 
 // embedding.cu: three int32 arrays of B*T (keys, sorted keys, sorted positions) before cub's sort storage,
 // whose size cub reports at run time (embedding_backward_scratch_bytes adds it).
@@ -78,6 +97,12 @@ inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedd
                         matmul_backward(N, static_cast<int>(4 * C)),  // the widest bias gradient: the fc's
                         attention_backward(static_cast<int>(d.B), static_cast<int>(d.T), static_cast<int>(d.NH)),
                         sum_squares()});
+  // The mma.sync attention backward's dS^T: bf16 compute only (the kernels that keep it are bf16 ones; reserved for
+  // them whichever attention kernels run).
+  if (bf16_compute) {
+    a.scratch = std::max(a.scratch, attention_backward_mma(static_cast<int>(d.B), static_cast<int>(d.T),
+                                                           static_cast<int>(d.C), static_cast<int>(d.NH), d.dropout));
+  }
   if (bf16_compute) {
     // Gpt stores every GEMM input activation in bf16, and under bf16 compute every ShardedParams strategy holds the
     // parameters in bf16 (param_dtype bf16): the input and weight areas are for fp32 callers only (grown on use).

@@ -16,8 +16,9 @@
 # Every step has a timeout and the whole check a budget (CHECK_BUDGET_S, 460 s), so it ends inside 8 minutes.
 # Full output: $OUT/check.log (the device tool brings $OUT back), or /tmp/gpt-check/check.log.
 #   CHECK_STEPS="parity nccl train"  # run only these (of: parity nccl train memcheck racecheck bench attention ncu)
-# ncu (not in the default steps): Nsight Compute on the three mma.sync attention kernels at GPT-2 124M's shape, then
-# on them under GPT_ATTENTION_FWD_ROWS=16 GPT_ATTENTION_BWD_BLOCKS=3 (the occupancy experiments; attention_mma.cu):
+# ncu (not in the default steps): Nsight Compute on the three mma.sync attention kernels at GPT-2 124M's shape (the
+# 16-row forward and lean backward), then on the 2-block ones under GPT_ATTENTION_FWD_ROWS=32
+# GPT_ATTENTION_BWD_BLOCKS=2 (attention_mma.cu):
 # duration, registers, occupancy, issue slots, stalls; the whole reports in $OUT/ncu_attention.txt, about 40 s.
 # Without a GPU (e.g. here) the GPU steps SKIP, saying why; with one visible, a test that skips is a FAIL.
 set -uo pipefail
@@ -390,11 +391,12 @@ if [[ " ${CHECK_STEPS:-} " == *" ncu "* ]]; then
               --section WarpStateStats --section ComputeWorkloadAnalysis --section SchedulerStats
               --section MemoryWorkloadAnalysis --section InstructionStats)
     attn_args=(--device cuda --dtype bf16 --batch 16 --seq 1024 --embd 768 --heads 12 --iters 1 --warmup 0)
-    run_step "ncu_rows16" 60 env GPT_ATTENTION_FWD_ROWS=16 GPT_ATTENTION_BWD_BLOCKS=3 "$ncu_bin" "${ncu_args[@]}" \
+    run_step "ncu_rows16" 60 "$ncu_bin" "${ncu_args[@]}" \
       --kernel-name regex:'attention_(forward_mma16|backward_kv_mma3|backward_q_mma3)' --launch-count 3 "$ATTN_BENCH" \
       "${attn_args[@]}"
     rows16=$OUTF rows16_rc=$RC
-    run_step "ncu" 90 "$ncu_bin" "${ncu_args[@]}" --kernel-name regex:'attention_(forward|backward_kv|backward_q)_mma' \
+    run_step "ncu" 90 env GPT_ATTENTION_FWD_ROWS=32 GPT_ATTENTION_BWD_BLOCKS=2 "$ncu_bin" "${ncu_args[@]}" \
+      --kernel-name regex:'attention_(forward|backward_kv|backward_q)_mma_' \
       --launch-count 3 "$ATTN_BENCH" "${attn_args[@]}"
     cat "$OUTF" "$rows16" > "$LOGDIR/ncu_attention.txt" 2> /dev/null
     [ "$rows16_rc" = 0 ] || RC=$rows16_rc

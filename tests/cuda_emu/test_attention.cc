@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -303,7 +304,7 @@ void run_mma(int B, int NH, int hs, int T, float p) {
   Buf<gpt::bf16> out[2] = {Buf<gpt::bf16>(nout), Buf<gpt::bf16>(nout)},
                  dqkv[2] = {Buf<gpt::bf16>(nqkv), Buf<gpt::bf16>(nqkv)};
   Buf<float> lse[2] = {Buf<float>(nlse), Buf<float>(nlse)};
-  const size_t scratch_bytes = emu::attention_backward_mma_scratch_bytes(B, T, C, NH);
+  const size_t scratch_bytes = emu::attention_backward_mma_scratch_bytes(B, T, C, NH, drop.active());
   for (int r = 0; r < 2; ++r) {
     Buf<unsigned char> scratch(scratch_bytes);
     std::memset(scratch.p, 0xff, scratch_bytes);  // NaN as fp32 and as bf16
@@ -368,4 +369,11 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
   // only warp 0 has rows) is odd for the second head and the emulator runs its warps last to first.
   run_mma(1, 2, 32, 260, 0.0f);
   run_mma(1, 2, 128, 200, 0.0f);
+  // At head sizes 32 and 64 without dropout the dK/dV kernel keeps dS^T in the scratch (poisoned NaN: the dQ kernel
+  // must read only the blocks it wrote) and the dQ kernel multiplies it; GPT_ATTENTION_DQ=recompute recomputes it there
+  // as the other configurations do.
+  ::setenv("GPT_ATTENTION_DQ", "recompute", 1);
+  run_mma(1, 1, 64, 150, 0.0f);
+  run_mma(1, 2, 32, 260, 0.0f);
+  ::unsetenv("GPT_ATTENTION_DQ");
 }

@@ -974,28 +974,38 @@ TEST_CASE("parity: tensor-core attention (bf16 compute) against the CPU's fp32",
   gpu->set_compute_dtype(DType::kF32);
 }
 
-// The mma.sync kernels' occupancy experiments at head sizes 32 and 64 without dropout: GPT_ATTENTION_FWD_ROWS=16
-// (the forward with 16 query rows per warp, 4 blocks per SM) and GPT_ATTENTION_BWD_BLOCKS=3 (the backward's lean
-// kernels, 3 blocks per SM), against the CPU's fp32 as the default kernels are, T off and on the tiles; and with
-// dropout, where the variables change nothing (the default kernels run).
-TEST_CASE("parity: tensor-core attention's occupancy experiments (16 rows per warp, 3 backward blocks)", "[cuda]") {
-  Backend* gpu = cuda_or_skip("attention occupancy experiments");
+// The mma.sync kernels' configurations at head sizes 32 and 64 without dropout that the defaults there replaced:
+// GPT_ATTENTION_FWD_ROWS=32 (the forward with 32 query rows per warp, 2 blocks per SM) with GPT_ATTENTION_BWD_BLOCKS=2
+// (the backward's 2-block kernels, K and V kept in registers); and GPT_ATTENTION_DQ=recompute (the lean backward's dQ
+// kernel recomputing S, P and dP instead of reading the dS^T its dK/dV kernel kept). Against the CPU's fp32 as the
+// default kernels are, T off and on the tiles; and with dropout, where the variables change nothing (the dropout
+// kernels run either way).
+TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, or dQ recomputed)", "[cuda]") {
+  Backend* gpu = cuda_or_skip("attention's other configurations");
   if (!gpu) return;
   gpu->set_compute_dtype(DType::kBF16);
-  ::setenv("GPT_ATTENTION_FWD_ROWS", "16", 1);
-  ::setenv("GPT_ATTENTION_BWD_BLOCKS", "3", 1);
   using Shape = AttentionShape;
   std::vector<Shape> shapes = {Shape{1, 1, 64, 2}, Shape{2, 65, 128, 2}, Shape{1, 130, 64, 2}, Shape{2, 128, 128, 2},
                                Shape{1, 97, 128, 2}};
   if (gpu_sized_shapes()) shapes.push_back(Shape{1, 1024, 768, 12});
-  for (const Shape s : shapes) {
-    for (float p : {0.0f, 0.2f}) {
-      CAPTURE(s.B, s.T, s.C, s.NH, p);
-      compare_attention_bf16(*gpu, s, mask(p, 24680), 33, 2e-2, "mma attention, occupancy experiments");
+  for (const bool two_blocks : {true, false}) {
+    CAPTURE(two_blocks);
+    if (two_blocks) {
+      ::setenv("GPT_ATTENTION_FWD_ROWS", "32", 1);
+      ::setenv("GPT_ATTENTION_BWD_BLOCKS", "2", 1);
+    } else {
+      ::setenv("GPT_ATTENTION_DQ", "recompute", 1);
     }
+    for (const Shape s : shapes) {
+      for (float p : {0.0f, 0.2f}) {
+        CAPTURE(s.B, s.T, s.C, s.NH, p);
+        compare_attention_bf16(*gpu, s, mask(p, 24680), 33, 2e-2, "mma attention, other configurations");
+      }
+    }
+    ::unsetenv("GPT_ATTENTION_FWD_ROWS");
+    ::unsetenv("GPT_ATTENTION_BWD_BLOCKS");
+    ::unsetenv("GPT_ATTENTION_DQ");
   }
-  ::unsetenv("GPT_ATTENTION_FWD_ROWS");
-  ::unsetenv("GPT_ATTENTION_BWD_BLOCKS");
   gpu->set_compute_dtype(DType::kF32);
 }
 
