@@ -40,10 +40,13 @@
 # run.threads and PyTorch's),
 # PARAM_DTYPE (auto: bf16 on cuda when this binary's parallel.param_dtype also makes the GEMMs bf16, else fp32),
 # GPT_TRAIN_SET (extra "key=value" overrides for gpt-train, space-separated), VARIANTS (more gpt-train runs after the
-# table, ";"-separated, each a space-separated list of overrides on top of GPT_TRAIN_SET, e.g. "run.gelu_fusion=full";
+# table, ";"-separated, each a space-separated list of overrides on top of GPT_TRAIN_SET, e.g. "run.gelu_fusion=full",
+# where a word with an upper-case name (GPT_ATTENTION_FWD_ROWS=32) is put in that run's environment instead;
 # default, when the run is bf16 on cuda and this binary has the keys: run.attention_kernel=wmma (the older attention
-# kernels beside the default mma.sync ones), run.gelu_fusion=none and =forward (the base run has auto: full); "" =
-# none),
+# kernels beside the default mma.sync ones), run.gelu_fusion=none and =forward (the base run has auto: full); then
+# the 2-block attention kernels (GPT_ATTENTION_FWD_ROWS=32 GPT_ATTENTION_BWD_BLOCKS=2), the lean backward's dQ kernel
+# recomputing dS instead of reading the one its dK/dV kernel kept (GPT_ATTENTION_DQ=recompute), and the bias gradients
+# by the weight-gradient GEMMs' epilogue instead of kernels (GPT_GEMM_BGRAD=1); "" = none),
 # VARIANT_TIMEOUT (60 s each), TIME_LIMIT (0; else seconds from the start: each side's timeout is cut to what is
 # left of it less 15 s for the table, and the profile run and each variant start only if their timeout still fits,
 # else say they were skipped), PROFILE_STEPS (on cuda 4, else 0 = none: after the table, a run of one step more under
@@ -53,8 +56,9 @@
 # prints both sides' device time per step by kind: GEMMs, attention, cross-entropy, optimizer, the rest),
 # GPT_TRAIN_CUDA_PROFILE (passed
 # through; when 1 the whole gpt-train log, with its per-op table, is printed), KEEP=1 keeps the temp dir.
-# GPT_GEMM_ALGOS=N, GPT_ATTENTION_FWD_ROWS=16 and GPT_ATTENTION_BWD_BLOCKS=3 (the CUDA experiments in kernels/cuda)
-# pass through to gpt-train too; under GPT_GEMM_ALGOS its per-shape timings are printed after its log's last lines.
+# GPT_GEMM_ALGOS=N, GPT_GEMM_BGRAD=1, GPT_GEMM_SPLITK=S, GPT_ATTENTION_FWD_ROWS=32, GPT_ATTENTION_BWD_BLOCKS=2 and
+# GPT_ATTENTION_DQ=recompute (the CUDA switches in kernels/cuda) pass through to gpt-train too; under GPT_GEMM_ALGOS
+# (and GPT_GEMM_SPLITK) its per-shape timings are printed after its log's last lines.
 # Budget: under 4 minutes on one H200 with the defaults before the variants (the two timeouts sum to 210 s), each
 # variant at most VARIANT_TIMEOUT more. Exit status: 0; 1 when a side failed or timed out (after all the output);
 # 2 for a bad setting.
@@ -167,6 +171,9 @@ if [[ -z ${VARIANTS+set} ]]; then
     grep -q '^  attention_kernel ' <<<"$HELP_CONFIG" && VARIANTS="run.attention_kernel=wmma"
     grep -q '^  gelu_fusion ' <<<"$HELP_CONFIG" &&
       VARIANTS="${VARIANTS:+$VARIANTS;}run.gelu_fusion=none;run.gelu_fusion=forward"  # the default: full
+    # kernels/cuda's switches back to what the defaults replaced (a binary without them runs its defaults again).
+    VARIANTS="${VARIANTS:+$VARIANTS;}GPT_ATTENTION_FWD_ROWS=32 GPT_ATTENTION_BWD_BLOCKS=2;GPT_ATTENTION_DQ=recompute"
+    VARIANTS="$VARIANTS;GPT_GEMM_BGRAD=1"
   fi
 fi
 GPT_DIR=$TMP/gpt-run
@@ -233,7 +240,8 @@ elif ((GPT_OK)); then
   echo "--- gpt-train log, last 8 lines ($GPT_WALL s) ---"
   tail -n 8 "$TMP/gpt.log"
   # GPT_GEMM_ALGOS=N (kernels/cuda/matmul.cu): each GEMM shape's timed algorithms and the one chosen.
-  grep -h 'GPT_GEMM_ALGOS:' "$TMP/gpt.log" | sed 's/^.*GPT_GEMM_ALGOS: /  gemm algorithms: /' | cut -c1-220 || true
+  grep -h 'GPT_GEMM_ALGOS:\|GPT_GEMM_SPLITK:' "$TMP/gpt.log" | sed 's/^.*GPT_GEMM_\(ALGOS\|SPLITK\): /  gemm algorithms: /' |
+    cut -c1-2000 || true
 else
   echo "--- gpt-train FAILED: $(why "$GPT_RC" "$GPT_TIMEOUT") after $GPT_WALL s; last 30 lines of its log ---"
   tail -n 30 "$TMP/gpt.log"
@@ -425,10 +433,13 @@ for variant in "${VARIANT_LIST[@]}"; do
   VDIR=$TMP/variant
   rm -rf "$VDIR"
   VARGS=("${GPT_ARGS[@]}" --set "run.out_dir=$VDIR")
-  for kv in $variant; do VARGS+=(--set "$kv"); done
+  VENV=()  # NAME=value words (an upper-case name): environment of this run, e.g. GPT_ATTENTION_FWD_ROWS=32
+  for kv in $variant; do
+    if [[ $kv =~ ^[A-Z_][A-Z0-9_]*= ]]; then VENV+=("$kv"); else VARGS+=(--set "$kv"); fi
+  done
   V_RC=0
   T0=$(date +%s)
-  timeout -k 5 "$VARIANT_TIMEOUT" "$GPT_TRAIN" train --config "$TMP/gpt.yaml" "${VARGS[@]}" >"$TMP/variant.log" 2>&1 ||
+  env "${VENV[@]}" timeout -k 5 "$VARIANT_TIMEOUT" "$GPT_TRAIN" train --config "$TMP/gpt.yaml" "${VARGS[@]}" >"$TMP/variant.log" 2>&1 ||
     V_RC=$?
   V_WALL=$(($(date +%s) - T0))
   if ((V_RC != 0)); then
@@ -450,6 +461,8 @@ print(f"  [{variant}] {tok:,.0f} tokens/s, {ms:.1f} ms/step, MFU {100 * tok * re
       f" {vs(ref['gpt_tok'])} the run above, {vs(ref['torch_tok'])} PyTorch, peak {mem / 2**30:.2f} GiB ({wall} s)")
 EOF
   then :; else echo "  [$variant] ran, but its metrics.jsonl could not be read"; fi
+  grep -h 'GPT_GEMM_ALGOS:\|GPT_GEMM_SPLITK:' "$TMP/variant.log" |
+    sed 's/^.*GPT_GEMM_\(ALGOS\|SPLITK\): /    gemm algorithms: /' | cut -c1-2000 || true
 done
 # Exit status 1 when a side failed (its table cell says "failed"), after everything above has been printed.
 ((GPT_OK && TORCH_OK)) || exit 1
