@@ -35,7 +35,7 @@ inline size_t matmul_backward(int64_t N, int OC) { return static_cast<size_t>(ce
 
 // attention.cu, attention_tc.cu and attention_mma.cu: the backward's D = rowsum(dO * O), one float per (B, NH, T).
 inline size_t attention_backward(int B, int T, int NH) { return static_cast<size_t>(B) * NH * T * 4; }
-// attention_mma.cu's backward at head size 32 or 64 without dropout (its lean kernels) also keeps dS^T: the dK/dV
+// attention_mma_backward.cu at head size 32 or 64 without dropout (its lean kernels) also keeps dS^T: the dK/dV
 // kernel writes it (bf16, keys x queries, Tp x Tp per (b, h), Tp = T rounded up to 64; only the blocks at and below
 // the diagonal) and the dQ kernel reads it instead of recomputing S, P and dP (three products of its four). Up to
 // kAttentionDsMaxBytes (GPT-2 124M at batch 16: 403 MB); past it the dQ kernel recomputes.
