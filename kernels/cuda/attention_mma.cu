@@ -11,8 +11,8 @@
 //    of one matrix then fall in distinct banks. Tiles come from global memory by cp.async, 16 bytes per copy,
 //    zero-filled past T; the streamed operand (K, V in the forward and the dQ kernel; Q, dO in the dK/dV kernel)
 //    is double-buffered: the next tile's copies are in flight while this one is computed.
-//  - Every block has 4 warps; each warp owns whole rows of the products it accumulates (32 query rows in the
-//    forward, 16 with dropout at D = 128; 16 keys in dK/dV, 16 queries in dQ), so sums run in a fixed order and no
+//  - Every block has 4 warps; each warp owns whole rows of the products it accumulates (16 or 32 query rows in the
+//    forward: forward_rows16; 16 keys in dK/dV, 16 queries in dQ), so sums run in a fixed order and no
 //    two warps write one element: deterministic, no atomics. The forward keeps Q's fragments in registers at
 //    D <= 64 and reads them from shared memory per tile at D = 128, as FlashAttention-2 does there.
 //  - The backward takes dO in bf16 (the model's; CudaBackend rounds an fp32 one first) and first writes

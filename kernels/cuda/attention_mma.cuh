@@ -22,7 +22,8 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr size_t align128(size_t x) { return (x + 127) / 128 * 128; }
 
 // Shared layouts, in bytes (every tile 128-byte aligned). LD: a tile's row stride in bf16 elements.
-// kRows: query rows per warp, 32 (two 16-row m-tiles) by default; 16 at D = 128 with dropout, and on request (below).
+// kRows: query rows per warp: kDefaultFwdRows, 32 (two 16-row m-tiles), or 16 at D = 128 with dropout; and 16 by the
+// forward's choice at D <= 64 without dropout (attention_mma.cu's forward_rows16, the default there).
 template <int D, bool kDrop>
 constexpr int kDefaultFwdRows = D <= 64 || !kDrop ? 32 : 16;
 template <int D, bool kDrop, int kRows = kDefaultFwdRows<D, kDrop>>
@@ -38,8 +39,8 @@ struct FwdCfg {
   static constexpr size_t kBytes = kKV + 4 * kTile;
 };
 
-// kLean (the default at D <= 64 without dropout; backward_blocks3 below): 32-query tiles and K, V read from shared
-// memory at every head size, as at D = 128, for fewer registers.
+// kLean (the default at D <= 64 without dropout; attention_mma_backward.cu's backward_blocks3): 32-query tiles and K, V
+// read from shared memory at every head size, as at D = 128, for fewer registers.
 template <int D, bool kLean = false>
 struct BwdKvCfg {
   static constexpr int BK = kWarps * 16, BQ = D <= 64 && !kLean ? 64 : 32, LD = D + 8;

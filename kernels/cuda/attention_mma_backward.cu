@@ -52,8 +52,8 @@ __global__ void attention_prep_mma_kernel(float* dvec, const bf16* dout, const b
 // dK, dV for one 64-key tile of one (b, h); warp w owns keys k0 + 16 w.. and sums over the query tiles in
 // ascending order, on transposed scores S^T = K Q^T (keys x queries), as attention_tc.cu.
 // kStoreDs: also dS^T (not yet times scale, bf16 as the dK product takes it) into ds (row stride ds_ld; rows: keys,
-// columns: queries; this (b, h)'s block first) for attention_backward_q_ds, each 16 x 16 block at or below the
-// diagonal (the masked elements of the diagonal's blocks 0), no other.
+// columns: queries; this (b, h)'s block first) for attention_backward_q_ds: each 16 x 16 block whose queries do not
+// precede its keys (dS's blocks at and below its diagonal; the masked elements of the diagonal's blocks 0), no other.
 template <int D, bool kDrop, bool kLean, bool kStoreDs = false>
 __device__ __forceinline__ void attention_backward_kv_mma(bf16* dqkv, const bf16* dob, const bf16* qkv,
                                                           const float* lse, const float* dvec, int T, int C, int NH,
@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 4)
 
   auto stage_ds = [&](int s) { return reinterpret_cast<bf16*>(smem_raw + s * Cfg::kStageBytes); };
   auto stage_k = [&](int s) { return reinterpret_cast<bf16*>(smem_raw + s * Cfg::kStageBytes + Cfg::kDsTile); };
-  // Rows of the dS^T tile past ds_ld are not read (zero-filled): ds_ld >= T rounded up to 64 holds every key tile.
+  // ds_ld (T rounded up to 64) holds every key tile whole: no row of a dS^T tile is past it.
   copy_tile_async<BK, BQ, LDS>(stage_ds(0), ds_bh, ds_ld, 0, static_cast<int>(ds_ld));
   copy_tile_async<BK, D, LD>(stage_k(0), k, C3, 0, T);
   cp_async_commit();
@@ -413,7 +413,8 @@ __global__ void __launch_bounds__(kThreads, 4)
 // GPT_ATTENTION_BWD_BLOCKS=2 (read at each launch) asks for the 2 of the other cases. On an H200 both 2-block
 // backward kernels ran at 12% occupancy with no warp eligible in 61% of cycles. The lean dK/dV kernel streams 32-query
 // tiles and reads K and V from shared memory per tile (as at D = 128); the lean dQ kernel is the same code under a
-// tighter register bound. Measured with the 16-row forward above; the same products and sums in the same order.
+// tighter register bound. Measured with attention_mma.cu's 16-row forward; the same products and sums in the same
+// order.
 bool backward_blocks3() { return !env_is("GPT_ATTENTION_BWD_BLOCKS", "2"); }
 
 // GPT_ATTENTION_DQ=recompute (read at each launch): the lean backward's dQ kernel recomputes S, P and dP from Q, K,
@@ -444,6 +445,7 @@ void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* 
       constexpr size_t smem = Cfg::kBytes;
       const auto kernel = attention_backward_q_ds_kernel<D>;
       set_smem(kernel, smem);
+      prefer_shared_memory(kernel);  // 4 blocks of 36 KB at D = 64: past the default carveout (135 KB on the H200)
       const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
       kernel<<<grid, kThreads, smem, stream>>>(dqkv, qkv, ds, ds_ld, T, C, NH, scale);
       GPT_CUDA_CHECK_LAUNCH();

@@ -39,11 +39,11 @@ constexpr size_t kWorkspaceBytes = cuda_workspace::kCublasLtBytes;
 // GEMM shape times the heuristic's first N algorithms, three calls each after one warm-up, keeps the fastest and logs
 // every time with the algorithm's configuration (id, tile, split-K and its reduction, stages, cluster) and the
 // heuristic's wave count. The weight gradients accumulate into their output (beta 1): for them the output is saved
-// to a temporary device buffer before the timing and put back after it. On an H200 some shapes ran far below the
-// others (the GELU-epilogue GEMMs at 502 TFLOP/s where the same shapes ran at 727-779 unfused; the weight gradients
-// of the attention projection at about 320): this says whether cuBLASLt has faster algorithms for them. Off by
-// default: the choice depends on timings, so it can differ between runs and ranks, and with it the last bits of the
-// results.
+// to a temporary device buffer (cudaMalloc'd there, outside the memory plan) before the timing and put back after it.
+// On an H200 some shapes ran far below the others (the GELU-epilogue GEMMs at 502 TFLOP/s where the same shapes ran at
+// 727-779 unfused; the weight gradients of the attention projection at about 320): this says whether cuBLASLt has
+// faster algorithms for them. Off by default: the choice depends on timings, so it can differ between runs and ranks,
+// and with it the last bits of the results.
 int gemm_algos_to_time() {
   const char* v = std::getenv("GPT_GEMM_ALGOS");
   if (v == nullptr) return 1;
@@ -53,7 +53,8 @@ int gemm_algos_to_time() {
 // GPT_GEMM_SPLITK=S (2..16): an experiment for a GPU session: the weight-gradient GEMMs (beta 1) take the heuristic's
 // algorithm with S k-splits, reduced in fp32 in a separate deterministic step (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE),
 // where cuBLASLt's check accepts that configuration (else the heuristic's as it is, logged). Their outputs are small
-// (768 x 768 for the attention projection: 36 tiles of 128 x 128 for 132 SMs) and their k long (the B*T rows).
+// (768 x 768 for the attention projection: 36 tiles of 128 x 128 for 132 SMs) and their k long (the B*T rows). Under
+// GPT_GEMM_ALGOS too, the timing then chooses among the heuristic's own algorithms (without the k-splits).
 int gemm_splitk() {
   const char* v = std::getenv("GPT_GEMM_SPLITK");
   if (v == nullptr) return 1;
@@ -198,6 +199,7 @@ Matmul::~Matmul() {
 // Column-major C(m,n) = op(A) op(B) + beta C [+ bias(m) broadcast over columns]; C fp32, or bf16 (beta 0, and a bias
 // only through the epilogue: the bf16 result is rounded once, from the fp32 sum with the bias). act kGeluAux: C =
 // GELU(sum) and aux (m, n; ld ldc, C's type) = the sum; kDGelu: C = GELU'(aux) * sum (aux read); both bf16 only.
+// kBGradB: `bias` is an output (kernels.h); false then where cuBLASLt has no algorithm for it (nothing ran).
 bool Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
                   const void* b, int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc, float beta,
                   const void* bias, Act act, const void* aux) {

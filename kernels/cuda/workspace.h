@@ -33,11 +33,12 @@ inline size_t layernorm_backward(int64_t /*N*/, int C) {
 constexpr int kDbiasRows = 256;
 inline size_t matmul_backward(int64_t N, int OC) { return static_cast<size_t>(ceil_div(N, kDbiasRows)) * OC * 4; }
 
-// attention.cu, attention_tc.cu and attention_mma.cu: the backward's D = rowsum(dO * O), one float per (B, NH, T).
+// attention.cu, attention_tc.cu and attention_mma_backward.cu: the backward's D = rowsum(dO * O), one float per (B, NH,
+// T).
 inline size_t attention_backward(int B, int T, int NH) { return static_cast<size_t>(B) * NH * T * 4; }
 // attention_mma_backward.cu at head size 32 or 64 without dropout (its lean kernels) also keeps dS^T: the dK/dV
-// kernel writes it (bf16, keys x queries, Tp x Tp per (b, h), Tp = T rounded up to 64; only the blocks at and below
-// the diagonal) and the dQ kernel reads it instead of recomputing S, P and dP (three products of its four). Up to
+// kernel writes it (bf16, keys x queries, Tp x Tp per (b, h), Tp = T rounded up to 64; only dS's blocks at and below
+// its diagonal) and the dQ kernel reads it instead of recomputing S, P and dP (three products of its four). Up to
 // kAttentionDsMaxBytes (GPT-2 124M at batch 16: 403 MB); past it the dQ kernel recomputes.
 constexpr size_t kAttentionDsMaxBytes = size_t{1} << 30;
 inline int64_t attention_ds_stride(int64_t T) { return ceil_div(T, 64) * 64; }

@@ -439,7 +439,7 @@ for variant in "${VARIANT_LIST[@]}"; do
   done
   V_RC=0
   T0=$(date +%s)
-  env "${VENV[@]}" timeout -k 5 "$VARIANT_TIMEOUT" "$GPT_TRAIN" train --config "$TMP/gpt.yaml" "${VARGS[@]}" >"$TMP/variant.log" 2>&1 ||
+  env ${VENV[@]+"${VENV[@]}"} timeout -k 5 "$VARIANT_TIMEOUT" "$GPT_TRAIN" train --config "$TMP/gpt.yaml" "${VARGS[@]}" >"$TMP/variant.log" 2>&1 ||
     V_RC=$?
   V_WALL=$(($(date +%s) - T0))
   if ((V_RC != 0)); then
