@@ -37,6 +37,7 @@
 #endif
 #if defined(GPT_PARITY_EMULATED) || defined(GPT_WITH_CUDA)
 #include "kernels/mma_probe.h"  // in the emulator's binary its conversion (gpt::cuda_emu)
+#include "kernels/wgmma_probe.h"
 #endif
 
 namespace gpt {
@@ -1270,6 +1271,53 @@ TEST_CASE("PTX probe: mma.sync, ldmatrix, cvt.bf16x2 and cp.async follow the PTX
   CHECK(mismatches("cp.async (16 bytes, or zero-filled)", out.copied, copied) == 0);
 #else
   std::printf("SKIPPED PTX probe: built without CUDA\n");
+#endif
+}
+
+// The wgmma probe (tests/kernels/wgmma_probe.h): wgmma m64n64k16 over 128-byte-swizzled shared tiles, alone, on an
+// sm_90 GPU (the instruction exists there only) or in the emulator. Exact as above (small integers).
+TEST_CASE("wgmma probe: descriptors, swizzle and fragments follow the PTX ISA's tables", "[cuda]") {
+#if defined(GPT_PARITY_EMULATED) || defined(GPT_WITH_CUDA)
+  if (cuda_or_skip("wgmma probe") == nullptr) return;
+  if (!cuda_probe::wgmma_probe_supported()) {
+    std::printf("SKIPPED wgmma probe: the GPU is not sm_90 (wgmma is an sm_90a instruction)\n");
+    return;
+  }
+  uint32_t state = 777u;
+  auto next = [&state] { return state = state * 1664525u + 1013904223u; };
+  auto small = [&] { return static_cast<float>(static_cast<int>(next() >> 24) % 7 - 3); };  // -3 .. 3
+  auto value = [](uint16_t b) { return bf16_to_f32(bf16{b}); };
+  cuda_probe::WgmmaProbeIn in;
+  for (auto* m : {&in.a, &in.kt, &in.v, &in.at}) {
+    for (int e = 0; e < 4096; ++e) m->push_back(f32_to_bf16(small()).bits);
+  }
+  const cuda_probe::WgmmaProbeOut out = cuda_probe::run_wgmma_probe(in);
+  // D = A B over k < 64 for n < N: A = a (or at^T), B = kt^T (or v).
+  auto check = [&](const char* what, const std::vector<float>& got, int N, bool from_at, bool from_v) {
+    REQUIRE(got.size() == static_cast<size_t>(64 * N));
+    int wrong = 0;
+    for (int m = 0; m < 64; ++m) {
+      for (int n = 0; n < N; ++n) {
+        double want = 0.0;
+        for (int k = 0; k < 64; ++k) {
+          want += static_cast<double>(
+                      value(from_at ? in.at[static_cast<size_t>(k * 64 + m)] : in.a[static_cast<size_t>(m * 64 + k)])) *
+                  value(from_v ? in.v[static_cast<size_t>(k * 64 + n)] : in.kt[static_cast<size_t>(n * 64 + k)]);
+        }
+        const float g = got[static_cast<size_t>(m * N + n)];
+        if (g != static_cast<float>(want) && wrong++ < 4) {
+          std::printf("wgmma probe: %s: D[%d][%d] = %g, want %g\n", what, m, n, static_cast<double>(g), want);
+        }
+      }
+    }
+    return wrong;
+  };
+  CHECK(check("A, K-major B^T from shared memory (S = Q K^T)", out.d_ss, 64, false, false) == 0);
+  CHECK(check("A from registers, MN-major B (O = P V)", out.d_rs, 64, false, true) == 0);
+  CHECK(check("m64n32k16, K-major A and B^T from shared memory", out.d_32, 32, false, false) == 0);
+  CHECK(check("MN-major A and B from shared memory (dQ = dS K from dS^T)", out.d_tt, 64, true, true) == 0);
+#else
+  std::printf("SKIPPED wgmma probe: built without CUDA\n");
 #endif
 }
 

@@ -558,7 +558,16 @@ inline int emu_device_count() {
   const char* n = std::getenv("EMU_DEVICES");
   return n != nullptr && std::atoi(n) > 0 ? std::atoi(n) : 1;
 }
-inline int cudaSetDevice(int device) { return device >= 0 && device < emu_device_count() ? 0 : 1; }
+inline int& emu_current_device() {  // per host thread, as the CUDA runtime's current device
+  static thread_local int device = 0;
+  return device;
+}
+inline int cudaSetDevice(int device) {
+  if (device < 0 || device >= emu_device_count()) return 1;
+  emu_current_device() = device;
+  return 0;
+}
+inline int cudaGetDevice(int* device) { *device = emu_current_device(); return 0; }
 inline int cudaGetDeviceCount(int* n) { *n = emu_device_count(); return 0; }
 // Emulated device d is the same GPU in every process on this host, as device d is on a node.
 inline int cudaDeviceGetPCIBusId(char* id, int len, int device) {

@@ -135,3 +135,76 @@ inline void emu_cp_async_wait(int n) {
     }
   }
 }
+
+// wgmma (kernels/cuda/wgmma_ptx.cuh), sm_90a. Shared-window addresses are offsets in the block's dynamic shared
+// memory (smem_u32). A descriptor is decoded as the hardware reads it: 14-bit start address, LBO and SBO in 16-byte
+// units, base offset (must be 0) and swizzle mode (must be 1: 128 bytes); element addresses get the 128-byte
+// swizzle (bits 4-6 XOR bits 7-9), so a tile stored in another layout, or a descriptor with the wrong start or
+// stride, reads the wrong elements here as on a GPU. MN-major B requires LBO == SBO (the only form wgmma_ptx.cuh
+// writes; which field is the k-group stride then does not matter). The product completes at the call (the
+// asynchrony, and so a missing wgmma_wait, is not modelled); each lane computes its own 32 outputs, in double,
+// rounded once, from its warp's 16 rows of A (from shared memory, or from the warp's registers by an exchange).
+inline uint32_t emu_smem_offset(const void* p) {
+  if (!emu_in_shared(p, 1)) emu_fail("smem_u32: not an address in the block's dynamic shared memory");
+  return static_cast<uint32_t>(static_cast<const unsigned char*>(p) - reinterpret_cast<const unsigned char*>(emu_smem));
+}
+struct EmuSw128Desc {
+  uint32_t start, lbo, sbo;
+};
+inline EmuSw128Desc emu_sw128_decode(uint64_t d) {
+  if ((d >> 62) != 1) emu_fail("wgmma descriptor: swizzle mode other than 128 bytes");
+  if (((d >> 49) & 7) != 0) emu_fail("wgmma descriptor: nonzero base offset");
+  return {static_cast<uint32_t>(d & 0x3FFF) << 4, static_cast<uint32_t>((d >> 16) & 0x3FFF) << 4,
+          static_cast<uint32_t>((d >> 32) & 0x3FFF) << 4};
+}
+inline float emu_sw128_load(uint32_t addr) {
+  addr ^= ((addr >> 7) & 7) << 4;
+  const auto* base = reinterpret_cast<const unsigned char*>(emu_smem);
+  if (!emu_in_shared(base + addr, 2)) emu_fail("wgmma operand outside the block's dynamic shared memory");
+  uint16_t bits;
+  std::memcpy(&bits, base + addr, 2);
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
+// K-major operand element (row, k) (row < 64, k < 16) and MN-major B element (k, n) (k < 16, n < 64).
+inline float emu_kmajor(const EmuSw128Desc& d, int row, int k) {
+  return emu_sw128_load(d.start + (row / 8) * d.sbo + (row % 8) * 128 + 2 * k);
+}
+inline float emu_mnmajor(const EmuSw128Desc& d, int k, int n) {
+  if (d.lbo != d.sbo) emu_fail("wgmma MN-major descriptor with LBO != SBO (not a layout wgmma_ptx.cuh writes)");
+  return emu_sw128_load(d.start + (k / 8) * d.sbo + (k % 8) * 128 + 2 * n);
+}
+// wgmma.mma_async m64nNk16 .f32.bf16.bf16 (N = 32 or 64, d of N / 2 floats): A from registers `a` (its layout in
+// wgmma_ptx.cuh) or, when a is null, from desc_a (K-major, or MN-major with a_mn: the transpose flag); B from desc_b,
+// K-major or (b_mn) MN-major.
+inline void emu_wgmma_m64nNk16(float* d, int N, const uint32_t* a, uint64_t desc_a, bool a_mn, uint64_t desc_b,
+                               bool b_mn, bool accumulate) {
+  if (blockDim.x % 128 != 0 || blockDim.y != 1 || blockDim.z != 1) emu_fail("wgmma in a block not of whole warpgroups");
+  const int lane = static_cast<int>(emu_lane), g = lane / 4, t = lane % 4;
+  const int w = static_cast<int>(threadIdx.x / 32 % 4);
+  float A[16][16];
+  if (a != nullptr) {
+    float* wa = emu_warp->wa;
+    emu_warp_exchange(
+        "wgmma (A from registers)",
+        [&] {
+          for (int r = 0; r < 4; ++r) {
+            const int row = g + 8 * (r % 2), k = 2 * t + 8 * (r / 2);
+            wa[row * 16 + k] = emu_bf16_lo(a[r]);
+            wa[row * 16 + k + 1] = emu_bf16_hi(a[r]);
+          }
+        },
+        [&] { std::memcpy(A, wa, sizeof A); });
+  } else {
+    emu_warp_converge("wgmma");
+    const EmuSw128Desc da = emu_sw128_decode(desc_a);
+    for (int r = 0; r < 16; ++r)
+      for (int k = 0; k < 16; ++k) A[r][k] = a_mn ? emu_mnmajor(da, k, 16 * w + r) : emu_kmajor(da, 16 * w + r, k);
+  }
+  const EmuSw128Desc db = emu_sw128_decode(desc_b);
+  for (int i = 0; i < N / 2; ++i) {
+    const int r = g + 8 * ((i / 2) % 2), n = 8 * (i / 4) + 2 * t + i % 2;
+    double acc = accumulate ? d[i] : 0.0;
+    for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[r][k]) * (b_mn ? emu_mnmajor(db, k, n) : emu_kmajor(db, n, k));
+    d[i] = static_cast<float>(acc);
+  }
+}

@@ -1,0 +1,163 @@
+// Warpgroup-level bf16 tensor-core instructions as inline PTX (sm_90a only: wgmma.mma_async), for kernels built
+// for that target alone (kernels/cuda/CMakeLists.txt's gpt_cuda_sm90a): wgmma m64n64k16 with fp32 accumulators,
+// its fence / commit / wait, the shared-memory matrix descriptors for 128-byte-swizzled tiles, and the proxy
+// fence between generic-proxy writes (stores, cp.async) and wgmma's reads. In the CPU emulator (tests/cuda_emu),
+// the shim's emulations (emu_ptx.h), which read shared memory through the same descriptors and swizzle.
+//
+// The layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"): a warpgroup is 4 consecutive
+// warps (warp w = threadIdx.x / 32 % 4 of it); for lane = 4 g + t:
+//   D (64 x 64, fp32):  d[i] = D[16 w + g + 8 ((i / 2) % 2)][8 (i / 4) + 2 t + i % 2], i < 32: per warp, its 16
+//                        rows as eight mma.sync m16n8 accumulator tiles side by side (d[4 n + e] = tile n's e);
+//   A from registers (64 x 16, bf16): a[r] = A[16 w + g + 8 (r % 2)][2 t + 8 (r / 2) + {0, 1}], r < 4: the
+//                        mma.sync m16n8k16 A fragment of the warp's rows (mma_ptx.cuh), so two accumulator tiles
+//                        packed pairwise (attention_mma.cuh's pack_a) are the A of the next product.
+// Shared tiles here are rows of 64 bf16 (128 bytes) with the 128-byte swizzle: element (r, c) of a tile at a
+// 1024-byte aligned shared address lives at byte r * 128 + 16 ((c / 8) ^ (r % 8)) + 2 (c % 8) (sw128_offset), the
+// hardware's pattern (address bits 4-6 XOR bits 7-9), so that the 8 rows of a 16-byte column fall in distinct banks.
+//   - K-major operand (rows = M or N, 64 columns = K, e.g. Q or K in S = Q K^T): k-step kk (16 columns) is the
+//     descriptor of the tile's start + 32 kk bytes; stride between 8-row groups (SBO) 1024 bytes.
+//   - MN-major B (rows = K, 64 columns = N, e.g. V in O = P V), with the instruction's transpose-B flag: k-step kk
+//     (16 rows) starts at + 2048 kk bytes, two 8-row swizzle atoms 1024 bytes apart (LBO = SBO = 1024: N = 64 is
+//     one atom wide, so the one stride that matters is the same in either reading of the two fields).
+// Asynchrony: wgmma_fence() before the first wgmma of a batch (after any register write to its accumulators or A
+// registers), wgmma_commit() after the batch, wgmma_wait<N>() until at most N batches are in flight, and
+// fence_operands(d) after the wait, so the compiler neither reads d before the wait nor moves writes across it.
+// Shared memory written by ordinary stores or cp.async must be followed by fence_proxy_async() in every writing
+// thread, then a barrier, before a wgmma reads it.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+
+#ifdef GPT_CUDA_EMULATOR
+#include "emu_ptx.h"
+#endif
+
+#if defined(__CUDA_ARCH__) && !defined(GPT_CUDA_EMULATOR)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GPT_WGMMA_PTX 1
+#endif
+#endif
+
+namespace gpt::cuda {
+
+constexpr int kSw128Row = 128;  // bytes per swizzled row: 64 bf16
+
+__host__ __device__ constexpr uint32_t sw128_offset(int r, int c) {
+  return static_cast<uint32_t>(r * kSw128Row + 16 * ((c >> 3) ^ (r & 7)) + 2 * (c & 7));
+}
+
+// The shared-window address of a pointer into shared memory (the emulator's: its offset in the dynamic shared memory).
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+#ifdef GPT_CUDA_EMULATOR
+  return emu_smem_offset(p);
+#else
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+#endif
+}
+
+// A matrix descriptor with the 128-byte swizzle: start address, leading and stride byte offsets (bytes, multiples
+// of 16), base offset 0 (the tiles are 1024-byte aligned).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) | static_cast<uint64_t>(lbo >> 4) << 16 |
+         static_cast<uint64_t>(sbo >> 4) << 32 | uint64_t{1} << 62;
+}
+// K-major tile (LBO unused: 16 bytes, what CUTLASS writes) and MN-major tile descriptors, as described above.
+__device__ __forceinline__ uint64_t kmajor_desc(uint32_t smem_addr) { return sw128_desc(smem_addr, 16, 1024); }
+__device__ __forceinline__ uint64_t mnmajor_desc(uint32_t smem_addr) { return sw128_desc(smem_addr, 1024, 1024); }
+
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef GPT_CUDA_EMULATOR
+  emu_warp_converge("wgmma.fence");
+#elif defined(GPT_WGMMA_PTX)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(GPT_WGMMA_PTX)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(GPT_WGMMA_PTX)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Generic-proxy writes to shared memory (stores, cp.async after its wait) made visible to the async proxy (wgmma).
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(GPT_WGMMA_PTX)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N]) {
+#if defined(GPT_WGMMA_PTX)
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+#endif
+}
+
+#if defined(GPT_WGMMA_PTX)
+#define GPT_WGMMA_D16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define GPT_WGMMA_D32                                                                                               \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31}"
+#define GPT_WGMMA_D16_OUT(d)                                                                                  \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define GPT_WGMMA_D32_OUT(d)                                                                                       \
+  GPT_WGMMA_D16_OUT(d), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), \
+      "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),      \
+      "+f"(d[31])
+#endif
+
+// d = A B (+ d where accumulate), m64nNk16 (N = 32 or 64): A (64 x 16) and B (16 x N) both from shared memory.
+// Without the transpose flags both are K-major (B given as its transpose, N rows of K: S = Q K^T with the Q and K
+// tiles as they are in memory); kTransA: A MN-major (K rows of M, M = 64: dQ = dS K from the kept dS^T tile);
+// kTransB: B MN-major (K rows of N).
+template <int N, int kTransA = 0, int kTransB = 0>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  static_assert(N == 32 || N == 64);
+#ifdef GPT_CUDA_EMULATOR
+  emu_wgmma_m64nNk16(d, N, nullptr, desc_a, kTransA != 0, desc_b, kTransB != 0, accumulate);
+#elif defined(GPT_WGMMA_PTX)
+  if constexpr (N == 64) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " GPT_WGMMA_D32 ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+        : GPT_WGMMA_D32_OUT(d)
+        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransA), "n"(kTransB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " GPT_WGMMA_D16 ", %16, %17, p, 1, 1, %19, %20;\n}\n"
+        : GPT_WGMMA_D16_OUT(d)
+        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransA), "n"(kTransB));
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
+// d = A B (+ d where accumulate), m64n64k16: A (64 x 16) from registers (the layout above), B (16 x 64) from shared
+// memory, MN-major (K rows of N: O = P V with the V tile as it is in memory).
+__device__ __forceinline__ void wgmma_rs_mn(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+#ifdef GPT_CUDA_EMULATOR
+  emu_wgmma_m64nNk16(d, 64, a, 0, false, desc_b, true, accumulate);
+#elif defined(GPT_WGMMA_PTX)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " GPT_WGMMA_D32
+      ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+      : GPT_WGMMA_D32_OUT(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
+}  // namespace gpt::cuda
