@@ -39,6 +39,7 @@
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/attention_tc.h"
+#include "kernels/cuda/attention_wgmma.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/mma_ptx.cuh"
@@ -295,6 +296,12 @@ void forward_impl(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, i
     forward_launch<D, true>(out, lse, qkv, B, T, C, NH, drop, stream);
     return;
   }
+  if constexpr (D == 64) {
+    if (attention_wgmma_forward_usable(C, NH, false)) {  // sm_90: the same forward on wgmma
+      attention_forward_wgmma(out, lse, qkv, B, T, C, NH, stream);
+      return;
+    }
+  }
   if constexpr (D <= 64) {
     if (forward_rows16()) {
       forward_launch<D, false, 16>(out, lse, qkv, B, T, C, NH, drop, stream);
@@ -314,7 +321,7 @@ size_t attention_mma_smem_bytes(int C, int NH) {
   with_head_size(C / NH, [&](auto d) {
     constexpr int D = decltype(d)::value;
     bytes = std::max({FwdCfg<D, false>::kBytes, FwdCfg<D, true>::kBytes, BwdKvCfg<D>::kBytes, BwdQCfg<D>::kBytes,
-                      BwdQDsCfg<D>::kBytes});
+                      BwdQDsCfg<D>::kBytes, D == 64 ? attention_wgmma_smem_bytes() : size_t{0}});
   });
   return bytes;
 }

@@ -10,6 +10,7 @@
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/attention_tc.h"
+#include "kernels/cuda/attention_wgmma.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/mma_ptx.cuh"
@@ -430,6 +431,10 @@ void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* 
   if constexpr (kLean) {
     if (ds != nullptr) {
       const int64_t ds_ld = cuda_workspace::attention_ds_stride(T);
+      if (D == 64 && attention_wgmma_backward_usable(C, NH, drop.active())) {  // sm_90: on wgmma
+        attention_backward_wgmma(dqkv, dob, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, stream);
+        return;
+      }
       {
         using Cfg = BwdKvCfg<D, true>;
         constexpr size_t smem = Cfg::kBytes;

@@ -1,5 +1,6 @@
 // Warpgroup-level bf16 tensor-core instructions as inline PTX (sm_90a only: wgmma.mma_async), for kernels built
-// for that target alone (kernels/cuda/CMakeLists.txt's gpt_cuda_sm90a): wgmma m64n64k16 with fp32 accumulators,
+// for that target alone (kernels/cuda/CMakeLists.txt's gpt_cuda_sm90a): wgmma m64n64k16 and m64n32k16 with fp32
+// accumulators (the layouts below are N = 64's; at N = 32, i < 16),
 // its fence / commit / wait, the shared-memory matrix descriptors for 128-byte-swizzled tiles, and the proxy
 // fence between generic-proxy writes (stores, cp.async) and wgmma's reads. In the CPU emulator (tests/cuda_emu),
 // the shim's emulations (emu_ptx.h), which read shared memory through the same descriptors and swizzle.

@@ -376,4 +376,17 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
   run_mma(1, 1, 64, 150, 0.0f);
   run_mma(1, 2, 32, 260, 0.0f);
   ::unsetenv("GPT_ATTENTION_DQ");
+  // The emulated GPU is an sm_90: at head size 64 without dropout the kernels above were attention_wgmma.cu's where
+  // the backward keeps dS^T (its own cases: three query tiles, the last mostly padding; two heads of 260 rows), the
+  // forward only where it recomputes. GPT_ATTENTION_WGMMA=0: the mma.sync ones.
+  run_mma(1, 2, 64, 260, 0.0f);
+  ::setenv("GPT_ATTENTION_WGMMA_BQ", "64", 1);  // its dK/dV kernel at 64 queries per step
+  run_mma(1, 2, 64, 260, 0.0f);
+  run_mma(1, 1, 64, 150, 0.0f);
+  ::unsetenv("GPT_ATTENTION_WGMMA_BQ");
+  ::setenv("GPT_ATTENTION_WGMMA", "fwd", 1);  // the wgmma forward, the mma.sync backward
+  run_mma(1, 1, 64, 150, 0.0f);
+  ::setenv("GPT_ATTENTION_WGMMA", "0", 1);
+  run_mma(1, 1, 64, 150, 0.0f);
+  ::unsetenv("GPT_ATTENTION_WGMMA");
 }

@@ -981,7 +981,8 @@ TEST_CASE("parity: tensor-core attention (bf16 compute) against the CPU's fp32",
 // kernel recomputing S, P and dP instead of reading the dS^T its dK/dV kernel kept). Against the CPU's fp32 as the
 // default kernels are, T off and on the tiles; and with dropout, where the variables change nothing (the dropout
 // kernels run either way).
-TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, or dQ recomputed)", "[cuda]") {
+TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ recomputed, mma.sync, wgmma's)",
+          "[cuda]") {
   Backend* gpu = cuda_or_skip("attention's other configurations");
   if (!gpu) return;
   gpu->set_compute_dtype(DType::kBF16);
@@ -989,14 +990,20 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, or dQ
   std::vector<Shape> shapes = {Shape{1, 1, 64, 2}, Shape{2, 65, 128, 2}, Shape{1, 130, 64, 2}, Shape{2, 128, 128, 2},
                                Shape{1, 97, 128, 2}};
   if (gpu_sized_shapes()) shapes.push_back(Shape{1, 1024, 768, 12});
-  for (const bool two_blocks : {true, false}) {
-    CAPTURE(two_blocks);
-    if (two_blocks) {
+  // 0: the 2-block kernels; 1: the dQ kernel recomputing dS; 2: the mma.sync kernels where sm_90 (and the
+  // emulator) takes the wgmma ones at head size 64 (the 2-block configuration turns them off too); 3: the wgmma
+  // forward with the mma.sync backward; 4: the wgmma dK/dV kernel at 64 queries per step.
+  for (const int config : {0, 1, 2, 3, 4}) {
+    CAPTURE(config);
+    if (config == 0) {
       ::setenv("GPT_ATTENTION_FWD_ROWS", "32", 1);
       ::setenv("GPT_ATTENTION_BWD_BLOCKS", "2", 1);
-    } else {
+    } else if (config == 1) {
       ::setenv("GPT_ATTENTION_DQ", "recompute", 1);
     }
+    if (config == 0 || config == 2) ::setenv("GPT_ATTENTION_WGMMA", "0", 1);
+    if (config == 3) ::setenv("GPT_ATTENTION_WGMMA", "fwd", 1);
+    if (config == 4) ::setenv("GPT_ATTENTION_WGMMA_BQ", "64", 1);
     for (const Shape s : shapes) {
       for (float p : {0.0f, 0.2f}) {
         CAPTURE(s.B, s.T, s.C, s.NH, p);
@@ -1006,6 +1013,8 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, or dQ
     ::unsetenv("GPT_ATTENTION_FWD_ROWS");
     ::unsetenv("GPT_ATTENTION_BWD_BLOCKS");
     ::unsetenv("GPT_ATTENTION_DQ");
+    ::unsetenv("GPT_ATTENTION_WGMMA");
+    ::unsetenv("GPT_ATTENTION_WGMMA_BQ");
   }
   gpu->set_compute_dtype(DType::kF32);
 }

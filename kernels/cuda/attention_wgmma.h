@@ -1,0 +1,41 @@
+// Causal attention on Hopper's warpgroup tensor-core instruction (wgmma, sm_90a; attention_wgmma.cu): the mma.sync
+// kernels of attention_mma.cu at head size 64 without dropout, with their products issued by a warpgroup from shared
+// memory and registers instead of ldmatrix + mma.sync per warp: the forward, and the backward where it keeps dS^T
+// (a dK/dV kernel that writes it, a dQ kernel that multiplies it by K). The same arguments, outputs and math (the
+// online softmax, its scale folded into exp2, P and dS rounded to bf16 before their products). Built for sm_90a only
+// (its own object library); attention_mma.cu and attention_mma_backward.cu call them where the *_usable functions
+// say so, and take their own kernels elsewhere. GPT_ATTENTION_WGMMA=0 turns both off, =fwd the backward.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "core/dtype.h"
+
+namespace gpt::cuda {
+
+// Whether this build holds the sm_90a kernel, the current device is sm_90 (H100, H200), the shape is head size 64
+// without dropout, and GPT_ATTENTION_WGMMA (read at each call) is not 0.
+bool attention_wgmma_forward_usable(int C, int NH, bool dropout);
+
+// Whether the backward runs on wgmma too (attention_wgmma_forward_usable, and GPT_ATTENTION_WGMMA is not "fwd").
+// Only where the backward keeps dS^T (cuda_workspace::attention_ds_kept): its kernels pass it.
+bool attention_wgmma_backward_usable(int C, int NH, bool dropout);
+
+// The most shared memory one block of these kernels takes (for attention_mma_smem_bytes' maximum).
+size_t attention_wgmma_smem_bytes();
+
+// out(B,T,C) bf16, lse(B,NH,T) from qkv(B,T,3C) bf16, as attention_forward_mma. REQUIRES
+// attention_wgmma_forward_usable(C, NH, false), 16-byte aligned out and qkv.
+void attention_forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, cudaStream_t stream);
+
+// dqkv(B,T,3C) (overwritten) from bf16 dout, qkv, lse and dvec = rowsum(dO * O) (B,NH,T), as attention_backward_mma
+// where it keeps dS^T: a dK/dV kernel that also writes dS^T (bf16, not yet times the scale) into ds (row stride
+// ds_ld >= T rounded up to 64, ds_ld^2 per (b, h): attention_mma_backward.cu's layout), then a dQ kernel that
+// multiplies it by K. GPT_ATTENTION_WGMMA_BQ=64 gives the dK/dV kernel 64 queries per step instead of 32.
+// REQUIRES attention_wgmma_backward_usable(C, NH, false), 16-byte aligned pointers.
+void attention_backward_wgmma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
+                              int T, int C, int NH, bf16* ds, int64_t ds_ld, cudaStream_t stream);
+
+}  // namespace gpt::cuda
