@@ -3,7 +3,7 @@
 # 12 heads, 768 wide, T = 1024, vocab 50257 padded to 50304), one GPU, same micro-batch, same data, same steps.
 #
 #   scripts/bench/gpu_vs_pytorch.sh                                   # on the GPU machine, from the repo root
-#   GPT_TRAIN=build-gpu/gpt-train MICRO_BATCH=32 STEPS=30 scripts/bench/gpu_vs_pytorch.sh
+#   GPT_TRAIN=build-gpu/gpt-train MICRO_BATCH=16 STEPS=30 scripts/bench/gpu_vs_pytorch.sh
 #   GPT_TRAIN_CUDA_PROFILE=1 scripts/bench/gpu_vs_pytorch.sh         # + gpt-train's per-op CUDA time table
 #   DEVICE=cpu PYTHON=/usr/bin/python3 N_LAYER=2 N_HEAD=2 N_EMBD=64 SEQ=64 VOCAB=512 MICRO_BATCH=4 \
 #     STEPS=6 TOKENS=200000 scripts/bench/gpu_vs_pytorch.sh                        # pipeline smoke test, no GPU
@@ -34,7 +34,8 @@
 # Targets (issue 5): gpt-train/PyTorch tokens/s >= 1.0 and gpt-train MFU >= 50%.
 #
 # Environment (defaults): GPT_TRAIN (build/gpt-train), PYTHON (python3: the one with torch), DEVICE (cuda),
-# MICRO_BATCH (16), STEPS (20), WARMUP (3), N_LAYER (12), N_HEAD (12), N_EMBD (768), SEQ (1024),
+# MICRO_BATCH (64: llm.c's micro-batch for GPT-2 124M; 26 GiB on gpt-train's side, where 16 took 8 of an H200's
+# 141: "to fill memory sensibly", issue 5), STEPS (20), WARMUP (3), N_LAYER (12), N_HEAD (12), N_EMBD (768), SEQ (1024),
 # VOCAB (50304), TOKENS (4000000), PEAK_TFLOPS (989), COMPILE (1; 0 = PyTorch eager), TORCH_DTYPE (bf16),
 # GPT_TIMEOUT (60 s), TORCH_TIMEOUT (150 s: a cold torch.compile), THREADS (0 = all cores; gpt-train's
 # run.threads and PyTorch's),
@@ -68,7 +69,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 GPT_TRAIN=${GPT_TRAIN:-build/gpt-train}
 PYTHON=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
-MICRO_BATCH=${MICRO_BATCH:-16}
+MICRO_BATCH=${MICRO_BATCH:-64}
 STEPS=${STEPS:-20}
 WARMUP=${WARMUP:-3}
 N_LAYER=${N_LAYER:-12}
