@@ -287,6 +287,8 @@ void forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C,
 // (gpu_vs_pytorch.sh, with the lean backward below): 470,630 tokens/s against 458,177 with both off. The same products
 // and sums in the same order; a row's tiles may take the masked copy of the softmax where 32 rows took the unmasked
 // one (or back), which may differ in the last bit of P before its bf16 rounding.
+// On sm_90 the wgmma forward (attention_wgmma.h) comes first: this choice is the mma.sync kernels' (there under
+// GPT_ATTENTION_WGMMA=0).
 bool forward_rows16() { return !env_is("GPT_ATTENTION_FWD_ROWS", "32"); }
 
 template <int D>

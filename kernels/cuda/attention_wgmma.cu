@@ -166,7 +166,9 @@ __global__ void __launch_bounds__(kThreads)
     };
     with_mask<true>(k0 + kBK - 1 <= qw, softmax);
 
-    wgmma_fence();  // o rescaled and pa written by this thread: ordered before the products read them
+    fence_operands(o);  // o rescaled and pa written by this thread: ordered before the products read them
+    fence_operands(pa);
+    wgmma_fence();
 #pragma unroll
     for (int c = 0; c < kBK / 16; ++c) wgmma_rs_mn(o, pa[c], mnmajor_desc(v_addr + 2048 * c), true);
     wgmma_commit();
@@ -329,7 +331,11 @@ __global__ void __launch_bounds__(kThreads)
       *reinterpret_cast<uint32_t*>(row + 8 * ds_ld + 8) = dsa[c][3];
     }
 
-    wgmma_fence();  // pa, dsa written by this thread: ordered before the products read them
+    fence_operands(dv);  // pa, dsa written by this thread: ordered before the products read them
+    fence_operands(dk);
+    fence_operands(pa);
+    fence_operands(dsa);
+    wgmma_fence();
 #pragma unroll
     for (int c = 0; c < NC; ++c) wgmma_rs_mn(dv, pa[c], mnmajor_desc(do_addr + 2048 * c), true);
 #pragma unroll
@@ -361,8 +367,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // dQ for one 64-query tile of one (b, h) from the kept dS^T, as attention_mma_backward.cu's attention_backward_q_ds
 // on wgmma: dQ += dS K over the key tiles up to the diagonal, m64n64k16 with A = dS from the dS^T tile (keys x
-// queries: MN-major A) and B = the K tile (MN-major), both from shared memory. The diagonal tile's 16 x 16 blocks
-// above the diagonal (which the mma.sync dK/dV kernel does not write) are zero-filled at the copy.
+// queries: MN-major A) and B = the K tile (MN-major), both from shared memory.
 __global__ void __launch_bounds__(kThreads)
     attention_backward_q_wgmma_kernel(bf16* dqkv, const bf16* qkv, const bf16* ds, int64_t ds_ld, int T, int C, int NH,
                                       float scale) {
@@ -379,13 +384,17 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* k = qkv + qkv_off + C;
   const bf16* ds_bh = ds + static_cast<int64_t>(bh) * ds_ld * ds_ld + q0;  // column q0 of row 0
   const int num_kt = (min(q0 + kBQ, T) - 1) / kBK + 1;  // key tiles up to the last real query of this tile
-  // Key tile kt's dS^T rows (its blocks above the diagonal zero-filled) and K rows into stage s.
+  // Key tile kt's dS^T rows into stage s, zero-filled where the dK/dV kernel may not have written: the diagonal
+  // tile's 16 x 16 blocks above the diagonal, and the columns of queries past T (at 32 queries per step it writes
+  // up to T rounded up to 32, not to 64; a piece of 8 columns that starts below T ends within what it wrote).
+  // Only rows of queries past T would read them, and those are never stored: the fill keeps this kernel to what
+  // was written (poisoned scratch in the emulator; compute-sanitizer's initcheck on a GPU).
   auto fetch = [&](int kt, int s) {
     const int k0 = kt * kBK;
     for (int i = threadIdx.x; i < 64 * 8; i += kThreads) {
       const int r = i / 8, c = (i % 8) * 8;
-      const bool above = k0 == q0 && r / 16 > c / 16;
-      cp_async_16(stage_ds(s) + sw128_offset(r, c), ds_bh + (above ? 0 : (k0 + r) * ds_ld + c), above ? 0u : 16u);
+      const bool skip = (k0 == q0 && r / 16 > c / 16) || q0 + c >= T;
+      cp_async_16(stage_ds(s) + sw128_offset(r, c), ds_bh + (skip ? 0 : (k0 + r) * ds_ld + c), skip ? 0u : 16u);
     }
     copy_tile_sw128(stage_k(s), k, C3, k0, T);
   };
@@ -408,6 +417,7 @@ __global__ void __launch_bounds__(kThreads)
     fence_proxy_async();  // this thread's copies, visible to the tensor cores' reads
     __syncthreads();      // every thread's copies of tile kt have landed
     const uint32_t ds_addr = smem_u32(stage_ds(s)), k_addr = smem_u32(stage_k(s));
+    fence_operands(dq);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) {
@@ -487,6 +497,7 @@ void attention_backward_wgmma(bf16* dqkv, const bf16* dout, const bf16* qkv, con
                               int T, int C, int NH, bf16* ds, int64_t ds_ld, cudaStream_t stream) {
   GPT_CHECK(attention_wgmma_backward_usable(C, NH, false));
   GPT_CHECK(B >= 0 && T >= 0 && static_cast<int64_t>(B) * NH <= 65535 && ds_ld >= ceil_div(T, 64) * 64);
+  GPT_CHECK(ds != nullptr && aligned16(ds) && aligned16(dqkv) && aligned16(dout) && aligned16(qkv));
   if (B == 0 || T == 0) return;
   if (env_is("GPT_ATTENTION_WGMMA_BQ", "64")) {
     backward_kv_launch<64>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, stream);

@@ -15,8 +15,8 @@
 
 namespace gpt::cuda {
 
-// Whether this build holds the sm_90a kernel, the current device is sm_90 (H100, H200), the shape is head size 64
-// without dropout, and GPT_ATTENTION_WGMMA (read at each call) is not 0.
+// Whether the current device is sm_90 (H100, H200: these kernels are built for sm_90a, which runs there only), the
+// shape is head size 64 without dropout, and GPT_ATTENTION_WGMMA (read at each call) is not 0.
 bool attention_wgmma_forward_usable(int C, int NH, bool dropout);
 
 // Whether the backward runs on wgmma too (attention_wgmma_forward_usable, and GPT_ATTENTION_WGMMA is not "fwd").

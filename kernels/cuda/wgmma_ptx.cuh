@@ -20,9 +20,10 @@
 //   - MN-major B (rows = K, 64 columns = N, e.g. V in O = P V), with the instruction's transpose-B flag: k-step kk
 //     (16 rows) starts at + 2048 kk bytes, two 8-row swizzle atoms 1024 bytes apart (LBO = SBO = 1024: N = 64 is
 //     one atom wide, so the one stride that matters is the same in either reading of the two fields).
-// Asynchrony: wgmma_fence() before the first wgmma of a batch (after any register write to its accumulators or A
-// registers), wgmma_commit() after the batch, wgmma_wait<N>() until at most N batches are in flight, and
-// fence_operands(d) after the wait, so the compiler neither reads d before the wait nor moves writes across it.
+// Asynchrony: fence_operands on the batch's accumulators and A registers, then wgmma_fence(), before the first wgmma
+// of a batch (so every register write to them precedes the fence), wgmma_commit() after the batch, wgmma_wait<N>()
+// until at most N batches are in flight, and fence_operands(d) after the wait, so the compiler neither reads d before
+// the wait nor moves writes across it (CUTLASS's warpgroup_fence_operand, arrive, commit, wait).
 // Shared memory written by ordinary stores or cp.async must be followed by fence_proxy_async() in every writing
 // thread, then a barrier, before a wgmma reads it.
 #pragma once
@@ -38,6 +39,8 @@
 #if defined(__CUDA_ARCH__) && !defined(GPT_CUDA_EMULATOR)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define GPT_WGMMA_PTX 1
+#elif __CUDA_ARCH__ == 900
+#error "wgmma_ptx.cuh compiled for sm_90 without the a suffix: build its kernels for 90a (gpt_cuda_sm90a)"
 #endif
 #endif
 
@@ -78,13 +81,17 @@ __device__ __forceinline__ void wgmma_fence() {
 #endif
 }
 __device__ __forceinline__ void wgmma_commit() {
-#if defined(GPT_WGMMA_PTX)
+#ifdef GPT_CUDA_EMULATOR
+  emu_wgmma_commit();
+#elif defined(GPT_WGMMA_PTX)
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
-#if defined(GPT_WGMMA_PTX)
+#ifdef GPT_CUDA_EMULATOR
+  emu_wgmma_wait(N);
+#elif defined(GPT_WGMMA_PTX)
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
@@ -99,6 +106,17 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
 #if defined(GPT_WGMMA_PTX)
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+#endif
+}
+// The A registers of a batch (before its wgmma_fence, as the accumulators: so their writes are not moved past it).
+template <int N>
+__device__ __forceinline__ void fence_operands(uint32_t (&a)[N][4]) {
+#if defined(GPT_WGMMA_PTX)
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[i][r])::"memory");
+  }
 #endif
 }
 

@@ -16,9 +16,10 @@
 # Every step has a timeout and the whole check a budget (CHECK_BUDGET_S, 460 s), so it ends inside 8 minutes.
 # Full output: $OUT/check.log (the device tool brings $OUT back), or /tmp/gpt-check/check.log.
 #   CHECK_STEPS="parity nccl train"  # run only these (of: parity nccl train memcheck racecheck bench attention ncu)
-# ncu (not in the default steps): Nsight Compute on the three mma.sync attention kernels at GPT-2 124M's shape (the
-# 16-row forward, the lean dK/dV kernel that keeps dS^T, the dQ kernel over it), then on the 2-block ones under GPT_ATTENTION_FWD_ROWS=32
-# GPT_ATTENTION_BWD_BLOCKS=2 (attention_mma.cu, attention_mma_backward.cu):
+# ncu (not in the default steps): Nsight Compute on the default attention kernels at GPT-2 124M's shape (on sm_90 the
+# wgmma forward, dK/dV and dQ kernels of attention_wgmma.cu; elsewhere the mma.sync 16-row forward, the lean dK/dV
+# kernel that keeps dS^T and the dQ kernel over it), then on the 2-block mma.sync ones under GPT_ATTENTION_WGMMA=0
+# GPT_ATTENTION_FWD_ROWS=32 GPT_ATTENTION_BWD_BLOCKS=2 (attention_mma.cu, attention_mma_backward.cu):
 # duration, registers, occupancy, issue slots, stalls; the whole reports in $OUT/ncu_attention.txt, about 40 s.
 # Without a GPU (e.g. here) the GPU steps SKIP, saying why; with one visible, a test that skips is a FAIL.
 set -uo pipefail
@@ -392,17 +393,17 @@ if [[ " ${CHECK_STEPS:-} " == *" ncu "* ]]; then
               --section MemoryWorkloadAnalysis --section InstructionStats)
     attn_args=(--device cuda --dtype bf16 --batch 16 --seq 1024 --embd 768 --heads 12 --iters 1 --warmup 0)
     run_step "ncu_rows16" 60 "$ncu_bin" "${ncu_args[@]}" \
-      --kernel-name regex:'attention_(forward_mma16|backward_kv_ds|backward_q_ds)_kernel' --launch-count 3 "$ATTN_BENCH" \
-      "${attn_args[@]}"
+      --kernel-name regex:'attention_(forward_mma16|backward_kv_ds|backward_q_ds|forward_wgmma|backward_kv_wgmma|backward_q_wgmma)_kernel' \
+      --launch-count 3 "$ATTN_BENCH" "${attn_args[@]}"
     rows16=$OUTF rows16_rc=$RC
-    run_step "ncu" 90 env GPT_ATTENTION_FWD_ROWS=32 GPT_ATTENTION_BWD_BLOCKS=2 "$ncu_bin" "${ncu_args[@]}" \
+    run_step "ncu" 90 env GPT_ATTENTION_WGMMA=0 GPT_ATTENTION_FWD_ROWS=32 GPT_ATTENTION_BWD_BLOCKS=2 "$ncu_bin" "${ncu_args[@]}" \
       --kernel-name regex:'attention_(forward|backward_kv|backward_q)_mma_' \
       --launch-count 3 "$ATTN_BENCH" "${attn_args[@]}"
     cat "$OUTF" "$rows16" > "$LOGDIR/ncu_attention.txt" 2> /dev/null
     [ "$rows16_rc" = 0 ] || RC=$rows16_rc
     # One line per kernel: its name, then the figures that say what bounds it.
-    ncu_tail=$(awk '/attention_(forward|backward_kv|backward_q)_(mma|mma16|ds)_kernel</ {
-        match($0, /attention_[a-z_]+_(mma|mma16|ds)_kernel<[0-9, ]+>/); print "  " substr($0, RSTART, RLENGTH) }
+    ncu_tail=$(awk '/attention_(forward|backward_kv|backward_q)_(mma|mma16|ds|wgmma)_kernel[<(]/ {
+        match($0, /attention_[a-z_]+_(mma|mma16|ds|wgmma)_kernel(<[0-9, ]+>)?/); print "  " substr($0, RSTART, RLENGTH) }
       /Duration|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued/ {
         n = $NF; $NF = ""; sub(/^ +/, ""); print "      " $0 n }' "$OUTF" "$rows16" | head -n 48)
     if [ "$RC" = 0 ] && [ -n "$ncu_tail" ]; then record PASS "ncu attention kernels" "$T" "$LOGDIR/ncu_attention.txt"

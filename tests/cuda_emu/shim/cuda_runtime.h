@@ -103,10 +103,21 @@ struct EmuAsyncCopies {
   std::vector<EmuAsyncCopy> open;
   std::deque<std::vector<EmuAsyncCopy>> groups;
 };
+// A thread's wgmma results not yet retired by a wgmma.wait_group (emu_ptx.h): per product, where and what.
+struct EmuWgmmaResult {
+  float* d;
+  int n;
+  float v[32];
+};
+struct EmuWgmmaState {
+  std::vector<EmuWgmmaResult> open;                 // since the last commit
+  std::deque<std::vector<EmuWgmmaResult>> groups;  // committed, oldest first
+};
 struct EmuBlock {
   std::vector<std::unique_ptr<unsigned char[]>> bufs;
   std::vector<size_t> sizes;
   std::map<unsigned, EmuAsyncCopies> async_copies;  // by the thread's linear index in the block
+  std::map<unsigned, EmuWgmmaState> wgmma;          // likewise
   size_t dynamic_bytes = 0;                          // the dynamic shared memory (at emu_smem)
 };
 // Whether [p, p + bytes) lies in the calling thread's block's shared memory (dynamic, or a static buffer).

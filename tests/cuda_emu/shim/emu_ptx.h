@@ -13,6 +13,7 @@
 //    block's shared memory and the source outside it (as ldmatrix's rows must be in it).
 #pragma once
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -140,13 +141,42 @@ inline void emu_cp_async_wait(int n) {
 // memory (smem_u32). A descriptor is decoded as the hardware reads it: 14-bit start address, LBO and SBO in 16-byte
 // units, base offset (must be 0) and swizzle mode (must be 1: 128 bytes); element addresses get the 128-byte
 // swizzle (bits 4-6 XOR bits 7-9), so a tile stored in another layout, or a descriptor with the wrong start or
-// stride, reads the wrong elements here as on a GPU. MN-major B requires LBO == SBO (the only form wgmma_ptx.cuh
-// writes; which field is the k-group stride then does not matter). The product completes at the call (the
-// asynchrony, and so a missing wgmma_wait, is not modelled); each lane computes its own 32 outputs, in double,
-// rounded once, from its warp's 16 rows of A (from shared memory, or from the warp's registers by an exchange).
+// stride, reads the wrong elements here as on a GPU. MN-major operands require LBO == SBO (the only form
+// wgmma_ptx.cuh writes; which field is the k-group stride then does not matter). Each lane computes its own N / 2
+// outputs, in double, rounded once, from its warp's 16 rows of A (from shared memory, or from the warp's registers
+// by an exchange) and shared memory as it is at the call. The asynchrony: the accumulators read NaN from the call
+// until the wgmma_wait that retires the product's commit group, which writes the results (a later product of the
+// same batch on the same accumulators chains on the pending values, as the hardware does); so a missing commit or
+// wait, or a read of the accumulators before it, gives NaN. Not modelled: the warpgroup as a whole (each warp runs
+// its own rows: a warp that skipped a product would not be caught), and the proxy fence (fence_proxy_async).
 inline uint32_t emu_smem_offset(const void* p) {
-  if (!emu_in_shared(p, 1)) emu_fail("smem_u32: not an address in the block's dynamic shared memory");
-  return static_cast<uint32_t>(static_cast<const unsigned char*>(p) - reinterpret_cast<const unsigned char*>(emu_smem));
+  const auto* c = static_cast<const unsigned char*>(p);
+  const auto* dyn = reinterpret_cast<const unsigned char*>(emu_smem);
+  if (c < dyn || c >= dyn + emu_block->dynamic_bytes) {
+    emu_fail("smem_u32: not an address in the block's dynamic shared memory");
+  }
+  return static_cast<uint32_t>(c - dyn);
+}
+inline EmuWgmmaState& emu_wgmma_state() {
+  EmuTsanIgnore ignore;
+  const unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  return emu_block->wgmma[tid];
+}
+inline void emu_wgmma_commit() {
+  emu_warp_converge("wgmma.commit_group");
+  EmuWgmmaState& st = emu_wgmma_state();
+  EmuTsanIgnore ignore;
+  st.groups.push_back(std::move(st.open));
+  st.open.clear();
+}
+inline void emu_wgmma_wait(int n) {
+  emu_warp_converge("wgmma.wait_group");
+  EmuWgmmaState& st = emu_wgmma_state();
+  EmuTsanIgnore ignore;
+  while (static_cast<int>(st.groups.size()) > n) {
+    for (const EmuWgmmaResult& r : st.groups.front()) std::memcpy(r.d, r.v, sizeof(float) * r.n);
+    st.groups.pop_front();
+  }
 }
 struct EmuSw128Desc {
   uint32_t start, lbo, sbo;
@@ -201,10 +231,26 @@ inline void emu_wgmma_m64nNk16(float* d, int N, const uint32_t* a, uint64_t desc
       for (int k = 0; k < 16; ++k) A[r][k] = a_mn ? emu_mnmajor(da, k, 16 * w + r) : emu_kmajor(da, 16 * w + r, k);
   }
   const EmuSw128Desc db = emu_sw128_decode(desc_b);
+  // The accumulators' input: this batch's pending result for d if there is one (chained products), else d itself.
+  EmuWgmmaState& st = emu_wgmma_state();
+  const float* in = d;
+  {
+    EmuTsanIgnore ignore;
+    for (auto it = st.open.rbegin(); it != st.open.rend(); ++it) {
+      if (it->d == d) {
+        in = it->v;
+        break;
+      }
+    }
+  }
+  EmuWgmmaResult res{d, N / 2, {}};
   for (int i = 0; i < N / 2; ++i) {
     const int r = g + 8 * ((i / 2) % 2), n = 8 * (i / 4) + 2 * t + i % 2;
-    double acc = accumulate ? d[i] : 0.0;
+    double acc = accumulate ? in[i] : 0.0;
     for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[r][k]) * (b_mn ? emu_mnmajor(db, k, n) : emu_kmajor(db, n, k));
-    d[i] = static_cast<float>(acc);
+    res.v[i] = static_cast<float>(acc);
   }
+  for (int i = 0; i < N / 2; ++i) d[i] = NAN;  // until the wait that retires it
+  EmuTsanIgnore ignore;
+  st.open.push_back(res);
 }
