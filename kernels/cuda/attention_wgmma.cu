@@ -209,7 +209,9 @@ __global__ void __launch_bounds__(kThreads)
 //  - P^T and dS^T element by element as there (lse and D per query column, from the stage), packed to bf16 A
 //    fragments; dS^T stored from them (every 16 x 16 block of the tiles visited, the masked ones as zeros).
 //  - dV += P^T dO and dK += dS^T Q: m64n64k16 with A from those registers and dO, Q from shared memory, MN-major.
-template <int BQ>
+// kOverlap (GPT_ATTENTION_WGMMA_OVERLAP=1, an experiment not yet measured on a GPU): S^T and dP^T in separate commit
+// groups, so P^T is computed while dP^T's products run and dS^T while dV's do; the same values.
+template <int BQ, bool kOverlap>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_kv_wgmma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse,
                                        const float* dvec, int T, int C, int NH, float scale, float scale_log2, bf16* ds,
@@ -286,21 +288,28 @@ __global__ void __launch_bounds__(kThreads)
     for (int kk = 0; kk < kD / 16; ++kk) {
       wgmma_ss<BQ>(st, kmajor_desc(k_addr + 32 * kk), kmajor_desc(q_addr + 32 * kk), kk > 0);
     }
+    if constexpr (kOverlap) wgmma_commit();  // S^T's own group: P^T's element-wise work overlaps dP^T's products
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       wgmma_ss<BQ>(dpt, kmajor_desc(v_addr + 32 * kk), kmajor_desc(do_addr + 32 * kk), kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
+    if constexpr (kOverlap) {
+      wgmma_wait<1>();
+    } else {
+      wgmma_wait<0>();
+      fence_operands(dpt);
+    }
     fence_operands(st);
-    fence_operands(dpt);
 
     const float* slse = stage_lse(s);
     const float* sdv = stage_dv(s);
-    // P^T into st and dS^T (not yet times scale) into dpt. kMasked: the causal mask and the padded queries (and
-    // keys); without it (every query of the tile real and at or after the warp's every key) no test per element.
-    auto scores_to_ds = [&](auto masked) {
-      constexpr bool kMasked = decltype(masked)::value;
+    uint32_t pa[NC][4], dsa[NC][4];
+    // P^T into st and (kWithDs) dS^T (not yet times scale) into dpt. kMasked: the causal mask and the padded
+    // queries (and keys); without it (every query of the tile real and at or after the warp's every key) no test per
+    // element.
+    auto scores = [&](auto masked, auto with_ds) {
+      constexpr bool kMasked = decltype(masked)::value, kWithDs = decltype(with_ds)::value;
 #pragma unroll
       for (int n = 0; n < BQ / 8; ++n) {
 #pragma unroll
@@ -310,36 +319,73 @@ __global__ void __launch_bounds__(kThreads)
           const bool visible = !kMasked || (t < T && t2 <= t);
           const float p = visible ? exp2f(st[4 * n + e] * scale_log2 - slse[col]) : 0.0f;
           st[4 * n + e] = p;
-          dpt[4 * n + e] = p * (dpt[4 * n + e] - sdv[col]);
+          if constexpr (kWithDs) dpt[4 * n + e] = p * (dpt[4 * n + e] - sdv[col]);
         }
       }
     };
-    with_mask<true>(kw + 15 <= q0 && q0 + BQ <= T, scores_to_ds);
-    uint32_t pa[NC][4], dsa[NC][4];
+    const bool unmasked = kw + 15 <= q0 && q0 + BQ <= T;
+    auto pack_p = [&] {
 #pragma unroll
-    for (int c = 0; c < NC; ++c) {
+      for (int c = 0; c < NC; ++c) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        pa[c][r] = pack_bf16x2(st[8 * c + 2 * r], st[8 * c + 2 * r + 1]);
-        dsa[c][r] = pack_bf16x2(dpt[8 * c + 2 * r], dpt[8 * c + 2 * r + 1]);
+        for (int r = 0; r < 4; ++r) pa[c][r] = pack_bf16x2(st[8 * c + 2 * r], st[8 * c + 2 * r + 1]);
       }
-      // The A fragment's layout: {row g, g + 8} x {columns 2 tq, 8 + 2 tq}, pairs.
-      bf16* row = ds + (static_cast<int64_t>(bh) * ds_ld + kw + g) * ds_ld + q0 + c * 16 + 2 * tq;
-      *reinterpret_cast<uint32_t*>(row) = dsa[c][0];
-      *reinterpret_cast<uint32_t*>(row + 8 * ds_ld) = dsa[c][1];
-      *reinterpret_cast<uint32_t*>(row + 8) = dsa[c][2];
-      *reinterpret_cast<uint32_t*>(row + 8 * ds_ld + 8) = dsa[c][3];
+    };
+    auto pack_store_ds = [&] {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) dsa[c][r] = pack_bf16x2(dpt[8 * c + 2 * r], dpt[8 * c + 2 * r + 1]);
+        // The A fragment's layout: {row g, g + 8} x {columns 2 tq, 8 + 2 tq}, pairs.
+        bf16* row = ds + (static_cast<int64_t>(bh) * ds_ld + kw + g) * ds_ld + q0 + c * 16 + 2 * tq;
+        *reinterpret_cast<uint32_t*>(row) = dsa[c][0];
+        *reinterpret_cast<uint32_t*>(row + 8 * ds_ld) = dsa[c][1];
+        *reinterpret_cast<uint32_t*>(row + 8) = dsa[c][2];
+        *reinterpret_cast<uint32_t*>(row + 8 * ds_ld + 8) = dsa[c][3];
+      }
+    };
+    auto issue_dv = [&] {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) wgmma_rs_mn(dv, pa[c], mnmajor_desc(do_addr + 2048 * c), true);
+    };
+    auto issue_dk = [&] {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) wgmma_rs_mn(dk, dsa[c], mnmajor_desc(q_addr + 2048 * c), true);
+    };
+    if constexpr (kOverlap) {
+      // P^T (dP^T's products still running), then dV += P^T dO issued; dS^T once dP^T's group retires (the
+      // masked elements have P = 0 already, so no mask), then dK += dS^T Q: the same values as below.
+      with_mask<true>(unmasked, [&](auto masked) { scores(masked, std::false_type{}); });
+      pack_p();
+      fence_operands(dv);
+      fence_operands(pa);
+      wgmma_fence();
+      issue_dv();
+      wgmma_commit();
+      wgmma_wait<1>();  // dP^T's group (dV's may still run)
+      fence_operands(dpt);
+#pragma unroll
+      for (int n = 0; n < BQ / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dpt[4 * n + e] = st[4 * n + e] * (dpt[4 * n + e] - sdv[n * 8 + 2 * tq + (e & 1)]);
+      }
+      pack_store_ds();
+      fence_operands(dk);
+      fence_operands(dsa);
+      wgmma_fence();
+      issue_dk();
+    } else {
+      with_mask<true>(unmasked, [&](auto masked) { scores(masked, std::true_type{}); });
+      pack_p();
+      pack_store_ds();
+      fence_operands(dv);  // pa, dsa written by this thread: ordered before the products read them
+      fence_operands(dk);
+      fence_operands(pa);
+      fence_operands(dsa);
+      wgmma_fence();
+      issue_dv();
+      issue_dk();
     }
-
-    fence_operands(dv);  // pa, dsa written by this thread: ordered before the products read them
-    fence_operands(dk);
-    fence_operands(pa);
-    fence_operands(dsa);
-    wgmma_fence();
-#pragma unroll
-    for (int c = 0; c < NC; ++c) wgmma_rs_mn(dv, pa[c], mnmajor_desc(do_addr + 2048 * c), true);
-#pragma unroll
-    for (int c = 0; c < NC; ++c) wgmma_rs_mn(dk, dsa[c], mnmajor_desc(q_addr + 2048 * c), true);
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(dv);
@@ -482,7 +528,8 @@ template <int BQ>
 void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
                         int T, int C, int NH, bf16* ds, int64_t ds_ld, cudaStream_t stream) {
   constexpr size_t smem = BwdKvWgmmaCfg<BQ>::kBytes;
-  const auto kernel = attention_backward_kv_wgmma_kernel<BQ>;
+  const auto kernel = env_is("GPT_ATTENTION_WGMMA_OVERLAP", "1") ? attention_backward_kv_wgmma_kernel<BQ, true>
+                                                                 : attention_backward_kv_wgmma_kernel<BQ, false>;
   set_smem(kernel, smem);
   prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBK)), static_cast<unsigned>(B * NH));

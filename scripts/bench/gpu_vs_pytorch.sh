@@ -45,9 +45,9 @@
 # where a word with an upper-case name (GPT_ATTENTION_FWD_ROWS=32) is put in that run's environment instead;
 # default, when the run is bf16 on cuda and this binary has the keys: run.attention_kernel=wmma (the older attention
 # kernels beside the default mma.sync ones), run.gelu_fusion=none and =forward (the base run has auto: full); then
-# the 2-block attention kernels (GPT_ATTENTION_FWD_ROWS=32 GPT_ATTENTION_BWD_BLOCKS=2), the lean backward's dQ kernel
-# recomputing dS instead of reading the one its dK/dV kernel kept (GPT_ATTENTION_DQ=recompute), and the bias gradients
-# by the weight-gradient GEMMs' epilogue instead of kernels (GPT_GEMM_BGRAD=1); "" = none),
+# the mma.sync attention kernels where sm_90 takes the wgmma ones (GPT_ATTENTION_WGMMA=0), and the wgmma dK/dV
+# kernel at 64 queries per step (GPT_ATTENTION_WGMMA_BQ=64), with its element-wise work overlapping its products
+# (GPT_ATTENTION_WGMMA_OVERLAP=1), and both; "" = none),
 # VARIANT_TIMEOUT (60 s each), TIME_LIMIT (0; else seconds from the start: each side's timeout is cut to what is
 # left of it less 15 s for the table, and the profile run and each variant start only if their timeout still fits,
 # else say they were skipped), PROFILE_STEPS (on cuda 4, else 0 = none: after the table, a run of one step more under
@@ -57,8 +57,8 @@
 # prints both sides' device time per step by kind: GEMMs, attention, cross-entropy, optimizer, the rest),
 # GPT_TRAIN_CUDA_PROFILE (passed
 # through; when 1 the whole gpt-train log, with its per-op table, is printed), KEEP=1 keeps the temp dir.
-# GPT_GEMM_ALGOS=N, GPT_GEMM_BGRAD=1, GPT_GEMM_SPLITK=S, GPT_ATTENTION_FWD_ROWS=32, GPT_ATTENTION_BWD_BLOCKS=2 and
-# GPT_ATTENTION_DQ=recompute (the CUDA switches in kernels/cuda) pass through to gpt-train too; under GPT_GEMM_ALGOS
+# GPT_GEMM_ALGOS=N, GPT_GEMM_BGRAD=1, GPT_GEMM_SPLITK=S, GPT_ATTENTION_FWD_ROWS=32, GPT_ATTENTION_BWD_BLOCKS=2,
+# GPT_ATTENTION_DQ=recompute and GPT_ATTENTION_WGMMA* (the CUDA switches in kernels/cuda) pass through to gpt-train too; under GPT_GEMM_ALGOS
 # (and GPT_GEMM_SPLITK) its per-shape timings are printed after its log's last lines.
 # Budget: under 4 minutes on one H200 with the defaults before the variants (the two timeouts sum to 210 s), each
 # variant at most VARIANT_TIMEOUT more. Exit status: 0; 1 when a side failed or timed out (after all the output);
@@ -172,9 +172,10 @@ if [[ -z ${VARIANTS+set} ]]; then
     grep -q '^  attention_kernel ' <<<"$HELP_CONFIG" && VARIANTS="run.attention_kernel=wmma"
     grep -q '^  gelu_fusion ' <<<"$HELP_CONFIG" &&
       VARIANTS="${VARIANTS:+$VARIANTS;}run.gelu_fusion=none;run.gelu_fusion=forward"  # the default: full
-    # kernels/cuda's switches back to what the defaults replaced (a binary without them runs its defaults again).
-    VARIANTS="${VARIANTS:+$VARIANTS;}GPT_ATTENTION_FWD_ROWS=32 GPT_ATTENTION_BWD_BLOCKS=2;GPT_ATTENTION_DQ=recompute"
-    VARIANTS="$VARIANTS;GPT_GEMM_BGRAD=1"
+    # kernels/cuda's switches: the mma.sync attention where sm_90 takes the wgmma one, and the wgmma dK/dV kernel's
+    # experiments (a binary without them runs its defaults again).
+    VARIANTS="${VARIANTS:+$VARIANTS;}GPT_ATTENTION_WGMMA=0;GPT_ATTENTION_WGMMA_BQ=64;GPT_ATTENTION_WGMMA_OVERLAP=1"
+    VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=64 GPT_ATTENTION_WGMMA_OVERLAP=1"
   fi
 fi
 GPT_DIR=$TMP/gpt-run

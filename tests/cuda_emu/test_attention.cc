@@ -383,7 +383,12 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
   ::setenv("GPT_ATTENTION_WGMMA_BQ", "64", 1);  // its dK/dV kernel at 64 queries per step
   run_mma(1, 2, 64, 260, 0.0f);
   run_mma(1, 1, 64, 150, 0.0f);
+  ::setenv("GPT_ATTENTION_WGMMA_OVERLAP", "1", 1);  // and with its element-wise work overlapping the products
+  run_mma(1, 2, 64, 260, 0.0f);
   ::unsetenv("GPT_ATTENTION_WGMMA_BQ");
+  run_mma(1, 2, 64, 260, 0.0f);
+  run_mma(1, 1, 64, 150, 0.0f);
+  ::unsetenv("GPT_ATTENTION_WGMMA_OVERLAP");
   ::setenv("GPT_ATTENTION_WGMMA", "fwd", 1);  // the wgmma forward, the mma.sync backward
   run_mma(1, 1, 64, 150, 0.0f);
   ::setenv("GPT_ATTENTION_WGMMA", "0", 1);

@@ -992,8 +992,9 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
   if (gpu_sized_shapes()) shapes.push_back(Shape{1, 1024, 768, 12});
   // 0: the 2-block kernels; 1: the dQ kernel recomputing dS; 2: the mma.sync kernels where sm_90 (and the
   // emulator) takes the wgmma ones at head size 64 (the 2-block configuration turns them off too); 3: the wgmma
-  // forward with the mma.sync backward; 4: the wgmma dK/dV kernel at 64 queries per step.
-  for (const int config : {0, 1, 2, 3, 4}) {
+  // forward with the mma.sync backward; 4: the wgmma dK/dV kernel at 64 queries per step; 5: at 32 with its
+  // element-wise work overlapping the products (GPT_ATTENTION_WGMMA_OVERLAP).
+  for (const int config : {0, 1, 2, 3, 4, 5}) {
     CAPTURE(config);
     if (config == 0) {
       ::setenv("GPT_ATTENTION_FWD_ROWS", "32", 1);
@@ -1004,6 +1005,7 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
     if (config == 0 || config == 2) ::setenv("GPT_ATTENTION_WGMMA", "0", 1);
     if (config == 3) ::setenv("GPT_ATTENTION_WGMMA", "fwd", 1);
     if (config == 4) ::setenv("GPT_ATTENTION_WGMMA_BQ", "64", 1);
+    if (config == 5) ::setenv("GPT_ATTENTION_WGMMA_OVERLAP", "1", 1);
     for (const Shape s : shapes) {
       for (float p : {0.0f, 0.2f}) {
         CAPTURE(s.B, s.T, s.C, s.NH, p);
@@ -1015,6 +1017,7 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
     ::unsetenv("GPT_ATTENTION_DQ");
     ::unsetenv("GPT_ATTENTION_WGMMA");
     ::unsetenv("GPT_ATTENTION_WGMMA_BQ");
+    ::unsetenv("GPT_ATTENTION_WGMMA_OVERLAP");
   }
   gpu->set_compute_dtype(DType::kF32);
 }
