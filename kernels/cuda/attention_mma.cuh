@@ -181,6 +181,24 @@ __device__ inline void add_ds_k(float (&dq)[D / 8][4], const uint32_t (&dsa)[4],
   }
 }
 
+// The dK/dV kernels' per-query values of a query tile: lse * log2 e and D of row threadIdx.x < BQ (0 past T), loaded
+// into registers a tile ahead (so their loads' latency overlaps a tile's products) and stored into the tile's stage
+// later.
+template <int BQ>
+struct QueryRowStats {
+  float lse = 0.0f, dv = 0.0f;
+  __device__ void load(const float* lse_bh, const float* dvec_bh, int qt, int T) {
+    static_assert(BQ <= kThreads);
+    const int t = qt * BQ + static_cast<int>(threadIdx.x);
+    const bool in = static_cast<int>(threadIdx.x) < BQ && t < T;
+    lse = in ? lse_bh[t] * kLog2e : 0.0f;
+    dv = in ? dvec_bh[t] : 0.0f;
+  }
+  __device__ void store(float* slse, float* sdv) const {
+    if (static_cast<int>(threadIdx.x) < BQ) slse[threadIdx.x] = lse, sdv[threadIdx.x] = dv;
+  }
+};
+
 // f(std::true_type{}) (the masked copy of a tile's element-wise code), or f(std::false_type{}) (the unmasked copy)
 // where kAllowed and `unmasked` (warp-uniform: the tile is wholly visible to the warp). kAllowed false compiles no
 // unmasked copy at all.

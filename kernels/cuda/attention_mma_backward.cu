@@ -83,23 +83,14 @@ __device__ __forceinline__ void attention_backward_kv_mma(bf16* dqkv, const bf16
   auto stage_do = [&](int s) { return reinterpret_cast<bf16*>(stage(s) + Cfg::kQTile); };
   auto stage_lse = [&](int s) { return reinterpret_cast<float*>(stage(s) + 2 * Cfg::kQTile); };
   auto stage_dv = [&](int s) { return stage_lse(s) + BQ; };
-  // Query tile qt's Q and dO into stage s (cp.async); its lse * log2 e and D (row threadIdx.x < BQ; 0 past T) into
-  // registers first, to be stored into the stage later, so their loads' latency overlaps a tile's products.
-  static_assert(BQ <= kThreads);
+  // Query tile qt's Q and dO into stage s (cp.async); its lse and D through QueryRowStats.
   auto fetch_tiles = [&](int qt, int s) {
     copy_tile_async<BQ, D, LD>(stage_q(s), q, C3, qt * BQ, T);
     copy_tile_async<BQ, D, LD>(stage_do(s), dO, C, qt * BQ, T);
   };
-  float row_lse = 0.0f, row_dv = 0.0f;
-  auto load_rows = [&](int qt) {
-    const int t = qt * BQ + static_cast<int>(threadIdx.x);
-    const bool in = static_cast<int>(threadIdx.x) < BQ && t < T;
-    row_lse = in ? lse_bh[t] * kLog2e : 0.0f;
-    row_dv = in ? dvec_bh[t] : 0.0f;
-  };
-  auto store_rows_to = [&](int s) {
-    if (static_cast<int>(threadIdx.x) < BQ) stage_lse(s)[threadIdx.x] = row_lse, stage_dv(s)[threadIdx.x] = row_dv;
-  };
+  QueryRowStats<BQ> rows;
+  auto load_rows = [&](int qt) { rows.load(lse_bh, dvec_bh, qt, T); };
+  auto store_rows_to = [&](int s) { rows.store(stage_lse(s), stage_dv(s)); };
   const int qt0 = k0 / BQ, num_qt = (T + BQ - 1) / BQ;  // from the tile holding query k0 (the diagonal) down
   copy_tile_async<BK, D, LD>(sk, q + C, C3, k0, T);
   copy_tile_async<BK, D, LD>(sv, q + 2 * C, C3, k0, T);

@@ -242,18 +242,9 @@ __global__ void __launch_bounds__(kThreads)
     copy_tile_sw128<BQ>(stage_q(s), q, C3, qt * BQ, T);
     copy_tile_sw128<BQ>(stage_do(s), dO, C, qt * BQ, T);
   };
-  // lse * log2 e and D of query row threadIdx.x < BQ of a tile (0 past T): loaded into registers a tile ahead,
-  // stored into its stage at the end of an iteration (as the mma.sync kernel does).
-  float row_lse = 0.0f, row_dv = 0.0f;
-  auto load_rows = [&](int qt) {
-    const int t = qt * BQ + static_cast<int>(threadIdx.x);
-    const bool in = static_cast<int>(threadIdx.x) < BQ && t < T;
-    row_lse = in ? lse_bh[t] * kLog2e : 0.0f;
-    row_dv = in ? dvec_bh[t] : 0.0f;
-  };
-  auto store_rows_to = [&](int s) {
-    if (static_cast<int>(threadIdx.x) < BQ) stage_lse(s)[threadIdx.x] = row_lse, stage_dv(s)[threadIdx.x] = row_dv;
-  };
+  QueryRowStats<BQ> rows;  // lse and D, a tile ahead (attention_mma.cuh)
+  auto load_rows = [&](int qt) { rows.load(lse_bh, dvec_bh, qt, T); };
+  auto store_rows_to = [&](int s) { rows.store(stage_lse(s), stage_dv(s)); };
   const int qt0 = k0 / BQ, num_qt = (T + BQ - 1) / BQ;  // from the tile holding query k0 (the diagonal) down
   copy_tile_sw128<kBK>(sk, q + C, C3, k0, T);
   copy_tile_sw128<kBK>(sv, q + 2 * C, C3, k0, T);
