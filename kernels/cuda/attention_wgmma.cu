@@ -12,8 +12,8 @@
 //  - Every warp computes every key tile up to the block's last row (wgmma is a warpgroup instruction: no warp may
 //    skip it); the tile on the diagonal is masked per element, as the mma.sync kernel masks its diagonal chunks.
 // The backward (where it keeps dS^T): the dK/dV kernel and the dQ kernel over the kept dS^T, likewise (their own
-// comments below). Each batch of products is waited for at once (no overlap of the element-wise work with the next
-// product yet).
+// comments below). Each batch of products is waited for at once, but in the overlapped variants
+// (GPT_ATTENTION_WGMMA_OVERLAP), which compute the element-wise work while the next batch runs.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -56,6 +56,90 @@ __device__ inline void copy_tile_sw128(unsigned char* dst, const bf16* src, int6
     const bool in = row < rows;
     cp_async_16(dst + sw128_offset(r, c), src + (in ? static_cast<int64_t>(row) * ld : 0) + c, in ? 16u : 0u);
   }
+}
+
+// The forward's online softmax of one tile's scores (the warp's rows g, g + 8 of sc: [4 n + 2 hf + e] = row g + 8
+// hf, key k0 + 8 n + 2 tq + e), as attention_mma.cu's: sc becomes P (fp32), m and l are updated, alpha is the factor
+// O's rows take before this tile's P V (0 on the first tile). kMasked: the causal mask (the padded rows past T need
+// none: they are never stored); without it (a tile whose every key precedes the warp's every row: all but the
+// diagonal one) no test per element.
+template <bool kMasked>
+__device__ __forceinline__ void online_softmax(float (&sc)[32], float (&m)[2], float (&l)[2], float (&alpha)[2], int k0,
+                                               int qw, int g, int tq, float scale_log2) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int t = qw + g + 8 * hf;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kBK / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = sc[4 * n + 2 * hf + e];  // the raw score: the scale goes into exp2's FFMA below
+        if (kMasked && k0 + n * 8 + 2 * tq + e > t) x = -INFINITY;
+        mx = fmaxf(mx, x);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // Finite from the first tile on: key 0 is visible to every row. All four lanes of a row agree bitwise.
+    const float m_new = fmaxf(m[hf], mx * scale_log2);
+    alpha[hf] = exp2f(m[hf] - m_new);  // 0 on the first tile (m = -inf)
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kBK / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = sc[4 * n + 2 * hf + e];
+        x = exp2f(fmaf(x, scale_log2, -m_new));  // 0 where masked (-inf); one rounding
+        sum += x;
+      }
+    }
+    l[hf] = l[hf] * alpha[hf] + sum;
+    m[hf] = m_new;
+  }
+}
+
+// O's rows g, g + 8 times alpha.
+__device__ __forceinline__ void rescale_rows(float (&o)[32], const float (&alpha)[2]) {
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) {
+    o[4 * n] *= alpha[0], o[4 * n + 1] *= alpha[0];
+    o[4 * n + 2] *= alpha[1], o[4 * n + 3] *= alpha[1];
+  }
+}
+
+// P (sc, fp32) as the A registers of P V, per 16 keys, rounded to bf16.
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[kBK / 16][4], const float (&sc)[32]) {
+#pragma unroll
+  for (int c = 0; c < kBK / 16; ++c) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) pa[c][r] = pack_bf16x2(sc[8 * c + 2 * r], sc[8 * c + 2 * r + 1]);
+  }
+}
+
+// The forward's end for a warp with rows below T: lse, and O / l as bf16 into out, staged through the warp's 16 rows
+// (of kStageLd) at `stage` (shared memory no product reads any more).
+__device__ __forceinline__ void finish_forward(bf16* out, float* lse, const float (&o)[32], const float (&m)[2],
+                                               const float (&l)[2], bf16* stage, int bh, int qw, int T, int C,
+                                               int lane) {
+  const int g = lane >> 2, tq = lane & 3;
+  float inv[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float sum = l[hf];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    inv[hf] = 1.0f / sum;
+    const int t = qw + g + 8 * hf;
+    if (tq == 0 && t < T) lse[static_cast<int64_t>(bh) * T + t] = (m[hf] + log2f(sum)) * kLn2;
+  }
+  float acc[1][kD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) {
+    acc[0][n][0] = o[4 * n] * inv[0], acc[0][n][1] = o[4 * n + 1] * inv[0];
+    acc[0][n][2] = o[4 * n + 2] * inv[1], acc[0][n][3] = o[4 * n + 3] * inv[1];
+  }
+  store_rows<1, kD, kStageLd>(out, C, acc, 1.0f, stage, qw, T, lane);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -114,57 +198,12 @@ __global__ void __launch_bounds__(kThreads)
     fence_operands(sc);
 
     uint32_t pa[kBK / 16][4];
-    // The online softmax of this tile's scores into pa, as attention_mma.cu's. kMasked: the causal mask (the
-    // padded rows past T need none: they are never stored); without it (a tile whose every key precedes the
-    // warp's every row: all but the diagonal one) no test per element.
-    auto softmax = [&](auto masked) {
-      constexpr bool kMasked = decltype(masked)::value;
-      float alpha[2];
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int t = qw + g + 8 * hf;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < kBK / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = sc[4 * n + 2 * hf + e];  // the raw score: the scale goes into exp2's FFMA below
-            if (kMasked && k0 + n * 8 + 2 * tq + e > t) x = -INFINITY;
-            mx = fmaxf(mx, x);
-          }
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // Finite from the first tile on: key 0 is visible to every row. All four lanes of a row agree bitwise.
-        const float m_new = fmaxf(m[hf], mx * scale_log2);
-        alpha[hf] = exp2f(m[hf] - m_new);  // 0 on the first tile (m = -inf)
-        float sum = 0.0f;
-#pragma unroll
-        for (int n = 0; n < kBK / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = sc[4 * n + 2 * hf + e];
-            x = exp2f(fmaf(x, scale_log2, -m_new));  // 0 where masked (-inf); one rounding
-            sum += x;
-          }
-        }
-        l[hf] = l[hf] * alpha[hf] + sum;
-        m[hf] = m_new;
-      }
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        o[4 * n] *= alpha[0], o[4 * n + 1] *= alpha[0];
-        o[4 * n + 2] *= alpha[1], o[4 * n + 3] *= alpha[1];
-      }
-#pragma unroll
-      for (int c = 0; c < kBK / 16; ++c) {
-        pa[c][0] = pack_bf16x2(sc[8 * c], sc[8 * c + 1]);
-        pa[c][1] = pack_bf16x2(sc[8 * c + 2], sc[8 * c + 3]);
-        pa[c][2] = pack_bf16x2(sc[8 * c + 4], sc[8 * c + 5]);
-        pa[c][3] = pack_bf16x2(sc[8 * c + 6], sc[8 * c + 7]);
-      }
-    };
-    with_mask<true>(k0 + kBK - 1 <= qw, softmax);
+    float alpha[2];
+    with_mask<true>(k0 + kBK - 1 <= qw, [&](auto masked) {
+      online_softmax<decltype(masked)::value>(sc, m, l, alpha, k0, qw, g, tq, scale_log2);
+      rescale_rows(o, alpha);
+      pack_p(pa, sc);
+    });
 
     fence_operands(o);  // o rescaled and pa written by this thread: ordered before the products read them
     fence_operands(pa);
@@ -178,27 +217,140 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   if (qw >= T) return;  // warp-uniform; no barrier follows
-  float inv[2];
+  // Every tile is dead after the loop's last barrier: the warp's 16 staging rows lie in the K/V stages, 2304 bytes
+  // per warp.
+  finish_forward(out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * kD, lse, o, m, l,
+                 reinterpret_cast<bf16*>(stage_k(0)) + warp * 16 * kStageLd, bh, qw, T, C, lane);
+}
+
+// The forward with its products overlapping the softmax (GPT_ATTENTION_WGMMA_OVERLAP=1 or fwd; an experiment not yet
+// measured on a GPU), as FlashAttention-3 overlaps them within a warpgroup: iteration kt issues S = Q K_kt and the
+// previous tile's O += P V, computes this tile's softmax while the latter runs, then rescales O. K and V take three
+// stages (V of tile kt - 1 is read while tile kt + 1 is copied). The same values as the kernel above: O is rescaled
+// by a tile's alpha after the previous tile's P V and before its own, as there.
+constexpr int kOverlapStages = 3;
+constexpr size_t kSmemOverlap = (1 + 2 * kOverlapStages) * size_t{kTile} + 1024;
+
+__global__ void __launch_bounds__(kThreads)
+    attention_forward_wgmma_overlap_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH,
+                                           float scale_log2) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* base = smem_raw + (1024 - smem_u32(smem_raw) % 1024) % 1024;
+  unsigned char* sq = base;
+  auto stage_k = [&](int s) { return base + (1 + 2 * s) * kTile; };
+  auto stage_v = [&](int s) { return base + (2 + 2 * s) * kTile; };
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane >> 2, tq = lane & 3;
+
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBQ;  // the last query tiles have the most keys: start them first
+  const int64_t C3 = 3 * static_cast<int64_t>(C);
+  const bf16* q = qkv + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * kD;
+  const bf16* k = q + C;
+  const bf16* v = q + 2 * C;
+  const int num_kt = (min(q0 + kBQ, T) - 1) / kBK + 1;  // key tiles up to the last real query of this tile
+  auto fetch = [&](int kt) {                            // tile kt's K and V into stage kt % 3, one commit group
+    copy_tile_sw128(stage_k(kt % kOverlapStages), k, C3, kt * kBK, T);
+    copy_tile_sw128(stage_v(kt % kOverlapStages), v, C3, kt * kBK, T);
+    cp_async_commit();
+  };
+
+  copy_tile_sw128(sq, q, C3, q0, T);
+  fetch(0);  // with Q
+  if (num_kt > 1) fetch(1);
+
+  const int qw = q0 + 16 * warp;  // this warp's first row
+  float o[32];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float sum = l[hf];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    inv[hf] = 1.0f / sum;
-    const int t = qw + g + 8 * hf;
-    if (tq == 0 && t < T) lse[static_cast<int64_t>(bh) * T + t] = (m[hf] + log2f(sum)) * kLn2;
-  }
-  float acc[1][kD / 8][4];
+  for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+  const uint32_t q_addr = smem_u32(sq);
+  auto issue_s = [&](float(&sc)[32], int kt) {
+    const uint32_t k_addr = smem_u32(stage_k(kt % kOverlapStages));
 #pragma unroll
-  for (int n = 0; n < kD / 8; ++n) {
-    acc[0][n][0] = o[4 * n] * inv[0], acc[0][n][1] = o[4 * n + 1] * inv[0];
-    acc[0][n][2] = o[4 * n + 2] * inv[1], acc[0][n][3] = o[4 * n + 3] * inv[1];
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      wgmma_ss<64>(sc, kmajor_desc(q_addr + 32 * kk), kmajor_desc(k_addr + 32 * kk), kk > 0);
+    }
+  };
+  auto issue_pv = [&](const uint32_t(&pa)[kBK / 16][4], int kt) {
+    const uint32_t v_addr = smem_u32(stage_v(kt % kOverlapStages));
+#pragma unroll
+    for (int c = 0; c < kBK / 16; ++c) wgmma_rs_mn(o, pa[c], mnmajor_desc(v_addr + 2048 * c), true);
+  };
+  auto softmax = [&](float(&sc)[32], float(&alpha)[2], int kt) {
+    with_mask<true>(kt * kBK + kBK - 1 <= qw, [&](auto masked) {
+      online_softmax<decltype(masked)::value>(sc, m, l, alpha, kt * kBK, qw, g, tq, scale_log2);
+    });
+  };
+
+  // Tile 0: S, its softmax (O is 0: no rescale).
+  if (num_kt > 1) {
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
   }
-  // Every tile is dead after the loop's last barrier: the warp's 16 staging rows (of kStageLd) lie in the K/V
-  // stages, 2304 bytes per warp.
-  auto* stage = reinterpret_cast<bf16*>(stage_k(0)) + warp * 16 * kStageLd;
-  store_rows<1, kD, kStageLd>(out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * kD, C, acc, 1.0f, stage,
-                              qw, T, lane);
+  fence_proxy_async();
+  __syncthreads();
+  float sc[32], alpha[2];
+  uint32_t pa[kBK / 16][4];
+  wgmma_fence();
+  issue_s(sc, 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operands(sc);
+  softmax(sc, alpha, 0);
+  pack_p(pa, sc);
+
+  // Iteration kt: S of tile kt and P V of tile kt - 1 (P in `prev`), this tile's P into `next`. The two P arrays
+  // alternate (two iterations per loop trip): a register copy between them inside the products' pipeline made ptxas
+  // serialise the wgmmas.
+  uint32_t pb[kBK / 16][4];
+  auto step = [&](int kt, const uint32_t(&prev)[kBK / 16][4], uint32_t(&next)[kBK / 16][4]) {
+    // Stage (kt + 1) % 3 last held tile kt - 2, whose P V was waited for in iteration kt - 1 before its barrier.
+    if (kt + 1 < num_kt) {
+      fetch(kt + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async();
+    __syncthreads();  // tile kt's copies have landed
+    fence_operands(o);
+    wgmma_fence();
+    issue_s(sc, kt);
+    wgmma_commit();
+    issue_pv(prev, kt - 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // S (the previous tile's P V may still run)
+    fence_operands(sc);
+    softmax(sc, alpha, kt);
+    pack_p(next, sc);
+    wgmma_wait<0>();  // P V of tile kt - 1: O is free
+    fence_operands(o);
+    rescale_rows(o, alpha);
+    __syncthreads();  // every warp is past this iteration's products before the next refill
+  };
+  for (int kt = 1; kt < num_kt; kt += 2) {
+    step(kt, pa, pb);
+    if (kt + 1 < num_kt) step(kt + 1, pb, pa);
+  }
+  auto last_pv = [&](const uint32_t(&p)[kBK / 16][4]) {
+    fence_operands(o);
+    wgmma_fence();
+    issue_pv(p, num_kt - 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(o);
+  };
+  if ((num_kt - 1) % 2 == 1) {  // the last tile's P: pb after an odd iteration, pa after an even one (or none)
+    last_pv(pb);
+  } else {
+    last_pv(pa);
+  }
+  __syncthreads();  // the last P V has read its V stage before any warp stages its output there
+
+  if (qw >= T) return;  // warp-uniform; no barrier follows
+  finish_forward(out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * kD, lse, o, m, l,
+                 reinterpret_cast<bf16*>(stage_k(0)) + warp * 16 * kStageLd, bh, qw, T, C, lane);
 }
 
 // dK, dV for one 64-key tile of one (b, h), and dS^T into ds, as attention_mma_backward.cu's
@@ -209,8 +361,8 @@ __global__ void __launch_bounds__(kThreads)
 //  - P^T and dS^T element by element as there (lse and D per query column, from the stage), packed to bf16 A
 //    fragments; dS^T stored from them (every 16 x 16 block of the tiles visited, the masked ones as zeros).
 //  - dV += P^T dO and dK += dS^T Q: m64n64k16 with A from those registers and dO, Q from shared memory, MN-major.
-// kOverlap (GPT_ATTENTION_WGMMA_OVERLAP=1, an experiment not yet measured on a GPU): S^T and dP^T in separate commit
-// groups, so P^T is computed while dP^T's products run and dS^T while dV's do; the same values.
+// kOverlap (GPT_ATTENTION_WGMMA_OVERLAP=1 or bwd, an experiment not yet measured on a GPU): S^T and dP^T in separate
+// commit groups, so P^T is computed while dP^T's products run and dS^T while dV's do; the same values.
 template <int BQ, bool kOverlap>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_kv_wgmma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse,
@@ -478,6 +630,11 @@ __global__ void __launch_bounds__(kThreads)
                               T, lane);
 }
 
+// GPT_ATTENTION_WGMMA_OVERLAP (read at each launch): 1 for both overlapped kernels, or `part` (fwd, bwd) for one.
+bool overlap_enabled(const char* part) {
+  return env_is("GPT_ATTENTION_WGMMA_OVERLAP", "1") || env_is("GPT_ATTENTION_WGMMA_OVERLAP", part);
+}
+
 // Whether the current device is sm_90 (asked at each call: two attribute reads, no cache to go stale).
 bool current_device_is_sm90() {
   int device = 0, major = 0, minor = 0;
@@ -499,17 +656,24 @@ bool attention_wgmma_backward_usable(int C, int NH, bool dropout) {
   return attention_wgmma_forward_usable(C, NH, dropout) && !env_is("GPT_ATTENTION_WGMMA", "fwd");
 }
 
-size_t attention_wgmma_smem_bytes() { return std::max(kSmem, BwdKvWgmmaCfg<64>::kBytes); }
+size_t attention_wgmma_smem_bytes() { return std::max({kSmem, kSmemOverlap, BwdKvWgmmaCfg<64>::kBytes}); }
 
 void attention_forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
   GPT_CHECK(attention_wgmma_forward_usable(C, NH, false));
   GPT_CHECK(B >= 0 && T >= 0 && static_cast<int64_t>(B) * NH <= 65535);
   if (B == 0 || T == 0) return;
-  set_smem(attention_forward_wgmma_kernel, kSmem);
-  prefer_shared_memory(attention_forward_wgmma_kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBQ)), static_cast<unsigned>(B * NH));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kD));
-  attention_forward_wgmma_kernel<<<grid, kThreads, kSmem, stream>>>(out, lse, qkv, T, C, NH, scale_log2);
+  if (overlap_enabled("fwd")) {
+    set_smem(attention_forward_wgmma_overlap_kernel, kSmemOverlap);
+    prefer_shared_memory(attention_forward_wgmma_overlap_kernel);
+    attention_forward_wgmma_overlap_kernel<<<grid, kThreads, kSmemOverlap, stream>>>(out, lse, qkv, T, C, NH,
+                                                                                     scale_log2);
+  } else {
+    set_smem(attention_forward_wgmma_kernel, kSmem);
+    prefer_shared_memory(attention_forward_wgmma_kernel);
+    attention_forward_wgmma_kernel<<<grid, kThreads, kSmem, stream>>>(out, lse, qkv, T, C, NH, scale_log2);
+  }
   GPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -519,8 +683,8 @@ template <int BQ>
 void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
                         int T, int C, int NH, bf16* ds, int64_t ds_ld, cudaStream_t stream) {
   constexpr size_t smem = BwdKvWgmmaCfg<BQ>::kBytes;
-  const auto kernel = env_is("GPT_ATTENTION_WGMMA_OVERLAP", "1") ? attention_backward_kv_wgmma_kernel<BQ, true>
-                                                                 : attention_backward_kv_wgmma_kernel<BQ, false>;
+  const auto kernel = overlap_enabled("bwd") ? attention_backward_kv_wgmma_kernel<BQ, true>
+                                             : attention_backward_kv_wgmma_kernel<BQ, false>;
   set_smem(kernel, smem);
   prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBK)), static_cast<unsigned>(B * NH));

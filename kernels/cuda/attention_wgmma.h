@@ -5,6 +5,8 @@
 // online softmax, its scale folded into exp2, P and dS rounded to bf16 before their products). Built for sm_90a only
 // (its own object library); attention_mma.cu and attention_mma_backward.cu call them where the *_usable functions
 // say so, and take their own kernels elsewhere. GPT_ATTENTION_WGMMA=0 turns both off, =fwd the backward.
+// GPT_ATTENTION_WGMMA_OVERLAP=1 (or fwd, bwd: one of them) takes their variants whose element-wise work overlaps the
+// products (the same values; not yet measured on a GPU).
 #pragma once
 
 #include <cuda_runtime_api.h>

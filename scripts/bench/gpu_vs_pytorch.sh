@@ -45,9 +45,10 @@
 # where a word with an upper-case name (GPT_ATTENTION_FWD_ROWS=32) is put in that run's environment instead;
 # default, when the run is bf16 on cuda and this binary has the keys: run.attention_kernel=wmma (the older attention
 # kernels beside the default mma.sync ones), run.gelu_fusion=none and =forward (the base run has auto: full); then
-# the mma.sync attention kernels where sm_90 takes the wgmma ones (GPT_ATTENTION_WGMMA=0), and the wgmma dK/dV
-# kernel at 64 queries per step (GPT_ATTENTION_WGMMA_BQ=64), with its element-wise work overlapping its products
-# (GPT_ATTENTION_WGMMA_OVERLAP=1), and both; "" = none),
+# the mma.sync attention kernels where sm_90 takes the wgmma ones (GPT_ATTENTION_WGMMA=0), the wgmma dK/dV kernel
+# at 64 queries per step (GPT_ATTENTION_WGMMA_BQ=64), the wgmma kernels with their element-wise work overlapping
+# their products (GPT_ATTENTION_WGMMA_OVERLAP=1, and =fwd, =bwd for one of them), and 64 queries with both
+# overlapped; "" = none),
 # VARIANT_TIMEOUT (60 s each), TIME_LIMIT (0; else seconds from the start: each side's timeout is cut to what is
 # left of it less 15 s for the table, and the profile run and each variant start only if their timeout still fits,
 # else say they were skipped), PROFILE_STEPS (on cuda 4, else 0 = none: after the table, a run of one step more under
@@ -175,6 +176,7 @@ if [[ -z ${VARIANTS+set} ]]; then
     # kernels/cuda's switches: the mma.sync attention where sm_90 takes the wgmma one, and the wgmma dK/dV kernel's
     # experiments (a binary without them runs its defaults again).
     VARIANTS="${VARIANTS:+$VARIANTS;}GPT_ATTENTION_WGMMA=0;GPT_ATTENTION_WGMMA_BQ=64;GPT_ATTENTION_WGMMA_OVERLAP=1"
+    VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_OVERLAP=fwd;GPT_ATTENTION_WGMMA_OVERLAP=bwd"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=64 GPT_ATTENTION_WGMMA_OVERLAP=1"
   fi
 fi

@@ -383,7 +383,9 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
   ::setenv("GPT_ATTENTION_WGMMA_BQ", "64", 1);  // its dK/dV kernel at 64 queries per step
   run_mma(1, 2, 64, 260, 0.0f);
   run_mma(1, 1, 64, 150, 0.0f);
-  ::setenv("GPT_ATTENTION_WGMMA_OVERLAP", "1", 1);  // and with its element-wise work overlapping the products
+  // The overlapped kernels (GPT_ATTENTION_WGMMA_OVERLAP=1: forward and dK/dV; T 150 gives query tiles of 1, 2 and
+  // 3 key tiles, both ends of the forward's two-iteration loop).
+  ::setenv("GPT_ATTENTION_WGMMA_OVERLAP", "1", 1);
   run_mma(1, 2, 64, 260, 0.0f);
   ::unsetenv("GPT_ATTENTION_WGMMA_BQ");
   run_mma(1, 2, 64, 260, 0.0f);
