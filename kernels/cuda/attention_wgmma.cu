@@ -11,16 +11,17 @@
 //    copied by cp.async and made visible to the tensor cores by fence_proxy_async before the barrier.
 //  - Every warp computes every key tile up to the block's last row (wgmma is a warpgroup instruction: no warp may
 //    skip it); the tile on the diagonal is masked per element, as the mma.sync kernel masks its diagonal chunks.
-// The backward (where it keeps dS^T): the dK/dV kernel and the dQ kernel over the kept dS^T, likewise (their own
-// comments below). Each batch of products is waited for at once, but in the overlapped variants
-// (GPT_ATTENTION_WGMMA_OVERLAP), which compute the element-wise work while the next batch runs.
+// The backward (where it keeps dS^T): the dK/dV kernel and the dQ kernel over the kept dS^T, likewise
+// (attention_wgmma_backward.cu; attention_wgmma.cuh holds what both files share). Each batch of products is waited for
+// at once, but in the overlapped variants (GPT_ATTENTION_WGMMA_OVERLAP), which compute the element-wise work while the
+// next batch runs.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
 #include "core/check.h"
-#include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/attention_wgmma.cuh"
 #include "kernels/cuda/attention_wgmma.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -31,32 +32,7 @@ namespace gpt::cuda {
 
 namespace {
 
-using namespace attention_mma_detail;
-
-constexpr int kD = 64, kBQ = 64, kBK = 64;
-constexpr uint32_t kTile = 64 * kSw128Row;          // one 64 x 64 bf16 tile: 8 KB
-constexpr size_t kSmem = 5 * size_t{kTile} + 1024;  // Q, two stages of K and V; up to 1 KB to align the first
-constexpr int kStageLd = kD + 8;                    // the output's staging rows (store_rows), in the dead K/V stages
-
-// The dK/dV kernel's shared memory past the K and V tiles: per stage a Q and a dO tile (BQ swizzled rows), then lse
-// and D (BQ floats each), rounded up to keep the next stage 1024-byte aligned; two stages.
-template <int BQ>
-struct BwdKvWgmmaCfg {
-  static constexpr uint32_t kQTile = BQ * kSw128Row;
-  static constexpr uint32_t kStageBytes = (2 * kQTile + 2 * sizeof(float) * BQ + 1023) / 1024 * 1024;
-  static constexpr size_t kBytes = 2 * size_t{kTile} + 2 * size_t{kStageBytes} + 1024;
-};
-
-// Rows [row0, row0 + ROWS) x 64 channels of a bf16 matrix with row stride ld into a swizzled tile, by cp.async (16
-// bytes each; rows at or past `rows` zero-filled, their source not read).
-template <int ROWS = 64>
-__device__ inline void copy_tile_sw128(unsigned char* dst, const bf16* src, int64_t ld, int row0, int rows) {
-  for (int i = threadIdx.x; i < ROWS * 8; i += kThreads) {
-    const int r = i / 8, c = (i % 8) * 8, row = row0 + r;
-    const bool in = row < rows;
-    cp_async_16(dst + sw128_offset(r, c), src + (in ? static_cast<int64_t>(row) * ld : 0) + c, in ? 16u : 0u);
-  }
-}
+using namespace attention_wgmma_detail;
 
 // The forward's online softmax of one tile's scores (the warp's rows g, g + 8 of sc: [4 n + 2 hf + e] = row g + 8
 // hf, key k0 + 8 n + 2 tq + e), as attention_mma.cu's: sc becomes P (fp32), m and l are updated, alpha is the factor
@@ -353,288 +329,6 @@ __global__ void __launch_bounds__(kThreads)
                  reinterpret_cast<bf16*>(stage_k(0)) + warp * 16 * kStageLd, bh, qw, T, C, lane);
 }
 
-// dK, dV for one 64-key tile of one (b, h), and dS^T into ds, as attention_mma_backward.cu's
-// attention_backward_kv_mma with kStoreDs (read it first), on wgmma: the warpgroup's 64 rows are the tile's keys
-// (warp w: keys k0 + 16 w..), summed over query tiles of BQ (32 or 64) in ascending order.
-//  - S^T = K Q^T and dP^T = V dO^T: m64nBQk16 from shared memory (K, V, and Q, dO as B^T, all K-major), 4 k-steps
-//    each, in one batch.
-//  - P^T and dS^T element by element as there (lse and D per query column, from the stage), packed to bf16 A
-//    fragments; dS^T stored from them (every 16 x 16 block of the tiles visited, the masked ones as zeros).
-//  - dV += P^T dO and dK += dS^T Q: m64n64k16 with A from those registers and dO, Q from shared memory, MN-major.
-// kOverlap (GPT_ATTENTION_WGMMA_OVERLAP=1 or bwd, an experiment not yet measured on a GPU): S^T and dP^T in separate
-// commit groups, so P^T is computed while dP^T's products run and dS^T while dV's do; the same values.
-template <int BQ, bool kOverlap>
-__global__ void __launch_bounds__(kThreads)
-    attention_backward_kv_wgmma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse,
-                                       const float* dvec, int T, int C, int NH, float scale, float scale_log2, bf16* ds,
-                                       int64_t ds_ld) {
-  using Cfg = BwdKvWgmmaCfg<BQ>;
-  constexpr int NC = BQ / 16;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* base = smem_raw + (1024 - smem_u32(smem_raw) % 1024) % 1024;
-  unsigned char* sk = base;
-  unsigned char* sv = base + kTile;
-  auto stage = [&](int s) { return base + 2 * kTile + s * Cfg::kStageBytes; };
-  auto stage_q = [&](int s) { return stage(s); };
-  auto stage_do = [&](int s) { return stage(s) + Cfg::kQTile; };
-  auto stage_lse = [&](int s) { return reinterpret_cast<float*>(stage(s) + 2 * Cfg::kQTile); };
-  auto stage_dv = [&](int s) { return stage_lse(s) + BQ; };
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane >> 2, tq = lane & 3;
-
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int k0 = blockIdx.x * kBK;  // the first key tiles see the most queries: start them first
-  const int64_t C3 = 3 * static_cast<int64_t>(C);
-  const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * kD;
-  const bf16* q = qkv + qkv_off;
-  const bf16* dO = dob + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * kD;
-  const float* lse_bh = lse + static_cast<int64_t>(bh) * T;
-  const float* dvec_bh = dvec + static_cast<int64_t>(bh) * T;
-
-  auto fetch_tiles = [&](int qt, int s) {
-    copy_tile_sw128<BQ>(stage_q(s), q, C3, qt * BQ, T);
-    copy_tile_sw128<BQ>(stage_do(s), dO, C, qt * BQ, T);
-  };
-  QueryRowStats<BQ> rows;  // lse and D, a tile ahead (attention_mma.cuh)
-  auto load_rows = [&](int qt) { rows.load(lse_bh, dvec_bh, qt, T); };
-  auto store_rows_to = [&](int s) { rows.store(stage_lse(s), stage_dv(s)); };
-  const int qt0 = k0 / BQ, num_qt = (T + BQ - 1) / BQ;  // from the tile holding query k0 (the diagonal) down
-  copy_tile_sw128<kBK>(sk, q + C, C3, k0, T);
-  copy_tile_sw128<kBK>(sv, q + 2 * C, C3, k0, T);
-  fetch_tiles(qt0, 0);
-  cp_async_commit();
-  load_rows(qt0);
-  store_rows_to(0);
-
-  const int kw = k0 + 16 * warp;  // this warp's first key
-  float dk[32], dv[32];           // the warp's 16 keys x 64 channels (wgmma's accumulator layout)
-#pragma unroll
-  for (int i = 0; i < 32; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
-  const uint32_t k_addr = smem_u32(sk), v_addr = smem_u32(sv);
-
-  for (int qt = qt0; qt < num_qt; ++qt) {
-    const int q0 = qt * BQ, s = (qt - qt0) & 1;
-    if (qt + 1 < num_qt) {  // stage s ^ 1 was last read in the previous iteration, which ended with a barrier
-      fetch_tiles(qt + 1, s ^ 1);
-      cp_async_commit();
-      load_rows(qt + 1);  // stored into stage s ^ 1 at the end of this iteration
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    fence_proxy_async();  // this thread's copies, visible to the tensor cores' reads
-    __syncthreads();      // every thread's copies of this tile (and of K, V) have landed
-    const uint32_t q_addr = smem_u32(stage_q(s)), do_addr = smem_u32(stage_do(s));
-
-    float st[BQ / 2], dpt[BQ / 2];  // S^T, dP^T: [4 n + e] = key row g + 8 (e / 2), query column 8 n + 2 tq + e % 2
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      wgmma_ss<BQ>(st, kmajor_desc(k_addr + 32 * kk), kmajor_desc(q_addr + 32 * kk), kk > 0);
-    }
-    if constexpr (kOverlap) wgmma_commit();  // S^T's own group: P^T's element-wise work overlaps dP^T's products
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      wgmma_ss<BQ>(dpt, kmajor_desc(v_addr + 32 * kk), kmajor_desc(do_addr + 32 * kk), kk > 0);
-    }
-    wgmma_commit();
-    if constexpr (kOverlap) {
-      wgmma_wait<1>();
-    } else {
-      wgmma_wait<0>();
-      fence_operands(dpt);
-    }
-    fence_operands(st);
-
-    const float* slse = stage_lse(s);
-    const float* sdv = stage_dv(s);
-    uint32_t pa[NC][4], dsa[NC][4];
-    // P^T into st and (kWithDs) dS^T (not yet times scale) into dpt. kMasked: the causal mask and the padded
-    // queries (and keys); without it (every query of the tile real and at or after the warp's every key) no test per
-    // element.
-    auto scores = [&](auto masked, auto with_ds) {
-      constexpr bool kMasked = decltype(masked)::value, kWithDs = decltype(with_ds)::value;
-#pragma unroll
-      for (int n = 0; n < BQ / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = g + 8 * (e >> 1), col = n * 8 + 2 * tq + (e & 1);
-          const int t = q0 + col, t2 = kw + r;
-          const bool visible = !kMasked || (t < T && t2 <= t);
-          const float p = visible ? exp2f(st[4 * n + e] * scale_log2 - slse[col]) : 0.0f;
-          st[4 * n + e] = p;
-          if constexpr (kWithDs) dpt[4 * n + e] = p * (dpt[4 * n + e] - sdv[col]);
-        }
-      }
-    };
-    const bool unmasked = kw + 15 <= q0 && q0 + BQ <= T;
-    auto pack_p = [&] {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) pa[c][r] = pack_bf16x2(st[8 * c + 2 * r], st[8 * c + 2 * r + 1]);
-      }
-    };
-    auto pack_store_ds = [&] {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) dsa[c][r] = pack_bf16x2(dpt[8 * c + 2 * r], dpt[8 * c + 2 * r + 1]);
-        // The A fragment's layout: {row g, g + 8} x {columns 2 tq, 8 + 2 tq}, pairs.
-        bf16* row = ds + (static_cast<int64_t>(bh) * ds_ld + kw + g) * ds_ld + q0 + c * 16 + 2 * tq;
-        *reinterpret_cast<uint32_t*>(row) = dsa[c][0];
-        *reinterpret_cast<uint32_t*>(row + 8 * ds_ld) = dsa[c][1];
-        *reinterpret_cast<uint32_t*>(row + 8) = dsa[c][2];
-        *reinterpret_cast<uint32_t*>(row + 8 * ds_ld + 8) = dsa[c][3];
-      }
-    };
-    auto issue_dv = [&] {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) wgmma_rs_mn(dv, pa[c], mnmajor_desc(do_addr + 2048 * c), true);
-    };
-    auto issue_dk = [&] {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) wgmma_rs_mn(dk, dsa[c], mnmajor_desc(q_addr + 2048 * c), true);
-    };
-    if constexpr (kOverlap) {
-      // P^T (dP^T's products still running), then dV += P^T dO issued; dS^T once dP^T's group retires (the
-      // masked elements have P = 0 already, so no mask), then dK += dS^T Q: the same values as below.
-      with_mask<true>(unmasked, [&](auto masked) { scores(masked, std::false_type{}); });
-      pack_p();
-      fence_operands(dv);
-      fence_operands(pa);
-      wgmma_fence();
-      issue_dv();
-      wgmma_commit();
-      wgmma_wait<1>();  // dP^T's group (dV's may still run)
-      fence_operands(dpt);
-#pragma unroll
-      for (int n = 0; n < BQ / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dpt[4 * n + e] = st[4 * n + e] * (dpt[4 * n + e] - sdv[n * 8 + 2 * tq + (e & 1)]);
-      }
-      pack_store_ds();
-      fence_operands(dk);
-      fence_operands(dsa);
-      wgmma_fence();
-      issue_dk();
-    } else {
-      with_mask<true>(unmasked, [&](auto masked) { scores(masked, std::true_type{}); });
-      pack_p();
-      pack_store_ds();
-      fence_operands(dv);  // pa, dsa written by this thread: ordered before the products read them
-      fence_operands(dk);
-      fence_operands(pa);
-      fence_operands(dsa);
-      wgmma_fence();
-      issue_dv();
-      issue_dk();
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(dv);
-    fence_operands(dk);
-    if (qt + 1 < num_qt) store_rows_to(s ^ 1);  // published by the barrier below
-    __syncthreads();  // everyone is done with stage s (and, after the last tile, with K and V)
-  }
-
-  if (kw >= T) return;  // warp-uniform; no barrier follows
-  // The K and V tiles are dead: the warp's 16 staging rows (of kStageLd) lie there, 2304 bytes per warp.
-  auto* staging = reinterpret_cast<bf16*>(sk) + warp * 16 * kStageLd;
-  auto store = [&](const float(&x)[32], bf16* dst, float mul) {
-    float acc[1][kD / 8][4];
-#pragma unroll
-    for (int n = 0; n < kD / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[0][n][e] = x[4 * n + e];
-    }
-    store_rows<1, kD, kStageLd>(dst, C3, acc, mul, staging, kw, T, lane);
-  };
-  bf16* dk_out = dqkv + qkv_off + C;
-  store(dk, dk_out, scale);
-  store(dv, dk_out + C, 1.0f);
-}
-
-// dQ for one 64-query tile of one (b, h) from the kept dS^T, as attention_mma_backward.cu's attention_backward_q_ds
-// on wgmma: dQ += dS K over the key tiles up to the diagonal, m64n64k16 with A = dS from the dS^T tile (keys x
-// queries: MN-major A) and B = the K tile (MN-major), both from shared memory.
-__global__ void __launch_bounds__(kThreads)
-    attention_backward_q_wgmma_kernel(bf16* dqkv, const bf16* qkv, const bf16* ds, int64_t ds_ld, int T, int C, int NH,
-                                      float scale) {
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* base = smem_raw + (1024 - smem_u32(smem_raw) % 1024) % 1024;
-  auto stage_ds = [&](int s) { return base + 2 * s * kTile; };
-  auto stage_k = [&](int s) { return base + (2 * s + 1) * kTile; };
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBQ;  // the last query tiles have the most keys: start them first
-  const int64_t C3 = 3 * static_cast<int64_t>(C);
-  const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * kD;
-  const bf16* k = qkv + qkv_off + C;
-  const bf16* ds_bh = ds + static_cast<int64_t>(bh) * ds_ld * ds_ld + q0;  // column q0 of row 0
-  const int num_kt = (min(q0 + kBQ, T) - 1) / kBK + 1;  // key tiles up to the last real query of this tile
-  // Key tile kt's dS^T rows into stage s, zero-filled where the dK/dV kernel may not have written: the diagonal
-  // tile's 16 x 16 blocks above the diagonal, and the columns of queries past T (at 32 queries per step it writes
-  // up to T rounded up to 32, not to 64; a piece of 8 columns that starts below T ends within what it wrote).
-  // Only rows of queries past T would read them, and those are never stored: the fill keeps this kernel to what
-  // was written (poisoned scratch in the emulator; compute-sanitizer's initcheck on a GPU).
-  auto fetch = [&](int kt, int s) {
-    const int k0 = kt * kBK;
-    for (int i = threadIdx.x; i < 64 * 8; i += kThreads) {
-      const int r = i / 8, c = (i % 8) * 8;
-      const bool skip = (k0 == q0 && r / 16 > c / 16) || q0 + c >= T;
-      cp_async_16(stage_ds(s) + sw128_offset(r, c), ds_bh + (skip ? 0 : (k0 + r) * ds_ld + c), skip ? 0u : 16u);
-    }
-    copy_tile_sw128(stage_k(s), k, C3, k0, T);
-  };
-  fetch(0, 0);
-  cp_async_commit();
-
-  const int qw = q0 + 16 * warp;  // this warp's first query
-  float dq[32];
-#pragma unroll
-  for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
-  for (int kt = 0; kt < num_kt; ++kt) {
-    const int s = kt & 1;
-    if (kt + 1 < num_kt) {  // stage s ^ 1 was last read in iteration kt - 1, which ended with a barrier
-      fetch(kt + 1, s ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    fence_proxy_async();  // this thread's copies, visible to the tensor cores' reads
-    __syncthreads();      // every thread's copies of tile kt have landed
-    const uint32_t ds_addr = smem_u32(stage_ds(s)), k_addr = smem_u32(stage_k(s));
-    fence_operands(dq);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      wgmma_ss<64, 1, 1>(dq, mnmajor_desc(ds_addr + 2048 * kk), mnmajor_desc(k_addr + 2048 * kk), true);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(dq);
-    __syncthreads();  // everyone is done with stage s before iteration kt + 1 refills it
-  }
-
-  if (qw >= T) return;  // warp-uniform; no barrier follows
-  float acc[1][kD / 8][4];
-#pragma unroll
-  for (int n = 0; n < kD / 8; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[0][n][e] = dq[4 * n + e];
-  }
-  // Every tile is dead after the loop's last barrier: the warp's 16 staging rows (of kStageLd) lie in stage 0.
-  store_rows<1, kD, kStageLd>(dqkv + qkv_off, C3, acc, scale, reinterpret_cast<bf16*>(base) + warp * 16 * kStageLd, qw,
-                              T, lane);
-}
-
-// GPT_ATTENTION_WGMMA_OVERLAP (read at each launch): 1 for both overlapped kernels, or `part` (fwd, bwd) for one.
-bool overlap_enabled(const char* part) {
-  return env_is("GPT_ATTENTION_WGMMA_OVERLAP", "1") || env_is("GPT_ATTENTION_WGMMA_OVERLAP", part);
-}
-
 // Whether the current device is sm_90 (asked at each call: two attribute reads, no cache to go stale).
 bool current_device_is_sm90() {
   int device = 0, major = 0, minor = 0;
@@ -674,44 +368,6 @@ void attention_forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int 
     prefer_shared_memory(attention_forward_wgmma_kernel);
     attention_forward_wgmma_kernel<<<grid, kThreads, kSmem, stream>>>(out, lse, qkv, T, C, NH, scale_log2);
   }
-  GPT_CUDA_CHECK_LAUNCH();
-}
-
-namespace {
-
-template <int BQ>
-void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
-                        int T, int C, int NH, bf16* ds, int64_t ds_ld, cudaStream_t stream) {
-  constexpr size_t smem = BwdKvWgmmaCfg<BQ>::kBytes;
-  const auto kernel = overlap_enabled("bwd") ? attention_backward_kv_wgmma_kernel<BQ, true>
-                                             : attention_backward_kv_wgmma_kernel<BQ, false>;
-  set_smem(kernel, smem);
-  prefer_shared_memory(kernel);
-  const dim3 grid(static_cast<unsigned>(ceil_div(T, kBK)), static_cast<unsigned>(B * NH));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kD)), scale_log2 = scale * kLog2e;
-  kernel<<<grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, scale_log2, ds, ds_ld);
-  GPT_CUDA_CHECK_LAUNCH();
-}
-
-}  // namespace
-
-void attention_backward_wgmma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
-                              int T, int C, int NH, bf16* ds, int64_t ds_ld, cudaStream_t stream) {
-  GPT_CHECK(attention_wgmma_backward_usable(C, NH, false));
-  GPT_CHECK(B >= 0 && T >= 0 && static_cast<int64_t>(B) * NH <= 65535 && ds_ld >= ceil_div(T, 64) * 64);
-  GPT_CHECK(ds != nullptr && aligned16(ds) && aligned16(dqkv) && aligned16(dout) && aligned16(qkv));
-  if (B == 0 || T == 0) return;
-  if (env_is("GPT_ATTENTION_WGMMA_BQ", "64")) {
-    backward_kv_launch<64>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, stream);
-  } else {
-    backward_kv_launch<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, stream);
-  }
-  constexpr size_t smem = 4 * size_t{kTile} + 1024;  // two stages of a dS^T and a K tile
-  set_smem(attention_backward_q_wgmma_kernel, smem);
-  prefer_shared_memory(attention_backward_q_wgmma_kernel);
-  const dim3 grid(static_cast<unsigned>(ceil_div(T, kBQ)), static_cast<unsigned>(B * NH));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
-  attention_backward_q_wgmma_kernel<<<grid, kThreads, smem, stream>>>(dqkv, qkv, ds, ds_ld, T, C, NH, scale);
   GPT_CUDA_CHECK_LAUNCH();
 }
 
