@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(kThreads)
   // alternate (two iterations per loop trip): a register copy between them inside the products' pipeline made ptxas
   // serialise the wgmmas.
   uint32_t pb[kBK / 16][4];
-  auto step = [&](int kt, const uint32_t(&prev)[kBK / 16][4], uint32_t(&next)[kBK / 16][4]) {
+  auto step = [&](int kt, uint32_t(&prev)[kBK / 16][4], uint32_t(&next)[kBK / 16][4]) {
     // Stage (kt + 1) % 3 last held tile kt - 2, whose P V was waited for in iteration kt - 1 before its barrier.
     if (kt + 1 < num_kt) {
       fetch(kt + 1);
@@ -291,6 +291,7 @@ __global__ void __launch_bounds__(kThreads)
     fence_proxy_async();
     __syncthreads();  // tile kt's copies have landed
     fence_operands(o);
+    fence_operands(prev);  // its packing (a cvt) stays before the fence
     wgmma_fence();
     issue_s(sc, kt);
     wgmma_commit();
@@ -309,8 +310,9 @@ __global__ void __launch_bounds__(kThreads)
     step(kt, pa, pb);
     if (kt + 1 < num_kt) step(kt + 1, pb, pa);
   }
-  auto last_pv = [&](const uint32_t(&p)[kBK / 16][4]) {
+  auto last_pv = [&](uint32_t(&p)[kBK / 16][4]) {
     fence_operands(o);
+    fence_operands(p);
     wgmma_fence();
     issue_pv(p, num_kt - 1);
     wgmma_commit();

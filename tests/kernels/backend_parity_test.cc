@@ -1022,6 +1022,45 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
   gpu->set_compute_dtype(DType::kF32);
 }
 
+// The wgmma kernels' overlapped variants (GPT_ATTENTION_WGMMA_OVERLAP=1: the same products and sums, scheduled to
+// overlap) give the default kernels' out, lse and dqkv bit for bit, at 32 and 64 queries per dK/dV step, over 1 to 4
+// key tiles and a ragged T. Where the wgmma kernels do not run (not sm_90, not the emulator) both sides are the
+// mma.sync kernels'.
+TEST_CASE("parity: the overlapped wgmma attention gives the default kernels' results bit for bit", "[cuda]") {
+  Backend* gpu = cuda_or_skip("wgmma overlap");
+  if (!gpu) return;
+  gpu->set_compute_dtype(DType::kBF16);
+  const DropoutMask none = mask(0.0f, 1);
+  for (const AttentionShape s :
+       {AttentionShape{1, 64, 128, 2}, AttentionShape{1, 128, 128, 2}, AttentionShape{1, 192, 128, 2},
+        AttentionShape{2, 256, 128, 2}, AttentionShape{1, 217, 128, 2}}) {
+    for (const char* bq : {"32", "64"}) {
+      CAPTURE(s.B, s.T, bq);
+      const int64_t N = int64_t{s.B} * s.T, nq = N * 3 * s.C, no = N * s.C;
+      std::vector<bf16> qh(nq);
+      cpu().cast_to_bf16(qh.data(), randn(nq, 4711).data(), nq);
+      const auto dout = randn(no, 4712);
+      ::setenv("GPT_ATTENTION_WGMMA_BQ", bq, 1);
+      auto run = [&] {
+        Dev<bf16> g_qkv(*gpu, qh), g_out(*gpu, no), g_dqkv(*gpu, nq);
+        Dev<float> g_dout(*gpu, dout), g_att(*gpu, gpu->attention_state_floats(s.B, s.T, s.NH));
+        gpu->attention_forward(g_out.p(), g_att.p(), g_qkv.p(), s.B, s.T, s.C, s.NH, none);
+        gpu->attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, none);
+        return std::make_tuple(g_out.read(), g_att.read(), g_dqkv.read());
+      };
+      const auto [out0, att0, dqkv0] = run();
+      ::setenv("GPT_ATTENTION_WGMMA_OVERLAP", "1", 1);
+      const auto [out1, att1, dqkv1] = run();
+      ::unsetenv("GPT_ATTENTION_WGMMA_OVERLAP");
+      ::unsetenv("GPT_ATTENTION_WGMMA_BQ");
+      CHECK(std::memcmp(out0.data(), out1.data(), out0.size() * sizeof(bf16)) == 0);
+      CHECK(std::memcmp(att0.data(), att1.data(), att0.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(dqkv0.data(), dqkv1.data(), dqkv0.size() * sizeof(bf16)) == 0);
+    }
+  }
+  gpu->set_compute_dtype(DType::kF32);
+}
+
 // A bf16 output gradient (the projection GEMM's input gradient under bf16 compute) reads as its widening on every
 // attention backward: dqkv bit for bit that of the fp32 dout of its values. The tensor-core kernels multiply dO
 // rounded to bf16, which the widened values already are, and D sums the same values; the mma.sync backward takes the
