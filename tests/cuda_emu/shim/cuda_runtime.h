@@ -103,11 +103,16 @@ struct EmuAsyncCopies {
   std::vector<EmuAsyncCopy> open;
   std::deque<std::vector<EmuAsyncCopy>> groups;
 };
-// A thread's wgmma results not yet retired by a wgmma.wait_group (emu_ptx.h): per product, where and what.
+// A thread's wgmma results not yet retired by a wgmma.wait_group (emu_ptx.h): per product, where and what, and its
+// operands (to compute it again at the retirement: operands changed in flight are an error).
 struct EmuWgmmaResult {
   float* d;
   int n;
   float v[32];
+  const uint32_t* a;  // A's registers, or null: A from desc_a
+  uint64_t desc_a, desc_b;
+  bool a_mn, b_mn, accumulate;
+  float in[32];  // the accumulators' input
 };
 struct EmuWgmmaState {
   std::vector<EmuWgmmaResult> open;                 // since the last commit

@@ -147,8 +147,11 @@ inline void emu_cp_async_wait(int n) {
 // by an exchange) and shared memory as it is at the call. The asynchrony: the accumulators read NaN from the call
 // until the wgmma_wait that retires the product's commit group, which writes the results (a later product of the
 // same batch on the same accumulators chains on the pending values, as the hardware does); so a missing commit or
-// wait, or a read of the accumulators before it, gives NaN. Not modelled: the warpgroup as a whole (each warp runs
-// its own rows: a warp that skipped a product would not be caught), and the proxy fence (fence_proxy_async).
+// wait, or a read of the accumulators before it, gives NaN. The retirement computes each product again from its
+// operands as they are then and fails if the result differs (A registers or shared memory written while it was in
+// flight: a refill before the wait, a P packed into the array a product still reads) or if the accumulators no
+// longer hold the NaN (written in flight). Not modelled: the warpgroup as a whole (each warp runs its own rows: a
+// warp that skipped a product would not be caught), and the proxy fence (fence_proxy_async).
 inline uint32_t emu_smem_offset(const void* p) {
   const auto* c = static_cast<const unsigned char*>(p);
   const auto* dyn = reinterpret_cast<const unsigned char*>(emu_smem);
@@ -168,15 +171,6 @@ inline void emu_wgmma_commit() {
   EmuTsanIgnore ignore;
   st.groups.push_back(std::move(st.open));
   st.open.clear();
-}
-inline void emu_wgmma_wait(int n) {
-  emu_warp_converge("wgmma.wait_group");
-  EmuWgmmaState& st = emu_wgmma_state();
-  EmuTsanIgnore ignore;
-  while (static_cast<int>(st.groups.size()) > n) {
-    for (const EmuWgmmaResult& r : st.groups.front()) std::memcpy(r.d, r.v, sizeof(float) * r.n);
-    st.groups.pop_front();
-  }
 }
 struct EmuSw128Desc {
   uint32_t start, lbo, sbo;
@@ -203,12 +197,11 @@ inline float emu_mnmajor(const EmuSw128Desc& d, int k, int n) {
   if (d.lbo != d.sbo) emu_fail("wgmma MN-major descriptor with LBO != SBO (not a layout wgmma_ptx.cuh writes)");
   return emu_sw128_load(d.start + (k / 8) * d.sbo + (k % 8) * 128 + 2 * n);
 }
-// wgmma.mma_async m64nNk16 .f32.bf16.bf16 (N = 32 or 64, d of N / 2 floats): A from registers `a` (its layout in
-// wgmma_ptx.cuh) or, when a is null, from desc_a (K-major, or MN-major with a_mn: the transpose flag); B from desc_b,
-// K-major or (b_mn) MN-major.
-inline void emu_wgmma_m64nNk16(float* d, int N, const uint32_t* a, uint64_t desc_a, bool a_mn, uint64_t desc_b,
-                               bool b_mn, bool accumulate) {
-  if (blockDim.x % 128 != 0 || blockDim.y != 1 || blockDim.z != 1) emu_fail("wgmma in a block not of whole warpgroups");
+// One product m64nNk16 .f32.bf16.bf16 (N = 32 or 64) for this lane: out[i] = (accumulate ? in[i] : 0) + (A B)[its
+// element i]; A from registers `a` (its layout in wgmma_ptx.cuh; a warp exchange) or, when a is null, from desc_a
+// (K-major, or MN-major with a_mn: the transpose flag); B from desc_b, K-major or (b_mn) MN-major.
+inline void emu_wgmma_product(float* out, int N, const uint32_t* a, uint64_t desc_a, bool a_mn, uint64_t desc_b,
+                              bool b_mn, const float* in, bool accumulate) {
   const int lane = static_cast<int>(emu_lane), g = lane / 4, t = lane % 4;
   const int w = static_cast<int>(threadIdx.x / 32 % 4);
   float A[16][16];
@@ -231,10 +224,22 @@ inline void emu_wgmma_m64nNk16(float* d, int N, const uint32_t* a, uint64_t desc
       for (int k = 0; k < 16; ++k) A[r][k] = a_mn ? emu_mnmajor(da, k, 16 * w + r) : emu_kmajor(da, 16 * w + r, k);
   }
   const EmuSw128Desc db = emu_sw128_decode(desc_b);
+  for (int i = 0; i < N / 2; ++i) {
+    const int r = g + 8 * ((i / 2) % 2), n = 8 * (i / 4) + 2 * t + i % 2;
+    double acc = accumulate ? in[i] : 0.0;
+    for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[r][k]) * (b_mn ? emu_mnmajor(db, k, n) : emu_kmajor(db, n, k));
+    out[i] = static_cast<float>(acc);
+  }
+}
+// wgmma.mma_async m64nNk16: the product (emu_wgmma_product) pending in this thread's open batch, d NaN until retired.
+inline void emu_wgmma_m64nNk16(float* d, int N, const uint32_t* a, uint64_t desc_a, bool a_mn, uint64_t desc_b,
+                               bool b_mn, bool accumulate) {
+  if (blockDim.x % 128 != 0 || blockDim.y != 1 || blockDim.z != 1) emu_fail("wgmma in a block not of whole warpgroups");
   // The accumulators' input: this batch's pending result for d if there is one (chained products), else d itself.
   EmuWgmmaState& st = emu_wgmma_state();
-  const float* in = d;
+  EmuWgmmaResult res{d, N / 2, {}, a, desc_a, desc_b, a_mn, b_mn, accumulate, {}};
   {
+    const float* in = d;
     EmuTsanIgnore ignore;
     for (auto it = st.open.rbegin(); it != st.open.rend(); ++it) {
       if (it->d == d) {
@@ -242,15 +247,37 @@ inline void emu_wgmma_m64nNk16(float* d, int N, const uint32_t* a, uint64_t desc
         break;
       }
     }
+    std::memcpy(res.in, in, sizeof(float) * res.n);
   }
-  EmuWgmmaResult res{d, N / 2, {}};
-  for (int i = 0; i < N / 2; ++i) {
-    const int r = g + 8 * ((i / 2) % 2), n = 8 * (i / 4) + 2 * t + i % 2;
-    double acc = accumulate ? in[i] : 0.0;
-    for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[r][k]) * (b_mn ? emu_mnmajor(db, k, n) : emu_kmajor(db, n, k));
-    res.v[i] = static_cast<float>(acc);
-  }
+  emu_wgmma_product(res.v, N, a, desc_a, a_mn, desc_b, b_mn, res.in, accumulate);
   for (int i = 0; i < N / 2; ++i) d[i] = NAN;  // until the wait that retires it
   EmuTsanIgnore ignore;
   st.open.push_back(res);
+}
+inline void emu_wgmma_wait(int n) {
+  emu_warp_converge("wgmma.wait_group");
+  EmuWgmmaState& st = emu_wgmma_state();
+  for (;;) {
+    std::vector<EmuWgmmaResult> group;
+    {
+      EmuTsanIgnore ignore;
+      if (static_cast<int>(st.groups.size()) <= n) return;
+      group = std::move(st.groups.front());
+      st.groups.pop_front();
+    }
+    for (const EmuWgmmaResult& r : group) {  // before any result of the group lands (chained products share d)
+      for (int i = 0; i < r.n; ++i) {
+        if (!std::isnan(r.d[i])) emu_fail("wgmma accumulators written while the product was in flight");
+      }
+    }
+    for (const EmuWgmmaResult& r : group) {  // every lane retires the same products in the same order
+      float again[32];
+      emu_wgmma_product(again, 2 * r.n, r.a, r.desc_a, r.a_mn, r.desc_b, r.b_mn, r.in, r.accumulate);
+      if (std::memcmp(again, r.v, sizeof(float) * r.n) != 0) {
+        emu_fail("wgmma operands changed while it was in flight (A registers or shared memory written before the "
+                 "wgmma.wait_group that retires it)");
+      }
+    }
+    for (const EmuWgmmaResult& r : group) std::memcpy(r.d, r.v, sizeof(float) * r.n);
+  }
 }
