@@ -202,8 +202,8 @@ __global__ void __launch_bounds__(kThreads)
 // The forward with its products overlapping the softmax (GPT_ATTENTION_WGMMA_OVERLAP=1 or fwd; an experiment not yet
 // measured on a GPU), as FlashAttention-3 overlaps them within a warpgroup: iteration kt issues S = Q K_kt and the
 // previous tile's O += P V, computes this tile's softmax while the latter runs, then rescales O. K and V take three
-// stages (V of tile kt - 1 is read while tile kt + 1 is copied). The same values as the kernel above: O is rescaled
-// by a tile's alpha after the previous tile's P V and before its own, as there.
+// stages (V of tile kt - 1 is read while tile kt + 1 is copied), with one barrier per tile. The same values as the
+// kernel above: O is rescaled by a tile's alpha after the previous tile's P V and before its own, as there.
 constexpr int kOverlapStages = 3;
 constexpr size_t kSmemOverlap = (1 + 2 * kOverlapStages) * size_t{kTile} + 1024;
 
@@ -281,15 +281,11 @@ __global__ void __launch_bounds__(kThreads)
   // serialise the wgmmas.
   uint32_t pb[kBK / 16][4];
   auto step = [&](int kt, uint32_t(&prev)[kBK / 16][4], uint32_t(&next)[kBK / 16][4]) {
-    // Stage (kt + 1) % 3 last held tile kt - 2, whose P V was waited for in iteration kt - 1 before its barrier.
-    if (kt + 1 < num_kt) {
-      fetch(kt + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    cp_async_wait<0>();  // tile kt's copies (the only ones in flight)
     fence_proxy_async();
-    __syncthreads();  // tile kt's copies have landed
+    __syncthreads();  // ... have landed for every thread, and every warp has retired tile kt - 2's P V (step kt - 1)
+    // So stage (kt + 1) % 3, which held tile kt - 2, is free: the next tile's copies run during this step.
+    if (kt + 1 < num_kt) fetch(kt + 1);
     fence_operands(o);
     fence_operands(prev);  // its packing (a cvt) stays before the fence
     wgmma_fence();
@@ -304,7 +300,6 @@ __global__ void __launch_bounds__(kThreads)
     wgmma_wait<0>();  // P V of tile kt - 1: O is free
     fence_operands(o);
     rescale_rows(o, alpha);
-    __syncthreads();  // every warp is past this iteration's products before the next refill
   };
   for (int kt = 1; kt < num_kt; kt += 2) {
     step(kt, pa, pb);
