@@ -121,7 +121,7 @@ __device__ __forceinline__ void finish_forward(bf16* out, float* lse, const floa
 __global__ void __launch_bounds__(kThreads)
     attention_forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* base = smem_raw + (1024 - smem_u32(smem_raw) % 1024) % 1024;
+  unsigned char* base = align_1024(smem_raw);
   unsigned char* sq = base;
   auto stage_k = [&](int s) { return base + (1 + 2 * s) * kTile; };
   auto stage_v = [&](int s) { return base + (2 + 2 * s) * kTile; };
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kThreads)
     attention_forward_wgmma_overlap_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH,
                                            float scale_log2) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* base = smem_raw + (1024 - smem_u32(smem_raw) % 1024) % 1024;
+  unsigned char* base = align_1024(smem_raw);
   unsigned char* sq = base;
   auto stage_k = [&](int s) { return base + (1 + 2 * s) * kTile; };
   auto stage_v = [&](int s) { return base + (2 + 2 * s) * kTile; };

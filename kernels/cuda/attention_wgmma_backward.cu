@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreads)
   using Cfg = BwdKvWgmmaCfg<BQ>;
   constexpr int NC = BQ / 16;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* base = smem_raw + (1024 - smem_u32(smem_raw) % 1024) % 1024;
+  unsigned char* base = align_1024(smem_raw);
   unsigned char* sk = base;
   unsigned char* sv = base + kTile;
   auto stage = [&](int s) { return base + 2 * kTile + s * Cfg::kStageBytes; };
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kThreads)
     attention_backward_q_wgmma_kernel(bf16* dqkv, const bf16* qkv, const bf16* ds, int64_t ds_ld, int T, int C, int NH,
                                       float scale) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* base = smem_raw + (1024 - smem_u32(smem_raw) % 1024) % 1024;
+  unsigned char* base = align_1024(smem_raw);
   auto stage_ds = [&](int s) { return base + 2 * s * kTile; };
   auto stage_k = [&](int s) { return base + (2 * s + 1) * kTile; };
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;

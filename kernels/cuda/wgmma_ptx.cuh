@@ -61,6 +61,13 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 #endif
 }
 
+// The first 1024-byte aligned shared address at or after p: where the swizzled tiles start (the swizzle is a function
+// of address bits 4-9, so a tile must begin on a 1024-byte boundary). A kernel asks for 1024 bytes more than its
+// tiles take.
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
+  return p + (1024 - smem_u32(p) % 1024) % 1024;
+}
+
 // A matrix descriptor with the 128-byte swizzle: start address, leading and stride byte offsets (bytes, multiples
 // of 16), base offset 0 (the tiles are 1024-byte aligned).
 __device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {

@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(128)
     wgmma_probe_kernel(const uint16_t* a, const uint16_t* kt, const uint16_t* v, const uint16_t* at, float* d_ss,
                        float* d_rs, float* d_32, float* d_tt) {
   extern __shared__ __align__(1024) unsigned char wgmma_probe_smem[];
-  unsigned char* base = wgmma_probe_smem + (1024 - smem_u32(wgmma_probe_smem) % 1024) % 1024;
+  unsigned char* base = align_1024(wgmma_probe_smem);
   unsigned char* ta = base;
   unsigned char* tk = base + kTileBytes;
   unsigned char* tv = base + 2 * kTileBytes;
