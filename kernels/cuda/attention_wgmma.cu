@@ -118,26 +118,34 @@ __device__ __forceinline__ void finish_forward(bf16* out, float* lse, const floa
   store_rows<1, kD, kStageLd>(out, C, acc, 1.0f, stage, qw, T, lane);
 }
 
-__global__ void __launch_bounds__(kThreads)
+// kWG warpgroups per block (GPT_ATTENTION_WGMMA_WG2: 2), each with its own 64 query rows, sharing the K and V tiles
+// (half the copies per product at 2); a warpgroup skips the key tiles past its last row (the block's last one at 2).
+template <int kWG>
+__global__ void __launch_bounds__(kThreads* kWG)
     attention_forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2) {
+  constexpr int kNT = kThreads * kWG, kRows = kBQ * kWG;  // the block's threads and query rows
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = align_1024(smem_raw);
-  unsigned char* sq = base;
-  auto stage_k = [&](int s) { return base + (1 + 2 * s) * kTile; };
-  auto stage_v = [&](int s) { return base + (2 + 2 * s) * kTile; };
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane >> 2, tq = lane & 3;
+  unsigned char* sq = base;  // kWG tiles of 64 rows
+  auto stage_k = [&](int s) { return base + (kWG + 2 * s) * kTile; };
+  auto stage_v = [&](int s) { return base + (kWG + 1 + 2 * s) * kTile; };
+  // warp: the block's (16 rows each, warpgroup after warpgroup); wg: this warp's warpgroup
+  const int warp = threadIdx.x / kWarp, wg = kWG > 1 ? warp / 4 : 0, lane = threadIdx.x % kWarp, g = lane >> 2,
+            tq = lane & 3;
 
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBQ;  // the last query tiles have the most keys: start them first
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // the last query tiles have the most keys: start them first
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const bf16* q = qkv + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * kD;
   const bf16* k = q + C;
   const bf16* v = q + 2 * C;
-  const int num_kt = (min(q0 + kBQ, T) - 1) / kBK + 1;  // key tiles up to the last real query of this tile
+  const int num_kt = (min(q0 + kRows, T) - 1) / kBK + 1;  // key tiles up to the last real query of this block
+  const int qg = q0 + kBQ * wg;                           // this warpgroup's first row, and its key tiles
+  const int num_kt_wg = qg < T ? (min(qg + kBQ, T) - 1) / kBK + 1 : 0;
 
-  copy_tile_sw128(sq, q, C3, q0, T);
-  copy_tile_sw128(stage_k(0), k, C3, 0, T);
-  copy_tile_sw128(stage_v(0), v, C3, 0, T);
+  copy_tile_sw128<kRows, kNT>(sq, q, C3, q0, T);
+  copy_tile_sw128<kBK, kNT>(stage_k(0), k, C3, 0, T);
+  copy_tile_sw128<kBK, kNT>(stage_v(0), v, C3, 0, T);
   cp_async_commit();
 
   const int qw = q0 + 16 * warp;  // this warp's first row
@@ -147,20 +155,24 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < 32; ++i) o[i] = 0.0f;
   m[0] = m[1] = -INFINITY;
   l[0] = l[1] = 0.0f;
-  const uint32_t q_addr = smem_u32(sq);
+  const uint32_t q_addr = smem_u32(sq + wg * kTile);
 
   for (int kt = 0; kt < num_kt; ++kt) {
     const int k0 = kt * kBK, s = kt & 1;
     if (kt + 1 < num_kt) {  // stage s ^ 1 was last read in iteration kt - 1, which ended with a barrier
-      copy_tile_sw128(stage_k(s ^ 1), k, C3, k0 + kBK, T);
-      copy_tile_sw128(stage_v(s ^ 1), v, C3, k0 + kBK, T);
+      copy_tile_sw128<kBK, kNT>(stage_k(s ^ 1), k, C3, k0 + kBK, T);
+      copy_tile_sw128<kBK, kNT>(stage_v(s ^ 1), v, C3, k0 + kBK, T);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
-    fence_proxy_async();  // this thread's copies, visible to the tensor cores' reads
-    __syncthreads();      // every thread's copies of tile kt (and of Q) have landed
+    fence_proxy_async();               // this thread's copies, visible to the tensor cores' reads
+    __syncthreads();                   // every thread's copies of tile kt (and of Q) have landed
+    if (kWG > 1 && kt >= num_kt_wg) {  // warpgroup-uniform: every key of the tile is past the warpgroup's rows
+      __syncthreads();                 // the loop's other barrier
+      continue;
+    }
     const uint32_t k_addr = smem_u32(stage_k(s)), v_addr = smem_u32(stage_v(s));
 
     float sc[32];  // S: the warp's 16 rows x 64 keys; sc[4 n + 2 hf + e] = row g + 8 hf, key k0 + 8 n + 2 tq + e
@@ -326,6 +338,17 @@ __global__ void __launch_bounds__(kThreads)
                  reinterpret_cast<bf16*>(stage_k(0)) + warp * 16 * kStageLd, bh, qw, T, C, lane);
 }
 
+template <int kWG>
+void forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, float scale_log2,
+                    cudaStream_t stream) {
+  constexpr size_t smem = forward_smem(kWG);
+  const auto kernel = attention_forward_wgmma_kernel<kWG>;
+  set_smem(kernel, smem);
+  prefer_shared_memory(kernel);
+  const dim3 grid(static_cast<unsigned>(ceil_div(T, kBQ * kWG)), static_cast<unsigned>(B * NH));
+  kernel<<<grid, kThreads * kWG, smem, stream>>>(out, lse, qkv, T, C, NH, scale_log2);
+}
+
 // Whether the current device is sm_90 (asked at each call: two attribute reads, no cache to go stale).
 bool current_device_is_sm90() {
   int device = 0, major = 0, minor = 0;
@@ -347,7 +370,9 @@ bool attention_wgmma_backward_usable(int C, int NH, bool dropout) {
   return attention_wgmma_forward_usable(C, NH, dropout) && !env_is("GPT_ATTENTION_WGMMA", "fwd");
 }
 
-size_t attention_wgmma_smem_bytes() { return std::max({kSmem, kSmemOverlap, BwdKvWgmmaCfg<64>::kBytes}); }
+size_t attention_wgmma_smem_bytes() {
+  return std::max({forward_smem(2), kSmemOverlap, BwdKvWgmmaCfg<64>::bytes(2), dq_smem(2)});
+}
 
 void attention_forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
   GPT_CHECK(attention_wgmma_forward_usable(C, NH, false));
@@ -360,10 +385,10 @@ void attention_forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int 
     prefer_shared_memory(attention_forward_wgmma_overlap_kernel);
     attention_forward_wgmma_overlap_kernel<<<grid, kThreads, kSmemOverlap, stream>>>(out, lse, qkv, T, C, NH,
                                                                                      scale_log2);
+  } else if (two_warpgroups("fwd")) {
+    forward_launch<2>(out, lse, qkv, B, T, C, NH, scale_log2, stream);
   } else {
-    set_smem(attention_forward_wgmma_kernel, kSmem);
-    prefer_shared_memory(attention_forward_wgmma_kernel);
-    attention_forward_wgmma_kernel<<<grid, kThreads, kSmem, stream>>>(out, lse, qkv, T, C, NH, scale_log2);
+    forward_launch<1>(out, lse, qkv, B, T, C, NH, scale_log2, stream);
   }
   GPT_CUDA_CHECK_LAUNCH();
 }

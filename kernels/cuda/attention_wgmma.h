@@ -6,7 +6,8 @@
 // (its own object library); attention_mma.cu and attention_mma_backward.cu call them where the *_usable functions
 // say so, and take their own kernels elsewhere. GPT_ATTENTION_WGMMA=0 turns both off, =fwd the backward.
 // GPT_ATTENTION_WGMMA_OVERLAP=1 (or fwd, bwd: one of them) takes their variants whose element-wise work overlaps the
-// products (the same values; not yet measured on a GPU).
+// products, GPT_ATTENTION_WGMMA_WG2=1 (or a comma-separated list of fwd, kv, dq) blocks of two warpgroups that share
+// their K/V, Q/dO or K tiles (half those tiles' copies per product); the same values, not yet measured on a GPU.
 #pragma once
 
 #include <cuda_runtime_api.h>

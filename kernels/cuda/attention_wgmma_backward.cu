@@ -29,26 +29,30 @@ using namespace attention_wgmma_detail;
 //  - dV += P^T dO and dK += dS^T Q: m64n64k16 with A from those registers and dO, Q from shared memory, MN-major.
 // kOverlap (GPT_ATTENTION_WGMMA_OVERLAP=1 or bwd, an experiment not yet measured on a GPU): S^T and dP^T in separate
 // commit groups, so P^T is computed while dP^T's products run and dS^T while dV's do; the same values.
-template <int BQ, bool kOverlap>
-__global__ void __launch_bounds__(kThreads)
+// kWG warpgroups per block (GPT_ATTENTION_WGMMA_WG2 kv: 2), each with its own 64 keys, sharing the Q and dO tiles; a
+// warpgroup starts at the query tile of its first key (the block's first ones are past its keys at 2).
+template <int BQ, bool kOverlap, int kWG>
+__global__ void __launch_bounds__(kThreads* kWG)
     attention_backward_kv_wgmma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse,
                                        const float* dvec, int T, int C, int NH, float scale, float scale_log2, bf16* ds,
                                        int64_t ds_ld) {
   using Cfg = BwdKvWgmmaCfg<BQ>;
-  constexpr int NC = BQ / 16;
+  constexpr int NC = BQ / 16, kNT = kThreads * kWG, kKeys = kBK * kWG;  // the block's threads and keys
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = align_1024(smem_raw);
-  unsigned char* sk = base;
-  unsigned char* sv = base + kTile;
-  auto stage = [&](int s) { return base + 2 * kTile + s * Cfg::kStageBytes; };
+  unsigned char* sk = base;  // kWG tiles of 64 keys each
+  unsigned char* sv = base + kWG * kTile;
+  auto stage = [&](int s) { return base + 2 * kWG * kTile + s * Cfg::kStageBytes; };
   auto stage_q = [&](int s) { return stage(s); };
   auto stage_do = [&](int s) { return stage(s) + Cfg::kQTile; };
   auto stage_lse = [&](int s) { return reinterpret_cast<float*>(stage(s) + 2 * Cfg::kQTile); };
   auto stage_dv = [&](int s) { return stage_lse(s) + BQ; };
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane >> 2, tq = lane & 3;
+  // warp: the block's (16 keys each, warpgroup after warpgroup); wg: this warp's warpgroup
+  const int warp = threadIdx.x / kWarp, wg = kWG > 1 ? warp / 4 : 0, lane = threadIdx.x % kWarp, g = lane >> 2,
+            tq = lane & 3;
 
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int k0 = blockIdx.x * kBK;  // the first key tiles see the most queries: start them first
+  const int k0 = blockIdx.x * kKeys;  // the first key tiles see the most queries: start them first
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * kD;
   const bf16* q = qkv + qkv_off;
@@ -57,15 +61,16 @@ __global__ void __launch_bounds__(kThreads)
   const float* dvec_bh = dvec + static_cast<int64_t>(bh) * T;
 
   auto fetch_tiles = [&](int qt, int s) {
-    copy_tile_sw128<BQ>(stage_q(s), q, C3, qt * BQ, T);
-    copy_tile_sw128<BQ>(stage_do(s), dO, C, qt * BQ, T);
+    copy_tile_sw128<BQ, kNT>(stage_q(s), q, C3, qt * BQ, T);
+    copy_tile_sw128<BQ, kNT>(stage_do(s), dO, C, qt * BQ, T);
   };
   QueryRowStats<BQ> rows;  // lse and D, a tile ahead (attention_mma.cuh)
   auto load_rows = [&](int qt) { rows.load(lse_bh, dvec_bh, qt, T); };
   auto store_rows_to = [&](int s) { rows.store(stage_lse(s), stage_dv(s)); };
   const int qt0 = k0 / BQ, num_qt = (T + BQ - 1) / BQ;  // from the tile holding query k0 (the diagonal) down
-  copy_tile_sw128<kBK>(sk, q + C, C3, k0, T);
-  copy_tile_sw128<kBK>(sv, q + 2 * C, C3, k0, T);
+  const int qt_wg = (k0 + kBK * wg) / BQ;               // this warpgroup's first (its diagonal)
+  copy_tile_sw128<kKeys, kNT>(sk, q + C, C3, k0, T);
+  copy_tile_sw128<kKeys, kNT>(sv, q + 2 * C, C3, k0, T);
   fetch_tiles(qt0, 0);
   cp_async_commit();
   load_rows(qt0);
@@ -75,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
   float dk[32], dv[32];           // the warp's 16 keys x 64 channels (wgmma's accumulator layout)
 #pragma unroll
   for (int i = 0; i < 32; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
-  const uint32_t k_addr = smem_u32(sk), v_addr = smem_u32(sv);
+  const uint32_t k_addr = smem_u32(sk + wg * kTile), v_addr = smem_u32(sv + wg * kTile);
 
   for (int qt = qt0; qt < num_qt; ++qt) {
     const int q0 = qt * BQ, s = (qt - qt0) & 1;
@@ -87,8 +92,13 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       cp_async_wait<0>();
     }
-    fence_proxy_async();  // this thread's copies, visible to the tensor cores' reads
-    __syncthreads();      // every thread's copies of this tile (and of K, V) have landed
+    fence_proxy_async();          // this thread's copies, visible to the tensor cores' reads
+    __syncthreads();              // every thread's copies of this tile (and of K, V) have landed
+    if (kWG > 1 && qt < qt_wg) {  // warpgroup-uniform: every query of the tile precedes the warpgroup's keys
+      if (qt + 1 < num_qt) store_rows_to(s ^ 1);
+      __syncthreads();  // the loop's other barrier
+      continue;
+    }
     const uint32_t q_addr = smem_u32(stage_q(s)), do_addr = smem_u32(stage_do(s));
 
     float st[BQ / 2], dpt[BQ / 2];  // S^T, dP^T: [4 n + e] = key row g + 8 (e / 2), query column 8 n + 2 tq + e % 2
@@ -222,36 +232,45 @@ __global__ void __launch_bounds__(kThreads)
 
 // dQ for one 64-query tile of one (b, h) from the kept dS^T, as attention_mma_backward.cu's attention_backward_q_ds
 // on wgmma: dQ += dS K over the key tiles up to the diagonal, m64n64k16 with A = dS from the dS^T tile (keys x
-// queries: MN-major A) and B = the K tile (MN-major), both from shared memory.
-__global__ void __launch_bounds__(kThreads)
+// queries: MN-major A) and B = the K tile (MN-major), both from shared memory. kWG warpgroups per block
+// (GPT_ATTENTION_WGMMA_WG2 dq: 2), each with its own 64 queries and dS^T tiles, sharing the K tiles; a warpgroup
+// skips the key tiles past its last query (the block's last one at 2).
+template <int kWG>
+__global__ void __launch_bounds__(kThreads* kWG)
     attention_backward_q_wgmma_kernel(bf16* dqkv, const bf16* qkv, const bf16* ds, int64_t ds_ld, int T, int C, int NH,
                                       float scale) {
+  constexpr int kNT = kThreads * kWG, kRows = kBQ * kWG;  // the block's threads and queries
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = align_1024(smem_raw);
-  auto stage_ds = [&](int s) { return base + 2 * s * kTile; };
-  auto stage_k = [&](int s) { return base + (2 * s + 1) * kTile; };
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  auto stage_ds = [&](int s) { return base + s * (kWG + 1) * kTile; };  // kWG tiles, one per warpgroup
+  auto stage_k = [&](int s) { return stage_ds(s) + kWG * kTile; };
+  // warp: the block's (16 queries each, warpgroup after warpgroup); wg: this warp's warpgroup
+  const int warp = threadIdx.x / kWarp, wg = kWG > 1 ? warp / 4 : 0, lane = threadIdx.x % kWarp;
 
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBQ;  // the last query tiles have the most keys: start them first
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // the last query tiles have the most keys: start them first
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * kD;
   const bf16* k = qkv + qkv_off + C;
   const bf16* ds_bh = ds + static_cast<int64_t>(bh) * ds_ld * ds_ld + q0;  // column q0 of row 0
-  const int num_kt = (min(q0 + kBQ, T) - 1) / kBK + 1;  // key tiles up to the last real query of this tile
-  // Key tile kt's dS^T rows into stage s, zero-filled where the dK/dV kernel may not have written: the diagonal
-  // tile's 16 x 16 blocks above the diagonal, and the columns of queries past T (at 32 queries per step it writes
-  // up to T rounded up to 32, not to 64; a piece of 8 columns that starts below T ends within what it wrote).
-  // Only rows of queries past T would read them, and those are never stored: the fill keeps this kernel to what
-  // was written (poisoned scratch in the emulator; compute-sanitizer's initcheck on a GPU).
+  const int num_kt = (min(q0 + kRows, T) - 1) / kBK + 1;  // key tiles up to the last real query of this block
+  const int qg = q0 + kBQ * wg;                           // this warpgroup's first query, and its key tiles
+  const int num_kt_wg = qg < T ? (min(qg + kBQ, T) - 1) / kBK + 1 : 0;
+  // Key tile kt's dS^T rows into stage s (warpgroup w's 64 columns into its tile), zero-filled where the dK/dV kernel
+  // may not have written: the diagonal tile's 16 x 16 blocks above the diagonal, the columns of queries past T (at
+  // 32 queries per step it writes up to T rounded up to 32, not to 64; a piece of 8 columns that starts below T ends
+  // within what it wrote), and a tile past a warpgroup's queries (which it skips). Only rows of queries past T would
+  // read them, and those are never stored: the fill keeps this kernel to what was written (poisoned scratch in the
+  // emulator; compute-sanitizer's initcheck on a GPU).
   auto fetch = [&](int kt, int s) {
     const int k0 = kt * kBK;
-    for (int i = threadIdx.x; i < 64 * 8; i += kThreads) {
-      const int r = i / 8, c = (i % 8) * 8;
-      const bool skip = (k0 == q0 && r / 16 > c / 16) || q0 + c >= T;
-      cp_async_16(stage_ds(s) + sw128_offset(r, c), ds_bh + (skip ? 0 : (k0 + r) * ds_ld + c), skip ? 0u : 16u);
+    for (int i = threadIdx.x; i < kWG * 64 * 8; i += kNT) {
+      const int w = i / (64 * 8), r = i / 8 % 64, c = (i % 8) * 8, qw0 = q0 + kBQ * w;
+      const bool skip = k0 > qw0 || (k0 == qw0 && r / 16 > c / 16) || qw0 + c >= T;
+      cp_async_16(stage_ds(s) + w * kTile + sw128_offset(r, c), ds_bh + (skip ? 0 : (k0 + r) * ds_ld + kBQ * w + c),
+                  skip ? 0u : 16u);
     }
-    copy_tile_sw128(stage_k(s), k, C3, k0, T);
+    copy_tile_sw128<kBK, kNT>(stage_k(s), k, C3, k0, T);
   };
   fetch(0, 0);
   cp_async_commit();
@@ -269,9 +288,13 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       cp_async_wait<0>();
     }
-    fence_proxy_async();  // this thread's copies, visible to the tensor cores' reads
-    __syncthreads();      // every thread's copies of tile kt have landed
-    const uint32_t ds_addr = smem_u32(stage_ds(s)), k_addr = smem_u32(stage_k(s));
+    fence_proxy_async();               // this thread's copies, visible to the tensor cores' reads
+    __syncthreads();                   // every thread's copies of tile kt have landed
+    if (kWG > 1 && kt >= num_kt_wg) {  // warpgroup-uniform: every key of the tile is past the warpgroup's queries
+      __syncthreads();                 // the loop's other barrier
+      continue;
+    }
+    const uint32_t ds_addr = smem_u32(stage_ds(s) + wg * kTile), k_addr = smem_u32(stage_k(s));
     fence_operands(dq);
     wgmma_fence();
 #pragma unroll
@@ -296,17 +319,40 @@ __global__ void __launch_bounds__(kThreads)
                               T, lane);
 }
 
+template <int BQ, int kWG>
+void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
+                        int T, int C, int NH, bf16* ds, int64_t ds_ld, cudaStream_t stream) {
+  constexpr size_t smem = BwdKvWgmmaCfg<BQ>::bytes(kWG);
+  const auto kernel = overlap_enabled("bwd") ? attention_backward_kv_wgmma_kernel<BQ, true, kWG>
+                                             : attention_backward_kv_wgmma_kernel<BQ, false, kWG>;
+  set_smem(kernel, smem);
+  prefer_shared_memory(kernel);
+  const dim3 grid(static_cast<unsigned>(ceil_div(T, kBK * kWG)), static_cast<unsigned>(B * NH));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kD)), scale_log2 = scale * kLog2e;
+  kernel<<<grid, kThreads * kWG, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, scale_log2, ds, ds_ld);
+  GPT_CUDA_CHECK_LAUNCH();
+}
+
 template <int BQ>
 void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
                         int T, int C, int NH, bf16* ds, int64_t ds_ld, cudaStream_t stream) {
-  constexpr size_t smem = BwdKvWgmmaCfg<BQ>::kBytes;
-  const auto kernel = overlap_enabled("bwd") ? attention_backward_kv_wgmma_kernel<BQ, true>
-                                             : attention_backward_kv_wgmma_kernel<BQ, false>;
+  if (two_warpgroups("kv")) {
+    backward_kv_launch<BQ, 2>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, stream);
+  } else {
+    backward_kv_launch<BQ, 1>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, stream);
+  }
+}
+
+template <int kWG>
+void backward_q_launch(bf16* dqkv, const bf16* qkv, const bf16* ds, int64_t ds_ld, int B, int T, int C, int NH,
+                       cudaStream_t stream) {
+  constexpr size_t smem = dq_smem(kWG);
+  const auto kernel = attention_backward_q_wgmma_kernel<kWG>;
   set_smem(kernel, smem);
   prefer_shared_memory(kernel);
-  const dim3 grid(static_cast<unsigned>(ceil_div(T, kBK)), static_cast<unsigned>(B * NH));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kD)), scale_log2 = scale * kLog2e;
-  kernel<<<grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, scale_log2, ds, ds_ld);
+  const dim3 grid(static_cast<unsigned>(ceil_div(T, kBQ * kWG)), static_cast<unsigned>(B * NH));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
+  kernel<<<grid, kThreads * kWG, smem, stream>>>(dqkv, qkv, ds, ds_ld, T, C, NH, scale);
   GPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -323,13 +369,11 @@ void attention_backward_wgmma(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   } else {
     backward_kv_launch<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, stream);
   }
-  constexpr size_t smem = 4 * size_t{kTile} + 1024;  // two stages of a dS^T and a K tile
-  set_smem(attention_backward_q_wgmma_kernel, smem);
-  prefer_shared_memory(attention_backward_q_wgmma_kernel);
-  const dim3 grid(static_cast<unsigned>(ceil_div(T, kBQ)), static_cast<unsigned>(B * NH));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
-  attention_backward_q_wgmma_kernel<<<grid, kThreads, smem, stream>>>(dqkv, qkv, ds, ds_ld, T, C, NH, scale);
-  GPT_CUDA_CHECK_LAUNCH();
+  if (two_warpgroups("dq")) {
+    backward_q_launch<2>(dqkv, qkv, ds, ds_ld, B, T, C, NH, stream);
+  } else {
+    backward_q_launch<1>(dqkv, qkv, ds, ds_ld, B, T, C, NH, stream);
+  }
 }
 
 }  // namespace gpt::cuda

@@ -15,13 +15,19 @@
 # backward and both, and the ratio PyTorch ms / gpt-train ms against SDPA's default and its fastest backend
 # (>= 1: gpt-train is as fast or faster). A PyTorch row marked host-bound was timed while the GPU waited for
 # Python to queue the calls (queueing took >= 90% of the events' time): its kernels take less than it says.
+# Then, after every shape, the first shape's default kernels again under each of ENV_VARIANTS (kernels/cuda's
+# switches), each its own row (checked likewise) under that shape's gpt-train rows: where each experiment's forward
+# and backward stand.
 #
 # Environment (defaults): ATTN_BENCH (build/attention_bench), PYTHON (python3: the one with torch), DEVICE (cuda),
 # DTYPE (bf16), SHAPES ("16,1024,768,12 4,2048,2048,16": GPT-2 124M's attention, head size 64; and head size 128),
 # ITERS (20), WARMUP (3), KERNELS (the bench's default: auto,wmma on cuda bf16), BACKENDS
-# (default,flash,cudnn,efficient), TIMEOUT (90 s per side and shape). GPT_TRAIN_CUDA_PROFILE is unset for the bench
-# (it would synchronize after every op). Exit status: 1 when a gpt-train kernel is wrong or its side fails, else 3
-# when only the PyTorch side failed (no torch, say), else 0.
+# (default,flash,cudnn,efficient), TIMEOUT (90 s per side and shape), ENV_VARIANTS (";"-separated, each a
+# space-separated list of VAR=value; on cuda bf16 by default the wgmma kernels' experiments: GPT_ATTENTION_WGMMA_BQ=64,
+# _OVERLAP=1, both, _WG2=1, =kv, =dq, with BQ 64, with the overlap, and the mma.sync kernels, GPT_ATTENTION_WGMMA=0;
+# "" = none), TIME_LIMIT (0; else seconds from the start after which no variant starts whose TIMEOUT would pass it).
+# GPT_TRAIN_CUDA_PROFILE is unset for the bench (it would synchronize after every op). Exit status: 1 when a gpt-train
+# kernel is wrong or its side fails, else 3 when only the PyTorch side failed (no torch, say), else 0.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -35,6 +41,15 @@ WARMUP=${WARMUP:-3}
 KERNELS=${KERNELS:-}
 BACKENDS=${BACKENDS:-default,flash,cudnn,efficient}
 TIMEOUT=${TIMEOUT:-90}
+TIME_LIMIT=${TIME_LIMIT:-0}
+if [[ -z ${ENV_VARIANTS+set} ]]; then
+  ENV_VARIANTS=""
+  if [[ $DEVICE == cuda && $DTYPE == bf16 ]]; then
+    w=GPT_ATTENTION_WGMMA
+    ENV_VARIANTS="${w}_BQ=64;${w}_OVERLAP=1;${w}_BQ=64 ${w}_OVERLAP=1;${w}_WG2=1;${w}_WG2=kv;${w}_WG2=dq"
+    ENV_VARIANTS="$ENV_VARIANTS;${w}_WG2=1 ${w}_BQ=64;${w}_WG2=1 ${w}_OVERLAP=1;$w=0"
+  fi
+fi
 [[ $ATTN_BENCH == /* ]] || ATTN_BENCH=$PWD/$ATTN_BENCH
 [[ -x $ATTN_BENCH ]] || { echo "no attention_bench binary at $ATTN_BENCH (set ATTN_BENCH)" >&2; exit 2; }
 TMP=$(mktemp -d /tmp/attn-bench.XXXXXX)
@@ -72,6 +87,29 @@ for shape in $SHAPES; do
   i=$((i + 1))
 done
 
+# The first shape's default kernels again under each variant: rows of their own under its gpt-train rows.
+if [[ $i -gt 0 && -n $ENV_VARIANTS ]]; then
+  IFS=, read -r B T C NH <<<"${SHAPES%% *}"
+  common=(--batch "$B" --seq "$T" --embd "$C" --heads "$NH" --iters "$ITERS" --warmup "$WARMUP")
+  IFS=';' read -ra variants <<<"$ENV_VARIANTS"
+  for v in "${variants[@]}"; do
+    label="auto:$(sed 's/GPT_ATTENTION_WGMMA_//g; s/GPT_ATTENTION_//g; s/ /+/g' <<<"$v")"
+    if [[ $TIME_LIMIT -gt 0 && $((SECONDS + TIMEOUT)) -gt $TIME_LIMIT ]]; then
+      echo "variants from $v on skipped: its ${TIMEOUT} s would pass TIME_LIMIT (${TIME_LIMIT} s)"
+      break
+    fi
+    # shellcheck disable=SC2086  # $v: its assignments, one word each
+    timeout -k 5 "$TIMEOUT" env -u GPT_TRAIN_CUDA_PROFILE $v "$ATTN_BENCH" --device "$DEVICE" --dtype "$DTYPE" \
+      "${common[@]}" --kernels auto >"$TMP/variant" 2>&1
+    rc=$?
+    sed "s/ kernel=auto / kernel=$label /" "$TMP/variant" | tee -a "$TMP/ours.0"
+    if [[ $rc != 0 ]]; then
+      status=1
+      [[ $rc == 1 ]] || echo "gpt-train variant $v failed: exit status $rc$([[ $rc == 124 ]] && echo ' (timed out)')"
+    fi
+  done
+fi
+
 # The table, from the lines both sides printed.
 "$PYTHON" - "$TMP" "$i" "$SHAPES" "$DEVICE" "$DTYPE" <<'EOF'
 import re, sys
@@ -106,7 +144,7 @@ def rows(path, prefix, key):  # [(name, fields)] in the order printed
 
 print(f"\nCausal attention, {dtype} on {device}: gpt-train vs PyTorch SDPA, ms per call (TFLOP/s); "
       "ratio = PyTorch ms / gpt-train ms (>= 1: gpt-train as fast or faster)")
-head = f"{'shape B,T,C,NH':<16} {'side':<22} {'forward':>16} {'backward':>16} {'fwd+bwd':>9} {'vs default':>10} {'vs best':>8} {'check':>6}"
+head = f"{'shape B,T,C,NH':<16} {'side':<34} {'forward':>16} {'backward':>16} {'fwd+bwd':>9} {'vs default':>10} {'vs best':>8} {'check':>6}"
 print(head)
 print("-" * len(head))
 for s in range(n):
@@ -120,14 +158,14 @@ for s in range(n):
     for name, r in ours:
         ratio = lambda ref: f"{ref / both(r):.2f}" if ref and both(r) > 0 else "-"
         check = "WRONG" if r.get("wrong") == "1" else "ok"
-        print(f"{shapes[s]:<16} {'gpt-train ' + name:<22} {cell(r, 'fwd'):>16} {cell(r, 'bwd'):>16} "
+        print(f"{shapes[s]:<16} {'gpt-train ' + name:<34} {cell(r, 'fwd'):>16} {cell(r, 'bwd'):>16} "
               f"{both(r):>9.3f} {ratio(default):>10} {ratio(best):>8} {check:>6}")
     if not ours:
-        print(f"{shapes[s]:<16} {'gpt-train':<22} failed: {why('ours', s)}")
+        print(f"{shapes[s]:<16} {'gpt-train':<34} failed: {why('ours', s)}")
     for name, r in torch:
         host = "  host-bound (Python queued no faster)" if r.get("host_bound") == "1" else ""
-        print(f"{shapes[s]:<16} {'torch ' + name:<22} {cell(r, 'fwd'):>16} {cell(r, 'bwd'):>16} {both(r):>9.3f}{host}")
+        print(f"{shapes[s]:<16} {'torch ' + name:<34} {cell(r, 'fwd'):>16} {cell(r, 'bwd'):>16} {both(r):>9.3f}{host}")
     if not torch:
-        print(f"{shapes[s]:<16} {'torch':<22} failed: {why('torch', s)}")
+        print(f"{shapes[s]:<16} {'torch':<34} failed: {why('torch', s)}")
 EOF
 exit $status

@@ -43,12 +43,12 @@
 # GPT_TRAIN_SET (extra "key=value" overrides for gpt-train, space-separated), VARIANTS (more gpt-train runs after the
 # table, ";"-separated, each a space-separated list of overrides on top of GPT_TRAIN_SET, e.g. "run.gelu_fusion=full",
 # where a word with an upper-case name (GPT_ATTENTION_FWD_ROWS=32) is put in that run's environment instead;
-# default, when the run is bf16 on cuda and this binary has the keys: run.attention_kernel=wmma (the older attention
-# kernels beside the default mma.sync ones), run.gelu_fusion=none and =forward (the base run has auto: full); then
-# the mma.sync attention kernels where sm_90 takes the wgmma ones (GPT_ATTENTION_WGMMA=0), the wgmma dK/dV kernel
-# at 64 queries per step (GPT_ATTENTION_WGMMA_BQ=64), the wgmma kernels with their element-wise work overlapping
-# their products (GPT_ATTENTION_WGMMA_OVERLAP=1, and =fwd, =bwd for one of them), and 64 queries with both
-# overlapped; "" = none),
+# default, when the run is bf16 on cuda: the wgmma attention kernels' experiments, most promising first (the wgmma
+# dK/dV kernel at 64 queries per step, GPT_ATTENTION_WGMMA_BQ=64; the kernels with their element-wise work
+# overlapping their products, GPT_ATTENTION_WGMMA_OVERLAP=1; blocks of two warpgroups, GPT_ATTENTION_WGMMA_WG2=1; 64
+# queries with each of those; attention_vs_pytorch.sh times them one kernel at a time), then the mma.sync attention
+# kernels where sm_90 takes the wgmma ones (GPT_ATTENTION_WGMMA=0), and, where this binary has the key,
+# run.gelu_fusion=none and =forward (the base run has auto: full); "" = none),
 # VARIANT_TIMEOUT (60 s each), TIME_LIMIT (0; else seconds from the start: each side's timeout is cut to what is
 # left of it less 15 s for the table, and the profile run and each variant start only if their timeout still fits,
 # else say they were skipped), PROFILE_STEPS (on cuda 4, else 0 = none: after the table, a run of one step more under
@@ -170,14 +170,13 @@ fi
 if [[ -z ${VARIANTS+set} ]]; then
   VARIANTS=""
   if [[ $DEVICE == cuda && $PARAM_DTYPE == bf16 ]]; then
-    grep -q '^  attention_kernel ' <<<"$HELP_CONFIG" && VARIANTS="run.attention_kernel=wmma"
-    grep -q '^  gelu_fusion ' <<<"$HELP_CONFIG" &&
-      VARIANTS="${VARIANTS:+$VARIANTS;}run.gelu_fusion=none;run.gelu_fusion=forward"  # the default: full
-    # kernels/cuda's switches: the mma.sync attention where sm_90 takes the wgmma one, and the wgmma dK/dV kernel's
-    # experiments (a binary without them runs its defaults again).
-    VARIANTS="${VARIANTS:+$VARIANTS;}GPT_ATTENTION_WGMMA=0;GPT_ATTENTION_WGMMA_BQ=64;GPT_ATTENTION_WGMMA_OVERLAP=1"
-    VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_OVERLAP=fwd;GPT_ATTENTION_WGMMA_OVERLAP=bwd"
+    # kernels/cuda's switches (a binary without them runs its defaults again): the wgmma kernels' experiments, the
+    # mma.sync attention where sm_90 takes the wgmma one.
+    VARIANTS="GPT_ATTENTION_WGMMA_BQ=64;GPT_ATTENTION_WGMMA_OVERLAP=1;GPT_ATTENTION_WGMMA_WG2=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=64 GPT_ATTENTION_WGMMA_OVERLAP=1"
+    VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=64 GPT_ATTENTION_WGMMA_WG2=1;GPT_ATTENTION_WGMMA=0"
+    grep -q '^  gelu_fusion ' <<<"$HELP_CONFIG" &&
+      VARIANTS="$VARIANTS;run.gelu_fusion=none;run.gelu_fusion=forward"  # the default: full
   fi
 fi
 GPT_DIR=$TMP/gpt-run

@@ -9,8 +9,8 @@
 # 1e-4 relative; then sample's greedy ids from that model, and 2 fine-tuning steps from it, cpu vs cuda),
 # compute-sanitizer memcheck and racecheck (the attention kernels; in what is left after keeping
 # the bench's 225 s, else a SKIP that says so), scripts/bench/gpu_vs_pytorch.sh
-# if present (its table, the per-op device time of a few steps, and the run.attention_kernel and run.gelu_fusion
-# variants; 70 s of its time kept for the next step), then scripts/bench/attention_vs_pytorch.sh (the attention
+# if present (its table, the per-op device time of a few steps, and its default variants: run.gelu_fusion and the
+# attention kernels' switches; 100 s of its time kept for the next step), then scripts/bench/attention_vs_pytorch.sh (the attention
 # kernels against PyTorch's SDPA) in what is left. A test binary passes only with Catch2's "All tests passed" line
 # (a filter that matches no test is a FAIL), the benchmark only when both sides ran.
 # Every step has a timeout and the whole check a budget (CHECK_BUDGET_S, 460 s), so it ends inside 8 minutes.
@@ -332,11 +332,11 @@ if wanted bench; then
   elif [ "$gpus" = 0 ]; then record SKIP "bench gpu vs pytorch" 0 "no GPU"
   else
     # Its sides' timeouts, and the extra runs after its table, fit the step's limit (the budget may cut it below
-    # 330 s), less 70 s kept for the attention step when that is wanted, if the two sides' 220 s still fit.
+    # 330 s), less 100 s kept for the attention step when that is wanted, if the two sides' 220 s still fit.
     bench_limit=$((DEADLINE - SECONDS))
     [ "$bench_limit" -gt 330 ] && bench_limit=330
     bench_time=$((bench_limit > 20 ? bench_limit - 10 : 10))
-    if wanted attention && [ $((bench_time - 70)) -ge 220 ]; then bench_time=$((bench_time - 70)); fi
+    if wanted attention && [ $((bench_time - 100)) -ge 220 ]; then bench_time=$((bench_time - 100)); fi
     TIME_LIMIT=$bench_time run_step "bench" 330 bash scripts/bench/gpu_vs_pytorch.sh
     # From the table on: the table, the per-op profile and the variants (the whole output is in the log)
     bench_tail=$(sed -n '/^GPU training throughput/,$p' "$OUTF" | head -n 70 | cut -c1-160)
@@ -358,16 +358,18 @@ if wanted attention; then
     record SKIP "attention vs pytorch sdpa" 0 \
       "$((DEADLINE - SECONDS)) s left of the budget, under the 60 s it needs (CHECK_STEPS=attention runs it alone)"
   else
-    # Each side of each shape gets its share of the step's limit (the script's own timeouts then end it first,
-    # table printed); under 100 s only the first shape (GPT-2 124M's) runs.
+    # Each side of each shape gets its share of the step's first 120 s (the script's own timeouts then end it
+    # first, table printed), the first shape's variants (the wgmma kernels' switches, one row each) what is left
+    # of the step but 15 s; under 100 s only the first shape (GPT-2 124M's) runs.
     attn_limit=$((DEADLINE - SECONDS))
-    [ "$attn_limit" -gt 120 ] && attn_limit=120
+    [ "$attn_limit" -gt 160 ] && attn_limit=160
     attn_shapes="16,1024,768,12 4,2048,2048,16"
     [ "$attn_limit" -lt 100 ] && attn_shapes="16,1024,768,12"
-    attn_timeout=$(((attn_limit - 15) / (2 * $(wc -w <<< "$attn_shapes"))))
+    attn_sides=$((attn_limit < 120 ? attn_limit : 120))
+    attn_timeout=$(((attn_sides - 15) / (2 * $(wc -w <<< "$attn_shapes"))))
     run_step "attention" "$attn_limit" env TIMEOUT="$attn_timeout" SHAPES="$attn_shapes" \
-      bash scripts/bench/attention_vs_pytorch.sh
-    attn_tail=$(sed -n '/^Causal attention/,$p' "$OUTF" | head -n 20 | cut -c1-160)
+      TIME_LIMIT=$((attn_limit - 15)) bash scripts/bench/attention_vs_pytorch.sh
+    attn_tail=$(sed -n '/^Causal attention/,$p' "$OUTF" | head -n 30 | cut -c1-160)
     if [ "$RC" = 200 ]; then record SKIP "attention vs pytorch sdpa" 0 "no time left in the budget"
     elif [ "$RC" = 0 ]; then record PASS "attention vs pytorch sdpa" "$T" "every kernel within its bound of the CPU's"
     elif [ "$RC" = 3 ]; then

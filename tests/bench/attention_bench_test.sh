@@ -45,6 +45,14 @@ if [ -n "$emu" ]; then
     "${cuda[@]}" --seq 20 --embd 96
   expect "emulated cuda, spoiled" 1 'kernel=auto .* wrong=1' env GPT_TRAIN_FAULT=attention_bench_wrong \
     "$emu" "${cuda[@]}" --seq 40 --embd 64 --kernels auto
+  # scripts/bench/attention_vs_pytorch.sh's variant rows (ENV_VARIANTS), each checked: exit 3 where only the PyTorch
+  # side fails (no torch, or no GPU for it), 1 when a variant's kernels are wrong.
+  versus=(env ATTN_BENCH="$emu" DEVICE=cuda DTYPE=bf16 SHAPES=1,130,128,2 ITERS=1 WARMUP=0 BACKENDS=default
+          bash "$(dirname "$0")/../../scripts/bench/attention_vs_pytorch.sh")
+  expect "attention_vs_pytorch, variant rows" 3 'gpt-train auto:WG2=1\+BQ=64 .* ok$' env \
+    ENV_VARIANTS="GPT_ATTENTION_WGMMA_OVERLAP=1;GPT_ATTENTION_WGMMA_WG2=1 GPT_ATTENTION_WGMMA_BQ=64" "${versus[@]}"
+  expect "attention_vs_pytorch, a wrong variant" 1 'gpt-train auto:GPT_TRAIN_FAULT=attention_bench_wrong .* WRONG$' \
+    env ENV_VARIANTS="GPT_TRAIN_FAULT=attention_bench_wrong" "${versus[@]}"
 fi
 [ "$fail" = 0 ] && echo "PASS" || echo "FAILED"
 exit $fail

@@ -391,6 +391,16 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
   run_mma(1, 2, 64, 260, 0.0f);
   run_mma(1, 1, 64, 150, 0.0f);
   ::unsetenv("GPT_ATTENTION_WGMMA_OVERLAP");
+  // Blocks of two warpgroups (GPT_ATTENTION_WGMMA_WG2=1: forward, dK/dV and dQ), at 32 and 64 queries per dK/dV
+  // step; T 150: the last block's second warpgroup has 22 rows (keys), T 64: none.
+  ::setenv("GPT_ATTENTION_WGMMA_WG2", "1", 1);
+  run_mma(1, 2, 64, 260, 0.0f);
+  run_mma(1, 1, 64, 150, 0.0f);
+  run_mma(2, 1, 64, 64, 0.0f);
+  ::setenv("GPT_ATTENTION_WGMMA_BQ", "64", 1);
+  run_mma(1, 1, 64, 150, 0.0f);
+  ::unsetenv("GPT_ATTENTION_WGMMA_BQ");
+  ::unsetenv("GPT_ATTENTION_WGMMA_WG2");
   ::setenv("GPT_ATTENTION_WGMMA", "fwd", 1);  // the wgmma forward, the mma.sync backward
   run_mma(1, 1, 64, 150, 0.0f);
   ::setenv("GPT_ATTENTION_WGMMA", "0", 1);
