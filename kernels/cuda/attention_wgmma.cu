@@ -35,19 +35,19 @@ namespace {
 using namespace attention_wgmma_detail;
 
 // The forward's online softmax of one tile's scores (the warp's rows g, g + 8 of sc: [4 n + 2 hf + e] = row g + 8
-// hf, key k0 + 8 n + 2 tq + e), as attention_mma.cu's: sc becomes P (fp32), m and l are updated, alpha is the factor
-// O's rows take before this tile's P V (0 on the first tile). kMasked: the causal mask (the padded rows past T need
-// none: they are never stored); without it (a tile whose every key precedes the warp's every row: all but the
-// diagonal one) no test per element.
-template <bool kMasked>
-__device__ __forceinline__ void online_softmax(float (&sc)[32], float (&m)[2], float (&l)[2], float (&alpha)[2], int k0,
+// hf, key k0 + 8 n + 2 tq + e; N / 2 keys, 64 or 128), as attention_mma.cu's: sc becomes P (fp32), m and l are
+// updated, alpha is the factor O's rows take before this tile's P V (0 on the first tile). kMasked: the causal mask
+// (the padded rows past T need none: they are never stored); without it (a tile whose every key precedes the warp's
+// every row: all but the diagonal one) no test per element.
+template <bool kMasked, int N>
+__device__ __forceinline__ void online_softmax(float (&sc)[N], float (&m)[2], float (&l)[2], float (&alpha)[2], int k0,
                                                int qw, int g, int tq, float scale_log2) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int t = qw + g + 8 * hf;
     float mx = -INFINITY;
 #pragma unroll
-    for (int n = 0; n < kBK / 8; ++n) {
+    for (int n = 0; n < N / 4; ++n) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = sc[4 * n + 2 * hf + e];  // the raw score: the scale goes into exp2's FFMA below
@@ -62,7 +62,7 @@ __device__ __forceinline__ void online_softmax(float (&sc)[32], float (&m)[2], f
     alpha[hf] = exp2f(m[hf] - m_new);  // 0 on the first tile (m = -inf)
     float sum = 0.0f;
 #pragma unroll
-    for (int n = 0; n < kBK / 8; ++n) {
+    for (int n = 0; n < N / 4; ++n) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = sc[4 * n + 2 * hf + e];
@@ -85,9 +85,10 @@ __device__ __forceinline__ void rescale_rows(float (&o)[32], const float (&alpha
 }
 
 // P (sc, fp32) as the A registers of P V, per 16 keys, rounded to bf16.
-__device__ __forceinline__ void pack_p(uint32_t (&pa)[kBK / 16][4], const float (&sc)[32]) {
+template <int N>
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[N / 8][4], const float (&sc)[N]) {
 #pragma unroll
-  for (int c = 0; c < kBK / 16; ++c) {
+  for (int c = 0; c < N / 8; ++c) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) pa[c][r] = pack_bf16x2(sc[8 * c + 2 * r], sc[8 * c + 2 * r + 1]);
   }
@@ -120,15 +121,19 @@ __device__ __forceinline__ void finish_forward(bf16* out, float* lse, const floa
 
 // kWG warpgroups per block (GPT_ATTENTION_WGMMA_WG2: 2), each with its own 64 query rows, sharing the K and V tiles
 // (half the copies per product at 2); a warpgroup skips the key tiles past its last row (the block's last one at 2).
-template <int kWG>
-__global__ void __launch_bounds__(kThreads* kWG)
+// kNK keys per K/V tile (GPT_ATTENTION_WGMMA_BK: 64, or 128 as cuDNN's forward takes: half the barriers, waits, O
+// rescales and row reductions per key; S as two m64n64 products per k-step).
+template <int kWG, int kNK>
+__global__ void __launch_bounds__((kThreads * kWG))
     attention_forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2) {
   constexpr int kNT = kThreads * kWG, kRows = kBQ * kWG;  // the block's threads and query rows
+  constexpr int kParts = kNK / 64;                        // 64-key parts of a K/V tile
+  static_assert(kNK == 64 || kNK == 128);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = align_1024(smem_raw);
   unsigned char* sq = base;  // kWG tiles of 64 rows
-  auto stage_k = [&](int s) { return base + (kWG + 2 * s) * kTile; };
-  auto stage_v = [&](int s) { return base + (kWG + 1 + 2 * s) * kTile; };
+  auto stage_k = [&](int s) { return base + (kWG + 2 * kParts * s) * kTile; };
+  auto stage_v = [&](int s) { return base + (kWG + kParts * (2 * s + 1)) * kTile; };
   // warp: the block's (16 rows each, warpgroup after warpgroup); wg: this warp's warpgroup
   const int warp = threadIdx.x / kWarp, wg = kWG > 1 ? warp / 4 : 0, lane = threadIdx.x % kWarp, g = lane >> 2,
             tq = lane & 3;
@@ -139,13 +144,13 @@ __global__ void __launch_bounds__(kThreads* kWG)
   const bf16* q = qkv + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * kD;
   const bf16* k = q + C;
   const bf16* v = q + 2 * C;
-  const int num_kt = (min(q0 + kRows, T) - 1) / kBK + 1;  // key tiles up to the last real query of this block
+  const int num_kt = (min(q0 + kRows, T) - 1) / kNK + 1;  // key tiles up to the last real query of this block
   const int qg = q0 + kBQ * wg;                           // this warpgroup's first row, and its key tiles
-  const int num_kt_wg = qg < T ? (min(qg + kBQ, T) - 1) / kBK + 1 : 0;
+  const int num_kt_wg = qg < T ? (min(qg + kBQ, T) - 1) / kNK + 1 : 0;
 
   copy_tile_sw128<kRows, kNT>(sq, q, C3, q0, T);
-  copy_tile_sw128<kBK, kNT>(stage_k(0), k, C3, 0, T);
-  copy_tile_sw128<kBK, kNT>(stage_v(0), v, C3, 0, T);
+  copy_tile_sw128<kNK, kNT>(stage_k(0), k, C3, 0, T);
+  copy_tile_sw128<kNK, kNT>(stage_v(0), v, C3, 0, T);
   cp_async_commit();
 
   const int qw = q0 + 16 * warp;  // this warp's first row
@@ -158,10 +163,10 @@ __global__ void __launch_bounds__(kThreads* kWG)
   const uint32_t q_addr = smem_u32(sq + wg * kTile);
 
   for (int kt = 0; kt < num_kt; ++kt) {
-    const int k0 = kt * kBK, s = kt & 1;
+    const int k0 = kt * kNK, s = kt & 1;
     if (kt + 1 < num_kt) {  // stage s ^ 1 was last read in iteration kt - 1, which ended with a barrier
-      copy_tile_sw128<kBK, kNT>(stage_k(s ^ 1), k, C3, k0 + kBK, T);
-      copy_tile_sw128<kBK, kNT>(stage_v(s ^ 1), v, C3, k0 + kBK, T);
+      copy_tile_sw128<kNK, kNT>(stage_k(s ^ 1), k, C3, k0 + kNK, T);
+      copy_tile_sw128<kNK, kNT>(stage_v(s ^ 1), v, C3, k0 + kNK, T);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -175,19 +180,26 @@ __global__ void __launch_bounds__(kThreads* kWG)
     }
     const uint32_t k_addr = smem_u32(stage_k(s)), v_addr = smem_u32(stage_v(s));
 
-    float sc[32];  // S: the warp's 16 rows x 64 keys; sc[4 n + 2 hf + e] = row g + 8 hf, key k0 + 8 n + 2 tq + e
+    // S: the warp's 16 rows x kNK keys; sc[4 n + 2 hf + e] = row g + 8 hf, key k0 + 8 n + 2 tq + e; part j of 64
+    // keys in sc[32 j..] (the layout of one m64n64 product). Every part is computed, also one whose keys all follow
+    // the warpgroup's rows (the mask zeroes its P): a wgmma under a branch makes ptxas serialise them (C7520).
+    float sc[kNK / 2];
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      wgmma_ss<64>(sc, kmajor_desc(q_addr + 32 * kk), kmajor_desc(k_addr + 32 * kk), kk > 0);
+    for (int j = 0; j < kParts; ++j) {
+      float(&part)[32] = *reinterpret_cast<float(*)[32]>(sc + 32 * j);
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        wgmma_ss<64>(part, kmajor_desc(q_addr + 32 * kk), kmajor_desc(k_addr + j * kTile + 32 * kk), kk > 0);
+      }
     }
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(sc);
 
-    uint32_t pa[kBK / 16][4];
+    uint32_t pa[kNK / 16][4];
     float alpha[2];
-    with_mask<true>(k0 + kBK - 1 <= qw, [&](auto masked) {
+    with_mask<true>(k0 + kNK - 1 <= qw, [&](auto masked) {
       online_softmax<decltype(masked)::value>(sc, m, l, alpha, k0, qw, g, tq, scale_log2);
       rescale_rows(o, alpha);
       pack_p(pa, sc);
@@ -197,7 +209,7 @@ __global__ void __launch_bounds__(kThreads* kWG)
     fence_operands(pa);
     wgmma_fence();
 #pragma unroll
-    for (int c = 0; c < kBK / 16; ++c) wgmma_rs_mn(o, pa[c], mnmajor_desc(v_addr + 2048 * c), true);
+    for (int c = 0; c < kNK / 16; ++c) wgmma_rs_mn(o, pa[c], mnmajor_desc(v_addr + 2048 * c), true);
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(o);
@@ -338,11 +350,11 @@ __global__ void __launch_bounds__(kThreads)
                  reinterpret_cast<bf16*>(stage_k(0)) + warp * 16 * kStageLd, bh, qw, T, C, lane);
 }
 
-template <int kWG>
+template <int kWG, int kNK>
 void forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, float scale_log2,
                     cudaStream_t stream) {
-  constexpr size_t smem = forward_smem(kWG);
-  const auto kernel = attention_forward_wgmma_kernel<kWG>;
+  constexpr size_t smem = forward_smem(kWG, kNK);
+  const auto kernel = attention_forward_wgmma_kernel<kWG, kNK>;
   set_smem(kernel, smem);
   prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBQ * kWG)), static_cast<unsigned>(B * NH));
@@ -371,7 +383,7 @@ bool attention_wgmma_backward_usable(int C, int NH, bool dropout) {
 }
 
 size_t attention_wgmma_smem_bytes() {
-  return std::max({forward_smem(2), kSmemOverlap, BwdKvWgmmaCfg<64>::bytes(2), dq_smem(2)});
+  return std::max({forward_smem(2, 128), kSmemOverlap, BwdKvWgmmaCfg<64>::bytes(2), dq_smem(2)});
 }
 
 void attention_forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
@@ -385,10 +397,16 @@ void attention_forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int 
     prefer_shared_memory(attention_forward_wgmma_overlap_kernel);
     attention_forward_wgmma_overlap_kernel<<<grid, kThreads, kSmemOverlap, stream>>>(out, lse, qkv, T, C, NH,
                                                                                      scale_log2);
+  } else if (env_is("GPT_ATTENTION_WGMMA_BK", "128")) {
+    if (two_warpgroups("fwd")) {
+      forward_launch<2, 128>(out, lse, qkv, B, T, C, NH, scale_log2, stream);
+    } else {
+      forward_launch<1, 128>(out, lse, qkv, B, T, C, NH, scale_log2, stream);
+    }
   } else if (two_warpgroups("fwd")) {
-    forward_launch<2>(out, lse, qkv, B, T, C, NH, scale_log2, stream);
+    forward_launch<2, kBK>(out, lse, qkv, B, T, C, NH, scale_log2, stream);
   } else {
-    forward_launch<1>(out, lse, qkv, B, T, C, NH, scale_log2, stream);
+    forward_launch<1, kBK>(out, lse, qkv, B, T, C, NH, scale_log2, stream);
   }
   GPT_CUDA_CHECK_LAUNCH();
 }

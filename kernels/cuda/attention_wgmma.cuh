@@ -20,8 +20,9 @@ using namespace attention_mma_detail;
 
 constexpr int kD = 64, kBQ = 64, kBK = 64;
 constexpr uint32_t kTile = 64 * kSw128Row;  // one 64 x 64 bf16 tile: 8 KB
-// The forward's shared memory at kWG warpgroups per block: their Q tiles, two stages of K and V, 1 KB to align.
-constexpr size_t forward_smem(int kWG) { return (kWG + 4) * size_t{kTile} + 1024; }
+// The forward's shared memory at kWG warpgroups per block and nk keys per tile: their Q tiles, two stages of K and V,
+// 1 KB to align.
+constexpr size_t forward_smem(int kWG, int nk) { return (kWG + 4 * (nk / 64)) * size_t{kTile} + 1024; }
 // The dQ kernel's: two stages of kWG dS^T tiles and a K tile.
 constexpr size_t dq_smem(int kWG) { return 2 * (kWG + 1) * size_t{kTile} + 1024; }
 constexpr int kStageLd = kD + 8;  // the output's staging rows (store_rows), in the dead K/V stages

@@ -8,6 +8,9 @@
 // GPT_ATTENTION_WGMMA_OVERLAP=1 (or fwd, bwd: one of them) takes their variants whose element-wise work overlaps the
 // products, GPT_ATTENTION_WGMMA_WG2=1 (or a comma-separated list of fwd, kv, dq) blocks of two warpgroups that share
 // their K/V, Q/dO or K tiles (half those tiles' copies per product); the same values, not yet measured on a GPU.
+// GPT_ATTENTION_WGMMA_BK=128: the forward (not the overlapped one) on key tiles of 128 (the online softmax steps by
+// 128 keys: not the same values to the bit; not yet measured on a GPU). The overlapped forward keeps one warpgroup
+// and 64 keys: with GPT_ATTENTION_WGMMA_OVERLAP on for it, the other two switches apply to the backward alone.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -32,7 +32,7 @@ using namespace attention_wgmma_detail;
 // kWG warpgroups per block (GPT_ATTENTION_WGMMA_WG2 kv: 2), each with its own 64 keys, sharing the Q and dO tiles; a
 // warpgroup starts at the query tile of its first key (the block's first ones are past its keys at 2).
 template <int BQ, bool kOverlap, int kWG>
-__global__ void __launch_bounds__(kThreads* kWG)
+__global__ void __launch_bounds__((kThreads * kWG))
     attention_backward_kv_wgmma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse,
                                        const float* dvec, int T, int C, int NH, float scale, float scale_log2, bf16* ds,
                                        int64_t ds_ld) {
@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(kThreads* kWG)
 // (GPT_ATTENTION_WGMMA_WG2 dq: 2), each with its own 64 queries and dS^T tiles, sharing the K tiles; a warpgroup
 // skips the key tiles past its last query (the block's last one at 2).
 template <int kWG>
-__global__ void __launch_bounds__(kThreads* kWG)
+__global__ void __launch_bounds__((kThreads * kWG))
     attention_backward_q_wgmma_kernel(bf16* dqkv, const bf16* qkv, const bf16* ds, int64_t ds_ld, int T, int C, int NH,
                                       float scale) {
   constexpr int kNT = kThreads * kWG, kRows = kBQ * kWG;  // the block's threads and queries

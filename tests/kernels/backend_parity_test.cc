@@ -993,8 +993,9 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
   // 0: the 2-block kernels; 1: the dQ kernel recomputing dS; 2: the mma.sync kernels where sm_90 (and the
   // emulator) takes the wgmma ones at head size 64 (the 2-block configuration turns them off too); 3: the wgmma
   // forward with the mma.sync backward; 4: the wgmma dK/dV kernel at 64 queries per step; 5: at 32 with its
-  // element-wise work overlapping the products (GPT_ATTENTION_WGMMA_OVERLAP).
-  for (const int config : {0, 1, 2, 3, 4, 5}) {
+  // element-wise work overlapping the products (GPT_ATTENTION_WGMMA_OVERLAP); 6: the wgmma forward on key tiles of
+  // 128 (GPT_ATTENTION_WGMMA_BK), 7: that with blocks of two warpgroups (GPT_ATTENTION_WGMMA_WG2, every kernel).
+  for (const int config : {0, 1, 2, 3, 4, 5, 6, 7}) {
     CAPTURE(config);
     if (config == 0) {
       ::setenv("GPT_ATTENTION_FWD_ROWS", "32", 1);
@@ -1006,6 +1007,8 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
     if (config == 3) ::setenv("GPT_ATTENTION_WGMMA", "fwd", 1);
     if (config == 4) ::setenv("GPT_ATTENTION_WGMMA_BQ", "64", 1);
     if (config == 5) ::setenv("GPT_ATTENTION_WGMMA_OVERLAP", "1", 1);
+    if (config >= 6) ::setenv("GPT_ATTENTION_WGMMA_BK", "128", 1);
+    if (config == 7) ::setenv("GPT_ATTENTION_WGMMA_WG2", "1", 1);
     for (const Shape s : shapes) {
       for (float p : {0.0f, 0.2f}) {
         CAPTURE(s.B, s.T, s.C, s.NH, p);
@@ -1018,6 +1021,8 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
     ::unsetenv("GPT_ATTENTION_WGMMA");
     ::unsetenv("GPT_ATTENTION_WGMMA_BQ");
     ::unsetenv("GPT_ATTENTION_WGMMA_OVERLAP");
+    ::unsetenv("GPT_ATTENTION_WGMMA_BK");
+    ::unsetenv("GPT_ATTENTION_WGMMA_WG2");
   }
   gpu->set_compute_dtype(DType::kF32);
 }
