@@ -39,9 +39,9 @@ inline size_t attention_backward(int B, int T, int NH) { return static_cast<size
 // attention_mma_backward.cu at head size 32 or 64 without dropout (its lean kernels) also keeps dS^T: the dK/dV
 // kernel writes it (bf16, keys x queries, Tp x Tp per (b, h), Tp = T rounded up to 64; only dS's blocks at and below
 // its diagonal) and the dQ kernel reads it instead of recomputing S, P and dP (three products of its four). Up to
-// kAttentionDsMaxBytes (GPT-2 124M at batch 16: 403 MB, at batch 64: 1.61 GB, beside its ~24 GiB of activations);
-// past it the dQ kernel recomputes.
-constexpr size_t kAttentionDsMaxBytes = size_t{2} << 30;
+// kAttentionDsMaxBytes (GPT-2 124M at batch 16: 403 MB, at batch 64: 1.61 GB beside its ~24 GiB of activations, at
+// batch 128: 3.2 GB beside ~48); past it the dQ kernel recomputes (and on sm_90 the backward leaves wgmma).
+constexpr size_t kAttentionDsMaxBytes = size_t{4} << 30;
 inline int64_t attention_ds_stride(int64_t T) { return ceil_div(T, 64) * 64; }
 inline size_t attention_ds_bytes(int B, int T, int NH) {
   const auto tp = static_cast<size_t>(attention_ds_stride(T));
