@@ -35,7 +35,7 @@ namespace {
 using namespace attention_wgmma_detail;
 
 // The forward's online softmax of one tile's scores (the warp's rows g, g + 8 of sc: [4 n + 2 hf + e] = row g + 8
-// hf, key k0 + 8 n + 2 tq + e; N / 2 keys, 64 or 128), as attention_mma.cu's: sc becomes P (fp32), m and l are
+// hf, key k0 + 8 n + 2 tq + e; 2 N keys, 64 or 128), as attention_mma.cu's: sc becomes P (fp32), m and l are
 // updated, alpha is the factor O's rows take before this tile's P V (0 on the first tile). kMasked: the causal mask
 // (the padded rows past T need none: they are never stored); without it (a tile whose every key precedes the warp's
 // every row: all but the diagonal one) no test per element.
@@ -172,47 +172,47 @@ __global__ void __launch_bounds__((kThreads * kWG))
     } else {
       cp_async_wait<0>();
     }
-    fence_proxy_async();               // this thread's copies, visible to the tensor cores' reads
-    __syncthreads();                   // every thread's copies of tile kt (and of Q) have landed
-    if (kWG > 1 && kt >= num_kt_wg) {  // warpgroup-uniform: every key of the tile is past the warpgroup's rows
-      __syncthreads();                 // the loop's other barrier
-      continue;
-    }
-    const uint32_t k_addr = smem_u32(stage_k(s)), v_addr = smem_u32(stage_v(s));
+    fence_proxy_async();  // this thread's copies, visible to the tensor cores' reads
+    __syncthreads();      // every thread's copies of tile kt (and of Q) have landed
+    // Warpgroup-uniform: a tile whose every key follows the warpgroup's rows is skipped (its products and
+    // softmax; both barriers are every thread's, outside the branch).
+    if (kWG == 1 || kt < num_kt_wg) {
+      const uint32_t k_addr = smem_u32(stage_k(s)), v_addr = smem_u32(stage_v(s));
 
-    // S: the warp's 16 rows x kNK keys; sc[4 n + 2 hf + e] = row g + 8 hf, key k0 + 8 n + 2 tq + e; part j of 64
-    // keys in sc[32 j..] (the layout of one m64n64 product). Every part is computed, also one whose keys all follow
-    // the warpgroup's rows (the mask zeroes its P): a wgmma under a branch makes ptxas serialise them (C7520).
-    float sc[kNK / 2];
-    wgmma_fence();
+      // S: the warp's 16 rows x kNK keys; sc[4 n + 2 hf + e] = row g + 8 hf, key k0 + 8 n + 2 tq + e; part j of 64
+      // keys in sc[32 j..] (the layout of one m64n64 product). Every part is computed, also one whose keys all follow
+      // the warpgroup's rows (the mask zeroes its P): a wgmma under a branch makes ptxas serialise them (C7520).
+      float sc[kNK / 2];
+      wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < kParts; ++j) {
-      float(&part)[32] = *reinterpret_cast<float(*)[32]>(sc + 32 * j);
+      for (int j = 0; j < kParts; ++j) {
+        float(&part)[32] = *reinterpret_cast<float(*)[32]>(sc + 32 * j);
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        wgmma_ss<64>(part, kmajor_desc(q_addr + 32 * kk), kmajor_desc(k_addr + j * kTile + 32 * kk), kk > 0);
+        for (int kk = 0; kk < kD / 16; ++kk) {
+          wgmma_ss<64>(part, kmajor_desc(q_addr + 32 * kk), kmajor_desc(k_addr + j * kTile + 32 * kk), kk > 0);
+        }
       }
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(sc);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(sc);
 
-    uint32_t pa[kNK / 16][4];
-    float alpha[2];
-    with_mask<true>(k0 + kNK - 1 <= qw, [&](auto masked) {
-      online_softmax<decltype(masked)::value>(sc, m, l, alpha, k0, qw, g, tq, scale_log2);
-      rescale_rows(o, alpha);
-      pack_p(pa, sc);
-    });
+      uint32_t pa[kNK / 16][4];
+      float alpha[2];
+      with_mask<true>(k0 + kNK - 1 <= qw, [&](auto masked) {
+        online_softmax<decltype(masked)::value>(sc, m, l, alpha, k0, qw, g, tq, scale_log2);
+        rescale_rows(o, alpha);
+        pack_p(pa, sc);
+      });
 
-    fence_operands(o);  // o rescaled and pa written by this thread: ordered before the products read them
-    fence_operands(pa);
-    wgmma_fence();
+      fence_operands(o);  // o rescaled and pa written by this thread: ordered before the products read them
+      fence_operands(pa);
+      wgmma_fence();
 #pragma unroll
-    for (int c = 0; c < kNK / 16; ++c) wgmma_rs_mn(o, pa[c], mnmajor_desc(v_addr + 2048 * c), true);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(o);
+      for (int c = 0; c < kNK / 16; ++c) wgmma_rs_mn(o, pa[c], mnmajor_desc(v_addr + 2048 * c), true);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(o);
+    }
     __syncthreads();  // everyone is done with stage s before iteration kt + 1 refills it
   }
 

@@ -10,7 +10,8 @@
 // their K/V, Q/dO or K tiles (half those tiles' copies per product); the same values, not yet measured on a GPU.
 // GPT_ATTENTION_WGMMA_BK=128: the forward (not the overlapped one) on key tiles of 128 (the online softmax steps by
 // 128 keys: not the same values to the bit; not yet measured on a GPU). The overlapped forward keeps one warpgroup
-// and 64 keys: with GPT_ATTENTION_WGMMA_OVERLAP on for it, the other two switches apply to the backward alone.
+// and 64 keys: with GPT_ATTENTION_WGMMA_OVERLAP on for it, BK=128 does nothing and WG2 applies to the backward alone.
+// The lists take no spaces (fwd,dq).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -92,123 +92,122 @@ __global__ void __launch_bounds__((kThreads * kWG))
     } else {
       cp_async_wait<0>();
     }
-    fence_proxy_async();          // this thread's copies, visible to the tensor cores' reads
-    __syncthreads();              // every thread's copies of this tile (and of K, V) have landed
-    if (kWG > 1 && qt < qt_wg) {  // warpgroup-uniform: every query of the tile precedes the warpgroup's keys
-      if (qt + 1 < num_qt) store_rows_to(s ^ 1);
-      __syncthreads();  // the loop's other barrier
-      continue;
-    }
-    const uint32_t q_addr = smem_u32(stage_q(s)), do_addr = smem_u32(stage_do(s));
+    fence_proxy_async();  // this thread's copies, visible to the tensor cores' reads
+    __syncthreads();      // every thread's copies of this tile (and of K, V) have landed
+    // Warpgroup-uniform: a tile whose every query precedes the warpgroup's keys is skipped (both barriers are every
+    // thread's, outside the branch).
+    if (kWG == 1 || qt >= qt_wg) {
+      const uint32_t q_addr = smem_u32(stage_q(s)), do_addr = smem_u32(stage_do(s));
 
-    float st[BQ / 2], dpt[BQ / 2];  // S^T, dP^T: [4 n + e] = key row g + 8 (e / 2), query column 8 n + 2 tq + e % 2
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      wgmma_ss<BQ>(st, kmajor_desc(k_addr + 32 * kk), kmajor_desc(q_addr + 32 * kk), kk > 0);
-    }
-    if constexpr (kOverlap) wgmma_commit();  // S^T's own group: P^T's element-wise work overlaps dP^T's products
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      wgmma_ss<BQ>(dpt, kmajor_desc(v_addr + 32 * kk), kmajor_desc(do_addr + 32 * kk), kk > 0);
-    }
-    wgmma_commit();
-    if constexpr (kOverlap) {
-      wgmma_wait<1>();
-    } else {
-      wgmma_wait<0>();
-      fence_operands(dpt);
-    }
-    fence_operands(st);
-
-    const float* slse = stage_lse(s);
-    const float* sdv = stage_dv(s);
-    uint32_t pa[NC][4], dsa[NC][4];
-    // P^T into st and (kWithDs) dS^T (not yet times scale) into dpt. kMasked: the causal mask and the padded
-    // queries (and keys); without it (every query of the tile real and at or after the warp's every key) no test per
-    // element.
-    auto scores = [&](auto masked, auto with_ds) {
-      constexpr bool kMasked = decltype(masked)::value, kWithDs = decltype(with_ds)::value;
-#pragma unroll
-      for (int n = 0; n < BQ / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = g + 8 * (e >> 1), col = n * 8 + 2 * tq + (e & 1);
-          const int t = q0 + col, t2 = kw + r;
-          const bool visible = !kMasked || (t < T && t2 <= t);
-          const float p = visible ? exp2f(st[4 * n + e] * scale_log2 - slse[col]) : 0.0f;
-          st[4 * n + e] = p;
-          if constexpr (kWithDs) dpt[4 * n + e] = p * (dpt[4 * n + e] - sdv[col]);
-        }
-      }
-    };
-    const bool unmasked = kw + 15 <= q0 && q0 + BQ <= T;
-    auto pack_p = [&] {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) pa[c][r] = pack_bf16x2(st[8 * c + 2 * r], st[8 * c + 2 * r + 1]);
-      }
-    };
-    auto pack_store_ds = [&] {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) dsa[c][r] = pack_bf16x2(dpt[8 * c + 2 * r], dpt[8 * c + 2 * r + 1]);
-        // The A fragment's layout: {row g, g + 8} x {columns 2 tq, 8 + 2 tq}, pairs.
-        bf16* row = ds + (static_cast<int64_t>(bh) * ds_ld + kw + g) * ds_ld + q0 + c * 16 + 2 * tq;
-        *reinterpret_cast<uint32_t*>(row) = dsa[c][0];
-        *reinterpret_cast<uint32_t*>(row + 8 * ds_ld) = dsa[c][1];
-        *reinterpret_cast<uint32_t*>(row + 8) = dsa[c][2];
-        *reinterpret_cast<uint32_t*>(row + 8 * ds_ld + 8) = dsa[c][3];
-      }
-    };
-    auto issue_dv = [&] {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) wgmma_rs_mn(dv, pa[c], mnmajor_desc(do_addr + 2048 * c), true);
-    };
-    auto issue_dk = [&] {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) wgmma_rs_mn(dk, dsa[c], mnmajor_desc(q_addr + 2048 * c), true);
-    };
-    if constexpr (kOverlap) {
-      // P^T (dP^T's products still running), then dV += P^T dO issued; dS^T once dP^T's group retires (the
-      // masked elements have P = 0 already, so no mask), then dK += dS^T Q: the same values as below.
-      with_mask<true>(unmasked, [&](auto masked) { scores(masked, std::false_type{}); });
-      pack_p();
-      fence_operands(dv);
-      fence_operands(pa);
+      float st[BQ / 2], dpt[BQ / 2];  // S^T, dP^T: [4 n + e] = key row g + 8 (e / 2), query column 8 n + 2 tq + e % 2
       wgmma_fence();
-      issue_dv();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        wgmma_ss<BQ>(st, kmajor_desc(k_addr + 32 * kk), kmajor_desc(q_addr + 32 * kk), kk > 0);
+      }
+      if constexpr (kOverlap) wgmma_commit();  // S^T's own group: P^T's element-wise work overlaps dP^T's products
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        wgmma_ss<BQ>(dpt, kmajor_desc(v_addr + 32 * kk), kmajor_desc(do_addr + 32 * kk), kk > 0);
+      }
       wgmma_commit();
-      wgmma_wait<1>();  // dP^T's group (dV's may still run)
-      fence_operands(dpt);
-#pragma unroll
-      for (int n = 0; n < BQ / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dpt[4 * n + e] = st[4 * n + e] * (dpt[4 * n + e] - sdv[n * 8 + 2 * tq + (e & 1)]);
+      if constexpr (kOverlap) {
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+        fence_operands(dpt);
       }
-      pack_store_ds();
+      fence_operands(st);
+
+      const float* slse = stage_lse(s);
+      const float* sdv = stage_dv(s);
+      uint32_t pa[NC][4], dsa[NC][4];
+      // P^T into st and (kWithDs) dS^T (not yet times scale) into dpt. kMasked: the causal mask and the padded
+      // queries (and keys); without it (every query of the tile real and at or after the warp's every key) no test per
+      // element.
+      auto scores = [&](auto masked, auto with_ds) {
+        constexpr bool kMasked = decltype(masked)::value, kWithDs = decltype(with_ds)::value;
+#pragma unroll
+        for (int n = 0; n < BQ / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = g + 8 * (e >> 1), col = n * 8 + 2 * tq + (e & 1);
+            const int t = q0 + col, t2 = kw + r;
+            const bool visible = !kMasked || (t < T && t2 <= t);
+            const float p = visible ? exp2f(st[4 * n + e] * scale_log2 - slse[col]) : 0.0f;
+            st[4 * n + e] = p;
+            if constexpr (kWithDs) dpt[4 * n + e] = p * (dpt[4 * n + e] - sdv[col]);
+          }
+        }
+      };
+      const bool unmasked = kw + 15 <= q0 && q0 + BQ <= T;
+      auto pack_p = [&] {
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) pa[c][r] = pack_bf16x2(st[8 * c + 2 * r], st[8 * c + 2 * r + 1]);
+        }
+      };
+      auto pack_store_ds = [&] {
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) dsa[c][r] = pack_bf16x2(dpt[8 * c + 2 * r], dpt[8 * c + 2 * r + 1]);
+          // The A fragment's layout: {row g, g + 8} x {columns 2 tq, 8 + 2 tq}, pairs.
+          bf16* row = ds + (static_cast<int64_t>(bh) * ds_ld + kw + g) * ds_ld + q0 + c * 16 + 2 * tq;
+          *reinterpret_cast<uint32_t*>(row) = dsa[c][0];
+          *reinterpret_cast<uint32_t*>(row + 8 * ds_ld) = dsa[c][1];
+          *reinterpret_cast<uint32_t*>(row + 8) = dsa[c][2];
+          *reinterpret_cast<uint32_t*>(row + 8 * ds_ld + 8) = dsa[c][3];
+        }
+      };
+      auto issue_dv = [&] {
+#pragma unroll
+        for (int c = 0; c < NC; ++c) wgmma_rs_mn(dv, pa[c], mnmajor_desc(do_addr + 2048 * c), true);
+      };
+      auto issue_dk = [&] {
+#pragma unroll
+        for (int c = 0; c < NC; ++c) wgmma_rs_mn(dk, dsa[c], mnmajor_desc(q_addr + 2048 * c), true);
+      };
+      if constexpr (kOverlap) {
+        // P^T (dP^T's products still running), then dV += P^T dO issued; dS^T once dP^T's group retires (the
+        // masked elements have P = 0 already, so no mask), then dK += dS^T Q: the same values as below.
+        with_mask<true>(unmasked, [&](auto masked) { scores(masked, std::false_type{}); });
+        pack_p();
+        fence_operands(dv);
+        fence_operands(pa);
+        wgmma_fence();
+        issue_dv();
+        wgmma_commit();
+        wgmma_wait<1>();  // dP^T's group (dV's may still run)
+        fence_operands(dpt);
+#pragma unroll
+        for (int n = 0; n < BQ / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dpt[4 * n + e] = st[4 * n + e] * (dpt[4 * n + e] - sdv[n * 8 + 2 * tq + (e & 1)]);
+        }
+        pack_store_ds();
+        fence_operands(dk);
+        fence_operands(dsa);
+        wgmma_fence();
+        issue_dk();
+      } else {
+        with_mask<true>(unmasked, [&](auto masked) { scores(masked, std::true_type{}); });
+        pack_p();
+        pack_store_ds();
+        fence_operands(dv);  // pa, dsa written by this thread: ordered before the products read them
+        fence_operands(dk);
+        fence_operands(pa);
+        fence_operands(dsa);
+        wgmma_fence();
+        issue_dv();
+        issue_dk();
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(dv);
       fence_operands(dk);
-      fence_operands(dsa);
-      wgmma_fence();
-      issue_dk();
-    } else {
-      with_mask<true>(unmasked, [&](auto masked) { scores(masked, std::true_type{}); });
-      pack_p();
-      pack_store_ds();
-      fence_operands(dv);  // pa, dsa written by this thread: ordered before the products read them
-      fence_operands(dk);
-      fence_operands(pa);
-      fence_operands(dsa);
-      wgmma_fence();
-      issue_dv();
-      issue_dk();
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(dv);
-    fence_operands(dk);
     if (qt + 1 < num_qt) store_rows_to(s ^ 1);  // published by the barrier below
     __syncthreads();  // everyone is done with stage s (and, after the last tile, with K and V)
   }
@@ -288,22 +287,22 @@ __global__ void __launch_bounds__((kThreads * kWG))
     } else {
       cp_async_wait<0>();
     }
-    fence_proxy_async();               // this thread's copies, visible to the tensor cores' reads
-    __syncthreads();                   // every thread's copies of tile kt have landed
-    if (kWG > 1 && kt >= num_kt_wg) {  // warpgroup-uniform: every key of the tile is past the warpgroup's queries
-      __syncthreads();                 // the loop's other barrier
-      continue;
-    }
-    const uint32_t ds_addr = smem_u32(stage_ds(s) + wg * kTile), k_addr = smem_u32(stage_k(s));
-    fence_operands(dq);
-    wgmma_fence();
+    fence_proxy_async();  // this thread's copies, visible to the tensor cores' reads
+    __syncthreads();      // every thread's copies of tile kt have landed
+    // Warpgroup-uniform: a tile whose every key follows the warpgroup's queries is skipped (both barriers are every
+    // thread's, outside the branch).
+    if (kWG == 1 || kt < num_kt_wg) {
+      const uint32_t ds_addr = smem_u32(stage_ds(s) + wg * kTile), k_addr = smem_u32(stage_k(s));
+      fence_operands(dq);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      wgmma_ss<64, 1, 1>(dq, mnmajor_desc(ds_addr + 2048 * kk), mnmajor_desc(k_addr + 2048 * kk), true);
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        wgmma_ss<64, 1, 1>(dq, mnmajor_desc(ds_addr + 2048 * kk), mnmajor_desc(k_addr + 2048 * kk), true);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(dq);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(dq);
     __syncthreads();  // everyone is done with stage s before iteration kt + 1 refills it
   }
 

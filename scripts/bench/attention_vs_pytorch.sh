@@ -45,7 +45,9 @@ TIMEOUT=${TIMEOUT:-90}
 TIME_LIMIT=${TIME_LIMIT:-0}
 if [[ -z ${ENV_VARIANTS+set} ]]; then
   ENV_VARIANTS=""
-  if [[ $DEVICE == cuda && $DTYPE == bf16 ]]; then
+  # On sm_90 only (where the wgmma kernels run; elsewhere the switches change nothing).
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 || true)
+  if [[ $DEVICE == cuda && $DTYPE == bf16 && $cc == 9.0 ]]; then
     w=GPT_ATTENTION_WGMMA
     ENV_VARIANTS="${w}_BQ=64;${w}_OVERLAP=1;${w}_BQ=64 ${w}_OVERLAP=1;${w}_WG2=1;${w}_WG2=kv;${w}_WG2=dq"
     ENV_VARIANTS="$ENV_VARIANTS;${w}_WG2=1 ${w}_BQ=64;${w}_WG2=1 ${w}_OVERLAP=1;${w}_BK=128;${w}_BK=128 ${w}_WG2=fwd"
@@ -104,7 +106,7 @@ if [[ $i -gt 0 && -n $ENV_VARIANTS ]]; then
     timeout -k 5 "$TIMEOUT" env -u GPT_TRAIN_CUDA_PROFILE $v "$ATTN_BENCH" --device "$DEVICE" --dtype "$DTYPE" \
       "${common[@]}" --kernels auto >"$TMP/variant" 2>&1
     rc=$?
-    sed "s/ kernel=auto / kernel=$label /" "$TMP/variant" | tee -a "$TMP/ours.0"
+    sed "s/ kernel=auto / kernel=$(sed 's/[&/\\]/\\&/g' <<<"$label") /" "$TMP/variant" | tee -a "$TMP/variants.0"
     if [[ $rc != 0 ]]; then
       status=1
       [[ $rc == 1 ]] || echo "gpt-train variant $v failed: exit status $rc$([[ $rc == 124 ]] && echo ' (timed out)')"
@@ -151,13 +153,14 @@ print(head)
 print("-" * len(head))
 for s in range(n):
     ours = rows(f"{tmp}/ours.{s}", "attention_bench", "kernel")
+    variants = rows(f"{tmp}/variants.{s}", "attention_bench", "kernel")  # the first shape's, after its own rows
     torch = rows(f"{tmp}/torch.{s}", "pytorch_attention", "backend")
     both = lambda r: float(r["fwd_ms"]) + float(r["bwd_ms"])
     default = next((both(r) for name, r in torch if name == "default"), None)
     best = min((both(r) for _, r in torch), default=None)
     tf = lambda x: f"{x:.0f}" if x >= 10 else f"{x:.2g}"
     cell = lambda r, p: f"{float(r[p + '_ms']):.3f} ({tf(float(r[p + '_tflops']))})"
-    for name, r in ours:
+    for name, r in ours + variants:
         ratio = lambda ref: f"{ref / both(r):.2f}" if ref and both(r) > 0 else "-"
         check = "WRONG" if r.get("wrong") == "1" else "ok"
         print(f"{shapes[s]:<16} {'gpt-train ' + name:<34} {cell(r, 'fwd'):>16} {cell(r, 'bwd'):>16} "

@@ -35,7 +35,8 @@
 #
 # Environment (defaults): GPT_TRAIN (build/gpt-train), PYTHON (python3: the one with torch), DEVICE (cuda),
 # MICRO_BATCH (64: llm.c's micro-batch for GPT-2 124M; 26 GiB on gpt-train's side, where 16 took 8 of an H200's
-# 141: "to fill memory sensibly", issue 5), STEPS (20), WARMUP (3), N_LAYER (12), N_HEAD (12), N_EMBD (768), SEQ (1024),
+# 141: "to fill memory sensibly", issue 5), STEPS (40: at batch 64 single steps spread over 43-48% MFU, and the variants
+# differ by about 1%), WARMUP (3), N_LAYER (12), N_HEAD (12), N_EMBD (768), SEQ (1024),
 # VOCAB (50304), TOKENS (4000000), PEAK_TFLOPS (989), COMPILE (1; 0 = PyTorch eager), TORCH_DTYPE (bf16),
 # GPT_TIMEOUT (60 s), TORCH_TIMEOUT (150 s: a cold torch.compile), THREADS (0 = all cores; gpt-train's
 # run.threads and PyTorch's),
@@ -72,7 +73,7 @@ GPT_TRAIN=${GPT_TRAIN:-build/gpt-train}
 PYTHON=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 MICRO_BATCH=${MICRO_BATCH:-64}
-STEPS=${STEPS:-20}
+STEPS=${STEPS:-40}
 WARMUP=${WARMUP:-3}
 N_LAYER=${N_LAYER:-12}
 N_HEAD=${N_HEAD:-12}

@@ -392,18 +392,22 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
   run_mma(1, 1, 64, 150, 0.0f);
   ::unsetenv("GPT_ATTENTION_WGMMA_OVERLAP");
   // Blocks of two warpgroups (GPT_ATTENTION_WGMMA_WG2=1: forward, dK/dV and dQ), at 32 and 64 queries per dK/dV
-  // step; T 150: the last block's second warpgroup has 22 rows (keys), T 64: none.
+  // step; T 214: the last block's second warpgroup has 22 rows (keys), T 150: its first has 22 and its second none,
+  // T 64: one block, its second warpgroup without rows.
   ::setenv("GPT_ATTENTION_WGMMA_WG2", "1", 1);
   run_mma(1, 2, 64, 260, 0.0f);
+  run_mma(1, 1, 64, 214, 0.0f);
   run_mma(1, 1, 64, 150, 0.0f);
   run_mma(2, 1, 64, 64, 0.0f);
   ::setenv("GPT_ATTENTION_WGMMA_BQ", "64", 1);
+  run_mma(1, 1, 64, 214, 0.0f);
   run_mma(1, 1, 64, 150, 0.0f);
   ::unsetenv("GPT_ATTENTION_WGMMA_BQ");
   // The forward on key tiles of 128 (GPT_ATTENTION_WGMMA_BK=128; not bit for bit the default's: its online softmax
   // steps by 128 keys), with one and two warpgroups: T 150 ends in a partial tile, 260 in one of 4 keys.
   ::setenv("GPT_ATTENTION_WGMMA_BK", "128", 1);
   run_mma(1, 2, 64, 260, 0.0f);
+  run_mma(1, 1, 64, 214, 0.0f);
   run_mma(2, 1, 64, 64, 0.0f);
   ::unsetenv("GPT_ATTENTION_WGMMA_WG2");
   run_mma(1, 2, 64, 260, 0.0f);
