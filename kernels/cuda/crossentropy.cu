@@ -9,8 +9,16 @@
 // with one 8-byte bf16 load each held 16 KB; three blocks of 512 threads with four each hold 48 KB (ptxas, sm_90:
 // 40 registers with the kernel bounded to 3 such blocks per multiprocessor, no spills). The groups are still taken
 // in the same order, so the sums are the same, bit for bit.
+// GPT_CE_ROW_IN_SMEM=1 (an experiment, not yet measured on a GPU): where a bf16 row fits (V * 2 bytes up to
+// kRowSmemMax: two blocks per multiprocessor), the first pass also keeps the row in shared memory and the dlogits
+// pass reads it there, so a row is read from HBM once, not twice where L2 no longer holds it (at GPT-2's 50304
+// columns 3 blocks x 132 SMs stream 40 MB of rows, and the dlogits as much, through an L2 of 50); the same values,
+// bit for bit (each thread rereads its own groups, stored as loaded).
 #include <cfloat>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
+#include <type_traits>
 
 #include "core/check.h"
 #include "kernels/cuda/common.cuh"
@@ -22,6 +30,12 @@ namespace {
 constexpr int kThreads = 512;          // per block (one row); a multiple of 32, as block_max/block_sum require
 constexpr int kUnroll = 4;             // groups of 4 columns a thread has in flight: a stride of 4 * kThreads * kUnroll
 constexpr int kStride = 4 * kThreads;  // from one of a thread's groups to its next
+constexpr size_t kRowSmemMax = 110 * 1024;  // two blocks per multiprocessor (227 KB for one on sm_90)
+
+bool row_in_smem_enabled() {
+  const char* v = std::getenv("GPT_CE_ROW_IN_SMEM");
+  return v != nullptr && std::string_view(v) == "1";
+}
 
 // Groups j, j + kStride, ... (kUnroll of them) of row z as load4_upto reads them: every load issued before any value
 // is used. Elements at or past n are `fill`, and not loaded.
@@ -39,12 +53,15 @@ __device__ inline void load_groups(float (&v)[kUnroll][4], const In* z, int j, i
 // logits and dlogits of one dtype may be the same memory (no __restrict__): every logit a thread reads in the
 // dlogits pass is one it alone writes, after reading it; z[target] and the row statistics are read before the
 // block reductions' __syncthreads, so before any thread writes. In (logits) and Out (dlogits): float or bf16 (the
-// fp32 gradient rounded at the store).
-template <typename In, typename Out>
-__global__ void __launch_bounds__(kThreads, 3)
+// fp32 gradient rounded at the store). kRowInSmem: the row's V logits kept in the dynamic shared memory by the first
+// pass (each thread its own groups, as loaded) for the second (GPT_CE_ROW_IN_SMEM).
+template <typename In, typename Out, bool kRowInSmem>
+__global__ void __launch_bounds__(kThreads, kRowInSmem ? 2 : 3)
     crossentropy_kernel(float* __restrict__ losses, Out* dlogits, const In* logits, const int32_t* __restrict__ targets,
                         int V, int Vp, float dloss) {
   __shared__ float shared[kWarp];
+  extern __shared__ __align__(16) unsigned char row_raw[];
+  In* srow = reinterpret_cast<In*>(row_raw);  // kRowInSmem: V elements, 16-byte aligned
   const int64_t i = blockIdx.x;
   const In* z = logits + i * Vp;
   const int y = targets[i];
@@ -58,6 +75,10 @@ __global__ void __launch_bounds__(kThreads, 3)
   for (int j0 = 4 * threadIdx.x; j0 < V; j0 += kStride * kUnroll) {
     float v[kUnroll][4];
     load_groups(v, z, j0, V, z_vec, -INFINITY);
+    if constexpr (kRowInSmem) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) store4_upto(srow, j0 + u * kStride, V, true, v[u]);  // exact: In's values
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const float gm = fmaxf(fmaxf(v[u][0], v[u][1]), fmaxf(v[u][2], v[u][3]));
@@ -80,7 +101,11 @@ __global__ void __launch_bounds__(kThreads, 3)
   const bool dz_vec = aligned4(dz);
   for (int j0 = 4 * threadIdx.x; j0 < Vp; j0 += kStride * kUnroll) {
     float v[kUnroll][4];
-    load_groups(v, z, j0, V, z_vec, 0.0f);
+    if constexpr (kRowInSmem) {
+      load_groups(v, static_cast<const In*>(srow), j0, V, true, 0.0f);  // this thread's own stores
+    } else {
+      load_groups(v, z, j0, V, z_vec, 0.0f);
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = j0 + u * kStride;
@@ -100,16 +125,34 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
 }
 
+template <typename In, typename Out, bool kRowInSmem>
+void launch_kernel(float* losses, Out* dlogits, const In* logits, const int32_t* targets, int64_t N, int V, int Vp,
+                   float dloss, cudaStream_t stream) {
+  const auto kernel = crossentropy_kernel<In, Out, kRowInSmem>;
+  const size_t smem = kRowInSmem ? (static_cast<size_t>(V) * sizeof(In) + 15) / 16 * 16 : 0;
+  if (kRowInSmem) set_smem(kernel, smem);
+  kernel<<<static_cast<unsigned>(N), kThreads, smem, stream>>>(losses, dlogits, logits, targets, V, Vp, dloss);
+}
+
+template <typename In, typename Out>
+void launch_crossentropy(float* losses, Out* dlogits, const In* logits, const int32_t* targets, int64_t N, int V,
+                         int Vp, float dloss, cudaStream_t stream) {
+  if constexpr (std::is_same_v<In, bf16>) {  // an fp32 row would take twice the room: one block per multiprocessor
+    if (dlogits != nullptr && static_cast<size_t>(V) * sizeof(In) <= kRowSmemMax && row_in_smem_enabled()) {
+      launch_kernel<In, Out, true>(losses, dlogits, logits, targets, N, V, Vp, dloss, stream);
+      return;
+    }
+  }
+  launch_kernel<In, Out, false>(losses, dlogits, logits, targets, N, V, Vp, dloss, stream);
+}
+
 template <typename In>
 void launch_crossentropy(float* losses, TensorPtr dlogits, const In* logits, const int32_t* targets, int64_t N, int V,
                          int Vp, float dloss, cudaStream_t stream) {
-  const unsigned grid = static_cast<unsigned>(N);
   if (dlogits.is_bf16()) {
-    crossentropy_kernel<In, bf16>
-        <<<grid, kThreads, 0, stream>>>(losses, dlogits.as_bf16(), logits, targets, V, Vp, dloss);
+    launch_crossentropy(losses, dlogits.as_bf16(), logits, targets, N, V, Vp, dloss, stream);
   } else {
-    crossentropy_kernel<In, float>
-        <<<grid, kThreads, 0, stream>>>(losses, dlogits.as_f32(), logits, targets, V, Vp, dloss);
+    launch_crossentropy(losses, dlogits.as_f32(), logits, targets, N, V, Vp, dloss, stream);
   }
 }
 

@@ -47,8 +47,9 @@
 # default, when the run is bf16 on cuda: the wgmma attention kernels' experiments, most promising first (the wgmma
 # dK/dV kernel at 64 queries per step, GPT_ATTENTION_WGMMA_BQ=64; the kernels with their element-wise work
 # overlapping their products, GPT_ATTENTION_WGMMA_OVERLAP=1; blocks of two warpgroups, GPT_ATTENTION_WGMMA_WG2=1; the
-# forward on key tiles of 128, GPT_ATTENTION_WGMMA_BK=128; 64 queries with the overlap, with two warpgroups;
-# attention_vs_pytorch.sh times them one kernel at a time), then the mma.sync attention
+# forward on key tiles of 128, GPT_ATTENTION_WGMMA_BK=128; the cross-entropy with its rows in shared memory,
+# GPT_CE_ROW_IN_SMEM=1; 64 queries with the overlap, with two warpgroups; attention_vs_pytorch.sh times the attention
+# ones kernel by kernel), then the mma.sync attention
 # kernels where sm_90 takes the wgmma ones (GPT_ATTENTION_WGMMA=0), and, where this binary has the key,
 # run.gelu_fusion=none and =forward (the base run has auto: full); "" = none),
 # VARIANT_TIMEOUT (60 s each), TIME_LIMIT (0; else seconds from the start: each side's timeout is cut to what is
@@ -175,7 +176,7 @@ if [[ -z ${VARIANTS+set} ]]; then
     # kernels/cuda's switches (a binary without them runs its defaults again): the wgmma kernels' experiments, the
     # mma.sync attention where sm_90 takes the wgmma one.
     VARIANTS="GPT_ATTENTION_WGMMA_BQ=64;GPT_ATTENTION_WGMMA_OVERLAP=1;GPT_ATTENTION_WGMMA_WG2=1"
-    VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BK=128"
+    VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BK=128;GPT_CE_ROW_IN_SMEM=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=64 GPT_ATTENTION_WGMMA_OVERLAP=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=64 GPT_ATTENTION_WGMMA_WG2=1;GPT_ATTENTION_WGMMA=0"
     grep -q '^  gelu_fusion ' <<<"$HELP_CONFIG" &&

@@ -1636,6 +1636,56 @@ TEST_CASE("parity: the LM head's GEMMs over padded logit rows, and cross-entropy
   }
 }
 
+// GPT_CE_ROW_IN_SMEM=1 (the cross-entropy's rows kept in shared memory between its two passes where a bf16 row fits)
+// gives the streaming kernel's losses and dlogits bit for bit: GPT-2's padded vocabulary, a short row, an odd row
+// length (unaligned rows: the streaming kernel's scalar loads against aligned shared ones), -inf logits and a target
+// in a row's last group, in place and into other memory, losses alone; and a row too long for it (the other kernel).
+TEST_CASE("parity: the cross-entropy with its rows in shared memory gives the streaming kernel's values bit for bit",
+          "[cuda]") {
+  Backend* gpu = cuda_or_skip("crossentropy row in shared memory");
+  if (!gpu) return;
+  struct Shape {
+    int64_t N;
+    int V, Vp;
+  };
+  for (const Shape sh : {Shape{3, 50257, 50304}, Shape{5, 1000, 1024}, Shape{4, 37, 37}, Shape{2, 60000, 60000}}) {
+    CAPTURE(sh.N, sh.V, sh.Vp);
+    const int64_t n = sh.N * sh.Vp;
+    std::vector<float> raw = randn(n, 4242, 3.0f);
+    raw[5] = -INFINITY;  // row 0
+    raw[static_cast<size_t>(sh.Vp) + 1] = -INFINITY;
+    const std::vector<bf16> logits = to_bf16(raw);
+    auto targets = rand_tokens(sh.N, sh.V, 4243);
+    targets[0] = sh.V - 1;  // the last column: the row's last group
+    Dev<int32_t> g_targets(*gpu, targets);
+    auto run = [&](bool smem) {
+      if (smem) ::setenv("GPT_CE_ROW_IN_SMEM", "1", 1);
+      Dev<bf16> g_logits(*gpu, logits), g_other(*gpu, n);
+      Dev<float> g_loss_only(*gpu, sh.N), g_loss_in(*gpu, sh.N), g_loss_out(*gpu, sh.N);
+      gpu->crossentropy_forward_backward(g_loss_only.p(), nullptr, g_logits.p(), g_targets.p(), sh.N, sh.V, sh.Vp,
+                                         0.0f);
+      gpu->crossentropy_forward_backward(g_loss_out.p(), g_other.p(), g_logits.p(), g_targets.p(), sh.N, sh.V, sh.Vp,
+                                         0.25f);
+      gpu->crossentropy_forward_backward(g_loss_in.p(), g_logits.p(), g_logits.p(), g_targets.p(), sh.N, sh.V, sh.Vp,
+                                         0.25f);
+      ::unsetenv("GPT_CE_ROW_IN_SMEM");
+      return std::make_tuple(g_loss_only.read(), g_loss_out.read(), g_other.read(), g_loss_in.read(), g_logits.read());
+    };
+    const auto [only0, out0, other0, in0, inplace0] = run(false);
+    const auto [only1, out1, other1, in1, inplace1] = run(true);
+    auto same = [](const auto& a, const auto& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+    };
+    CHECK(same(only0, only1));
+    CHECK(same(out0, out1));
+    CHECK(same(other0, other1));
+    CHECK(same(in0, in1));
+    CHECK(same(inplace0, inplace1));
+    CHECK(same(other0, inplace0));
+    CHECK(std::isfinite(out0[1]));
+  }
+}
+
 TEST_CASE("parity: multi-tensor adamw with the bf16 copy, spans' sum of squares and rounding", "[cuda]") {
   Backend* gpu = cuda_or_skip("multi-tensor optimizer ops");
   if (!gpu) return;
