@@ -114,9 +114,20 @@ struct EmuWgmmaResult {
   bool a_mn, b_mn, accumulate;
   float in[32];  // the accumulators' input
 };
+// The warpgroup as a whole: every wgmma instruction (mma_async, commit_group, wait_group) is the warpgroup's, so its
+// 128 threads must issue the same ones in the same order with the same operands (descriptors, shape, flags); each
+// thread keeps the sequence it issued (trace), compared within each warpgroup when the block ends
+// (emu_wgmma_check_block): a warp that skipped a product, or took a descriptor of its own, fails there.
+struct EmuWgmmaOp {
+  int kind;  // 0 mma_async (n: N, flags: A from registers, A MN-major, B MN-major, accumulate), 1 commit, 2 wait (n)
+  int n, flags;
+  uint64_t desc_a, desc_b;
+  bool operator==(const EmuWgmmaOp&) const = default;
+};
 struct EmuWgmmaState {
   std::vector<EmuWgmmaResult> open;                 // since the last commit
   std::deque<std::vector<EmuWgmmaResult>> groups;  // committed, oldest first
+  std::vector<EmuWgmmaOp> trace;                    // every wgmma instruction this thread issued, in order
 };
 struct EmuBlock {
   std::vector<std::unique_ptr<unsigned char[]>> bufs;
@@ -236,6 +247,43 @@ inline int64_t emu_grid_cap = 65535 * 8;
 [[noreturn]] inline void emu_fail(const char* what) {
   std::fprintf(stderr, "EMU: %s\n", what);
   std::abort();
+}
+// At a block's end: no wgmma may still be in flight (each product retired by a wgmma.wait_group before its thread
+// exited), and the threads of each warpgroup (128 consecutive linear indices) issued the same wgmma instructions
+// (EmuWgmmaState::trace), a thread that issued none counted as an empty sequence.
+inline const char* emu_wgmma_op_name(int kind) { return kind == 0 ? "mma_async" : kind == 1 ? "commit_group" : "wait_group"; }
+inline void emu_wgmma_check_block(const EmuBlock& blk) {
+  static const std::vector<EmuWgmmaOp> none;
+  auto trace_of = [&](unsigned tid) -> const std::vector<EmuWgmmaOp>& {
+    const auto it = blk.wgmma.find(tid);
+    return it == blk.wgmma.end() ? none : it->second.trace;
+  };
+  for (const auto& [tid, st] : blk.wgmma) {
+    if (!st.open.empty() || !st.groups.empty()) {
+      std::fprintf(stderr, "EMU: thread %u exited with %zu wgmma product(s) not retired by a wgmma.wait_group\n", tid,
+                   st.open.size() + st.groups.size());
+      std::abort();
+    }
+    const unsigned lead = tid / 128 * 128;
+    const std::vector<EmuWgmmaOp>& mine = st.trace;
+    const std::vector<EmuWgmmaOp>& theirs = trace_of(lead);
+    if (mine == theirs) continue;
+    size_t i = 0;
+    while (i < mine.size() && i < theirs.size() && mine[i] == theirs[i]) ++i;
+    auto say = [](const std::vector<EmuWgmmaOp>& t, size_t i) {
+      if (i >= t.size()) return std::string("nothing more");
+      const EmuWgmmaOp& o = t[i];
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "%s n %d flags %d desc_a %#llx desc_b %#llx", emu_wgmma_op_name(o.kind), o.n,
+                    o.flags, static_cast<unsigned long long>(o.desc_a), static_cast<unsigned long long>(o.desc_b));
+      return std::string(buf);
+    };
+    std::fprintf(stderr,
+                 "EMU: warpgroup %u's threads issued different wgmma instructions: at its instruction %zu thread %u "
+                 "issued %s, thread %u %s (a warpgroup instruction: all 128 threads, the same operands)\n",
+                 tid / 128, i, lead, say(theirs, i).c_str(), tid, say(mine, i).c_str());
+    std::abort();
+  }
 }
 // First in the body of a kernel compiled with __launch_bounds__(max_threads[, ...]) (convert.py puts it there): a
 // GPU refuses a launch of more threads per block than that ("too many resources requested for launch").
@@ -768,6 +816,7 @@ void emu_run_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A.
       auto on_pool_thread = [&](unsigned j) { run_block(b0 + j); };
       EmuThreadPool::instance().run(static_cast<unsigned>(b1 - b0), on_pool_thread);
     }
+    for (const auto& st : states) emu_wgmma_check_block(st->blk);
     const unsigned total = static_cast<unsigned>((b1 - b0) * nthr);
     emu_threads_total += total;
   }

@@ -169,6 +169,7 @@ inline void emu_wgmma_commit() {
   emu_warp_converge("wgmma.commit_group");
   EmuWgmmaState& st = emu_wgmma_state();
   EmuTsanIgnore ignore;
+  st.trace.push_back({1, 0, 0, 0, 0});
   st.groups.push_back(std::move(st.open));
   st.open.clear();
 }
@@ -237,6 +238,10 @@ inline void emu_wgmma_m64nNk16(float* d, int N, const uint32_t* a, uint64_t desc
   if (blockDim.x % 128 != 0 || blockDim.y != 1 || blockDim.z != 1) emu_fail("wgmma in a block not of whole warpgroups");
   // The accumulators' input: this batch's pending result for d if there is one (chained products), else d itself.
   EmuWgmmaState& st = emu_wgmma_state();
+  {
+    EmuTsanIgnore ignore;
+    st.trace.push_back({0, N, (a != nullptr) | a_mn << 1 | b_mn << 2 | accumulate << 3, a != nullptr ? 0 : desc_a, desc_b});
+  }
   EmuWgmmaResult res{d, N / 2, {}, a, desc_a, desc_b, a_mn, b_mn, accumulate, {}};
   {
     const float* in = d;
@@ -257,6 +262,10 @@ inline void emu_wgmma_m64nNk16(float* d, int N, const uint32_t* a, uint64_t desc
 inline void emu_wgmma_wait(int n) {
   emu_warp_converge("wgmma.wait_group");
   EmuWgmmaState& st = emu_wgmma_state();
+  {
+    EmuTsanIgnore ignore;
+    st.trace.push_back({2, n, 0, 0, 0});
+  }
   for (;;) {
     std::vector<EmuWgmmaResult> group;
     {
