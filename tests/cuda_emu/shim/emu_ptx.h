@@ -150,8 +150,9 @@ inline void emu_cp_async_wait(int n) {
 // wait, or a read of the accumulators before it, gives NaN. The retirement computes each product again from its
 // operands as they are then and fails if the result differs (A registers or shared memory written while it was in
 // flight: a refill before the wait, a P packed into the array a product still reads) or if the accumulators no
-// longer hold the NaN (written in flight). Not modelled: the warpgroup as a whole (each warp runs its own rows: a
-// warp that skipped a product would not be caught), and the proxy fence (fence_proxy_async).
+// longer hold the NaN (written in flight). Each warp computes its own rows; the warpgroup as a whole is checked when
+// the block ends (cuda_runtime.h's emu_wgmma_check_block: its 128 threads issued the same wgmma instructions with
+// the same operands, and retired every product). Not modelled: the proxy fence (fence_proxy_async).
 inline uint32_t emu_smem_offset(const void* p) {
   const auto* c = static_cast<const unsigned char*>(p);
   const auto* dyn = reinterpret_cast<const unsigned char*>(emu_smem);
