@@ -4,7 +4,8 @@
 // keys double-buffered by cp.async, the online softmax in registers):
 //  - The block's 4 warps are one warpgroup. S = Q K^T is 4 wgmma m64n64k16 (k = 16 channels each) with Q and K
 //    read by the tensor cores from shared memory; warp w receives rows 16 w.. of S in the layout of the mma.sync
-//    kernel's eight m16n8 accumulator tiles, so the softmax code is that kernel's, unchanged in its math.
+//    kernel's eight m16n8 accumulator tiles, so the softmax code is that kernel's, unchanged in its math but for
+//    exp2 (exp2_ftz, wgmma_ptx.cuh: one MUFU.EX2, probabilities under 2^-126 flushed to 0; in the backward too).
 //  - O += P V is 4 wgmma (k = 16 keys each) with P from registers (the packed S, as in the mma.sync kernel) and V
 //    from shared memory, MN-major.
 //  - The tiles are 128-byte rows with the 128-byte swizzle (no padding; sw128_offset), 1024-byte aligned, each
@@ -59,14 +60,14 @@ __device__ __forceinline__ void online_softmax(float (&sc)[N], float (&m)[2], fl
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     // Finite from the first tile on: key 0 is visible to every row. All four lanes of a row agree bitwise.
     const float m_new = fmaxf(m[hf], mx * scale_log2);
-    alpha[hf] = exp2f(m[hf] - m_new);  // 0 on the first tile (m = -inf)
+    alpha[hf] = exp2_ftz(m[hf] - m_new);  // 0 on the first tile (m = -inf)
     float sum = 0.0f;
 #pragma unroll
     for (int n = 0; n < N / 4; ++n) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = sc[4 * n + 2 * hf + e];
-        x = exp2f(fmaf(x, scale_log2, -m_new));  // 0 where masked (-inf); one rounding
+        x = exp2_ftz(fmaf(x, scale_log2, -m_new));  // 0 where masked (-inf); one rounding
         sum += x;
       }
     }

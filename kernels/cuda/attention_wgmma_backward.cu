@@ -134,7 +134,7 @@ __global__ void __launch_bounds__((kThreads * kWG))
             const int r = g + 8 * (e >> 1), col = n * 8 + 2 * tq + (e & 1);
             const int t = q0 + col, t2 = kw + r;
             const bool visible = !kMasked || (t < T && t2 <= t);
-            const float p = visible ? exp2f(st[4 * n + e] * scale_log2 - slse[col]) : 0.0f;
+            const float p = visible ? exp2_ftz(st[4 * n + e] * scale_log2 - slse[col]) : 0.0f;
             st[4 * n + e] = p;
             if constexpr (kWithDs) dpt[4 * n + e] = p * (dpt[4 * n + e] - sdv[col]);
           }

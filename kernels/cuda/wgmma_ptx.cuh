@@ -28,6 +28,7 @@
 // thread, then a barrier, before a wgmma reads it.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
@@ -66,6 +67,24 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // tiles take.
 __device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
   return p + (1024 - smem_u32(p) % 1024) % 1024;
+}
+
+// 2^x as the wgmma kernels' softmax takes it: ex2.approx.ftz.f32, MUFU.EX2 alone, where exp2f without fast-math
+// (ex2.approx.f32) adds a range test and two multiplies per call to keep subnormal results: probabilities under
+// 2^-126, which the products cannot tell from 0 beside the row's largest, 1. Subnormal inputs count as 0 as well.
+// The emulator: exp2f with both flushed.
+__device__ __forceinline__ float exp2_ftz(float x) {
+#ifdef GPT_CUDA_EMULATOR
+  if (std::fpclassify(x) == FP_SUBNORMAL) x = 0.0f;
+  const float y = exp2f(x);
+  return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
+#elif defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);  // the host pass: never called
+#endif
 }
 
 // A matrix descriptor with the 128-byte swizzle: start address, leading and stride byte offsets (bytes, multiples
