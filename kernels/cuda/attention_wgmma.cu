@@ -161,7 +161,7 @@ __global__ void __launch_bounds__((kThreads * kWG))
   for (int i = 0; i < 32; ++i) o[i] = 0.0f;
   m[0] = m[1] = -INFINITY;
   l[0] = l[1] = 0.0f;
-  const uint32_t q_addr = smem_u32(sq + wg * kTile);
+  const uint64_t q_desc = kmajor_desc(smem_u32(sq + wg * kTile));
 
   for (int kt = 0; kt < num_kt; ++kt) {
     const int k0 = kt * kNK, s = kt & 1;
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__((kThreads * kWG))
     // Warpgroup-uniform: a tile whose every key follows the warpgroup's rows is skipped (its products and
     // softmax; both barriers are every thread's, outside the branch).
     if (kWG == 1 || kt < num_kt_wg) {
-      const uint32_t k_addr = smem_u32(stage_k(s)), v_addr = smem_u32(stage_v(s));
+      const uint64_t k_desc = kmajor_desc(smem_u32(stage_k(s))), v_desc = mnmajor_desc(smem_u32(stage_v(s)));
 
       // S: the warp's 16 rows x kNK keys; sc[4 n + 2 hf + e] = row g + 8 hf, key k0 + 8 n + 2 tq + e; part j of 64
       // keys in sc[32 j..] (the layout of one m64n64 product). Every part is computed, also one whose keys all follow
@@ -190,7 +190,7 @@ __global__ void __launch_bounds__((kThreads * kWG))
         float(&part)[32] = *reinterpret_cast<float(*)[32]>(sc + 32 * j);
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk) {
-          wgmma_ss<64>(part, kmajor_desc(q_addr + 32 * kk), kmajor_desc(k_addr + j * kTile + 32 * kk), kk > 0);
+          wgmma_ss<64>(part, desc_advance(q_desc, 32 * kk), desc_advance(k_desc, j * kTile + 32 * kk), kk > 0);
         }
       }
       wgmma_commit();
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__((kThreads * kWG))
       fence_operands(pa);
       wgmma_fence();
 #pragma unroll
-      for (int c = 0; c < kNK / 16; ++c) wgmma_rs_mn(o, pa[c], mnmajor_desc(v_addr + 2048 * c), true);
+      for (int c = 0; c < kNK / 16; ++c) wgmma_rs_mn(o, pa[c], desc_advance(v_desc, 2048 * c), true);
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(o);
@@ -264,18 +264,18 @@ __global__ void __launch_bounds__(kThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int i = 0; i < 32; ++i) o[i] = 0.0f;
-  const uint32_t q_addr = smem_u32(sq);
+  const uint64_t q_desc = kmajor_desc(smem_u32(sq));
   auto issue_s = [&](float(&sc)[32], int kt) {
-    const uint32_t k_addr = smem_u32(stage_k(kt % kOverlapStages));
+    const uint64_t k_desc = kmajor_desc(smem_u32(stage_k(kt % kOverlapStages)));
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      wgmma_ss<64>(sc, kmajor_desc(q_addr + 32 * kk), kmajor_desc(k_addr + 32 * kk), kk > 0);
+      wgmma_ss<64>(sc, desc_advance(q_desc, 32 * kk), desc_advance(k_desc, 32 * kk), kk > 0);
     }
   };
   auto issue_pv = [&](const uint32_t(&pa)[kBK / 16][4], int kt) {
-    const uint32_t v_addr = smem_u32(stage_v(kt % kOverlapStages));
+    const uint64_t v_desc = mnmajor_desc(smem_u32(stage_v(kt % kOverlapStages)));
 #pragma unroll
-    for (int c = 0; c < kBK / 16; ++c) wgmma_rs_mn(o, pa[c], mnmajor_desc(v_addr + 2048 * c), true);
+    for (int c = 0; c < kBK / 16; ++c) wgmma_rs_mn(o, pa[c], desc_advance(v_desc, 2048 * c), true);
   };
   auto softmax = [&](float(&sc)[32], float(&alpha)[2], int kt) {
     with_mask<true>(kt * kBK + kBK - 1 <= qw, [&](auto masked) {

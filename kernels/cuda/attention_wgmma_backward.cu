@@ -80,7 +80,7 @@ __global__ void __launch_bounds__((kThreads * kWG))
   float dk[32], dv[32];           // the warp's 16 keys x 64 channels (wgmma's accumulator layout)
 #pragma unroll
   for (int i = 0; i < 32; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
-  const uint32_t k_addr = smem_u32(sk + wg * kTile), v_addr = smem_u32(sv + wg * kTile);
+  const uint64_t k_desc = kmajor_desc(smem_u32(sk + wg * kTile)), v_desc = kmajor_desc(smem_u32(sv + wg * kTile));
 
   for (int qt = qt0; qt < num_qt; ++qt) {
     const int q0 = qt * BQ, s = (qt - qt0) & 1;
@@ -98,17 +98,20 @@ __global__ void __launch_bounds__((kThreads * kWG))
     // thread's, outside the branch).
     if (kWG == 1 || qt >= qt_wg) {
       const uint32_t q_addr = smem_u32(stage_q(s)), do_addr = smem_u32(stage_do(s));
+      // Q and dO as S^T's and dP^T's B (K-major), and as dK's and dV's (MN-major).
+      const uint64_t q_kdesc = kmajor_desc(q_addr), do_kdesc = kmajor_desc(do_addr);
+      const uint64_t q_mdesc = mnmajor_desc(q_addr), do_mdesc = mnmajor_desc(do_addr);
 
       float st[BQ / 2], dpt[BQ / 2];  // S^T, dP^T: [4 n + e] = key row g + 8 (e / 2), query column 8 n + 2 tq + e % 2
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
-        wgmma_ss<BQ>(st, kmajor_desc(k_addr + 32 * kk), kmajor_desc(q_addr + 32 * kk), kk > 0);
+        wgmma_ss<BQ>(st, desc_advance(k_desc, 32 * kk), desc_advance(q_kdesc, 32 * kk), kk > 0);
       }
       if constexpr (kOverlap) wgmma_commit();  // S^T's own group: P^T's element-wise work overlaps dP^T's products
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
-        wgmma_ss<BQ>(dpt, kmajor_desc(v_addr + 32 * kk), kmajor_desc(do_addr + 32 * kk), kk > 0);
+        wgmma_ss<BQ>(dpt, desc_advance(v_desc, 32 * kk), desc_advance(do_kdesc, 32 * kk), kk > 0);
       }
       wgmma_commit();
       if constexpr (kOverlap) {
@@ -163,11 +166,11 @@ __global__ void __launch_bounds__((kThreads * kWG))
       };
       auto issue_dv = [&] {
 #pragma unroll
-        for (int c = 0; c < NC; ++c) wgmma_rs_mn(dv, pa[c], mnmajor_desc(do_addr + 2048 * c), true);
+        for (int c = 0; c < NC; ++c) wgmma_rs_mn(dv, pa[c], desc_advance(do_mdesc, 2048 * c), true);
       };
       auto issue_dk = [&] {
 #pragma unroll
-        for (int c = 0; c < NC; ++c) wgmma_rs_mn(dk, dsa[c], mnmajor_desc(q_addr + 2048 * c), true);
+        for (int c = 0; c < NC; ++c) wgmma_rs_mn(dk, dsa[c], desc_advance(q_mdesc, 2048 * c), true);
       };
       if constexpr (kOverlap) {
         // P^T (dP^T's products still running), then dV += P^T dO issued; dS^T once dP^T's group retires (the
@@ -292,12 +295,13 @@ __global__ void __launch_bounds__((kThreads * kWG))
     // Warpgroup-uniform: a tile whose every key follows the warpgroup's queries is skipped (both barriers are every
     // thread's, outside the branch).
     if (kWG == 1 || kt < num_kt_wg) {
-      const uint32_t ds_addr = smem_u32(stage_ds(s) + wg * kTile), k_addr = smem_u32(stage_k(s));
+      const uint64_t ds_desc = mnmajor_desc(smem_u32(stage_ds(s) + wg * kTile));
+      const uint64_t k_desc = mnmajor_desc(smem_u32(stage_k(s)));
       fence_operands(dq);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) {
-        wgmma_ss<64, 1, 1>(dq, mnmajor_desc(ds_addr + 2048 * kk), mnmajor_desc(k_addr + 2048 * kk), true);
+        wgmma_ss<64, 1, 1>(dq, desc_advance(ds_desc, 2048 * kk), desc_advance(k_desc, 2048 * kk), true);
       }
       wgmma_commit();
       wgmma_wait<0>();

@@ -96,6 +96,9 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_addr, uint32_t lbo,
 // K-major tile (LBO unused: 16 bytes, what CUTLASS writes) and MN-major tile descriptors, as described above.
 __device__ __forceinline__ uint64_t kmajor_desc(uint32_t smem_addr) { return sw128_desc(smem_addr, 16, 1024); }
 __device__ __forceinline__ uint64_t mnmajor_desc(uint32_t smem_addr) { return sw128_desc(smem_addr, 1024, 1024); }
+// Descriptor d with its start address `bytes` (a multiple of 16) further: one add in place of building it again (the
+// 14-bit field does not overflow: shared-window addresses lie under 2^18).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
 
 __device__ __forceinline__ void wgmma_fence() {
 #ifdef GPT_CUDA_EMULATOR
