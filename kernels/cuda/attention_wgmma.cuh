@@ -39,11 +39,15 @@ struct BwdKvWgmmaCfg {
 
 // Rows [row0, row0 + ROWS) x 64 channels of a bf16 matrix with row stride ld into a swizzled tile, by cp.async (16
 // bytes each; rows at or past `rows` zero-filled, their source not read).
-// NT: the block's threads, which share the copies.
+// NT: the block's threads (blockDim.x), which share the copies: thread t copies column piece t % 8 of rows t / 8,
+// t / 8 + NT / 8, ... (a loop of fixed count, unrolled).
 template <int ROWS = 64, int NT = kThreads>
 __device__ inline void copy_tile_sw128(unsigned char* dst, const bf16* src, int64_t ld, int row0, int rows) {
-  for (int i = threadIdx.x; i < ROWS * 8; i += NT) {
-    const int r = i / 8, c = (i % 8) * 8, row = row0 + r;
+  static_assert(ROWS * 8 % NT == 0);
+  const int r0 = static_cast<int>(threadIdx.x) / 8, c = (static_cast<int>(threadIdx.x) % 8) * 8;
+#pragma unroll
+  for (int j = 0; j < ROWS * 8 / NT; ++j) {
+    const int r = r0 + j * (NT / 8), row = row0 + r;
     const bool in = row < rows;
     cp_async_16(dst + sw128_offset(r, c), src + (in ? static_cast<int64_t>(row) * ld : 0) + c, in ? 16u : 0u);
   }
