@@ -75,12 +75,17 @@ struct BwdQDsCfg {
 
 // Rows [row0, row0 + ROWS) x [0, D) of a bf16 matrix with row stride ld (elements) into a shared tile of row stride
 // LD, by cp.async in 16-byte pieces (consecutive threads on consecutive pieces of a row); rows at or past `rows`
-// are zero-filled (their source, row0's, is not read).
+// are zero-filled (their source, row0's, is not read). Thread t (of the block's kThreads) copies piece t % kPieces of
+// rows t / kPieces + j kThreads / kPieces: a loop of fixed count, unrolled (from threadIdx.x in steps of kThreads,
+// a trip count ptxas cannot know, it was a runtime loop).
 template <int ROWS, int D, int LD>
 __device__ inline void copy_tile_async(bf16* dst, const bf16* src, int64_t ld, int row0, int rows) {
   constexpr int kPieces = D / 8;
-  for (int i = threadIdx.x; i < ROWS * kPieces; i += kThreads) {
-    const int r = i / kPieces, c = (i % kPieces) * 8, row = row0 + r;
+  static_assert(ROWS * kPieces % kThreads == 0 && kThreads % kPieces == 0);
+  const int r0 = static_cast<int>(threadIdx.x) / kPieces, c = (static_cast<int>(threadIdx.x) % kPieces) * 8;
+#pragma unroll
+  for (int j = 0; j < ROWS * kPieces / kThreads; ++j) {
+    const int r = r0 + j * (kThreads / kPieces), row = row0 + r;
     const bool in = row < rows;
     cp_async_16(dst + r * LD + c, src + (in ? static_cast<int64_t>(row) * ld : 0) + c, in ? 16u : 0u);
   }
