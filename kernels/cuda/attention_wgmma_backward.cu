@@ -31,8 +31,10 @@ using namespace attention_wgmma_detail;
 // commit groups, so P^T is computed while dP^T's products run and dS^T while dV's do; the same values.
 // kWG warpgroups per block (GPT_ATTENTION_WGMMA_WG2 kv: 2), each with its own 64 keys, sharing the Q and dO tiles; a
 // warpgroup starts at the query tile of its first key (the block's first ones are past its keys at 2).
+// At 32 queries per step (not overlapped) four warpgroups per SM: at most 128 registers (ptxas: 128 with one
+// warpgroup, and 8 bytes of spills with two).
 template <int BQ, bool kOverlap, int kWG>
-__global__ void __launch_bounds__((kThreads * kWG))
+__global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? 4 / kWG : 0))
     attention_backward_kv_wgmma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse,
                                        const float* dvec, int T, int C, int NH, float scale, float scale_log2, bf16* ds,
                                        int64_t ds_ld) {
