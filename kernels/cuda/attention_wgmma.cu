@@ -123,9 +123,12 @@ __device__ __forceinline__ void finish_forward(bf16* out, float* lse, const floa
 // kWG warpgroups per block (GPT_ATTENTION_WGMMA_WG2: 2), each with its own 64 query rows, sharing the K and V tiles
 // (half the copies per product at 2); a warpgroup skips the key tiles past its last row (the block's last one at 2).
 // kNK keys per K/V tile (GPT_ATTENTION_WGMMA_BK: 64, or 128 as cuDNN's forward takes: half the barriers, waits, O
-// rescales and row reductions per key; S as two m64n64 products per k-step).
-template <int kWG, int kNK>
-__global__ void __launch_bounds__((kThreads * kWG))
+// rescales and row reductions per key; S as two m64n64 products per k-step). kMinBlocks: __launch_bounds__'s blocks
+// per SM (0: none). The default kernel (one warpgroup, 64 keys) takes 5, which ptxas meets in 96 registers without
+// spills (107 unbounded: 4 blocks); its 41 KB of shared memory let 5 in; GPT_ATTENTION_WGMMA_FWD_BLOCKS=4 takes the
+// unbounded one (not yet measured on a GPU either way).
+template <int kWG, int kNK, int kMinBlocks>
+__global__ void __launch_bounds__((kThreads * kWG), kMinBlocks)
     attention_forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2) {
   constexpr int kNT = kThreads * kWG, kRows = kBQ * kWG;  // the block's threads and query rows
   constexpr int kParts = kNK / 64;                        // 64-key parts of a K/V tile
@@ -351,11 +354,11 @@ __global__ void __launch_bounds__(kThreads)
                  reinterpret_cast<bf16*>(stage_k(0)) + warp * 16 * kStageLd, bh, qw, T, C, lane);
 }
 
-template <int kWG, int kNK>
+template <int kWG, int kNK, int kMinBlocks = 0>
 void forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, float scale_log2,
                     cudaStream_t stream) {
   constexpr size_t smem = forward_smem(kWG, kNK);
-  const auto kernel = attention_forward_wgmma_kernel<kWG, kNK>;
+  const auto kernel = attention_forward_wgmma_kernel<kWG, kNK, kMinBlocks>;
   set_smem(kernel, smem);
   prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBQ * kWG)), static_cast<unsigned>(B * NH));
@@ -406,8 +409,10 @@ void attention_forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int 
     }
   } else if (two_warpgroups("fwd")) {
     forward_launch<2, kBK>(out, lse, qkv, B, T, C, NH, scale_log2, stream);
-  } else {
+  } else if (env_is("GPT_ATTENTION_WGMMA_FWD_BLOCKS", "4")) {
     forward_launch<1, kBK>(out, lse, qkv, B, T, C, NH, scale_log2, stream);
+  } else {
+    forward_launch<1, kBK, 5>(out, lse, qkv, B, T, C, NH, scale_log2, stream);
   }
   GPT_CUDA_CHECK_LAUNCH();
 }
