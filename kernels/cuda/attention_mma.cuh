@@ -82,6 +82,9 @@ template <int ROWS, int D, int LD>
 __device__ inline void copy_tile_async(bf16* dst, const bf16* src, int64_t ld, int row0, int rows) {
   constexpr int kPieces = D / 8;
   static_assert(ROWS * kPieces % kThreads == 0 && kThreads % kPieces == 0);
+#ifdef GPT_CUDA_EMULATOR
+  if (blockDim.x != kThreads) emu_fail("copy_tile_async: a block of other than kThreads threads");
+#endif
   const int r0 = static_cast<int>(threadIdx.x) / kPieces, c = (static_cast<int>(threadIdx.x) % kPieces) * 8;
 #pragma unroll
   for (int j = 0; j < ROWS * kPieces / kThreads; ++j) {

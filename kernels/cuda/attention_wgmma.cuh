@@ -44,6 +44,9 @@ struct BwdKvWgmmaCfg {
 template <int ROWS = 64, int NT = kThreads>
 __device__ inline void copy_tile_sw128(unsigned char* dst, const bf16* src, int64_t ld, int row0, int rows) {
   static_assert(ROWS * 8 % NT == 0);
+#ifdef GPT_CUDA_EMULATOR
+  if (blockDim.x != NT) emu_fail("copy_tile_sw128: a block of other than NT threads");
+#endif
   const int r0 = static_cast<int>(threadIdx.x) / 8, c = (static_cast<int>(threadIdx.x) % 8) * 8;
 #pragma unroll
   for (int j = 0; j < ROWS * 8 / NT; ++j) {

@@ -125,12 +125,27 @@ __global__ void __launch_bounds__(kThreads, kRowInSmem ? 2 : 3)
   }
 }
 
+// A bf16 row's bytes in shared memory (V rounded up to 16 bytes) where they fit two blocks per multiprocessor
+// (kRowSmemMax) and, beside the block's static reduction buffer, this device's shared memory per block (99 KB on
+// sm_86/89, 163 on sm_80, 227 on sm_90); else 0.
+size_t row_smem_bytes(int V) {
+  const size_t bytes = (static_cast<size_t>(V) * sizeof(bf16) + 15) / 16 * 16;
+  if (bytes > kRowSmemMax) return 0;
+  int device = 0, optin = 0;
+  GPT_CUDA_CHECK(cudaGetDevice(&device));
+  GPT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes + sizeof(float) * kWarp <= static_cast<size_t>(optin) ? bytes : 0;
+}
+
+// smem: the dynamic shared memory (kRowInSmem: row_smem_bytes). Its opt-in is set whatever its size: the static
+// 128 bytes count against the 48 KB a block gets without it.
 template <typename In, typename Out, bool kRowInSmem>
 void launch_kernel(float* losses, Out* dlogits, const In* logits, const int32_t* targets, int64_t N, int V, int Vp,
-                   float dloss, cudaStream_t stream) {
+                   float dloss, size_t smem, cudaStream_t stream) {
   const auto kernel = crossentropy_kernel<In, Out, kRowInSmem>;
-  const size_t smem = kRowInSmem ? (static_cast<size_t>(V) * sizeof(In) + 15) / 16 * 16 : 0;
-  if (kRowInSmem) set_smem(kernel, smem);
+  if (kRowInSmem) {
+    GPT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
   kernel<<<static_cast<unsigned>(N), kThreads, smem, stream>>>(losses, dlogits, logits, targets, V, Vp, dloss);
 }
 
@@ -138,12 +153,14 @@ template <typename In, typename Out>
 void launch_crossentropy(float* losses, Out* dlogits, const In* logits, const int32_t* targets, int64_t N, int V,
                          int Vp, float dloss, cudaStream_t stream) {
   if constexpr (std::is_same_v<In, bf16>) {  // an fp32 row would take twice the room: one block per multiprocessor
-    if (dlogits != nullptr && static_cast<size_t>(V) * sizeof(In) <= kRowSmemMax && row_in_smem_enabled()) {
-      launch_kernel<In, Out, true>(losses, dlogits, logits, targets, N, V, Vp, dloss, stream);
-      return;
+    if (dlogits != nullptr && row_in_smem_enabled()) {
+      if (const size_t smem = row_smem_bytes(V); smem > 0) {
+        launch_kernel<In, Out, true>(losses, dlogits, logits, targets, N, V, Vp, dloss, smem, stream);
+        return;
+      }
     }
   }
-  launch_kernel<In, Out, false>(losses, dlogits, logits, targets, N, V, Vp, dloss, stream);
+  launch_kernel<In, Out, false>(losses, dlogits, logits, targets, N, V, Vp, dloss, 0, stream);
 }
 
 template <typename In>

@@ -51,12 +51,13 @@ void divergent_shuffle_kernel(float* out) {
 }
 
 // One wgmma m64n64k16 (A and B from a 128-byte-swizzled tile at the start of the dynamic shared memory), its commit
-// and (unless left_in_flight) its wait, in every warpgroup but skip_wg, by every warp but skip_warp.
-void wgmma_kernel(int skip_warp, int skip_wg, int left_in_flight) {
+// and (unless left_in_flight) its wait, in every warpgroup but skip_wg, by every warp but skip_warp; warp return_warp
+// returns first.
+void wgmma_kernel(int skip_warp, int skip_wg, int left_in_flight, int return_warp) {
   const uint64_t desc = uint64_t{1} << 62 | uint64_t{1024 / 16} << 32 | uint64_t{16 / 16} << 16;
   const int warp = static_cast<int>(threadIdx.x / 32);
-  if (warp / 4 == skip_wg) return;
-  float d[32];
+  if (warp / 4 == skip_wg || warp == return_warp) return;
+  float d[32] = {};
   if (warp != skip_warp) emu_wgmma_m64nNk16(d, 64, nullptr, desc, false, desc, false, false);
   emu_wgmma_commit();
   if (!left_in_flight) emu_wgmma_wait(0);
@@ -125,18 +126,28 @@ TEST_CASE("cuda_emu: a launch of more threads per block than the kernel's __laun
 
 TEST_CASE("cuda_emu: a warpgroup's threads issue the same wgmma instructions, and retire each before they exit",
           "[cuda_emu][emulator]") {
-  emulate_launch(wgmma_kernel, dim3(2), dim3(128), 8192, nullptr, -1, -1, 0);  // every warp
-  emulate_launch(wgmma_kernel, dim3(1), dim3(256), 8192, nullptr, -1, 1, 0);   // a whole warpgroup skips: allowed
+  emulate_launch(wgmma_kernel, dim3(2), dim3(128), 8192, nullptr, -1, -1, 0, -1);  // every warp
+  emulate_launch(wgmma_kernel, dim3(1), dim3(256), 8192, nullptr, -1, 1, 0, -1);   // a whole warpgroup skips: allowed
   const auto [skipped, skip_aborted] =
-      run_aborting([] { emulate_launch(wgmma_kernel, dim3(1), dim3(256), 8192, nullptr, 5, -1, 0); });
+      run_aborting([] { emulate_launch(wgmma_kernel, dim3(1), dim3(256), 8192, nullptr, 5, -1, 0, -1); });
   CHECK(skip_aborted);
   CHECK(skipped.find("EMU: warpgroup 1's threads issued different wgmma instructions: at its instruction 0 thread 128 "
                      "issued mma_async n 64") != std::string::npos);
   CHECK(skipped.find("thread 160 commit_group") != std::string::npos);
+  const auto [returned, return_aborted] =  // warp 0 (the warpgroup's first) returns, the others issue
+      run_aborting([] { emulate_launch(wgmma_kernel, dim3(1), dim3(128), 8192, nullptr, -1, -1, 0, 0); });
+  CHECK(return_aborted);
+  CHECK(returned.find("at its instruction 0 thread 0 issued nothing more, thread 32 mma_async") != std::string::npos);
+  const auto [later, later_aborted] =  // warp 2 returns
+      run_aborting([] { emulate_launch(wgmma_kernel, dim3(1), dim3(128), 8192, nullptr, -1, -1, 0, 2); });
+  CHECK(later_aborted);
+  CHECK(later.find("thread 0 issued mma_async n 64 flags 0 desc_a") != std::string::npos);
+  CHECK(later.find("thread 64 nothing more") != std::string::npos);
   const auto [flight, flight_aborted] =
-      run_aborting([] { emulate_launch(wgmma_kernel, dim3(1), dim3(128), 8192, nullptr, -1, -1, 1); });
+      run_aborting([] { emulate_launch(wgmma_kernel, dim3(1), dim3(128), 8192, nullptr, -1, -1, 1, -1); });
   CHECK(flight_aborted);
-  CHECK(flight.find("wgmma product(s) not retired by a wgmma.wait_group") != std::string::npos);
+  CHECK(flight.find("wgmma products not retired by a wgmma.wait_group (0 uncommitted, 1 groups in flight)") !=
+        std::string::npos);
 }
 
 TEST_CASE("cuda_emu: cudaEventElapsedTime needs two recorded, timing, completed events, as on a GPU",

@@ -1643,7 +1643,8 @@ TEST_CASE("parity: the LM head's GEMMs over padded logit rows, and cross-entropy
 // GPT_CE_ROW_IN_SMEM=1 (the cross-entropy's rows kept in shared memory between its two passes where a bf16 row fits)
 // gives the streaming kernel's losses and dlogits bit for bit: GPT-2's padded vocabulary, a short row, an odd row
 // length (unaligned rows: the streaming kernel's scalar loads against aligned shared ones), -inf logits and a target
-// in a row's last group, in place and into other memory, losses alone; and a row too long for it (the other kernel).
+// in a row's last group, in place and into other memory (bf16 and fp32 dlogits), losses alone; and a row too long for
+// it (the other kernel).
 TEST_CASE("parity: the cross-entropy with its rows in shared memory gives the streaming kernel's values bit for bit",
           "[cuda]") {
   Backend* gpu = cuda_or_skip("crossentropy row in shared memory");
@@ -1665,7 +1666,10 @@ TEST_CASE("parity: the cross-entropy with its rows in shared memory gives the st
     auto run = [&](bool smem) {
       if (smem) ::setenv("GPT_CE_ROW_IN_SMEM", "1", 1);
       Dev<bf16> g_logits(*gpu, logits), g_other(*gpu, n);
-      Dev<float> g_loss_only(*gpu, sh.N), g_loss_in(*gpu, sh.N), g_loss_out(*gpu, sh.N);
+      Dev<float> g_loss_only(*gpu, sh.N), g_loss_in(*gpu, sh.N), g_loss_out(*gpu, sh.N), g_loss32(*gpu, sh.N);
+      Dev<float> g_other32(*gpu, n);  // fp32 dlogits of the bf16 logits
+      gpu->crossentropy_forward_backward(g_loss32.p(), g_other32.p(), g_logits.p(), g_targets.p(), sh.N, sh.V, sh.Vp,
+                                         0.25f);
       gpu->crossentropy_forward_backward(g_loss_only.p(), nullptr, g_logits.p(), g_targets.p(), sh.N, sh.V, sh.Vp,
                                          0.0f);
       gpu->crossentropy_forward_backward(g_loss_out.p(), g_other.p(), g_logits.p(), g_targets.p(), sh.N, sh.V, sh.Vp,
@@ -1673,10 +1677,11 @@ TEST_CASE("parity: the cross-entropy with its rows in shared memory gives the st
       gpu->crossentropy_forward_backward(g_loss_in.p(), g_logits.p(), g_logits.p(), g_targets.p(), sh.N, sh.V, sh.Vp,
                                          0.25f);
       ::unsetenv("GPT_CE_ROW_IN_SMEM");
-      return std::make_tuple(g_loss_only.read(), g_loss_out.read(), g_other.read(), g_loss_in.read(), g_logits.read());
+      return std::make_tuple(g_loss_only.read(), g_loss_out.read(), g_other.read(), g_loss_in.read(), g_logits.read(),
+                             g_other32.read());
     };
-    const auto [only0, out0, other0, in0, inplace0] = run(false);
-    const auto [only1, out1, other1, in1, inplace1] = run(true);
+    const auto [only0, out0, other0, in0, inplace0, other32_0] = run(false);
+    const auto [only1, out1, other1, in1, inplace1, other32_1] = run(true);
     auto same = [](const auto& a, const auto& b) {
       return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
     };
@@ -1686,6 +1691,7 @@ TEST_CASE("parity: the cross-entropy with its rows in shared memory gives the st
     CHECK(same(in0, in1));
     CHECK(same(inplace0, inplace1));
     CHECK(same(other0, inplace0));
+    CHECK(same(other32_0, other32_1));
     CHECK(std::isfinite(out0[1]));
   }
 }

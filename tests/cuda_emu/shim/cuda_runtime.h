@@ -249,10 +249,11 @@ inline int64_t emu_grid_cap = 65535 * 8;
   std::abort();
 }
 // At a block's end: no wgmma may still be in flight (each product retired by a wgmma.wait_group before its thread
-// exited), and the threads of each warpgroup (128 consecutive linear indices) issued the same wgmma instructions
-// (EmuWgmmaState::trace), a thread that issued none counted as an empty sequence.
+// exited), and the threads of each warpgroup (128 consecutive linear indices, of the block's nthr) in which any
+// thread issued one issued the same wgmma instructions (EmuWgmmaState::trace), a thread that issued none counted as
+// an empty sequence (a warp that returned before them fails too).
 inline const char* emu_wgmma_op_name(int kind) { return kind == 0 ? "mma_async" : kind == 1 ? "commit_group" : "wait_group"; }
-inline void emu_wgmma_check_block(const EmuBlock& blk) {
+inline void emu_wgmma_check_block(const EmuBlock& blk, unsigned nthr) {
   static const std::vector<EmuWgmmaOp> none;
   auto trace_of = [&](unsigned tid) -> const std::vector<EmuWgmmaOp>& {
     const auto it = blk.wgmma.find(tid);
@@ -260,29 +261,36 @@ inline void emu_wgmma_check_block(const EmuBlock& blk) {
   };
   for (const auto& [tid, st] : blk.wgmma) {
     if (!st.open.empty() || !st.groups.empty()) {
-      std::fprintf(stderr, "EMU: thread %u exited with %zu wgmma product(s) not retired by a wgmma.wait_group\n", tid,
-                   st.open.size() + st.groups.size());
+      std::fprintf(stderr,
+                   "EMU: thread %u exited with wgmma products not retired by a wgmma.wait_group (%zu uncommitted, %zu "
+                   "groups in flight)\n",
+                   tid, st.open.size(), st.groups.size());
       std::abort();
     }
-    const unsigned lead = tid / 128 * 128;
-    const std::vector<EmuWgmmaOp>& mine = st.trace;
-    const std::vector<EmuWgmmaOp>& theirs = trace_of(lead);
-    if (mine == theirs) continue;
-    size_t i = 0;
-    while (i < mine.size() && i < theirs.size() && mine[i] == theirs[i]) ++i;
-    auto say = [](const std::vector<EmuWgmmaOp>& t, size_t i) {
-      if (i >= t.size()) return std::string("nothing more");
-      const EmuWgmmaOp& o = t[i];
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "%s n %d flags %d desc_a %#llx desc_b %#llx", emu_wgmma_op_name(o.kind), o.n,
-                    o.flags, static_cast<unsigned long long>(o.desc_a), static_cast<unsigned long long>(o.desc_b));
-      return std::string(buf);
-    };
-    std::fprintf(stderr,
-                 "EMU: warpgroup %u's threads issued different wgmma instructions: at its instruction %zu thread %u "
-                 "issued %s, thread %u %s (a warpgroup instruction: all 128 threads, the same operands)\n",
-                 tid / 128, i, lead, say(theirs, i).c_str(), tid, say(mine, i).c_str());
-    std::abort();
+  }
+  for (auto it = blk.wgmma.begin(); it != blk.wgmma.end();) {
+    const unsigned lead = it->first / 128 * 128;  // a warpgroup with a thread that issued any: all its threads
+    for (unsigned tid = lead; tid < std::min(lead + 128, nthr); ++tid) {
+      const std::vector<EmuWgmmaOp>& mine = trace_of(tid);
+      const std::vector<EmuWgmmaOp>& theirs = trace_of(lead);
+      if (mine == theirs) continue;
+      size_t i = 0;
+      while (i < mine.size() && i < theirs.size() && mine[i] == theirs[i]) ++i;
+      auto say = [](const std::vector<EmuWgmmaOp>& t, size_t i) {
+        if (i >= t.size()) return std::string("nothing more");
+        const EmuWgmmaOp& o = t[i];
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "%s n %d flags %d desc_a %#llx desc_b %#llx", emu_wgmma_op_name(o.kind), o.n,
+                      o.flags, static_cast<unsigned long long>(o.desc_a), static_cast<unsigned long long>(o.desc_b));
+        return std::string(buf);
+      };
+      std::fprintf(stderr,
+                   "EMU: warpgroup %u's threads issued different wgmma instructions: at its instruction %zu thread %u "
+                   "issued %s, thread %u %s (a warpgroup instruction: all 128 threads, the same operands)\n",
+                   tid / 128, i, lead, say(theirs, i).c_str(), tid, say(mine, i).c_str());
+      std::abort();
+    }
+    it = blk.wgmma.lower_bound(lead + 128);  // the next warpgroup with any
   }
 }
 // First in the body of a kernel compiled with __launch_bounds__(max_threads[, ...]) (convert.py puts it there): a
@@ -816,7 +824,7 @@ void emu_run_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A.
       auto on_pool_thread = [&](unsigned j) { run_block(b0 + j); };
       EmuThreadPool::instance().run(static_cast<unsigned>(b1 - b0), on_pool_thread);
     }
-    for (const auto& st : states) emu_wgmma_check_block(st->blk);
+    for (const auto& st : states) emu_wgmma_check_block(st->blk, nthr);
     const unsigned total = static_cast<unsigned>((b1 - b0) * nthr);
     emu_threads_total += total;
   }
