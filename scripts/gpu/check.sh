@@ -8,7 +8,7 @@
 # mma.sync/ldmatrix/cvt/cp.async layouts alone), CUDA backend parity (gpt_tests [cuda]), NCCL singleton (gpt_mpi_tests [nccl]), Shakespeare 20 steps cpu vs cuda (losses within
 # 1e-4 relative; then sample's greedy ids from that model, and 2 fine-tuning steps from it, cpu vs cuda),
 # compute-sanitizer memcheck and racecheck (the attention kernels; in what is left after keeping
-# the bench's 225 s, else a SKIP that says so), scripts/bench/gpu_vs_pytorch.sh
+# the bench's 230 s and the attention step's 100, else a SKIP that says so), scripts/bench/gpu_vs_pytorch.sh
 # if present (its table, the per-op device time of a few steps, and its default variants: run.gelu_fusion and the
 # attention kernels' switches; 100 s of its time kept for the next step), then scripts/bench/attention_vs_pytorch.sh
 # (the attention kernels against PyTorch's SDPA, and the wgmma kernels' switches one row each) in what is left. A test binary passes only with Catch2's "All tests passed" line
@@ -281,12 +281,14 @@ fi
 # --- d. compute-sanitizer: memcheck on every CUDA test, racecheck on the fused attention
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer \
   /usr/local/cuda*/compute-sanitizer/compute-sanitizer /opt/nvidia/*/compute-sanitizer 2>/dev/null | head -1)
-# The benchmark's two sides and its table (210 + 15 s) come before the sanitizers, whose speed on the GPU is not
-# known: each sanitizer runs in what is left over that, and is a SKIP that says so when too little is left or when
-# it timed out in a share cut short for the bench (CHECK_STEPS="memcheck racecheck" then runs them with their own
-# limits).
+# The benchmark (its two sides at batch 64, the profile and the first variants: 230 s) and the attention step's
+# variant rows (100 s) come before the sanitizers, whose speed on the GPU is not known: each sanitizer runs in what
+# is left over those, and is a SKIP that says so when too little is left or when it timed out in a share cut short
+# for them (CHECK_STEPS="memcheck racecheck" then runs them with their own limits; racecheck took 108 s alone on
+# the H200 in December, before the wgmma variants' parity cases).
 bench_keep=0
-if wanted bench && [ "$gpus" != 0 ] && [ -f scripts/bench/gpu_vs_pytorch.sh ]; then bench_keep=225; fi
+if wanted bench && [ "$gpus" != 0 ] && [ -f scripts/bench/gpu_vs_pytorch.sh ]; then bench_keep=230; fi
+if wanted attention && [ "$gpus" != 0 ]; then bench_keep=$((bench_keep + 100)); fi
 # The sanitizer's report lines in the step's output besides its banner, a clean summary and the target's end
 # (counted whole: grep -q could stop the pipeline early, and SIGPIPE would turn the count's meaning around).
 sanitizer_reports() {
@@ -298,7 +300,7 @@ sanitize() {  # sanitize TOOL LIMIT FILTER LABEL [SMALL]: SMALL 1 leaves out the
   if [ -z "$sanitizer" ]; then record SKIP "$name" 0 "compute-sanitizer not found"; return; fi
   if [ "$gpus" = 0 ]; then record SKIP "$name" 0 "no GPU"; return; fi
   if [ "$share" -lt "$limit" ]; then
-    cut="the bench keeps ${bench_keep} s of the $((DEADLINE - SECONDS)) s left; CHECK_STEPS=\"$1\" runs it alone"
+    cut="the bench and the attention step keep ${bench_keep} s of the $((DEADLINE - SECONDS)) s left; CHECK_STEPS=\"$1\" runs it alone"
     if [ "$share" -lt 30 ]; then record SKIP "$name" 0 "not run: $cut"; return; fi
     limit=$share
   fi
