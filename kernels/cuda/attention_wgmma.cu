@@ -229,11 +229,12 @@ __global__ void __launch_bounds__((kThreads * kWG), kMinBlocks)
 
 // The forward with its products overlapping the softmax (GPT_ATTENTION_WGMMA_OVERLAP=1 or fwd; an experiment not yet
 // measured on a GPU), as FlashAttention-3 overlaps them within a warpgroup: iteration kt issues S = Q K_kt and the
-// previous tile's O += P V, computes this tile's softmax while the latter runs, then rescales O. K and V take three
-// stages (V of tile kt - 1 is read while tile kt + 1 is copied), with one barrier per tile. The same values as the
-// kernel above: O is rescaled by a tile's alpha after the previous tile's P V and before its own, as there.
-constexpr int kOverlapStages = 3;
-constexpr size_t kSmemOverlap = (1 + 2 * kOverlapStages) * size_t{kTile} + 1024;
+// previous tile's O += P V, computes this tile's softmax while the latter runs, then rescales O. V takes three stages
+// (V of tile kt - 1 is read while tile kt + 1 is copied), K two (tile kt - 1's S was retired in step kt - 1), with
+// one barrier per tile: 49 KB, 4 blocks per SM. The same values as the kernel above: O is rescaled by a tile's alpha
+// after the previous tile's P V and before its own, as there.
+constexpr int kOverlapKStages = 2, kOverlapVStages = 3;
+constexpr size_t kSmemOverlap = (1 + kOverlapKStages + kOverlapVStages) * size_t{kTile} + 1024;
 
 __global__ void __launch_bounds__(kThreads)
     attention_forward_wgmma_overlap_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH,
@@ -241,8 +242,8 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = align_1024(smem_raw);
   unsigned char* sq = base;
-  auto stage_k = [&](int s) { return base + (1 + 2 * s) * kTile; };
-  auto stage_v = [&](int s) { return base + (2 + 2 * s) * kTile; };
+  auto stage_k = [&](int kt) { return base + (1 + kt % kOverlapKStages) * kTile; };  // tile kt's
+  auto stage_v = [&](int kt) { return base + (1 + kOverlapKStages + kt % kOverlapVStages) * kTile; };
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane >> 2, tq = lane & 3;
 
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
@@ -252,9 +253,9 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* k = q + C;
   const bf16* v = q + 2 * C;
   const int num_kt = (min(q0 + kBQ, T) - 1) / kBK + 1;  // key tiles up to the last real query of this tile
-  auto fetch = [&](int kt) {                            // tile kt's K and V into stage kt % 3, one commit group
-    copy_tile_sw128(stage_k(kt % kOverlapStages), k, C3, kt * kBK, T);
-    copy_tile_sw128(stage_v(kt % kOverlapStages), v, C3, kt * kBK, T);
+  auto fetch = [&](int kt) {                            // tile kt's K and V into their stages, one commit group
+    copy_tile_sw128(stage_k(kt), k, C3, kt * kBK, T);
+    copy_tile_sw128(stage_v(kt), v, C3, kt * kBK, T);
     cp_async_commit();
   };
 
@@ -269,14 +270,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < 32; ++i) o[i] = 0.0f;
   const uint64_t q_desc = kmajor_desc(smem_u32(sq));
   auto issue_s = [&](float(&sc)[32], int kt) {
-    const uint64_t k_desc = kmajor_desc(smem_u32(stage_k(kt % kOverlapStages)));
+    const uint64_t k_desc = kmajor_desc(smem_u32(stage_k(kt)));
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       wgmma_ss<64>(sc, desc_advance(q_desc, 32 * kk), desc_advance(k_desc, 32 * kk), kk > 0);
     }
   };
   auto issue_pv = [&](const uint32_t(&pa)[kBK / 16][4], int kt) {
-    const uint64_t v_desc = mnmajor_desc(smem_u32(stage_v(kt % kOverlapStages)));
+    const uint64_t v_desc = mnmajor_desc(smem_u32(stage_v(kt)));
 #pragma unroll
     for (int c = 0; c < kBK / 16; ++c) wgmma_rs_mn(o, pa[c], desc_advance(v_desc, 2048 * c), true);
   };
@@ -311,8 +312,9 @@ __global__ void __launch_bounds__(kThreads)
   auto step = [&](int kt, uint32_t(&prev)[kBK / 16][4], uint32_t(&next)[kBK / 16][4]) {
     cp_async_wait<0>();  // tile kt's copies (the only ones in flight)
     fence_proxy_async();
-    __syncthreads();  // ... have landed for every thread, and every warp has retired tile kt - 2's P V (step kt - 1)
-    // So stage (kt + 1) % 3, which held tile kt - 2, is free: the next tile's copies run during this step.
+    __syncthreads();  // ... have landed for every thread, and every warp has retired tile kt - 2's P V and tile
+    // kt - 1's S (step kt - 1). So V's stage (kt + 1) % 3, which held tile kt - 2, and K's (kt + 1) % 2, which held
+    // tile kt - 1, are free: the next tile's copies run during this step.
     if (kt + 1 < num_kt) fetch(kt + 1);
     fence_operands(o);
     fence_operands(prev);  // its packing (a cvt) stays before the fence
