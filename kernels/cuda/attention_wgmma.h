@@ -2,7 +2,8 @@
 // kernels of attention_mma.cu at head size 64 without dropout, with their products issued by a warpgroup from shared
 // memory and registers instead of ldmatrix + mma.sync per warp: the forward, and the backward where it keeps dS^T
 // (a dK/dV kernel that writes it, a dQ kernel that multiplies it by K). The same arguments, outputs and math (the
-// online softmax, its scale folded into exp2, P and dS rounded to bf16 before their products). Built for sm_90a only
+// online softmax, its scale folded into exp2, P and dS rounded to bf16 before their products), but exp2 flushes
+// probabilities under 2^-126 to 0 (exp2_ftz: one MUFU.EX2). Built for sm_90a only
 // (its own object library); attention_mma.cu and attention_mma_backward.cu call them where the *_usable functions
 // say so, and take their own kernels elsewhere. GPT_ATTENTION_WGMMA=0 turns both off, =fwd the backward.
 // GPT_ATTENTION_WGMMA_OVERLAP=1 (or fwd, bwd: one of them) takes their variants whose element-wise work overlaps the
