@@ -62,6 +62,8 @@ void wgmma_kernel(int skip_warp, int skip_wg, int left_in_flight, int return_war
   emu_wgmma_commit();
   if (!left_in_flight) emu_wgmma_wait(0);
 }
+// 128 bytes of static shared memory (as convert.py turns a `__shared__ float s[32]` into one).
+void static_smem_kernel() { static_cast<float*>(emu_shared_alloc(128))[threadIdx.x] = 1.0f; }
 // A kernel as convert.py writes one declared with __launch_bounds__(64).
 void bounded_kernel(int* out) {
   emu_check_launch_bounds(64);
@@ -148,6 +150,16 @@ TEST_CASE("cuda_emu: a warpgroup's threads issue the same wgmma instructions, an
   CHECK(flight_aborted);
   CHECK(flight.find("wgmma products not retired by a wgmma.wait_group (0 uncommitted, 1 groups in flight)") !=
         std::string::npos);
+}
+
+TEST_CASE("cuda_emu: static and dynamic shared memory together within 48 KB, or the opt-in", "[cuda_emu][emulator]") {
+  emulate_launch(static_smem_kernel, dim3(1), dim3(32), 48 * 1024 - 128, nullptr);  // 48 KB in all
+  const auto [over, aborted] =
+      run_aborting([] { emulate_launch(static_smem_kernel, dim3(1), dim3(32), 48 * 1024, nullptr); });
+  CHECK(aborted);
+  CHECK(over.find("EMU: 128 bytes of static and 49152 of dynamic shared memory: over the 48 KB") != std::string::npos);
+  REQUIRE(cudaFuncSetAttribute(static_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 48 * 1024) == 0);
+  emulate_launch(static_smem_kernel, dim3(1), dim3(32), 48 * 1024, nullptr);  // opted in
 }
 
 TEST_CASE("cuda_emu: cudaEventElapsedTime needs two recorded, timing, completed events, as on a GPU",

@@ -135,6 +135,10 @@ struct EmuBlock {
   std::map<unsigned, EmuAsyncCopies> async_copies;  // by the thread's linear index in the block
   std::map<unsigned, EmuWgmmaState> wgmma;          // likewise
   size_t dynamic_bytes = 0;                          // the dynamic shared memory (at emu_smem)
+  // What the launch may use, as a GPU counts it: the dynamic bytes asked for, and the static ones allocated so far;
+  // without cudaFuncSetAttribute's opt-in (dynamic_optin 0) both within 48 KB, with it the opted-in dynamic size
+  // and the static bytes within the device's shared memory per block (emu_shared_alloc checks).
+  size_t dynamic_asked = 0, dynamic_optin = 0, static_bytes = 0;
 };
 // Whether [p, p + bytes) lies in the calling thread's block's shared memory (dynamic, or a static buffer).
 inline bool emu_in_shared(const void* p, size_t bytes);
@@ -203,10 +207,23 @@ inline bool emu_in_shared(const void* p, size_t bytes) {
   return false;
 }
 // Static __shared__ arrays: the k-th declaration a thread executes is the block's k-th buffer.
+inline size_t& emu_smem_per_block();
 inline void* emu_shared_alloc(size_t bytes) {  // a block's threads are fibers of one OS thread: no lock
   EmuTsanIgnore ignore;  // bookkeeping and the NaN fill: only the kernel's own accesses are TSan's business
   const unsigned k = emu_static_idx++;
   if (emu_block->bufs.size() <= k) {
+    emu_block->static_bytes += bytes;
+    if (emu_block->dynamic_optin == 0 && emu_block->dynamic_asked + emu_block->static_bytes > 48 * 1024) {
+      std::fprintf(stderr, "EMU: %zu bytes of static and %zu of dynamic shared memory: over the 48 KB a block gets "
+                   "without cudaFuncSetAttribute's MaxDynamicSharedMemorySize\n", emu_block->static_bytes,
+                   emu_block->dynamic_asked);
+      std::abort();
+    }
+    if (emu_block->dynamic_optin != 0 && emu_block->dynamic_optin + emu_block->static_bytes > emu_smem_per_block()) {
+      std::fprintf(stderr, "EMU: %zu bytes of static shared memory beside the %zu dynamic opted in: over the device's "
+                   "%zu per block\n", emu_block->static_bytes, emu_block->dynamic_optin, emu_smem_per_block());
+      std::abort();
+    }
     auto* p = new unsigned char[bytes];
     for (size_t i = 0; i + 4 <= bytes; i += 4) { const float nan = NAN; std::memcpy(p + i, &nan, 4); }
     emu_block->bufs.emplace_back(p);
@@ -792,6 +809,11 @@ void emu_run_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A.
       st->sm.reset(static_cast<float*>(std::aligned_alloc(128, smem_alloc)));
       for (size_t i = 0; i < smem_alloc / sizeof(float); ++i) { const uint32_t pat = 0x7fc07fc0u; std::memcpy(&st->sm[i], &pat, 4); }
       st->blk.dynamic_bytes = smem_alloc;
+      st->blk.dynamic_asked = smem;
+      {
+        const auto it = emu_smem_optin().find(reinterpret_cast<const void*>(kernel));
+        st->blk.dynamic_optin = it == emu_smem_optin().end() ? 0 : it->second;
+      }
       st->bar = std::make_unique<EmuBarrier>(nthr);
       for (unsigned w = 0; w < (nthr + 31) / 32; ++w) st->warps.push_back(std::make_unique<EmuWarp>(std::min(32u, nthr - w * 32)));
       states.push_back(std::move(st));
