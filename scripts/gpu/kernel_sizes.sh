@@ -20,7 +20,10 @@ NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 RSP=$BUILD_DIR/engine/CMakeFiles/gpt_engine.dir/includes_CUDA.rsp
 SRC=$ROOT/kernels/cuda/$FILE.cu
 [[ -f $SRC ]] || { echo "kernel_sizes.sh: no $SRC" >&2; exit 2; }
-[[ -f $RSP ]] || { echo "kernel_sizes.sh: no $RSP (configure a CUDA build first: scripts/setup.sh)" >&2; exit 2; }
+if [[ ! -f $RSP ]]; then
+  echo "kernel_sizes.sh: no $RSP (a CUDA build by CMake's Makefile generator, as scripts/setup.sh configures)" >&2
+  exit 2
+fi
 TMP=$(mktemp -d /tmp/kernel-sizes.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 
