@@ -16,8 +16,6 @@
 // bit for bit (each thread rereads its own groups, stored as loaded).
 #include <cfloat>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "core/check.h"
@@ -31,11 +29,6 @@ constexpr int kThreads = 512;          // per block (one row); a multiple of 32,
 constexpr int kUnroll = 4;             // groups of 4 columns a thread has in flight: a stride of 4 * kThreads * kUnroll
 constexpr int kStride = 4 * kThreads;  // from one of a thread's groups to its next
 constexpr size_t kRowSmemMax = 110 * 1024;  // two blocks per multiprocessor (227 KB for one on sm_90)
-
-bool row_in_smem_enabled() {
-  const char* v = std::getenv("GPT_CE_ROW_IN_SMEM");
-  return v != nullptr && std::string_view(v) == "1";
-}
 
 // Groups j, j + kStride, ... (kUnroll of them) of row z as load4_upto reads them: every load issued before any value
 // is used. Elements at or past n are `fill`, and not loaded.
@@ -153,7 +146,7 @@ template <typename In, typename Out>
 void launch_crossentropy(float* losses, Out* dlogits, const In* logits, const int32_t* targets, int64_t N, int V,
                          int Vp, float dloss, cudaStream_t stream) {
   if constexpr (std::is_same_v<In, bf16>) {  // an fp32 row would take twice the room: one block per multiprocessor
-    if (dlogits != nullptr && row_in_smem_enabled()) {
+    if (dlogits != nullptr && env_is("GPT_CE_ROW_IN_SMEM", "1")) {
       if (const size_t smem = row_smem_bytes(V); smem > 0) {
         launch_kernel<In, Out, true>(losses, dlogits, logits, targets, N, V, Vp, dloss, smem, stream);
         return;
