@@ -73,7 +73,8 @@ int64_t cuda_backend_workspace_bytes(const GptShape& shape, int B, int T, bool b
       ws::step_areas(d, bf16_compute, ws::embedding_backward_fixed(d.N()) + ws::embedding_sort_estimate(d.N()));
   const int64_t tiles = ws::ceil_div(local_numel, ws::kOptimTile) + spans;
   const size_t scratch = std::max(a.scratch, ws::sum_squares_spans(tiles));
-  return static_cast<int64_t>(ws::kCublasLtBytes + scratch + 2 * ws::span_table(spans)) + 8 +  // + sum_squares' double
+  return static_cast<int64_t>(ws::cublaslt_bytes() + scratch + 2 * ws::span_table(spans)) +
+         8 +  // + sum_squares' double
          2 * (a.cast[0] + a.cast[1] + a.cast[2] + a.cast[3]);
 }
 

@@ -85,7 +85,18 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   GPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   profile_ = cuda::env_is("GPT_TRAIN_CUDA_PROFILE", "1");
   cublas_workspace_ = alloc(cuda_workspace::kCublasLtBytes, MemCategory::kWorkspace);
-  matmul_ = std::make_unique<cuda::Matmul>(stream_, cublas_workspace_.data());
+  if (cuda_workspace::wgrad_stream_enabled()) {  // the experiment (kernels.h, Matmul)
+    GPT_CUDA_CHECK(cudaStreamCreateWithFlags(&wgrad_stream_, cudaStreamNonBlocking));
+    wgrad_workspace_ = alloc(cuda_workspace::kCublasLtBytes, MemCategory::kWorkspace);
+    log_info("GPT_GEMM_WGRAD_STREAM=1: weight gradients on a second stream (another " +
+             std::to_string(cuda_workspace::kCublasLtBytes >> 20) + " MiB cuBLASLt workspace)");
+#ifdef GPT_CUDA_EMULATOR
+    // The emulator runs this stream's work as soon as it is queued (and what it waits for first), where the main
+    // stream's waits until needed: a gradient not ordered after its inputs reads them unwritten there.
+    emu_stream_run_early(wgrad_stream_);
+#endif
+  }
+  matmul_ = std::make_unique<cuda::Matmul>(stream_, cublas_workspace_.data(), wgrad_stream_, wgrad_workspace_.data());
   result_ = alloc(sizeof(double), MemCategory::kWorkspace);
   GPT_CUDA_CHECK(cudaMallocHost(&result_host_, sizeof(double)));
   // The staging slots at their full size now: a cudaMallocHost in the step loop would synchronise the device.
@@ -107,9 +118,12 @@ CudaBackend::~CudaBackend() {
   span_tables_.clear();
   for (Buffer& b : cast_) b.release();
   result_.release();
+  if (wgrad_stream_ != nullptr) cudaStreamSynchronize(wgrad_stream_);
   matmul_.reset();
+  wgrad_workspace_.release();
   cublas_workspace_.release();
   cudaFreeHost(result_host_);
+  if (wgrad_stream_ != nullptr) cudaStreamDestroy(wgrad_stream_);
   cudaStreamDestroy(stream_);
 }
 

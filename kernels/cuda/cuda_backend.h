@@ -160,6 +160,10 @@ class CudaBackend final : public Backend {
   mutable bool attention_fallback_logged_ = false;
   cudaStream_t stream_ = nullptr;
   Buffer cublas_workspace_;  // cuBLASLt's (workspace), before matmul_ so that it outlives it
+  // GPT_GEMM_WGRAD_STREAM=1 (cuda_workspace::wgrad_stream_enabled): the weight gradients' stream and cuBLASLt
+  // workspace (Matmul's side lane); null otherwise.
+  cudaStream_t wgrad_stream_ = nullptr;
+  Buffer wgrad_workspace_;
   std::unique_ptr<cuda::Matmul> matmul_;
   Buffer scratch_;  // shared temporaries (workspace), grown to the largest request
   Buffer cast_[4];  // bf16 GEMM inputs (workspace), grown to the largest request

@@ -120,9 +120,14 @@ void bias_backward_sum(float* dbias, const float* partial, int64_t N, int OC, cu
 // TF32, so results match the CPU to fp32 rounding) or bf16 (tensor cores; the caller casts). dbias is a deterministic
 // fp32 column sum of dout as the GEMMs take it. Matmul holds the cuBLASLt handle; its workspace
 // (cuda_workspace::kCublasLtBytes of device memory, allocated once by the owner so that it is counted) must outlive it.
+// With a side stream (GPT_GEMM_WGRAD_STREAM=1, an experiment; its own workspace of the same size) a backward's weight
+// and bias gradients run on the side stream while its input gradient runs on `stream`: forked after the work queued
+// on `stream` before the call, joined back into `stream` before the call returns, so every later launch on `stream`
+// is ordered after both as without it. The weight gradients' GEMMs leave most SMs idle (their outputs are a few dozen
+// tiles; their k is the B*T rows), and the input gradient's blocks fill them. Same kernels, same results.
 class Matmul {
  public:
-  Matmul(cudaStream_t stream, void* workspace);
+  Matmul(cudaStream_t stream, void* workspace, cudaStream_t side_stream = nullptr, void* side_workspace = nullptr);
   ~Matmul();
   Matmul(const Matmul&) = delete;
   Matmul& operator=(const Matmul&) = delete;
@@ -153,16 +158,25 @@ class Matmul {
   // The epilogue's activation part; aux: the GELU input (ld = ldc). kBGradB: `bias` is an output instead, fp32 (n
   // elements, 16-byte aligned): the column sums of op(B) over k, cuBLASLt's BGRADB (bf16 A and B, fp32 C only).
   enum class Act { kNone, kGeluAux, kDGelu, kBGradB };
+  // A stream and the cuBLASLt workspace (kWorkspaceBytes of device memory, the owner's) its GEMMs use.
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    void* workspace = nullptr;
+  };
   // Returns false only for kBGradB when cuBLASLt has no algorithm for it (then nothing ran); true otherwise.
-  bool gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
-            int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc, float beta, const void* bias,
+  bool gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+            const void* b, int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc, float beta, const void* bias,
             Act act = Act::kNone, const void* aux = nullptr);
-  void dweight_dbias(float* dweight, float* dbias, const void* dout, const void* inp, DType type, int64_t N, int C,
-                     int OC, int64_t ld, void* scratch);
-  cudaStream_t stream_;
-  void* handle_ = nullptr;     // cublasLtHandle_t
-  void* workspace_ = nullptr;  // kWorkspaceBytes of device memory, the owner's
-  struct AlgoCache;            // the heuristic's choice per GEMM shape, asked once per shape
+  void dweight_dbias(const Lane& lane, float* dweight, float* dbias, const void* dout, const void* inp, DType type,
+                     int64_t N, int C, int OC, int64_t ld, void* scratch);
+  // The lane a backward's weight and bias gradients take: the side lane (forked from the main stream now) where there
+  // is one and the call also computes an input gradient, else the main lane. join() after the call's last launch.
+  const Lane& fork_gradients(bool with_dinp, bool with_dweight_or_dbias);
+  void join_gradients(const Lane& lane);
+  Lane main_, side_;
+  cudaEvent_t forked_ = nullptr, joined_ = nullptr;  // side lane only
+  void* handle_ = nullptr;                           // cublasLtHandle_t
+  struct AlgoCache;                                  // the heuristic's choice per GEMM shape, asked once per shape
   std::unique_ptr<AlgoCache> algos_;
 };
 

@@ -184,9 +184,14 @@ cublasLtMatmulAlgo_t fastest_algo(const cublasLtMatmulHeuristicResult_t* results
 
 }  // namespace
 
-Matmul::Matmul(cudaStream_t stream, void* workspace)
-    : stream_(stream), workspace_(workspace), algos_(std::make_unique<AlgoCache>()) {
+Matmul::Matmul(cudaStream_t stream, void* workspace, cudaStream_t side_stream, void* side_workspace)
+    : main_{stream, workspace}, side_{side_stream, side_workspace}, algos_(std::make_unique<AlgoCache>()) {
   GPT_CHECK(workspace != nullptr);
+  GPT_CHECK((side_stream == nullptr) == (side_workspace == nullptr) && side_workspace != workspace);
+  if (side_stream != nullptr) {
+    GPT_CUDA_CHECK(cudaEventCreateWithFlags(&forked_, cudaEventDisableTiming));
+    GPT_CUDA_CHECK(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
+  }
   cublasLtHandle_t h = nullptr;
   GPT_CUBLAS_CHECK(cublasLtCreate(&h));
   handle_ = h;
@@ -194,15 +199,32 @@ Matmul::Matmul(cudaStream_t stream, void* workspace)
 
 Matmul::~Matmul() {
   if (handle_ != nullptr) cublasLtDestroy(lt(handle_));
+  if (forked_ != nullptr) cudaEventDestroy(forked_);
+  if (joined_ != nullptr) cudaEventDestroy(joined_);
+}
+
+const Matmul::Lane& Matmul::fork_gradients(bool with_dinp, bool with_dweight_or_dbias) {
+  if (side_.stream == nullptr || !with_dinp || !with_dweight_or_dbias) return main_;
+  // The side stream waits for everything queued on the main stream so far: the call's inputs, and the previous
+  // reader of the scratch area its bias gradient uses.
+  GPT_CUDA_CHECK(cudaEventRecord(forked_, main_.stream));
+  GPT_CUDA_CHECK(cudaStreamWaitEvent(side_.stream, forked_, 0));
+  return side_;
+}
+
+void Matmul::join_gradients(const Lane& lane) {
+  if (&lane != &side_) return;
+  GPT_CUDA_CHECK(cudaEventRecord(joined_, side_.stream));
+  GPT_CUDA_CHECK(cudaStreamWaitEvent(main_.stream, joined_, 0));
 }
 
 // Column-major C(m,n) = op(A) op(B) + beta C [+ bias(m) broadcast over columns]; C fp32, or bf16 (beta 0, and a bias
 // only through the epilogue: the bf16 result is rounded once, from the fp32 sum with the bias). act kGeluAux: C =
 // GELU(sum) and aux (m, n; ld ldc, C's type) = the sum; kDGelu: C = GELU'(aux) * sum (aux read); both bf16 only.
 // kBGradB: `bias` is an output (kernels.h); false then where cuBLASLt has no algorithm for it (nothing ran).
-bool Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
-                  const void* b, int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc, float beta,
-                  const void* bias, Act act, const void* aux) {
+bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+                  int64_t lda, const void* b, int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc,
+                  float beta, const void* bias, Act act, const void* aux) {
   const bool bgrad = act == Act::kBGradB;
   // The bias epilogue wants a 16-byte aligned vector; parameters sit at any float offset in their unit's flat
   // buffer, so an unaligned fp32 bias is added by a kernel after the GEMM instead.
@@ -317,12 +339,12 @@ bool Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
       const size_t c_bytes = static_cast<size_t>(ldc) * (n - 1) * (c_bf16 ? 2 : 4) + m * (c_bf16 ? 2 : 4);
       if (beta != 0.0f) {
         GPT_CUDA_CHECK(cudaMalloc(&saved, c_bytes));
-        GPT_CUDA_CHECK(cudaMemcpyAsync(saved, c, c_bytes, cudaMemcpyDeviceToDevice, stream_));
+        GPT_CUDA_CHECK(cudaMemcpyAsync(saved, c, c_bytes, cudaMemcpyDeviceToDevice, lane.stream));
       }
       auto run = [&](const cublasLtMatmulAlgo_t& algo) {
         const float alpha = 1.0f;
-        return cublasLtMatmul(lt(handle_), q.op, &alpha, a, q.la, b, q.lb, &beta, c, q.lc, c, q.lc, &algo, workspace_,
-                              kWorkspaceBytes, stream_);
+        return cublasLtMatmul(lt(handle_), q.op, &alpha, a, q.la, b, q.lb, &beta, c, q.lc, c, q.lc, &algo,
+                              lane.workspace, kWorkspaceBytes, lane.stream);
       };
       const std::string shape = "GEMM m " + std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
                                 (ab_type == DType::kBF16 ? " bf16" : " fp32") + (c_bf16 ? " -> bf16" : " -> fp32") +
@@ -331,10 +353,10 @@ bool Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
                                  : act == Act::kDGelu ? " +dgelu"
                                  : bgrad              ? " +bgradb"
                                                       : "");
-      it->second.algo = fastest_algo(results.data(), found, run, stream_, shape);
+      it->second.algo = fastest_algo(results.data(), found, run, lane.stream, shape);
       if (saved != nullptr) {
-        GPT_CUDA_CHECK(cudaMemcpyAsync(c, saved, c_bytes, cudaMemcpyDeviceToDevice, stream_));
-        GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        GPT_CUDA_CHECK(cudaMemcpyAsync(c, saved, c_bytes, cudaMemcpyDeviceToDevice, lane.stream));
+        GPT_CUDA_CHECK(cudaStreamSynchronize(lane.stream));
         GPT_CUDA_CHECK(cudaFree(saved));
       }
     }
@@ -352,10 +374,10 @@ bool Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
   const AlgoCache::Plan& p = it->second;
   const float alpha = 1.0f;
   GPT_CUBLAS_CHECK(cublasLtMatmul(lt(handle_), p.op, &alpha, a, p.la, b, p.lb, &beta, c, p.lc, c, p.lc, &p.algo,
-                                  workspace_, kWorkspaceBytes, stream_));
+                                  lane.workspace, kWorkspaceBytes, lane.stream));
   if (bias != nullptr && !bias_epilogue && !bgrad) {
-    add_bias_kernel<<<grid_for(m * n, 256), 256, 0, stream_>>>(static_cast<float*>(c), static_cast<const float*>(bias),
-                                                               m, n, ldc);
+    add_bias_kernel<<<grid_for(m * n, 256), 256, 0, lane.stream>>>(static_cast<float*>(c),
+                                                                   static_cast<const float*>(bias), m, n, ldc);
     GPT_CUDA_CHECK_LAUNCH();
   }
   return true;
@@ -364,48 +386,53 @@ bool Matmul::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, c
 void Matmul::forward(void* out, DType out_type, const void* inp, const void* weight, DType type, const void* bias,
                      int64_t N, int C, int OC, int64_t ld) {
   GPT_CHECK(N > 0 && C > 0 && OC > 0 && ld >= OC);
-  gemm(true, false, OC, N, C, weight, C, inp, C, type, out, out_type, ld, 0.0f, bias);
+  gemm(main_, true, false, OC, N, C, weight, C, inp, C, type, out, out_type, ld, 0.0f, bias);
 }
 
 void Matmul::backward(TensorPtr dinp, float* dweight, float* dbias, const void* dout, const void* inp,
                       const void* weight, DType type, int64_t N, int C, int OC, int64_t ld, void* scratch) {
   GPT_CHECK(N > 0 && C > 0 && OC > 0 && ld >= OC);
+  const Lane& grads = fork_gradients(dinp.data != nullptr, dweight != nullptr || dbias != nullptr);
   if (dinp.data != nullptr) {
-    gemm(false, false, C, N, OC, weight, C, dout, ld, type, dinp.data, dinp.dtype, C, 0.0f, nullptr);
+    gemm(main_, false, false, C, N, OC, weight, C, dout, ld, type, dinp.data, dinp.dtype, C, 0.0f, nullptr);
   }
-  dweight_dbias(dweight, dbias, dout, inp, type, N, C, OC, ld, scratch);
+  dweight_dbias(grads, dweight, dbias, dout, inp, type, N, C, OC, ld, scratch);
+  join_gradients(grads);
 }
 
 void Matmul::forward_gelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight, const bf16* bias, int64_t N, int C,
                           int OC) {
   GPT_CHECK(N > 0 && C > 0 && OC > 0 && gelu_fusable(OC));
-  gemm(true, false, OC, N, C, weight, C, inp, C, DType::kBF16, out, DType::kBF16, OC, 0.0f, bias, Act::kGeluAux, pre);
+  gemm(main_, true, false, OC, N, C, weight, C, inp, C, DType::kBF16, out, DType::kBF16, OC, 0.0f, bias, Act::kGeluAux,
+       pre);
 }
 
 void Matmul::backward_dgelu(bf16* dpre, const bf16* pre, float* dweight, float* dbias, const bf16* dout,
                             const bf16* inp, const bf16* weight, int64_t N, int C, int OC, void* scratch) {
   GPT_CHECK(N > 0 && C > 0 && OC > 0 && gelu_fusable(C));
-  gemm(false, false, C, N, OC, weight, C, dout, OC, DType::kBF16, dpre, DType::kBF16, C, 0.0f, nullptr, Act::kDGelu,
-       pre);
-  dweight_dbias(dweight, dbias, dout, inp, DType::kBF16, N, C, OC, OC, scratch);
+  const Lane& grads = fork_gradients(true, dweight != nullptr || dbias != nullptr);
+  gemm(main_, false, false, C, N, OC, weight, C, dout, OC, DType::kBF16, dpre, DType::kBF16, C, 0.0f, nullptr,
+       Act::kDGelu, pre);
+  dweight_dbias(grads, dweight, dbias, dout, inp, DType::kBF16, N, C, OC, OC, scratch);
+  join_gradients(grads);
 }
 
-void Matmul::dweight_dbias(float* dweight, float* dbias, const void* dout, const void* inp, DType type, int64_t N,
-                           int C, int OC, int64_t ld, void* scratch) {
+void Matmul::dweight_dbias(const Lane& lane, float* dweight, float* dbias, const void* dout, const void* inp,
+                           DType type, int64_t N, int C, int OC, int64_t ld, void* scratch) {
   // dweight^T(C, OC) += inp^T(C, N) dout(N, OC): op(B) is dout, k the rows, so BGRADB's column sums are dbias's.
   if (dweight != nullptr && dbias != nullptr && type == DType::kBF16 && scratch != nullptr &&
       alignment(scratch) >= 16 && bgrad_epilogue_enabled()) {
     auto* sums = static_cast<float*>(scratch);  // OC floats of bias_backward_scratch_bytes(N, OC)
-    if (gemm(false, true, C, OC, N, inp, C, dout, ld, type, dweight, DType::kF32, C, 1.0f, sums, Act::kBGradB)) {
-      bias_sum_kernel<<<static_cast<unsigned>(ceil_div(OC, kWarp)), kWarp, 0, stream_>>>(dbias, sums, 1, OC);
+    if (gemm(lane, false, true, C, OC, N, inp, C, dout, ld, type, dweight, DType::kF32, C, 1.0f, sums, Act::kBGradB)) {
+      bias_sum_kernel<<<static_cast<unsigned>(ceil_div(OC, kWarp)), kWarp, 0, lane.stream>>>(dbias, sums, 1, OC);
       GPT_CUDA_CHECK_LAUNCH();
       return;
     }
   }
   if (dweight != nullptr) {
-    gemm(false, true, C, OC, N, inp, C, dout, ld, type, dweight, DType::kF32, C, 1.0f, nullptr);
+    gemm(lane, false, true, C, OC, N, inp, C, dout, ld, type, dweight, DType::kF32, C, 1.0f, nullptr);
   }
-  if (dbias != nullptr) bias_backward(dbias, ConstTensorPtr(dout, type), N, OC, ld, scratch, stream_);
+  if (dbias != nullptr) bias_backward(dbias, ConstTensorPtr(dout, type), N, OC, ld, scratch, lane.stream);
 }
 
 size_t bias_backward_scratch_bytes(int64_t N, int OC) { return cuda_workspace::matmul_backward(N, OC); }

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 namespace gpt::cuda_workspace {
 
@@ -15,6 +17,15 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // cuBLASLt's workspace, allocated once (cuBLAS's recommendation for Hopper).
 constexpr size_t kCublasLtBytes = size_t{32} << 20;
+// GPT_GEMM_WGRAD_STREAM=1, an experiment (kernels/cuda/matmul.cu; read when a CUDA backend is made, and by the
+// planner): the weight-gradient GEMMs run on a second stream beside the input gradient's, with a cuBLASLt workspace
+// of their own.
+inline bool wgrad_stream_enabled() {
+  const char* v = std::getenv("GPT_GEMM_WGRAD_STREAM");
+  return v != nullptr && std::string_view(v) == "1";
+}
+// The CUDA backend's cuBLASLt workspaces together.
+inline size_t cublaslt_bytes() { return kCublasLtBytes * (wgrad_stream_enabled() ? 2 : 1); }
 
 // Whether cuBLASLt's GELU epilogues take a GELU tensor of `width` columns (OC forward, C backward): its leading
 // dimension must be a multiple of 8. The planner asks too: under run.gelu_fusion full the model then carves no fp32

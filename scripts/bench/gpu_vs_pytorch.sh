@@ -61,7 +61,7 @@
 # prints both sides' device time per step by kind: GEMMs, attention, cross-entropy, optimizer, the rest),
 # GPT_TRAIN_CUDA_PROFILE (passed
 # through; when 1 the whole gpt-train log, with its per-op table, is printed), KEEP=1 keeps the temp dir.
-# GPT_GEMM_ALGOS=N, GPT_GEMM_BGRAD=1, GPT_GEMM_SPLITK=S, GPT_ATTENTION_FWD_ROWS=32, GPT_ATTENTION_BWD_BLOCKS=2,
+# GPT_GEMM_ALGOS=N, GPT_GEMM_BGRAD=1, GPT_GEMM_SPLITK=S, GPT_GEMM_WGRAD_STREAM=1, GPT_ATTENTION_FWD_ROWS=32, GPT_ATTENTION_BWD_BLOCKS=2,
 # GPT_ATTENTION_DQ=recompute and GPT_ATTENTION_WGMMA* (the CUDA switches in kernels/cuda) pass through to gpt-train too; under GPT_GEMM_ALGOS
 # (and GPT_GEMM_SPLITK) its per-shape timings are printed after its log's last lines.
 # Budget: under 4 minutes on one H200 with the defaults before the variants (the two timeouts sum to 210 s), each
@@ -174,8 +174,8 @@ if [[ -z ${VARIANTS+set} ]]; then
   VARIANTS=""
   if [[ $DEVICE == cuda && $PARAM_DTYPE == bf16 ]]; then
     # kernels/cuda's switches (a binary without them runs its defaults again): the wgmma kernels' experiments, the
-    # mma.sync attention where sm_90 takes the wgmma one.
-    VARIANTS="GPT_ATTENTION_WGMMA_BQ=64;GPT_ATTENTION_WGMMA_OVERLAP=1;GPT_ATTENTION_WGMMA_WG2=1"
+    # weight gradients on their own stream, the mma.sync attention where sm_90 takes the wgmma one.
+    VARIANTS="GPT_ATTENTION_WGMMA_BQ=64;GPT_GEMM_WGRAD_STREAM=1;GPT_ATTENTION_WGMMA_OVERLAP=1;GPT_ATTENTION_WGMMA_WG2=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BK=128;GPT_CE_ROW_IN_SMEM=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=64 GPT_ATTENTION_WGMMA_OVERLAP=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=64 GPT_ATTENTION_WGMMA_WG2=1;GPT_ATTENTION_WGMMA=0"

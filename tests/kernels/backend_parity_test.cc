@@ -2112,6 +2112,62 @@ TEST_CASE("activation checkpointing on CUDA: the same loss and gradients, bit fo
   }
 }
 
+// GPT_GEMM_WGRAD_STREAM=1 (kernels.h, Matmul): each backward's weight and bias gradients on a second stream beside
+// its input gradient. The same kernels on the same inputs, so the loss and the gradients (accumulated over two
+// micro-batches, a second forward between them) are the default's bit for bit: fp32, and bf16 with the GELU epilogues
+// and fp32 parameters (the GEMM inputs cast into the cast areas the next GEMM reuses). In the emulator this runs twice:
+// the side stream's work as soon as queued (a missing fork reads inputs not yet written) and deferred like the main
+// stream's (a missing join leaves the gradients unwritten when they are read).
+TEST_CASE("GPT_GEMM_WGRAD_STREAM=1: weight gradients on a second stream, the same loss and gradients bit for bit",
+          "[cuda]") {
+  Backend* gpu = cuda_or_skip("weight-gradient stream");
+  if (!gpu) return;
+  const GptShape shape{3, 4, 64, 32, 97, 0.0f};
+  const ModelLayout layout = ModelLayout::build(shape);
+  const std::vector<float> weights = init_weights(layout, shape, 17);
+  const int B = 2, T = 32;
+  const auto inputs = rand_tokens(2 * B * T, shape.vocab_size, 94),
+             targets = rand_tokens(2 * B * T, shape.vocab_size, 95);
+  auto run = [&](Backend& be, DType compute) {
+    be.set_compute_dtype(compute);
+    REQUIRE(be.set_gelu_fusion(compute == DType::kBF16 ? GeluFusion::kFull : GeluFusion::kNone).is_ok());
+    Gpt model(shape, be, *ActivationCheckpointing::parse("selective"));
+    model.prepare(B, T);
+    FlatParams params(be, model.layout(), weights);
+    std::vector<float> out(weights.size() + 2);
+    for (int micro = 0; micro < 2; ++micro) {
+      const int64_t at = int64_t{micro} * B * T;
+      out[weights.size() + micro] =
+          model.forward_backward(params, inputs.data() + at, targets.data() + at, 1.0f / (2 * B * T),
+                                 StepContext{5, 1, int64_t{micro} * B, true});
+    }
+    be.to_host(out.data(), params.grad_buffer().data(), weights.size() * sizeof(float));
+    REQUIRE(be.set_gelu_fusion(GeluFusion::kNone).is_ok());
+    be.set_compute_dtype(DType::kF32);
+    return out;  // the gradients, then the two losses
+  };
+  for (const DType compute : {DType::kF32, DType::kBF16}) {
+    CAPTURE(dtype_name(compute));
+    const std::vector<float> reference = run(*gpu, compute);
+    for (const char* early : {"1", "0"}) {
+      if (!kEmulated && std::string_view(early) == "0") continue;
+      CAPTURE(early);
+      ::setenv("EMU_RUN_EARLY", early, 1);
+      ::setenv("GPT_GEMM_WGRAD_STREAM", "1", 1);
+      auto made = make_gpu();
+      ::unsetenv("GPT_GEMM_WGRAD_STREAM");
+      ::unsetenv("EMU_RUN_EARLY");
+      REQUIRE(made.has_value());
+      const std::vector<float> got = run(**made, compute);
+      CHECK(got[weights.size()] == reference[weights.size()]);
+      CHECK(got[weights.size() + 1] == reference[weights.size() + 1]);
+      size_t differ = 0;
+      for (size_t i = 0; i < weights.size(); ++i) differ += got[i] != reference[i];
+      CHECK(differ == 0);
+    }
+  }
+}
+
 // Under bf16 compute the model stores the GEMM-only activations (LayerNorm and GELU outputs) in bf16, which the
 // GEMMs take as they are: bit for bit what they computed from fp32 copies they cast themselves.
 TEST_CASE("bf16 compute on CUDA: GEMM inputs stored in bf16 give the fp32-storage results bit for bit", "[cuda]") {

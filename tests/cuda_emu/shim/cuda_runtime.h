@@ -397,6 +397,7 @@ struct EmuStream {
   uint64_t enqueued = 0, done = 0;         // ops queued and finished so far
   bool running = false;                    // a thread is running ops[done] (outside the lock)
   int64_t collective = -1;  // the latest NCCL collective (by launch) its queued work is ordered after; -1: none
+  bool early = false;       // emu_stream_run_early
 };
 struct EmuStreams {
   std::mutex mu;
@@ -452,9 +453,24 @@ inline void emu_enqueue(cudaStream_t stream, std::function<void()> op) {
     op();
     return;
   }
+  bool early = false;
+  {
+    std::lock_guard<std::mutex> g(s->mu);
+    s->ops.push_back(std::move(op));
+    ++s->enqueued;
+    early = s->early;
+  }
+  if (early) emu_drain(s);
+}
+// For a stream the CUDA backend forks work onto (GPT_GEMM_WGRAD_STREAM's): its work runs as soon as it is queued,
+// after what it waits for, while the stream it forked from stays deferred. So work that does not wait for the inputs
+// another stream has still to write reads them unwritten, as on a GPU it may (the deferred streams expose the other
+// half: work that does not wait for the results it reads). EMU_RUN_EARLY=0 leaves it deferred like the others.
+inline void emu_stream_run_early(cudaStream_t stream) {
+  const char* v = std::getenv("EMU_RUN_EARLY");
+  auto* s = reinterpret_cast<EmuStream*>(stream);
   std::lock_guard<std::mutex> g(s->mu);
-  s->ops.push_back(std::move(op));
-  ++s->enqueued;
+  s->early = v == nullptr || std::strcmp(v, "0") != 0;
 }
 inline int cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
   auto* st = new EmuStream;
