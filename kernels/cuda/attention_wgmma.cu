@@ -126,8 +126,9 @@ __device__ __forceinline__ void finish_forward(bf16* out, float* lse, const floa
 // rescales and row reductions per key; S as two m64n64 products per k-step). kMinBlocks: __launch_bounds__'s blocks
 // per SM (0: none). The default kernel (one warpgroup, 64 keys) takes 5, which ptxas meets in 96 registers without
 // spills (107 unbounded: 4 blocks); its 41 KB of shared memory let 5 in; GPT_ATTENTION_WGMMA_FWD_BLOCKS=4 takes the
-// unbounded one (not yet measured on a GPU either way).
-template <int kWG, int kNK, int kMinBlocks>
+// unbounded one (not yet measured on a GPU either way). kQRegs (GPT_ATTENTION_WGMMA_RS fwd): S's A, the warpgroup's Q
+// rows, from registers (load_a_sw128 once, at the first tile) instead of from shared memory at every product.
+template <int kWG, int kNK, int kMinBlocks, bool kQRegs = false>
 __global__ void __launch_bounds__((kThreads * kWG), kMinBlocks)
     attention_forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2) {
   constexpr int kNT = kThreads * kWG, kRows = kBQ * kWG;  // the block's threads and query rows
@@ -165,6 +166,7 @@ __global__ void __launch_bounds__((kThreads * kWG), kMinBlocks)
   m[0] = m[1] = -INFINITY;
   l[0] = l[1] = 0.0f;
   const uint64_t q_desc = kmajor_desc(smem_u32(sq + wg * kTile));
+  uint32_t qa[kQRegs ? kD / 16 : 1][4];  // kQRegs: Q as S's A fragments, one per k-step
 
   for (int kt = 0; kt < num_kt; ++kt) {
     const int k0 = kt * kNK, s = kt & 1;
@@ -187,13 +189,21 @@ __global__ void __launch_bounds__((kThreads * kWG), kMinBlocks)
       // keys in sc[32 j..] (the layout of one m64n64 product). Every part is computed, also one whose keys all follow
       // the warpgroup's rows (the mask zeroes its P): a wgmma under a branch makes ptxas serialise them (C7520).
       float sc[kNK / 2];
+      if constexpr (kQRegs) {
+        if (kt == 0) load_a_sw128(qa, sq + wg * kTile, warp % 4, lane);  // Q landed with tile 0 (the barrier above)
+        fence_operands(qa);
+      }
       wgmma_fence();
 #pragma unroll
       for (int j = 0; j < kParts; ++j) {
         float(&part)[32] = *reinterpret_cast<float(*)[32]>(sc + 32 * j);
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk) {
-          wgmma_ss<64>(part, desc_advance(q_desc, 32 * kk), desc_advance(k_desc, j * kTile + 32 * kk), kk > 0);
+          if constexpr (kQRegs) {
+            wgmma_rs<64, 0>(part, qa[kk], desc_advance(k_desc, j * kTile + 32 * kk), kk > 0);
+          } else {
+            wgmma_ss<64>(part, desc_advance(q_desc, 32 * kk), desc_advance(k_desc, j * kTile + 32 * kk), kk > 0);
+          }
         }
       }
       wgmma_commit();
@@ -356,11 +366,11 @@ __global__ void __launch_bounds__(kThreads)
                  reinterpret_cast<bf16*>(stage_k(0)) + warp * 16 * kStageLd, bh, qw, T, C, lane);
 }
 
-template <int kWG, int kNK, int kMinBlocks = 0>
+template <int kWG, int kNK, int kMinBlocks = 0, bool kQRegs = false>
 void forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, float scale_log2,
                     cudaStream_t stream) {
   constexpr size_t smem = forward_smem(kWG, kNK);
-  const auto kernel = attention_forward_wgmma_kernel<kWG, kNK, kMinBlocks>;
+  const auto kernel = attention_forward_wgmma_kernel<kWG, kNK, kMinBlocks, kQRegs>;
   set_smem(kernel, smem);
   prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBQ * kWG)), static_cast<unsigned>(B * NH));
@@ -411,6 +421,8 @@ void attention_forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int 
     }
   } else if (two_warpgroups("fwd")) {
     forward_launch<2, kBK>(out, lse, qkv, B, T, C, NH, scale_log2, stream);
+  } else if (registers_enabled("fwd")) {
+    forward_launch<1, kBK, 4, true>(out, lse, qkv, B, T, C, NH, scale_log2, stream);
   } else if (env_is("GPT_ATTENTION_WGMMA_FWD_BLOCKS", "4")) {
     forward_launch<1, kBK>(out, lse, qkv, B, T, C, NH, scale_log2, stream);
   } else {

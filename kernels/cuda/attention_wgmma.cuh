@@ -61,10 +61,9 @@ inline bool overlap_enabled(const char* part) {
   return env_is("GPT_ATTENTION_WGMMA_OVERLAP", "1") || env_is("GPT_ATTENTION_WGMMA_OVERLAP", part);
 }
 
-// GPT_ATTENTION_WGMMA_WG2 (read at each launch): 1 for every kernel, or a comma-separated list of `part`s (fwd, kv,
-// dq) whose blocks are two warpgroups sharing their K/V (fwd), Q/dO (kv) or K (dq) tiles; the same values.
-inline bool two_warpgroups(std::string_view part) {
-  const char* v = std::getenv("GPT_ATTENTION_WGMMA_WG2");
+// Whether the environment variable `name` is 1 (every part) or a comma-separated list holding `part`.
+inline bool env_lists(const char* name, std::string_view part) {
+  const char* v = std::getenv(name);
   if (v == nullptr) return false;
   const std::string_view list(v);
   if (list == "1") return true;
@@ -75,5 +74,18 @@ inline bool two_warpgroups(std::string_view part) {
   }
   return false;
 }
+
+// GPT_ATTENTION_WGMMA_WG2 (read at each launch): 1 for every kernel, or a comma-separated list of `part`s (fwd, kv,
+// dq) whose blocks are two warpgroups sharing their K/V (fwd), Q/dO (kv) or K (dq) tiles; the same values.
+inline bool two_warpgroups(std::string_view part) { return env_lists("GPT_ATTENTION_WGMMA_WG2", part); }
+
+// GPT_ATTENTION_WGMMA_RS (read at each launch; an experiment not yet measured on a GPU): 1 for both, or a list of
+// `part`s (fwd, kv) whose tile that every product of the block multiplies (the forward's Q; the dK/dV kernel's K and
+// V) is read from shared memory once into registers, as the A fragments of S = Q K^T (S^T = K Q^T, dP^T = V dO^T).
+// A wgmma with A in shared memory reads it again each time: at N = 64 half of S's shared-memory reads, at the dK/dV
+// kernel's N = 32 two thirds, and at 64 x 64 tiles the tensor cores want about as many bytes per cycle as shared
+// memory gives. The cost: 16 registers per tile held (4 blocks per SM for the forward instead of 5, 3 for the dK/dV
+// kernel instead of 4). With one warpgroup, without OVERLAP and BK=128 (which take precedence); the same values.
+inline bool registers_enabled(std::string_view part) { return env_lists("GPT_ATTENTION_WGMMA_RS", part); }
 
 }  // namespace gpt::cuda::attention_wgmma_detail

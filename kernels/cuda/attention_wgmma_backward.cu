@@ -33,8 +33,10 @@ using namespace attention_wgmma_detail;
 // warpgroup starts at the query tile of its first key (the block's first ones are past its keys at 2).
 // At 32 queries per step (not overlapped) four warpgroups per SM: at most 128 registers (ptxas: 128 with one
 // warpgroup, and 8 bytes of spills with two).
-template <int BQ, bool kOverlap, int kWG>
-__global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? 4 / kWG : 0))
+// kKVRegs (GPT_ATTENTION_WGMMA_RS kv): S^T's and dP^T's A, the warpgroup's K and V rows, from registers
+// (load_a_sw128 once, at the first query tile) instead of from shared memory at every product; three blocks per SM.
+template <int BQ, bool kOverlap, int kWG, bool kKVRegs = false>
+__global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? (kKVRegs ? 3 : 4) / kWG : 0))
     attention_backward_kv_wgmma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse,
                                        const float* dvec, int T, int C, int NH, float scale, float scale_log2, bf16* ds,
                                        int64_t ds_ld) {
@@ -83,6 +85,7 @@ __global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? 4 /
 #pragma unroll
   for (int i = 0; i < 32; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
   const uint64_t k_desc = kmajor_desc(smem_u32(sk + wg * kTile)), v_desc = kmajor_desc(smem_u32(sv + wg * kTile));
+  uint32_t ka[kKVRegs ? kD / 16 : 1][4], va[kKVRegs ? kD / 16 : 1][4];  // kKVRegs: K, V as A fragments per k-step
 
   for (int qt = qt0; qt < num_qt; ++qt) {
     const int q0 = qt * BQ, s = (qt - qt0) & 1;
@@ -105,15 +108,31 @@ __global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? 4 /
       const uint64_t q_mdesc = mnmajor_desc(q_addr), do_mdesc = mnmajor_desc(do_addr);
 
       float st[BQ / 2], dpt[BQ / 2];  // S^T, dP^T: [4 n + e] = key row g + 8 (e / 2), query column 8 n + 2 tq + e % 2
+      if constexpr (kKVRegs) {
+        if (qt == qt_wg) {  // K and V landed with the first tile (the barrier above)
+          load_a_sw128(ka, sk + wg * kTile, warp % 4, lane);
+          load_a_sw128(va, sv + wg * kTile, warp % 4, lane);
+        }
+        fence_operands(ka);
+        fence_operands(va);
+      }
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
-        wgmma_ss<BQ>(st, desc_advance(k_desc, 32 * kk), desc_advance(q_kdesc, 32 * kk), kk > 0);
+        if constexpr (kKVRegs) {
+          wgmma_rs<BQ, 0>(st, ka[kk], desc_advance(q_kdesc, 32 * kk), kk > 0);
+        } else {
+          wgmma_ss<BQ>(st, desc_advance(k_desc, 32 * kk), desc_advance(q_kdesc, 32 * kk), kk > 0);
+        }
       }
       if constexpr (kOverlap) wgmma_commit();  // S^T's own group: P^T's element-wise work overlaps dP^T's products
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
-        wgmma_ss<BQ>(dpt, desc_advance(v_desc, 32 * kk), desc_advance(do_kdesc, 32 * kk), kk > 0);
+        if constexpr (kKVRegs) {
+          wgmma_rs<BQ, 0>(dpt, va[kk], desc_advance(do_kdesc, 32 * kk), kk > 0);
+        } else {
+          wgmma_ss<BQ>(dpt, desc_advance(v_desc, 32 * kk), desc_advance(do_kdesc, 32 * kk), kk > 0);
+        }
       }
       wgmma_commit();
       if constexpr (kOverlap) {
@@ -328,8 +347,12 @@ template <int BQ, int kWG>
 void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
                         int T, int C, int NH, bf16* ds, int64_t ds_ld, cudaStream_t stream) {
   constexpr size_t smem = BwdKvWgmmaCfg<BQ>::bytes(kWG);
-  const auto kernel = overlap_enabled("bwd") ? attention_backward_kv_wgmma_kernel<BQ, true, kWG>
-                                             : attention_backward_kv_wgmma_kernel<BQ, false, kWG>;
+  auto kernel = overlap_enabled("bwd") ? attention_backward_kv_wgmma_kernel<BQ, true, kWG>
+                                       : attention_backward_kv_wgmma_kernel<BQ, false, kWG>;
+  if constexpr (kWG == 1) {
+    if (!overlap_enabled("bwd") && registers_enabled("kv"))
+      kernel = attention_backward_kv_wgmma_kernel<BQ, false, 1, true>;
+  }
   set_smem(kernel, smem);
   prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBK * kWG)), static_cast<unsigned>(B * NH));

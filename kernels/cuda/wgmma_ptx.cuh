@@ -191,21 +191,53 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
 #endif
 }
 
-// d = A B (+ d where accumulate), m64n64k16: A (64 x 16) from registers (the layout above), B (16 x 64) from shared
-// memory, MN-major (K rows of N: O = P V with the V tile as it is in memory).
-__device__ __forceinline__ void wgmma_rs_mn(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+// d = A B (+ d where accumulate), m64nNk16 (N = 32 or 64): A (64 x 16) from registers (the layout above), B (16 x N)
+// from shared memory, K-major (B given as its transpose, N rows of K: S^T = K Q^T with K held in registers), or with
+// kTransB MN-major (K rows of N: O = P V with the V tile as it is in memory).
+template <int N, int kTransB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+  static_assert(N == 32 || N == 64);
 #ifdef GPT_CUDA_EMULATOR
-  emu_wgmma_m64nNk16(d, 64, a, 0, false, desc_b, true, accumulate);
+  emu_wgmma_m64nNk16(d, N, a, 0, false, desc_b, kTransB != 0, accumulate);
 #elif defined(GPT_WGMMA_PTX)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " GPT_WGMMA_D32
-      ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : GPT_WGMMA_D32_OUT(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+  if constexpr (N == 64) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " GPT_WGMMA_D32
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : GPT_WGMMA_D32_OUT(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " GPT_WGMMA_D16
+        ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+        : GPT_WGMMA_D16_OUT(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransB));
+  }
 #elif defined(__CUDA_ARCH__)
   __trap();
 #endif
+}
+// O = P V's form: N = 64, B MN-major.
+__device__ __forceinline__ void wgmma_rs_mn(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
+  wgmma_rs<64, 1>(d, a, desc_b, accumulate);
+}
+
+// A 64 x 64 swizzled tile (K-major: rows = M, 64 columns = K) as the A fragments of its four k-steps, for wgmma_rs:
+// a[kk] is k-step kk's (columns 16 kk..), this warp's 16 rows (w: the warp within its warpgroup). Plain 4-byte
+// shared loads (a pair never crosses a 16-byte piece; the 8 rows g of a load fall in distinct pieces, so in distinct
+// banks). The tile's copies must have landed (cp.async wait and a barrier).
+__device__ __forceinline__ void load_a_sw128(uint32_t (&a)[4][4], const unsigned char* tile, int w, int lane) {
+  const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      a[kk][r] = *reinterpret_cast<const uint32_t*>(
+          tile + sw128_offset(16 * w + g + 8 * (r % 2), 16 * kk + 2 * tq + 8 * (r / 2)));
+    }
+  }
 }
 
 }  // namespace gpt::cuda

@@ -45,7 +45,9 @@
 # table, ";"-separated, each a space-separated list of overrides on top of GPT_TRAIN_SET, e.g. "run.gelu_fusion=full",
 # where a word with an upper-case name (GPT_ATTENTION_FWD_ROWS=32) is put in that run's environment instead;
 # default, when the run is bf16 on cuda: the wgmma attention kernels' experiments, most promising first (the wgmma
-# dK/dV kernel at 64 queries per step, GPT_ATTENTION_WGMMA_BQ=64; the kernels with their element-wise work
+# dK/dV kernel at 64 queries per step, GPT_ATTENTION_WGMMA_BQ=64; the weight gradients on their own stream,
+# GPT_GEMM_WGRAD_STREAM=1; the tiles every product of a block multiplies held in registers, GPT_ATTENTION_WGMMA_RS=1;
+# the kernels with their element-wise work
 # overlapping their products, GPT_ATTENTION_WGMMA_OVERLAP=1; blocks of two warpgroups, GPT_ATTENTION_WGMMA_WG2=1; the
 # forward on key tiles of 128, GPT_ATTENTION_WGMMA_BK=128; the cross-entropy with its rows in shared memory,
 # GPT_CE_ROW_IN_SMEM=1; 64 queries with the overlap, with two warpgroups; attention_vs_pytorch.sh times the attention
@@ -175,7 +177,8 @@ if [[ -z ${VARIANTS+set} ]]; then
   if [[ $DEVICE == cuda && $PARAM_DTYPE == bf16 ]]; then
     # kernels/cuda's switches (a binary without them runs its defaults again): the wgmma kernels' experiments, the
     # weight gradients on their own stream, the mma.sync attention where sm_90 takes the wgmma one.
-    VARIANTS="GPT_ATTENTION_WGMMA_BQ=64;GPT_GEMM_WGRAD_STREAM=1;GPT_ATTENTION_WGMMA_OVERLAP=1;GPT_ATTENTION_WGMMA_WG2=1"
+    VARIANTS="GPT_ATTENTION_WGMMA_BQ=64;GPT_GEMM_WGRAD_STREAM=1;GPT_ATTENTION_WGMMA_RS=1"
+    VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_OVERLAP=1;GPT_ATTENTION_WGMMA_WG2=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BK=128;GPT_CE_ROW_IN_SMEM=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=64 GPT_ATTENTION_WGMMA_OVERLAP=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=64 GPT_ATTENTION_WGMMA_WG2=1;GPT_ATTENTION_WGMMA=0"

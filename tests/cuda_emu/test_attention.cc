@@ -413,6 +413,15 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
   run_mma(1, 2, 64, 260, 0.0f);
   run_mma(1, 1, 64, 150, 0.0f);
   ::unsetenv("GPT_ATTENTION_WGMMA_BK");
+  // The forward's Q and the dK/dV kernel's K and V as A fragments in registers (GPT_ATTENTION_WGMMA_RS=1), at 32 and
+  // 64 queries per dK/dV step.
+  ::setenv("GPT_ATTENTION_WGMMA_RS", "1", 1);
+  run_mma(1, 2, 64, 260, 0.0f);
+  run_mma(1, 1, 64, 150, 0.0f);
+  ::setenv("GPT_ATTENTION_WGMMA_BQ", "64", 1);
+  run_mma(1, 1, 64, 214, 0.0f);
+  ::unsetenv("GPT_ATTENTION_WGMMA_BQ");
+  ::unsetenv("GPT_ATTENTION_WGMMA_RS");
   ::setenv("GPT_ATTENTION_WGMMA", "fwd", 1);  // the wgmma forward, the mma.sync backward
   run_mma(1, 1, 64, 150, 0.0f);
   ::setenv("GPT_ATTENTION_WGMMA", "0", 1);
