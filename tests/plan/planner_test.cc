@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "comm/communicator.h"
 #include "kernels/cuda/workspace.h"
@@ -206,11 +207,17 @@ TEST_CASE("run.device cuda counts the CUDA backend's workspaces, bf16 compute ad
   const int64_t casts = 2 * (int64_t{16384} * 768 + 3072);
   CHECK(big > casts + static_cast<int64_t>(cuda_workspace::kCublasLtBytes));
   CHECK(big < casts + (int64_t{64} << 20));
-  // GPT_GEMM_WGRAD_STREAM=1 (the weight gradients' stream, an experiment): its own cuBLASLt workspace too.
-  ::setenv("GPT_GEMM_WGRAD_STREAM", "1", 1);
-  const int64_t with_stream = cuda_backend_workspace_bytes(gpt2, 16, 1024, true, 124'000'000, 200);
-  ::unsetenv("GPT_GEMM_WGRAD_STREAM");
-  CHECK(with_stream - big == static_cast<int64_t>(cuda_workspace::kCublasLtBytes));
+  // GPT_GEMM_WGRAD_STREAM=1 (the weight gradients' stream, an experiment): its own cuBLASLt workspace too. (Both
+  // settings explicit, and the caller's put back: the suite may run with it exported.)
+  const char* set = std::getenv("GPT_GEMM_WGRAD_STREAM");
+  const std::string saved = set != nullptr ? set : "";
+  int64_t with[2];
+  for (const int on : {0, 1}) {
+    ::setenv("GPT_GEMM_WGRAD_STREAM", on ? "1" : "0", 1);
+    with[on] = cuda_backend_workspace_bytes(gpt2, 16, 1024, true, 124'000'000, 200);
+  }
+  set != nullptr ? ::setenv("GPT_GEMM_WGRAD_STREAM", saved.c_str(), 1) : ::unsetenv("GPT_GEMM_WGRAD_STREAM");
+  CHECK(with[1] - with[0] == static_cast<int64_t>(cuda_workspace::kCublasLtBytes));
 }
 
 // Under bf16 compute the gradient at the GELU's output (the projection GEMM's input gradient, d4) is bf16 and the
