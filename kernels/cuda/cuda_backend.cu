@@ -12,6 +12,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/switches.h"
 #include "kernels/cuda/workspace.h"
 
 namespace gpt {
@@ -43,6 +44,9 @@ int64_t span_elements(const std::vector<OptimSpan>& spans) {
 }  // namespace
 
 Expected<std::unique_ptr<Backend>> make_cuda_backend(int local_rank, int local_size) {
+  if (const std::string bad = cuda_switches::first_error(); !bad.empty()) {
+    return Status::invalid_argument("device 'cuda': environment " + bad);
+  }
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
