@@ -78,6 +78,8 @@ Expected<std::unique_ptr<Backend>> make_cuda_backend(int local_rank, int local_s
                                        "; gpt-train's CUDA kernels need 8.0 or newer (A100, H100 and later): set "
                                        "run.device: cpu on this machine");
   }
+  GPT_CUDA_CHECK(cudaSetDevice(*device));  // the algorithm cache is for this GPU
+  if (const Status st = cuda::check_gemm_algo_cache(); !st.is_ok()) return st.with_context("device 'cuda'");
   return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(*device));
 }
 

@@ -116,6 +116,11 @@ void bias_backward(float* dbias, ConstTensorPtr dout, int64_t N, int OC, int64_t
 // The second step alone, for a kernel that wrote the partials (column_partials) itself.
 void bias_backward_sum(float* dbias, const float* partial, int64_t N, int OC, cudaStream_t stream);
 
+// matmul.cu: GPT_GEMM_ALGO_CACHE's file (if that is set) reads as a cache of GEMM algorithms for the current GPU and
+// this cuBLASLt, or does not exist yet; otherwise an error that names the file (make_cuda_backend asks before the
+// backend's Matmul reads it).
+Status check_gemm_algo_cache();
+
 // matmul.cu: cuBLASLt GEMMs with fp32 accumulation and fp32 outputs (the forward's may be bf16); inputs fp32 (no
 // TF32, so results match the CPU to fp32 rounding) or bf16 (tensor cores; the caller casts). dbias is a deterministic
 // fp32 column sum of dout as the GEMMs take it. Matmul holds the cuBLASLt handle; its workspace

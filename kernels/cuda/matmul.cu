@@ -14,9 +14,13 @@
 
 #include <array>
 #include <cstdlib>
+#include <cstring>
 #include <map>
+#include <optional>
+#include <sstream>
 #include <string>
 
+#include "core/atomic_file.h"
 #include "core/logging.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
@@ -61,6 +65,110 @@ int gemm_splitk() {
   const int n = std::atoi(v);
   return n >= 2 && n <= 16 ? n : 1;
 }
+// GPT_GEMM_ALGO_CACHE=FILE: the algorithm per GEMM shape kept in FILE, as PyTorch's TunableOp keeps its results
+// file. A shape FILE holds takes its algorithm from there (cuBLASLt must accept it: cublasLtMatmulAlgoCheck); a shape
+// it does not hold, timed under GPT_GEMM_ALGOS, is added to it (the file rewritten atomically); otherwise the
+// heuristic's. So one run with GPT_GEMM_ALGOS=8 chooses by timing and every later run reuses those choices: the same
+// algorithms, hence the same bits, from run to run and on every rank that reads the file (tune with one process: ranks
+// that add to it together keep only the last one's additions). The file says which GPU (name, compute capability)
+// and cuBLASLt version wrote it; another one's is an error that names the file, as is a line not in the format.
+using PlanKey = std::array<int64_t, 16>;
+constexpr const char* kCacheTitle = "gpt-train cuBLASLt algorithm cache 1";
+
+struct AlgoFile {
+  std::string path;
+  std::map<PlanKey, cublasLtMatmulAlgo_t> algos;
+};
+
+// The GPU and cuBLASLt the file's algorithms are for (the current device's).
+std::string cache_target() {
+  int device = 0;
+  GPT_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  GPT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  int major = 0, minor = 0;
+  GPT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  GPT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return "for " + std::string(prop.name) + ", compute capability " + std::to_string(major) + "." +
+         std::to_string(minor) + ", cuBLASLt " + std::to_string(cublasLtGetVersion());
+}
+
+std::string algo_hex(const cublasLtMatmulAlgo_t& algo) {
+  unsigned char bytes[sizeof(cublasLtMatmulAlgo_t)];
+  std::memcpy(bytes, &algo, sizeof bytes);
+  std::string hex;
+  for (const unsigned char b : bytes) {
+    hex += "0123456789abcdef"[b >> 4];
+    hex += "0123456789abcdef"[b & 15];
+  }
+  return hex;
+}
+
+// FILE's table (an empty one where FILE does not exist yet), or an error naming FILE (and its line).
+Expected<AlgoFile> read_algo_file(const std::string& path) {
+  AlgoFile file{path, {}};
+  std::string text;
+  if (const Status st = read_file(path, &text); !st.is_ok()) {
+    if (st.code() == StatusCode::kNotFound) return file;
+    return st.with_context("GPT_GEMM_ALGO_CACHE");
+  }
+  std::istringstream lines(text);
+  std::string line;
+  const std::string where = "GPT_GEMM_ALGO_CACHE " + path;
+  if (!std::getline(lines, line) || line != kCacheTitle) {
+    return Status::invalid_argument(where + ":1: not a gpt-train GEMM algorithm cache (its first line is not '" +
+                                    kCacheTitle + "')");
+  }
+  const std::string target = cache_target();
+  if (!std::getline(lines, line) || line != target) {
+    return Status::failed_precondition(where + ":2: written " + line + "; this run is " + target +
+                                       ": its algorithms are not for this one (delete the file, or set "
+                                       "GPT_GEMM_ALGO_CACHE to another)");
+  }
+  for (int number = 3; std::getline(lines, line); ++number) {
+    if (line.empty()) continue;
+    std::istringstream in(line);
+    std::string word, hex;
+    PlanKey key{};
+    bool ok = static_cast<bool>(in >> word) && word == "gemm";
+    for (int64_t& k : key) ok = ok && static_cast<bool>(in >> k);
+    ok = ok && static_cast<bool>(in >> word >> hex) && word == "algo" &&
+         hex.size() == 2 * sizeof(cublasLtMatmulAlgo_t) && !(in >> word);
+    unsigned char bytes[sizeof(cublasLtMatmulAlgo_t)] = {};
+    for (size_t i = 0; ok && i < hex.size(); ++i) {
+      const char c = hex[i];
+      const int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      ok = v >= 0;
+      bytes[i / 2] = static_cast<unsigned char>(bytes[i / 2] | (v << (i % 2 == 0 ? 4 : 0)));
+    }
+    if (!ok) {
+      return Status::invalid_argument(where + ":" + std::to_string(number) +
+                                      ": expected 'gemm' and 16 integers, then 'algo' and " +
+                                      std::to_string(2 * sizeof(cublasLtMatmulAlgo_t)) + " hexadecimal digits");
+    }
+    cublasLtMatmulAlgo_t algo;
+    std::memcpy(&algo, bytes, sizeof algo);
+    file.algos[key] = algo;
+  }
+  return file;
+}
+
+Status write_algo_file(const AlgoFile& file) {
+  std::string text = std::string(kCacheTitle) + "\n" + cache_target() + "\n";
+  for (const auto& [key, algo] : file.algos) {
+    text += "gemm";
+    for (const int64_t k : key) {
+      text += ' ';
+      text += std::to_string(k);
+    }
+    text += " algo ";
+    text += algo_hex(algo);
+    text += '\n';
+  }
+  return write_file_atomically(file.path, {std::span<const char>(text.data(), text.size())})
+      .with_context("GPT_GEMM_ALGO_CACHE");
+}
+
 // An algorithm's configuration in words, for the experiments' logs.
 std::string algo_config(const cublasLtMatmulAlgo_t& algo) {
   auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr, auto zero) {
@@ -135,6 +243,7 @@ struct Matmul::AlgoCache {
     bool usable = true;  // false: kBGradB with no algorithm (gemm returns false)
   };
   std::map<std::array<int64_t, 16>, Plan> plans;
+  std::optional<AlgoFile> file;  // GPT_GEMM_ALGO_CACHE's
   ~AlgoCache() {
     for (auto& [key, p] : plans) {
       cublasLtMatrixLayoutDestroy(p.lc);
@@ -195,6 +304,20 @@ Matmul::Matmul(cudaStream_t stream, void* workspace, cudaStream_t side_stream, v
   cublasLtHandle_t h = nullptr;
   GPT_CUBLAS_CHECK(cublasLtCreate(&h));
   handle_ = h;
+  if (const char* path = std::getenv("GPT_GEMM_ALGO_CACHE"); path != nullptr) {
+    Expected<AlgoFile> file = read_algo_file(path);  // make_cuda_backend read it first (check_gemm_algo_cache)
+    GPT_CHECK_MSG(file.has_value(), file.status().message().c_str());
+    log_info("GPT_GEMM_ALGO_CACHE: " + std::to_string(file->algos.size()) + " GEMM shapes' algorithms from " + path +
+             (gemm_algos_to_time() > 1 ? "; shapes it lacks are timed (GPT_GEMM_ALGOS) and added" : ""));
+    algos_->file = std::move(*file);
+  }
+}
+
+Status check_gemm_algo_cache() {
+  const char* path = std::getenv("GPT_GEMM_ALGO_CACHE");
+  if (path == nullptr) return Status::ok();
+  const Expected<AlgoFile> file = read_algo_file(path);
+  return file.has_value() ? Status::ok() : file.status();
 }
 
 Matmul::~Matmul() {
@@ -332,7 +455,19 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
                          algo_config(heuristic.algo) + "); kept as it is"));
       if (ok) it->second.algo = split;
     }
-    if (asked > 1) {
+    std::optional<AlgoFile>& file = algos_->file;
+    if (file && file->algos.count(key) != 0) {
+      const cublasLtMatmulAlgo_t& kept = file->algos.at(key);
+      cublasLtMatmulHeuristicResult_t checked{};
+      GPT_CHECK_MSG(cublasLtMatmulAlgoCheck(lt(handle_), p.op, p.la, p.lb, p.lc, p.lc, &kept, &checked) ==
+                            CUBLAS_STATUS_SUCCESS &&
+                        checked.workspaceSize <= kWorkspaceBytes,
+                    ("GPT_GEMM_ALGO_CACHE " + file->path + ": cuBLASLt refuses its algorithm for the GEMM m " +
+                     std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
+                     " (delete the file to choose again)")
+                        .c_str());
+      it->second.algo = kept;
+    } else if (asked > 1) {
       const AlgoCache::Plan& q = it->second;
       // A weight gradient accumulates into c: saved before the timing, put back after it.
       void* saved = nullptr;
@@ -354,6 +489,10 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
                                  : bgrad              ? " +bgradb"
                                                       : "");
       it->second.algo = fastest_algo(results.data(), found, run, lane.stream, shape);
+      if (file) {  // kept for the next runs; a file that cannot be written loses only that
+        file->algos[key] = it->second.algo;
+        if (const Status st = write_algo_file(*file); !st.is_ok()) log_warning(st.message());
+      }
       if (saved != nullptr) {
         GPT_CUDA_CHECK(cudaMemcpyAsync(c, saved, c_bytes, cudaMemcpyDeviceToDevice, lane.stream));
         GPT_CUDA_CHECK(cudaStreamSynchronize(lane.stream));

@@ -15,7 +15,7 @@ namespace gpt::cuda_switches {
 
 struct Switch {
   const char* name;
-  std::vector<std::string_view> values;  // the values it takes; with `list`, the parts a comma-separated list takes
+  std::vector<std::string_view> values;  // the values it takes (none listed: any, a path); with `list`, the parts
   bool list = false;                     // 0, 1, or a comma-separated list of `values` (env_lists)
   const char* what;                      // what it does, for the error
 };
@@ -33,6 +33,7 @@ inline const std::vector<Switch>& all() {
        "the weight-gradient GEMMs' k-splits"},
       {"GPT_GEMM_BGRAD", {"0", "1"}, false, "bias gradients in the weight-gradient GEMMs' epilogue"},
       {"GPT_GEMM_WGRAD_STREAM", {"0", "1"}, false, "weight gradients on a second stream"},
+      {"GPT_GEMM_ALGO_CACHE", {}, false, "the file of GEMM algorithms kept per shape"},
       {"GPT_CE_ROW_IN_SMEM", {"0", "1"}, false, "the cross-entropy's rows in shared memory"},
       {"GPT_ATTENTION_FWD_ROWS", {"16", "32"}, false, "the mma.sync forward's query rows per warp"},
       {"GPT_ATTENTION_BWD_BLOCKS", {"2", "3"}, false, "the mma.sync backward's kernels by blocks per SM"},
@@ -70,7 +71,7 @@ inline bool takes(const Switch& s, std::string_view value) {
 inline std::string first_error() {
   for (const Switch& s : all()) {
     const char* v = std::getenv(s.name);
-    if (v == nullptr || takes(s, v)) continue;
+    if (v == nullptr || s.values.empty() || takes(s, v)) continue;  // no values listed: any (a path)
     std::string expected;
     for (size_t i = 0; i < s.values.size(); ++i) {
       expected += (i == 0 ? "" : i + 1 == s.values.size() ? " or " : ", ") + std::string(s.values[i]);

@@ -47,6 +47,7 @@
 # default, when the run is bf16 on cuda: the wgmma attention kernels' experiments, most promising first (the wgmma
 # dK/dV kernel at 64 queries per step, GPT_ATTENTION_WGMMA_BQ=64; the weight gradients on their own stream,
 # GPT_GEMM_WGRAD_STREAM=1; the tiles every product of a block multiplies held in registers, GPT_ATTENTION_WGMMA_RS=1;
+# cuBLASLt's algorithms timed into a file, GPT_GEMM_ALGOS=8 GPT_GEMM_ALGO_CACHE=FILE, then read from it;
 # the kernels with their element-wise work
 # overlapping their products, GPT_ATTENTION_WGMMA_OVERLAP=1; blocks of two warpgroups, GPT_ATTENTION_WGMMA_WG2=1; the
 # forward on key tiles of 128, GPT_ATTENTION_WGMMA_BK=128; the cross-entropy with its rows in shared memory,
@@ -63,7 +64,7 @@
 # prints both sides' device time per step by kind: GEMMs, attention, cross-entropy, optimizer, the rest),
 # GPT_TRAIN_CUDA_PROFILE (passed
 # through; when 1 the whole gpt-train log, with its per-op table, is printed), KEEP=1 keeps the temp dir.
-# GPT_GEMM_ALGOS=N, GPT_GEMM_BGRAD=1, GPT_GEMM_SPLITK=S, GPT_GEMM_WGRAD_STREAM=1, GPT_ATTENTION_FWD_ROWS=32, GPT_ATTENTION_BWD_BLOCKS=2,
+# GPT_GEMM_ALGOS=N, GPT_GEMM_ALGO_CACHE=FILE, GPT_GEMM_BGRAD=1, GPT_GEMM_SPLITK=S, GPT_GEMM_WGRAD_STREAM=1, GPT_ATTENTION_FWD_ROWS=32, GPT_ATTENTION_BWD_BLOCKS=2,
 # GPT_ATTENTION_DQ=recompute and GPT_ATTENTION_WGMMA* (the CUDA switches in kernels/cuda) pass through to gpt-train too; under GPT_GEMM_ALGOS
 # (and GPT_GEMM_SPLITK) its per-shape timings are printed after its log's last lines.
 # Budget: under 4 minutes on one H200 with the defaults before the variants (the two timeouts sum to 210 s), each
@@ -178,6 +179,9 @@ if [[ -z ${VARIANTS+set} ]]; then
     # kernels/cuda's switches (a binary without them runs its defaults again): the wgmma kernels' experiments, the
     # weight gradients on their own stream, the mma.sync attention where sm_90 takes the wgmma one.
     VARIANTS="GPT_ATTENTION_WGMMA_BQ=64;GPT_GEMM_WGRAD_STREAM=1;GPT_ATTENTION_WGMMA_RS=1"
+    # cuBLASLt's algorithms chosen by timing and kept in a file, then taken from it (the steps timed leave out the
+    # first, where the timing runs)
+    VARIANTS="$VARIANTS;GPT_GEMM_ALGOS=8 GPT_GEMM_ALGO_CACHE=$TMP/gemm-algos.txt;GPT_GEMM_ALGO_CACHE=$TMP/gemm-algos.txt"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_OVERLAP=1;GPT_ATTENTION_WGMMA_WG2=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BK=128;GPT_CE_ROW_IN_SMEM=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=64 GPT_ATTENTION_WGMMA_OVERLAP=1"

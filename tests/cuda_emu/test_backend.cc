@@ -4,14 +4,18 @@
 // on a GPU, here without one (the emulator's limits in README.md apply: no GPU numerics or memory model).
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <span>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/atomic_file.h"
 #include "kernels/cuda/cuda_backend.h"  // the converted one: gpt::CudaEmuBackend
 #include "model/gpt.h"
 #include "model/inference_weights.h"
@@ -374,6 +378,44 @@ TEST_CASE("cuda_emu: the CUDA backend refuses a GPU older than compute capabilit
         "(A100, H100 and later): set run.device: cpu on this machine");
   emu_compute_capability() = {8, 0};
   CHECK(make_cuda_emu_backend(0, 1).has_value());
+}
+
+// GPT_GEMM_ALGO_CACHE's algorithm is the one checked and run: a file whose forward GEMM line holds an algorithm
+// cuBLASLt refuses (the emulator's refuses an alignment of 0) ends the process at that GEMM's first call, naming the
+// file, the shape and the way out.
+TEST_CASE("cuda_emu: a GEMM algorithm from GPT_GEMM_ALGO_CACHE that cuBLASLt refuses stops the run",
+          "[cuda_emu][backend]") {
+  const std::string path = "/tmp/gpt_emu_algo_cache_" + std::to_string(::getpid()) + ".txt";
+  const int64_t N = 64;
+  const int C = 32, OC = 48;
+  auto forward = [&] {
+    CudaEmuBackend dev(0);
+    dev.set_compute_dtype(DType::kBF16);
+    Buffer in = dev.alloc(N * C * 4, MemCategory::kActivations), w = dev.alloc(OC * C * 4, MemCategory::kParams);
+    Buffer out = dev.alloc(N * OC * 4, MemCategory::kActivations);
+    dev.fill_zero(static_cast<float*>(in.data()), N * C);
+    dev.fill_zero(static_cast<float*>(w.data()), int64_t{OC} * C);
+    dev.matmul_forward(static_cast<float*>(out.data()), static_cast<const float*>(in.data()),
+                       static_cast<const float*>(w.data()), nullptr, N, C, OC);
+    dev.synchronize();
+  };
+  ::setenv("GPT_GEMM_ALGO_CACHE", path.c_str(), 1);
+  ::setenv("GPT_GEMM_ALGOS", "2", 1);
+  forward();  // times the forward's shape and writes its line
+  ::unsetenv("GPT_GEMM_ALGOS");
+  std::string text;
+  REQUIRE(read_file(path, &text).is_ok());
+  const size_t at = text.find(" algo ");
+  REQUIRE(at != std::string::npos);
+  text.replace(at + 6, 8, "00000000");  // the algorithm's first field: the alignment it was promised for A
+  REQUIRE(write_file_atomically(path, {std::span<const char>(text.data(), text.size())}).is_ok());
+  const auto [out, aborted] = emu_test::run_aborting(forward);
+  ::unsetenv("GPT_GEMM_ALGO_CACHE");
+  std::remove(path.c_str());
+  INFO(out);
+  CHECK(aborted);
+  CHECK(out.find("GPT_GEMM_ALGO_CACHE " + path + ": cuBLASLt refuses its algorithm for the GEMM m 48 n 64 k 32 " +
+                 "(delete the file to choose again)") != std::string::npos);
 }
 
 // A cudaMalloc the device cannot satisfy (the emulated device made small) ends the process with what it asked, what

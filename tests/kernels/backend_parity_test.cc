@@ -19,6 +19,7 @@
 #include <cstring>
 #include <iterator>
 #include <memory>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -28,10 +29,12 @@
 
 #include "backend/backend.h"
 #include "comm/communicator.h"
+#include "core/atomic_file.h"
 #include "kernels/kernel_test_util.h"
 #include "model/activation_checkpointing.h"
 #include "model/gpt.h"
 #include "model/param_source.h"
+#include "testing/temp_dir.h"
 #ifdef GPT_PARITY_EMULATED
 #include "kernels/cuda/cuda_backend.h"  // the emulator's conversion: gpt::CudaEmuBackend
 #endif
@@ -411,6 +414,69 @@ TEST_CASE("parity: GEMMs under GPT_GEMM_ALGOS=4 and GPT_GEMM_SPLITK=2", "[cuda]"
     expect_close("timed matmul dweight (accumulated into the values before)", dw, g_dw.read(), kReduction);
     expect_close("timed matmul dbias (accumulated into the values before)", db, g_db.read(), kReduction);
   }
+}
+
+// GPT_GEMM_ALGO_CACHE: a backend that times its algorithms (GPT_GEMM_ALGOS=4) writes each timed shape's choice to the
+// file (the forward's, the input gradient's and the weight gradient's GEMMs: three lines); the next backend, without
+// GPT_GEMM_ALGOS, takes them from there (cuBLASLt's check accepts them) with the same results bit for bit, adding
+// nothing. Made by name (make_cuda_backend), a backend refuses a file that is not a cache, one written for another GPU
+// or cuBLASLt, or one with a line out of the format, naming the file and the line.
+TEST_CASE("parity: GPT_GEMM_ALGO_CACHE keeps the timed algorithms for the next backend", "[cuda]") {
+  if (!cuda_or_skip("GEMM algorithm cache")) return;
+  const testing::TempDir dir;
+  const std::string path = dir.file("algos.txt");
+  const int64_t N = 64;
+  const int C = 32, OC = 48;
+  const auto inp = rounded(randn(N * C, 96)), w = rounded(randn(int64_t{OC} * C, 97)), b = randn(OC, 98);
+  const auto dout = rounded(randn(N * OC, 99));
+  auto run = [&] {
+    auto made = make_gpu();
+    REQUIRE(made.has_value());
+    Backend& gpu = **made;
+    gpu.set_compute_dtype(DType::kBF16);
+    Dev<float> g_inp(gpu, inp), g_w(gpu, w), g_b(gpu, b), g_dout(gpu, dout), g_out(gpu, N * OC);
+    Dev<float> g_dinp(gpu, N * C), g_dw(gpu, int64_t{OC} * C), g_db(gpu, OC);
+    gpu.matmul_forward(g_out.p(), g_inp.p(), g_w.p(), g_b.p(), N, C, OC);
+    gpu.matmul_backward(g_dinp.p(), g_dw.p(), g_db.p(), g_dout.p(), g_inp.p(), g_w.p(), N, C, OC);
+    return std::vector<std::vector<float>>{g_out.read(), g_dinp.read(), g_dw.read(), g_db.read()};
+  };
+  auto read = [](const std::string& p) {
+    std::string text;
+    REQUIRE(read_file(p, &text).is_ok());
+    return text;
+  };
+  ::setenv("GPT_GEMM_ALGO_CACHE", path.c_str(), 1);
+  ::setenv("GPT_GEMM_ALGOS", "4", 1);
+  const auto timed = run();
+  ::unsetenv("GPT_GEMM_ALGOS");
+  const std::string written = read(path);
+  CHECK(written.rfind("gpt-train cuBLASLt algorithm cache 1\nfor ", 0) == 0);
+  size_t lines = 0;
+  for (size_t at = written.find("\ngemm "); at != std::string::npos; at = written.find("\ngemm ", at + 1)) ++lines;
+  CHECK(lines == 3);
+  CHECK(run() == timed);
+  CHECK(read(path) == written);  // nothing timed, nothing added
+  auto made_by_name = [] {
+#ifdef GPT_PARITY_EMULATED
+    return make_cuda_emu_backend(0, 1);
+#else
+    return make_backend("cuda");
+#endif
+  };
+  REQUIRE(made_by_name().has_value());
+  const std::string target = written.substr(0, written.find("\ngemm"));
+  for (const auto& [text, error] :
+       {std::pair{std::string("not a cache\n"), path + ":1: not a gpt-train GEMM algorithm cache"},
+        std::pair{std::string("gpt-train cuBLASLt algorithm cache 1\nfor another GPU\n"),
+                  path + ":2: written for another GPU; this run is "},
+        std::pair{target + "\ngemm 1 2 3 algo 00\n", path + ":3: expected 'gemm' and 16 integers"}}) {
+    CAPTURE(text);
+    REQUIRE(write_file_atomically(path, {std::span<const char>(text.data(), text.size())}).is_ok());
+    const auto refused = made_by_name();
+    REQUIRE_FALSE(refused.has_value());
+    CHECK_THAT(refused.status().message(), Catch::Matchers::Contains(error));
+  }
+  ::unsetenv("GPT_GEMM_ALGO_CACHE");
 }
 
 // Parameters sit at any element offset of their unit's buffer: matrices and a bias only 4-byte aligned (fp32), or 2
