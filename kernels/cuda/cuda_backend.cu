@@ -247,7 +247,8 @@ std::optional<DeviceMemory> CudaBackend::device_memory() const {
   GPT_CUDA_CHECK(cudaSetDevice(device_));  // cudaMemGetInfo counts the calling thread's current device
   GPT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   return DeviceMemory{static_cast<int64_t>(total), static_cast<int64_t>(free),
-                      static_cast<int64_t>(malloc_bytes(cublas_workspace_.bytes()) + malloc_bytes(result_.bytes()))};
+                      static_cast<int64_t>(malloc_bytes(cublas_workspace_.bytes()) +
+                                           malloc_bytes(wgrad_workspace_.bytes()) + malloc_bytes(result_.bytes()))};
 }
 
 namespace {

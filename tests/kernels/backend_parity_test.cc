@@ -30,6 +30,7 @@
 #include "backend/backend.h"
 #include "comm/communicator.h"
 #include "core/atomic_file.h"
+#include "kernels/cuda/workspace.h"
 #include "kernels/kernel_test_util.h"
 #include "model/activation_checkpointing.h"
 #include "model/gpt.h"
@@ -2229,6 +2230,9 @@ TEST_CASE("GPT_GEMM_WGRAD_STREAM=1: weight gradients on a second stream, the sam
       ::unsetenv("GPT_GEMM_WGRAD_STREAM");
       ::unsetenv("EMU_RUN_EARLY");
       REQUIRE(made.has_value());
+      // Its own cuBLASLt workspace among the buffers every plan counts (the trainer's budget takes them as free).
+      CHECK((*made)->device_memory()->backend_bytes - gpu->device_memory()->backend_bytes ==
+            static_cast<int64_t>(cuda_workspace::kCublasLtBytes));
       const std::vector<float> got = run(**made, compute);
       CHECK(got[weights.size()] == reference[weights.size()]);
       CHECK(got[weights.size() + 1] == reference[weights.size() + 1]);
