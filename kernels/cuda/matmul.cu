@@ -11,8 +11,11 @@
 // take it (partials over fixed row chunks, then added in chunk order). GPT_GEMM_BGRAD=1 (an experiment) sums it in
 // the weight-gradient GEMM instead, with cuBLASLt's BGRADB epilogue.
 #include <cublasLt.h>
+#include <unistd.h>
 
 #include <array>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -66,12 +69,14 @@ int gemm_splitk() {
   return n >= 2 && n <= 16 ? n : 1;
 }
 // GPT_GEMM_ALGO_CACHE=FILE: the algorithm per GEMM shape kept in FILE, as PyTorch's TunableOp keeps its results
-// file. A shape FILE holds takes its algorithm from there (cuBLASLt must accept it: cublasLtMatmulAlgoCheck); a shape
-// it does not hold, timed under GPT_GEMM_ALGOS, is added to it (the file rewritten atomically); otherwise the
-// heuristic's. So one run with GPT_GEMM_ALGOS=8 chooses by timing and every later run reuses those choices: the same
-// algorithms, hence the same bits, from run to run and on every rank that reads the file (tune with one process: ranks
-// that add to it together keep only the last one's additions). The file says which GPU (name, compute capability)
-// and cuBLASLt version wrote it; another one's is an error that names the file, as is a line not in the format.
+// file. A shape FILE holds takes its algorithm from there, before GPT_GEMM_SPLITK and GPT_GEMM_ALGOS (cuBLASLt must
+// accept it: cublasLtMatmulAlgoCheck); a shape it does not hold, timed under GPT_GEMM_ALGOS, is added to it (the file
+// rewritten whole, atomically; a run that will time writes it at its start, so that one that cannot stops before its
+// timings are lost); otherwise the heuristic's. So one run with GPT_GEMM_ALGOS=8 chooses by timing and every later
+// run reuses those choices: the same algorithms, hence the same bits, from run to run and on every rank that reads
+// the file (tune with one process: ranks that add to it at once each replace it whole, and the last one's table
+// stands). The file says which GPU (name, compute capability) and cuBLASLt version wrote it; another one's is an
+// error that names the file, as is a line not in the format. An empty file is an empty cache.
 using PlanKey = std::array<int64_t, 16>;
 constexpr const char* kCacheTitle = "gpt-train cuBLASLt algorithm cache 1";
 
@@ -112,21 +117,27 @@ Expected<AlgoFile> read_algo_file(const std::string& path) {
     if (st.code() == StatusCode::kNotFound) return file;
     return st.with_context("GPT_GEMM_ALGO_CACHE");
   }
+  if (text.empty()) return file;  // created empty (touch): a cache with nothing in it yet
   std::istringstream lines(text);
   std::string line;
+  auto next_line = [&] {  // the next line without a CR (a file edited on Windows)
+    if (!std::getline(lines, line)) return false;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    return true;
+  };
   const std::string where = "GPT_GEMM_ALGO_CACHE " + path;
-  if (!std::getline(lines, line) || line != kCacheTitle) {
+  if (!next_line() || line != kCacheTitle) {
     return Status::invalid_argument(where + ":1: not a gpt-train GEMM algorithm cache (its first line is not '" +
                                     kCacheTitle + "')");
   }
   const std::string target = cache_target();
-  if (!std::getline(lines, line) || line != target) {
+  if (!next_line() || line != target) {
     return Status::failed_precondition(where + ":2: written " + line + "; this run is " + target +
                                        ": its algorithms are not for this one (delete the file, or set "
                                        "GPT_GEMM_ALGO_CACHE to another)");
   }
-  for (int number = 3; std::getline(lines, line); ++number) {
-    if (line.empty()) continue;
+  for (int number = 3; next_line(); ++number) {
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
     std::istringstream in(line);
     std::string word, hex;
     PlanKey key{};
@@ -165,8 +176,21 @@ Status write_algo_file(const AlgoFile& file) {
     text += algo_hex(algo);
     text += '\n';
   }
-  return write_file_atomically(file.path, {std::span<const char>(text.data(), text.size())})
-      .with_context("GPT_GEMM_ALGO_CACHE");
+  // Written under a name of this process's own, then renamed over the file: processes that write it at once (the
+  // ranks of one tuning run) each replace it whole, never mix their bytes in one temporary.
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string own = file.path + "." + host + "." + std::to_string(::getpid());
+  if (Status st = write_file_atomically(own, {std::span<const char>(text.data(), text.size())}); !st.is_ok()) {
+    return st.with_context("GPT_GEMM_ALGO_CACHE");
+  }
+  if (std::rename(own.c_str(), file.path.c_str()) != 0) {
+    const Status st =
+        Status::io_error("GPT_GEMM_ALGO_CACHE: rename " + own + " to " + file.path + ": " + std::strerror(errno));
+    std::remove(own.c_str());
+    return st;
+  }
+  return Status::ok();
 }
 
 // An algorithm's configuration in words, for the experiments' logs.
@@ -317,7 +341,10 @@ Status check_gemm_algo_cache() {
   const char* path = std::getenv("GPT_GEMM_ALGO_CACHE");
   if (path == nullptr) return Status::ok();
   const Expected<AlgoFile> file = read_algo_file(path);
-  return file.has_value() ? Status::ok() : file.status();
+  if (!file.has_value()) return file.status();
+  // A run that will time shapes writes the file now, so that one where it cannot stops before its timings are lost.
+  if (gemm_algos_to_time() > 1 && file->algos.empty()) return write_algo_file(*file);
+  return Status::ok();
 }
 
 Matmul::~Matmul() {
@@ -436,7 +463,20 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
     GPT_CUBLAS_CHECK(st);
     GPT_CHECK_MSG(usable, "cuBLASLt found no algorithm for a matmul shape");
     it->second.algo = heuristic.algo;
-    if (beta != 0.0f && gemm_splitk() > 1) {
+    std::optional<AlgoFile>& file = algos_->file;
+    const bool in_file = file && file->algos.count(key) != 0;
+    if (in_file) {
+      const cublasLtMatmulAlgo_t& kept = file->algos.at(key);
+      cublasLtMatmulHeuristicResult_t checked{};
+      GPT_CHECK_MSG(cublasLtMatmulAlgoCheck(lt(handle_), p.op, p.la, p.lb, p.lc, p.lc, &kept, &checked) ==
+                            CUBLAS_STATUS_SUCCESS &&
+                        checked.workspaceSize <= kWorkspaceBytes,
+                    ("GPT_GEMM_ALGO_CACHE " + file->path + ": cuBLASLt refuses its algorithm for the GEMM m " +
+                     std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
+                     " (delete the file to choose again)")
+                        .c_str());
+      it->second.algo = kept;
+    } else if (beta != 0.0f && gemm_splitk() > 1) {
       cublasLtMatmulAlgo_t split = heuristic.algo;
       const int32_t splits = gemm_splitk();
       const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
@@ -455,19 +495,7 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
                          algo_config(heuristic.algo) + "); kept as it is"));
       if (ok) it->second.algo = split;
     }
-    std::optional<AlgoFile>& file = algos_->file;
-    if (file && file->algos.count(key) != 0) {
-      const cublasLtMatmulAlgo_t& kept = file->algos.at(key);
-      cublasLtMatmulHeuristicResult_t checked{};
-      GPT_CHECK_MSG(cublasLtMatmulAlgoCheck(lt(handle_), p.op, p.la, p.lb, p.lc, p.lc, &kept, &checked) ==
-                            CUBLAS_STATUS_SUCCESS &&
-                        checked.workspaceSize <= kWorkspaceBytes,
-                    ("GPT_GEMM_ALGO_CACHE " + file->path + ": cuBLASLt refuses its algorithm for the GEMM m " +
-                     std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
-                     " (delete the file to choose again)")
-                        .c_str());
-      it->second.algo = kept;
-    } else if (asked > 1) {
+    if (!in_file && asked > 1) {
       const AlgoCache::Plan& q = it->second;
       // A weight gradient accumulates into c: saved before the timing, put back after it.
       void* saved = nullptr;

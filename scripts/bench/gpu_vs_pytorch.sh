@@ -47,9 +47,9 @@
 # default, when the run is bf16 on cuda: the wgmma attention kernels' experiments, most promising first (the wgmma
 # dK/dV kernel at 64 queries per step, GPT_ATTENTION_WGMMA_BQ=64; the weight gradients on their own stream,
 # GPT_GEMM_WGRAD_STREAM=1; the tiles every product of a block multiplies held in registers, GPT_ATTENTION_WGMMA_RS=1;
-# cuBLASLt's algorithms timed into a file, GPT_GEMM_ALGOS=8 GPT_GEMM_ALGO_CACHE=FILE, then read from it;
 # the kernels with their element-wise work
-# overlapping their products, GPT_ATTENTION_WGMMA_OVERLAP=1; blocks of two warpgroups, GPT_ATTENTION_WGMMA_WG2=1; the
+# overlapping their products, GPT_ATTENTION_WGMMA_OVERLAP=1; blocks of two warpgroups, GPT_ATTENTION_WGMMA_WG2=1;
+# cuBLASLt's algorithms timed into a file, GPT_GEMM_ALGOS=8 GPT_GEMM_ALGO_CACHE=FILE, then read from it; the
 # forward on key tiles of 128, GPT_ATTENTION_WGMMA_BK=128; the cross-entropy with its rows in shared memory,
 # GPT_CE_ROW_IN_SMEM=1; 64 queries with the overlap, with two warpgroups; attention_vs_pytorch.sh times the attention
 # ones kernel by kernel), then the mma.sync attention
@@ -179,10 +179,10 @@ if [[ -z ${VARIANTS+set} ]]; then
     # kernels/cuda's switches (a binary without them runs its defaults again): the wgmma kernels' experiments, the
     # weight gradients on their own stream, the mma.sync attention where sm_90 takes the wgmma one.
     VARIANTS="GPT_ATTENTION_WGMMA_BQ=64;GPT_GEMM_WGRAD_STREAM=1;GPT_ATTENTION_WGMMA_RS=1"
+    VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_OVERLAP=1;GPT_ATTENTION_WGMMA_WG2=1"
     # cuBLASLt's algorithms chosen by timing and kept in a file, then taken from it (the steps timed leave out the
     # first, where the timing runs)
     VARIANTS="$VARIANTS;GPT_GEMM_ALGOS=8 GPT_GEMM_ALGO_CACHE=$TMP/gemm-algos.txt;GPT_GEMM_ALGO_CACHE=$TMP/gemm-algos.txt"
-    VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_OVERLAP=1;GPT_ATTENTION_WGMMA_WG2=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BK=128;GPT_CE_ROW_IN_SMEM=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=64 GPT_ATTENTION_WGMMA_OVERLAP=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=64 GPT_ATTENTION_WGMMA_WG2=1;GPT_ATTENTION_WGMMA=0"

@@ -4,7 +4,6 @@
 // on a GPU, here without one (the emulator's limits in README.md apply: no GPU numerics or memory model).
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -23,6 +22,8 @@
 #include "optim/adamw.h"
 #include "parallel/sharded_params.h"
 #include "run_aborting.h"
+#include "testing/scoped_env.h"
+#include "testing/temp_dir.h"
 
 namespace {
 
@@ -385,7 +386,8 @@ TEST_CASE("cuda_emu: the CUDA backend refuses a GPU older than compute capabilit
 // file, the shape and the way out.
 TEST_CASE("cuda_emu: a GEMM algorithm from GPT_GEMM_ALGO_CACHE that cuBLASLt refuses stops the run",
           "[cuda_emu][backend]") {
-  const std::string path = "/tmp/gpt_emu_algo_cache_" + std::to_string(::getpid()) + ".txt";
+  const testing::TempDir dir;
+  const std::string path = dir.file("algos.txt");
   const int64_t N = 64;
   const int C = 32, OC = 48;
   auto forward = [&] {
@@ -399,10 +401,10 @@ TEST_CASE("cuda_emu: a GEMM algorithm from GPT_GEMM_ALGO_CACHE that cuBLASLt ref
                        static_cast<const float*>(w.data()), nullptr, N, C, OC);
     dev.synchronize();
   };
-  ::setenv("GPT_GEMM_ALGO_CACHE", path.c_str(), 1);
-  ::setenv("GPT_GEMM_ALGOS", "2", 1);
+  const testing::ScopedEnv cache("GPT_GEMM_ALGO_CACHE", path.c_str());
+  testing::ScopedEnv algos("GPT_GEMM_ALGOS", "2");
   forward();  // times the forward's shape and writes its line
-  ::unsetenv("GPT_GEMM_ALGOS");
+  algos.set(nullptr);
   std::string text;
   REQUIRE(read_file(path, &text).is_ok());
   const size_t at = text.find(" algo ");
@@ -410,8 +412,6 @@ TEST_CASE("cuda_emu: a GEMM algorithm from GPT_GEMM_ALGO_CACHE that cuBLASLt ref
   text.replace(at + 6, 8, "00000000");  // the algorithm's first field: the alignment it was promised for A
   REQUIRE(write_file_atomically(path, {std::span<const char>(text.data(), text.size())}).is_ok());
   const auto [out, aborted] = emu_test::run_aborting(forward);
-  ::unsetenv("GPT_GEMM_ALGO_CACHE");
-  std::remove(path.c_str());
   INFO(out);
   CHECK(aborted);
   CHECK(out.find("GPT_GEMM_ALGO_CACHE " + path + ": cuBLASLt refuses its algorithm for the GEMM m 48 n 64 k 32 " +

@@ -35,6 +35,7 @@
 #include "model/activation_checkpointing.h"
 #include "model/gpt.h"
 #include "model/param_source.h"
+#include "testing/scoped_env.h"
 #include "testing/temp_dir.h"
 #ifdef GPT_PARITY_EMULATED
 #include "kernels/cuda/cuda_backend.h"  // the emulator's conversion: gpt::CudaEmuBackend
@@ -426,6 +427,8 @@ TEST_CASE("parity: GPT_GEMM_ALGO_CACHE keeps the timed algorithms for the next b
   if (!cuda_or_skip("GEMM algorithm cache")) return;
   const testing::TempDir dir;
   const std::string path = dir.file("algos.txt");
+  testing::ScopedEnv cache("GPT_GEMM_ALGO_CACHE", path.c_str()), algos("GPT_GEMM_ALGOS", "4");
+  const testing::ScopedEnv no_bgrad("GPT_GEMM_BGRAD", nullptr), no_splitk("GPT_GEMM_SPLITK", nullptr);
   const int64_t N = 64;
   const int C = 32, OC = 48;
   const auto inp = rounded(randn(N * C, 96)), w = rounded(randn(int64_t{OC} * C, 97)), b = randn(OC, 98);
@@ -446,17 +449,9 @@ TEST_CASE("parity: GPT_GEMM_ALGO_CACHE keeps the timed algorithms for the next b
     REQUIRE(read_file(p, &text).is_ok());
     return text;
   };
-  ::setenv("GPT_GEMM_ALGO_CACHE", path.c_str(), 1);
-  ::setenv("GPT_GEMM_ALGOS", "4", 1);
-  const auto timed = run();
-  ::unsetenv("GPT_GEMM_ALGOS");
-  const std::string written = read(path);
-  CHECK(written.rfind("gpt-train cuBLASLt algorithm cache 1\nfor ", 0) == 0);
-  size_t lines = 0;
-  for (size_t at = written.find("\ngemm "); at != std::string::npos; at = written.find("\ngemm ", at + 1)) ++lines;
-  CHECK(lines == 3);
-  CHECK(run() == timed);
-  CHECK(read(path) == written);  // nothing timed, nothing added
+  auto write = [&](const std::string& text) {
+    REQUIRE(write_file_atomically(path, {std::span<const char>(text.data(), text.size())}).is_ok());
+  };
   auto made_by_name = [] {
 #ifdef GPT_PARITY_EMULATED
     return make_cuda_emu_backend(0, 1);
@@ -464,20 +459,46 @@ TEST_CASE("parity: GPT_GEMM_ALGO_CACHE keeps the timed algorithms for the next b
     return make_backend("cuda");
 #endif
   };
+  const auto timed = run();
+  algos.set(nullptr);
+  const std::string written = read(path);
+  CHECK(written.rfind("gpt-train cuBLASLt algorithm cache 1\nfor ", 0) == 0);
+  size_t lines = 0;
+  for (size_t at = written.find("\ngemm "); at != std::string::npos; at = written.find("\ngemm ", at + 1)) ++lines;
+  CHECK(lines == 3);
+  CHECK(run() == timed);
+  CHECK(read(path) == written);  // nothing timed, nothing added
   REQUIRE(made_by_name().has_value());
+  // Read as well: the file with CR line ends and blank lines; an empty one (a cache with nothing in it yet).
+  std::string crlf;
+  for (const char c : written) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  write(crlf + " \r\n\n");
+  CHECK(made_by_name().has_value());
+  write("");
+  CHECK(made_by_name().has_value());
   const std::string target = written.substr(0, written.find("\ngemm"));
+  const std::string line = written.substr(target.size() + 1, written.find('\n', target.size() + 1) - target.size());
+  const std::string key = line.substr(0, line.find(" algo ") + 6), hex = line.substr(key.size());
   for (const auto& [text, error] :
        {std::pair{std::string("not a cache\n"), path + ":1: not a gpt-train GEMM algorithm cache"},
         std::pair{std::string("gpt-train cuBLASLt algorithm cache 1\nfor another GPU\n"),
-                  path + ":2: written for another GPU; this run is "},
-        std::pair{target + "\ngemm 1 2 3 algo 00\n", path + ":3: expected 'gemm' and 16 integers"}}) {
+                  path + ":2: written for another GPU; this run is for "},
+        std::pair{target + "\ngemm 1 2 3 algo 00\n", path + ":3: expected 'gemm' and 16 integers"},
+        std::pair{target + "\n" + key + "x" + hex.substr(1), path + ":3: expected"},  // not hexadecimal
+        std::pair{target + "\n" + key + hex.substr(0, hex.size() - 1) + " 7\n", path + ":3: expected"},  // trailing
+        std::pair{target + "\n\n" + key + "\n", path + ":4: expected"}}) {  // no hex after algo
     CAPTURE(text);
-    REQUIRE(write_file_atomically(path, {std::span<const char>(text.data(), text.size())}).is_ok());
+    write(text);
     const auto refused = made_by_name();
     REQUIRE_FALSE(refused.has_value());
     CHECK_THAT(refused.status().message(), Catch::Matchers::Contains(error));
   }
-  ::unsetenv("GPT_GEMM_ALGO_CACHE");
+  // A run that will time shapes writes the file first: where it cannot, it stops before its timings are lost.
+  cache.set((dir.file("missing") + "/algos.txt").c_str());
+  algos.set("4");
+  const auto unwritable = made_by_name();
+  REQUIRE_FALSE(unwritable.has_value());
+  CHECK_THAT(unwritable.status().message(), Catch::Matchers::Contains("GPT_GEMM_ALGO_CACHE"));
 }
 
 // Parameters sit at any element offset of their unit's buffer: matrices and a bias only 4-byte aligned (fp32), or 2
@@ -2224,11 +2245,10 @@ TEST_CASE("GPT_GEMM_WGRAD_STREAM=1: weight gradients on a second stream, the sam
     for (const char* early : {"1", "0"}) {
       if (!kEmulated && std::string_view(early) == "0") continue;
       CAPTURE(early);
-      ::setenv("EMU_RUN_EARLY", early, 1);
-      ::setenv("GPT_GEMM_WGRAD_STREAM", "1", 1);
-      auto made = make_gpu();
-      ::unsetenv("GPT_GEMM_WGRAD_STREAM");
-      ::unsetenv("EMU_RUN_EARLY");
+      auto made = [&] {
+        const testing::ScopedEnv run_early("EMU_RUN_EARLY", early), stream("GPT_GEMM_WGRAD_STREAM", "1");
+        return make_gpu();
+      }();
       REQUIRE(made.has_value());
       // Its own cuBLASLt workspace among the buffers every plan counts (the trainer's budget takes them as free).
       CHECK((*made)->device_memory()->backend_bytes - gpu->device_memory()->backend_bytes ==

@@ -10,26 +10,12 @@
 #include <vector>
 
 #include "kernels/cuda/switches.h"
+#include "testing/scoped_env.h"
 
 namespace gpt {
 namespace {
 
-// Sets one variable (or unsets it: null) for a scope, putting back what the caller had.
-class EnvValue {
- public:
-  EnvValue(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) saved_ = old, had_ = true;
-    value != nullptr ? ::setenv(name, value, 1) : ::unsetenv(name);
-  }
-  ~EnvValue() { had_ ? ::setenv(name_, saved_.c_str(), 1) : ::unsetenv(name_); }
-  EnvValue(const EnvValue&) = delete;
-  EnvValue& operator=(const EnvValue&) = delete;
-
- private:
-  const char* name_;
-  std::string saved_;
-  bool had_ = false;
-};
+using testing::ScopedEnv;
 
 TEST_CASE("CUDA switches: every GPT_ variable kernels/cuda reads is in the table", "[cuda_switches]") {
   std::set<std::string> table;
@@ -53,37 +39,41 @@ TEST_CASE("CUDA switches: every GPT_ variable kernels/cuda reads is in the table
 }
 
 TEST_CASE("CUDA switches: a value no switch takes is named with what it takes", "[cuda_switches]") {
-  std::vector<std::unique_ptr<EnvValue>> unset;  // this test's own settings only, the caller's put back after it
+  std::vector<std::unique_ptr<ScopedEnv>> unset;  // this test's own settings only, the caller's put back after it
   for (const cuda_switches::Switch& s : cuda_switches::all())
-    unset.push_back(std::make_unique<EnvValue>(s.name, nullptr));
+    unset.push_back(std::make_unique<ScopedEnv>(s.name, nullptr));
   CHECK(cuda_switches::first_error().empty());
   for (const char* ok : {"0", "1", "fwd", "kv", "fwd,kv", "kv,fwd"}) {
-    EnvValue v("GPT_ATTENTION_WGMMA_RS", ok);
+    ScopedEnv v("GPT_ATTENTION_WGMMA_RS", ok);
     CAPTURE(ok);
     CHECK(cuda_switches::first_error().empty());
   }
   for (const char* bad : {"kvv", "fwd,", "dq", "yes", ""}) {
-    EnvValue v("GPT_ATTENTION_WGMMA_RS", bad);
+    ScopedEnv v("GPT_ATTENTION_WGMMA_RS", bad);
     CAPTURE(bad);
     CHECK(cuda_switches::first_error() == std::string("GPT_ATTENTION_WGMMA_RS=") + bad +
                                               " (tiles held in registers): expected 0, 1, or a comma-separated list "
                                               "of fwd or kv");
   }
   {
-    EnvValue v("GPT_ATTENTION_WGMMA_WG2", "fwd,kv,dq");
+    ScopedEnv v("GPT_ATTENTION_WGMMA_WG2", "fwd,kv,dq");
     CHECK(cuda_switches::first_error().empty());
   }
   {
-    EnvValue v("GPT_GEMM_ALGOS", "17");
+    ScopedEnv v("GPT_GEMM_ALGOS", "17");
     CHECK(cuda_switches::first_error().find("GPT_GEMM_ALGOS=17") == 0);
   }
   {
-    EnvValue v("GPT_ATTENTION_WGMMA_BQ", "48");
+    ScopedEnv v("GPT_ATTENTION_WGMMA_BQ", "48");
     CHECK(cuda_switches::first_error() ==
           "GPT_ATTENTION_WGMMA_BQ=48 (the wgmma dK/dV kernel's queries per step): expected 32 or 64");
   }
   {
-    EnvValue v("GPT_ATTENTION_WGMMA_OVERLAP", "bwd");
+    ScopedEnv v("GPT_ATTENTION_WGMMA_OVERLAP", "bwd");
+    CHECK(cuda_switches::first_error().empty());
+  }
+  {
+    ScopedEnv v("GPT_GEMM_ALGO_CACHE", "/any/path, even this");  // a path: any value
     CHECK(cuda_switches::first_error().empty());
   }
 }
