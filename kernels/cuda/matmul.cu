@@ -497,6 +497,9 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
     }
     if (!in_file && asked > 1) {
       const AlgoCache::Plan& q = it->second;
+      // On the side lane (GPT_GEMM_WGRAD_STREAM) the main stream's input-gradient GEMM, queued just before, would run
+      // beside the timed calls: waited for first, so each candidate is timed alone (once per shape).
+      if (&lane != &main_) GPT_CUDA_CHECK(cudaStreamSynchronize(main_.stream));
       // A weight gradient accumulates into c: saved before the timing, put back after it.
       void* saved = nullptr;
       const size_t c_bytes = static_cast<size_t>(ldc) * (n - 1) * (c_bf16 ? 2 : 4) + m * (c_bf16 ? 2 : 4);
