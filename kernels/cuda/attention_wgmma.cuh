@@ -29,12 +29,17 @@ constexpr int kStageLd = kD + 8;  // the output's staging rows (store_rows), in 
 
 // The dK/dV kernel's shared memory at kWG warpgroups per block: K and V tiles of 64 kWG rows, then per stage a Q and
 // a dO tile (BQ swizzled rows), then lse and D (BQ floats each), rounded up to keep the next stage 1024-byte aligned;
-// two stages.
+// two stages; then each warp's dS^T staging rows (16 keys x BQ queries, kDsLd bytes apart: 16 bytes of padding, so
+// that the fragments' 4-byte stores fall in distinct banks).
 template <int BQ>
 struct BwdKvWgmmaCfg {
   static constexpr uint32_t kQTile = BQ * kSw128Row;
   static constexpr uint32_t kStageBytes = (2 * kQTile + 2 * sizeof(float) * BQ + 1023) / 1024 * 1024;
-  static constexpr size_t bytes(int kWG) { return 2 * kWG * size_t{kTile} + 2 * size_t{kStageBytes} + 1024; }
+  static constexpr uint32_t kDsLd = 2 * BQ + 16;
+  static constexpr uint32_t kDsWarpBytes = 16 * kDsLd;
+  static constexpr size_t bytes(int kWG) {
+    return 2 * kWG * size_t{kTile} + 2 * size_t{kStageBytes} + 4 * kWG * size_t{kDsWarpBytes} + 1024;
+  }
 };
 
 // Rows [row0, row0 + ROWS) x 64 channels of a bf16 matrix with row stride ld into a swizzled tile, by cp.async (16

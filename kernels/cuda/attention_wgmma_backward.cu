@@ -35,7 +35,11 @@ using namespace attention_wgmma_detail;
 // warpgroup, and 8 bytes of spills with two).
 // kKVRegs (GPT_ATTENTION_WGMMA_RS kv): S^T's and dP^T's A, the warpgroup's K and V rows, from registers
 // (load_a_sw128 once, at the first query tile) instead of from shared memory at every product; three blocks per SM.
-template <int BQ, bool kOverlap, int kWG, bool kKVRegs = false>
+// kStageDs: each warp's dS^T block (16 keys x BQ queries) goes through its shared staging rows, then to global memory
+// as whole 16-byte pieces of whole rows (2 stores per thread at BQ 32, 4 at 64, where the fragments take 4 NC of 4
+// bytes, each filling half of eight 32-byte sectors); GPT_ATTENTION_WGMMA_DS_STAGE=0 stores the fragments directly
+// (the kernel as the H200 ran it; not yet measured against each other). The same values either way.
+template <int BQ, bool kOverlap, int kWG, bool kKVRegs = false, bool kStageDs = true>
 __global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? (kKVRegs ? 3 : 4) / kWG : 0))
     attention_backward_kv_wgmma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse,
                                        const float* dvec, int T, int C, int NH, float scale, float scale_log2, bf16* ds,
@@ -54,6 +58,7 @@ __global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? (kK
   // warp: the block's (16 keys each, warpgroup after warpgroup); wg: this warp's warpgroup
   const int warp = threadIdx.x / kWarp, wg = kWG > 1 ? warp / 4 : 0, lane = threadIdx.x % kWarp, g = lane >> 2,
             tq = lane & 3;
+  unsigned char* ds_stage = base + 2 * kWG * kTile + 2 * Cfg::kStageBytes + warp * Cfg::kDsWarpBytes;  // kStageDs
 
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int k0 = blockIdx.x * kKeys;  // the first key tiles see the most queries: start them first
@@ -178,11 +183,31 @@ __global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? (kK
 #pragma unroll
           for (int r = 0; r < 4; ++r) dsa[c][r] = pack_bf16x2(dpt[8 * c + 2 * r], dpt[8 * c + 2 * r + 1]);
           // The A fragment's layout: {row g, g + 8} x {columns 2 tq, 8 + 2 tq}, pairs.
-          bf16* row = ds + (static_cast<int64_t>(bh) * ds_ld + kw + g) * ds_ld + q0 + c * 16 + 2 * tq;
-          *reinterpret_cast<uint32_t*>(row) = dsa[c][0];
-          *reinterpret_cast<uint32_t*>(row + 8 * ds_ld) = dsa[c][1];
-          *reinterpret_cast<uint32_t*>(row + 8) = dsa[c][2];
-          *reinterpret_cast<uint32_t*>(row + 8 * ds_ld + 8) = dsa[c][3];
+          if constexpr (kStageDs) {
+            unsigned char* row = ds_stage + g * Cfg::kDsLd + 2 * (c * 16 + 2 * tq);
+            *reinterpret_cast<uint32_t*>(row) = dsa[c][0];
+            *reinterpret_cast<uint32_t*>(row + 8 * Cfg::kDsLd) = dsa[c][1];
+            *reinterpret_cast<uint32_t*>(row + 16) = dsa[c][2];
+            *reinterpret_cast<uint32_t*>(row + 8 * Cfg::kDsLd + 16) = dsa[c][3];
+          } else {
+            bf16* row = ds + (static_cast<int64_t>(bh) * ds_ld + kw + g) * ds_ld + q0 + c * 16 + 2 * tq;
+            *reinterpret_cast<uint32_t*>(row) = dsa[c][0];
+            *reinterpret_cast<uint32_t*>(row + 8 * ds_ld) = dsa[c][1];
+            *reinterpret_cast<uint32_t*>(row + 8) = dsa[c][2];
+            *reinterpret_cast<uint32_t*>(row + 8 * ds_ld + 8) = dsa[c][3];
+          }
+        }
+        if constexpr (kStageDs) {
+          // The warp's rows back out, 16 bytes a thread: kPieces per row, kRowsAt rows per store. The staging rows
+          // are rewritten next after the loop's closing barrier.
+          constexpr int kPieces = 2 * BQ / 16, kRowsAt = kWarp / kPieces;
+          __syncwarp();
+#pragma unroll
+          for (int i = 0; i < 16 / kRowsAt; ++i) {
+            const int r = i * kRowsAt + lane / kPieces, piece = lane % kPieces;
+            *reinterpret_cast<uint4*>(ds + (static_cast<int64_t>(bh) * ds_ld + kw + r) * ds_ld + q0 + 8 * piece) =
+                *reinterpret_cast<const uint4*>(ds_stage + r * Cfg::kDsLd + 16 * piece);
+          }
         }
       };
       auto issue_dv = [&] {
@@ -350,8 +375,11 @@ void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const flo
   auto kernel = overlap_enabled("bwd") ? attention_backward_kv_wgmma_kernel<BQ, true, kWG>
                                        : attention_backward_kv_wgmma_kernel<BQ, false, kWG>;
   if constexpr (kWG == 1) {
-    if (!overlap_enabled("bwd") && registers_enabled("kv"))
+    if (!overlap_enabled("bwd") && registers_enabled("kv")) {
       kernel = attention_backward_kv_wgmma_kernel<BQ, false, 1, true>;
+    } else if (!overlap_enabled("bwd") && env_is("GPT_ATTENTION_WGMMA_DS_STAGE", "0")) {
+      kernel = attention_backward_kv_wgmma_kernel<BQ, false, 1, false, false>;
+    }
   }
   set_smem(kernel, smem);
   prefer_shared_memory(kernel);

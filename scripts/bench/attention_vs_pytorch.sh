@@ -25,7 +25,7 @@
 # (default,flash,cudnn,efficient), TIMEOUT (90 s per side and shape), ENV_VARIANTS (";"-separated, each a
 # space-separated list of VAR=value; on cuda bf16 by default the wgmma kernels' experiments: GPT_ATTENTION_WGMMA_BQ=64,
 # _OVERLAP=1, both, _WG2=1, =kv, =dq, with BQ 64, with the overlap, _BK=128, with WG2=fwd, _FWD_BLOCKS=4, _RS=1,
-# with BQ 64, and the mma.sync kernels, GPT_ATTENTION_WGMMA=0;
+# with BQ 64, _DS_STAGE=0, and the mma.sync kernels, GPT_ATTENTION_WGMMA=0;
 # "" = none), TIME_LIMIT (0; else seconds from the start after which no variant starts whose TIMEOUT would pass it).
 # GPT_TRAIN_CUDA_PROFILE is unset for the bench (it would synchronize after every op). Exit status: 1 when a gpt-train
 # kernel is wrong or its side fails, else 3 when only the PyTorch side failed (no torch, say), else 0.
@@ -51,7 +51,7 @@ if [[ -z ${ENV_VARIANTS+set} ]]; then
     w=GPT_ATTENTION_WGMMA
     ENV_VARIANTS="${w}_BQ=64;${w}_OVERLAP=1;${w}_BQ=64 ${w}_OVERLAP=1;${w}_WG2=1;${w}_WG2=kv;${w}_WG2=dq"
     ENV_VARIANTS="$ENV_VARIANTS;${w}_WG2=1 ${w}_BQ=64;${w}_WG2=1 ${w}_OVERLAP=1;${w}_BK=128;${w}_BK=128 ${w}_WG2=fwd"
-    ENV_VARIANTS="$ENV_VARIANTS;${w}_FWD_BLOCKS=4;${w}_RS=1;${w}_RS=1 ${w}_BQ=64;$w=0"
+    ENV_VARIANTS="$ENV_VARIANTS;${w}_FWD_BLOCKS=4;${w}_RS=1;${w}_RS=1 ${w}_BQ=64;${w}_DS_STAGE=0;$w=0"
   fi
 fi
 [[ $ATTN_BENCH == /* ]] || ATTN_BENCH=$PWD/$ATTN_BENCH

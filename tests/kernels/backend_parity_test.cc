@@ -1121,7 +1121,8 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
 // warpgroups sharing tiles; with T 64 and 192 a block's second warpgroup has no rows), both, the forward compiled
 // for 4 blocks per SM instead of 5 (GPT_ATTENTION_WGMMA_FWD_BLOCKS=4: other registers, the same code), and the tiles
 // every product of a block multiplies held in registers (GPT_ATTENTION_WGMMA_RS=1: the same products with their A
-// from registers instead of shared memory). Where the wgmma
+// from registers instead of shared memory), and the dK/dV kernel storing dS^T straight from its fragments instead of
+// through shared memory (GPT_ATTENTION_WGMMA_DS_STAGE=0). Where the wgmma
 // kernels do not run (not sm_90, not the emulator) every side is the mma.sync kernels'.
 TEST_CASE("parity: the wgmma attention's variants give the default kernels' results bit for bit", "[cuda]") {
   Backend* gpu = cuda_or_skip("wgmma overlap");
@@ -1146,19 +1147,15 @@ TEST_CASE("parity: the wgmma attention's variants give the default kernels' resu
         return std::make_tuple(g_out.read(), g_att.read(), g_dqkv.read());
       };
       const auto [out0, att0, dqkv0] = run();
-      for (const auto& [overlap, wg2, blocks, rs] :
-           {std::tuple{"1", "0", "5", "0"}, std::tuple{"0", "1", "5", "0"}, std::tuple{"1", "1", "5", "0"},
-            std::tuple{"0", "0", "4", "0"}, std::tuple{"0", "0", "5", "1"}}) {
-        CAPTURE(overlap, wg2, blocks, rs);
-        ::setenv("GPT_ATTENTION_WGMMA_OVERLAP", overlap, 1);
-        ::setenv("GPT_ATTENTION_WGMMA_WG2", wg2, 1);
-        ::setenv("GPT_ATTENTION_WGMMA_FWD_BLOCKS", blocks, 1);
-        ::setenv("GPT_ATTENTION_WGMMA_RS", rs, 1);
+      for (const auto& [overlap, wg2, blocks, rs, stage] :
+           {std::tuple{"1", "0", "5", "0", "1"}, std::tuple{"0", "1", "5", "0", "1"},
+            std::tuple{"1", "1", "5", "0", "1"}, std::tuple{"0", "0", "4", "0", "1"},
+            std::tuple{"0", "0", "5", "1", "1"}, std::tuple{"0", "0", "5", "0", "0"}}) {
+        CAPTURE(overlap, wg2, blocks, rs, stage);
+        const testing::ScopedEnv e1("GPT_ATTENTION_WGMMA_OVERLAP", overlap), e2("GPT_ATTENTION_WGMMA_WG2", wg2),
+            e3("GPT_ATTENTION_WGMMA_FWD_BLOCKS", blocks), e4("GPT_ATTENTION_WGMMA_RS", rs),
+            e5("GPT_ATTENTION_WGMMA_DS_STAGE", stage);
         const auto [out1, att1, dqkv1] = run();
-        ::unsetenv("GPT_ATTENTION_WGMMA_OVERLAP");
-        ::unsetenv("GPT_ATTENTION_WGMMA_WG2");
-        ::unsetenv("GPT_ATTENTION_WGMMA_FWD_BLOCKS");
-        ::unsetenv("GPT_ATTENTION_WGMMA_RS");
         CHECK(std::memcmp(out0.data(), out1.data(), out0.size() * sizeof(bf16)) == 0);
         CHECK(std::memcmp(att0.data(), att1.data(), att0.size() * sizeof(float)) == 0);
         CHECK(std::memcmp(dqkv0.data(), dqkv1.data(), dqkv0.size() * sizeof(bf16)) == 0);
