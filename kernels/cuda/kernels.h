@@ -175,13 +175,14 @@ class Matmul {
   void dweight_dbias(const Lane& lane, float* dweight, float* dbias, const void* dout, const void* inp, DType type,
                      int64_t N, int C, int OC, int64_t ld, void* scratch);
   // The lane a backward's weight and bias gradients take: the side lane (forked from the main stream now) where there
-  // is one and the call also computes an input gradient, else the main lane. join() after the call's last launch.
+  // is one and the call also computes an input gradient, else the main lane. join_gradients after the call's last
+  // launch.
   const Lane& fork_gradients(bool with_dinp, bool with_dweight_or_dbias);
   void join_gradients(const Lane& lane);
   Lane main_, side_;
   cudaEvent_t forked_ = nullptr, joined_ = nullptr;  // side lane only
   void* handle_ = nullptr;                           // cublasLtHandle_t
-  struct AlgoCache;                                  // the heuristic's choice per GEMM shape, asked once per shape
+  struct AlgoCache;  // the algorithm per GEMM shape, chosen once per shape (and GPT_GEMM_ALGO_CACHE's file)
   std::unique_ptr<AlgoCache> algos_;
 };
 
