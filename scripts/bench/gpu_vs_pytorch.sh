@@ -44,10 +44,10 @@
 # GPT_TRAIN_SET (extra "key=value" overrides for gpt-train, space-separated), VARIANTS (more gpt-train runs after the
 # table, ";"-separated, each a space-separated list of overrides on top of GPT_TRAIN_SET, e.g. "run.gelu_fusion=full",
 # where a word with an upper-case name (GPT_ATTENTION_FWD_ROWS=32) is put in that run's environment instead;
-# default, when the run is bf16 on cuda: the wgmma attention kernels' experiments, most promising first (the wgmma
-# dK/dV kernel at 64 queries per step, GPT_ATTENTION_WGMMA_BQ=64; the weight gradients on their own stream,
-# GPT_GEMM_WGRAD_STREAM=1; the tiles every product of a block multiplies held in registers, GPT_ATTENTION_WGMMA_RS=1;
-# the dK/dV kernel's dS^T stored from its fragments as before it was staged, GPT_ATTENTION_WGMMA_DS_STAGE=0;
+# default, when the run is bf16 on cuda: kernels/cuda's switches, the least known first (the dK/dV kernel's dS^T
+# stored from its fragments as before it was staged, GPT_ATTENTION_WGMMA_DS_STAGE=0; the weight gradients on their own
+# stream, GPT_GEMM_WGRAD_STREAM=1; the tiles every product of a block multiplies held in registers,
+# GPT_ATTENTION_WGMMA_RS=1; the wgmma dK/dV kernel at 64 queries per step, GPT_ATTENTION_WGMMA_BQ=64;
 # the kernels with their element-wise work
 # overlapping their products, GPT_ATTENTION_WGMMA_OVERLAP=1; blocks of two warpgroups, GPT_ATTENTION_WGMMA_WG2=1;
 # cuBLASLt's algorithms timed into a file, GPT_GEMM_ALGOS=8 GPT_GEMM_ALGO_CACHE=FILE, then read from it; the
@@ -179,7 +179,9 @@ if [[ -z ${VARIANTS+set} ]]; then
   if [[ $DEVICE == cuda && $PARAM_DTYPE == bf16 ]]; then
     # kernels/cuda's switches (a binary without them runs its defaults again): the wgmma kernels' experiments, the
     # weight gradients on their own stream, the mma.sync attention where sm_90 takes the wgmma one.
-    VARIANTS="GPT_ATTENTION_WGMMA_BQ=64;GPT_GEMM_WGRAD_STREAM=1;GPT_ATTENTION_WGMMA_RS=1;GPT_ATTENTION_WGMMA_DS_STAGE=0"
+    # First the new default's own switch (the dK/dV kernel's dS^T as the H200 last ran it), then the experiments not
+    # yet measured, then BQ=64 (1.012x at batch 64 in session 24): check.sh's time runs the first few.
+    VARIANTS="GPT_ATTENTION_WGMMA_DS_STAGE=0;GPT_GEMM_WGRAD_STREAM=1;GPT_ATTENTION_WGMMA_RS=1;GPT_ATTENTION_WGMMA_BQ=64"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_OVERLAP=1;GPT_ATTENTION_WGMMA_WG2=1"
     # cuBLASLt's algorithms chosen by timing and kept in a file, then taken from it (the steps timed leave out the
     # first, where the timing runs)
