@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
+#include <vector>
 
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma_ptx.cuh"
+#include "kernels/cuda/switches.h"
 #include "kernels/cuda/wgmma_ptx.cuh"
 
 namespace gpt::cuda::attention_wgmma_detail {
@@ -70,14 +72,9 @@ inline bool overlap_enabled(const char* part) {
 inline bool env_lists(const char* name, std::string_view part) {
   const char* v = std::getenv(name);
   if (v == nullptr) return false;
-  const std::string_view list(v);
-  if (list == "1") return true;
-  for (size_t at = 0; at <= list.size();) {
-    const size_t end = std::min(list.find(',', at), list.size());
-    if (list.substr(at, end - at) == part) return true;
-    at = end + 1;
-  }
-  return false;
+  if (std::string_view(v) == "1") return true;
+  const std::vector<std::string_view> ps = cuda_switches::parts(v);
+  return std::find(ps.begin(), ps.end(), part) != ps.end();
 }
 
 // GPT_ATTENTION_WGMMA_WG2 (read at each launch): 1 for every kernel, or a comma-separated list of `part`s (fwd, kv,

@@ -50,22 +50,24 @@ inline const std::vector<Switch>& all() {
   return table;
 }
 
-// Whether `value` is one `s` takes.
-inline bool takes(const Switch& s, std::string_view value) {
-  auto known = [&](std::string_view v) {
-    for (std::string_view ok : s.values) {
-      if (v == ok) return true;
-    }
-    return false;
-  };
-  if (!s.list) return known(value);
-  if (value == "0" || value == "1") return true;
-  for (size_t at = 0; at <= value.size();) {
-    const size_t end = std::min(value.find(',', at), value.size());
-    if (!known(value.substr(at, end - at))) return false;
+// The comma-separated parts of a list switch's value ("a,,b": a, the empty part, b).
+inline std::vector<std::string_view> parts(std::string_view list) {
+  std::vector<std::string_view> out;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    out.push_back(list.substr(at, end - at));
     at = end + 1;
   }
-  return true;
+  return out;
+}
+
+// Whether `value` is one `s` takes.
+inline bool takes(const Switch& s, std::string_view value) {
+  auto known = [&](std::string_view v) { return std::find(s.values.begin(), s.values.end(), v) != s.values.end(); };
+  if (!s.list) return known(value);
+  if (value == "0" || value == "1") return true;
+  const std::vector<std::string_view> ps = parts(value);
+  return std::all_of(ps.begin(), ps.end(), known);
 }
 
 // The first switch set in the environment to a value it does not take, as an error message; empty when none is.
