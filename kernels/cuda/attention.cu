@@ -164,7 +164,7 @@ __device__ inline float row_sum(float v) {
 template <int D, class Cfg, typename In, typename Out>
 __global__ void __launch_bounds__(Cfg::kThreads)
     attention_forward_kernel(Out* out, float* lse, const In* qkv, int T, int C, int NH, int hs, float scale,
-                             DropoutMask drop, float keep) {
+                             DropoutMask drop, float keep, int sections) {
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, TY = Cfg::TY, NT = Cfg::kThreads;
   constexpr int LD = kLd<D>, LDP = kLdp<Cfg>;
   constexpr int MI = BQ / TY, MJ = BK / kTx, MD = D / kTx;
@@ -175,8 +175,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   float* sp = sv + BK * LD;
 
   const int ty = threadIdx.x / kTx, tx = threadIdx.x % kTx;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query tiles have the most keys: start them first
+  const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
+  const int bh = tile.bh, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.x - 1 - tile.rank) * BQ;  // rank 0: the last query tile, with the most keys
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const In* q = qkv + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * hs;
   const In* k = q + C;
@@ -300,7 +301,7 @@ __device__ inline void score_grads(float* sp, float* sds, const float* sq, const
 template <int D, class Cfg, typename In, typename G>
 __global__ void __launch_bounds__(Cfg::kThreads)
     attention_backward_kv_kernel(In* dqkv, const G* dout, const In* qkv, const float* lse, const float* dvec, int T,
-                                 int C, int NH, int hs, float scale, DropoutMask drop, float keep) {
+                                 int C, int NH, int hs, float scale, DropoutMask drop, float keep, int sections) {
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, TY = Cfg::TY, NT = Cfg::kThreads;
   constexpr int LD = kLd<D>, LDP = kLdp<Cfg>;
   constexpr int MK = BK / TY, MD = D / kTx;
@@ -315,8 +316,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   float* sdv = slse + BQ;
 
   const int ty = threadIdx.x / kTx, tx = threadIdx.x % kTx;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int k0 = blockIdx.x * BK;  // the first key tiles see the most queries: start them first
+  const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
+  const int bh = tile.bh, b = bh / NH, h = bh % NH;
+  const int k0 = tile.rank * BK;  // rank 0: the first key tile, seen by the most queries
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * hs;
   const In* q = qkv + qkv_off;
@@ -366,7 +368,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
 template <int D, class Cfg, typename In, typename G>
 __global__ void __launch_bounds__(Cfg::kThreads)
     attention_backward_q_kernel(In* dqkv, const G* dout, const In* qkv, const float* lse, const float* dvec, int T,
-                                int C, int NH, int hs, float scale, DropoutMask drop, float keep) {
+                                int C, int NH, int hs, float scale, DropoutMask drop, float keep, int sections) {
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, TY = Cfg::TY, NT = Cfg::kThreads;
   constexpr int LD = kLd<D>, LDP = kLdp<Cfg>;
   constexpr int MI = BQ / TY, MD = D / kTx;
@@ -380,8 +382,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   float* sdv = slse + BQ;
 
   const int ty = threadIdx.x / kTx, tx = threadIdx.x % kTx;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query tiles have the most keys: start them first
+  const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
+  const int bh = tile.bh, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.x - 1 - tile.rank) * BQ;  // rank 0: the last query tile, with the most keys
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * hs;
   const In* q = qkv + qkv_off;
@@ -486,7 +489,7 @@ void forward_impl(Out* out, float* lse, const In* qkv, int B, int T, int C, int 
   const int hs = C / NH;
   const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
   kernel<<<grid, Cfg::kThreads, smem, stream>>>(out, lse, qkv, T, C, NH, hs, 1.0f / std::sqrt(static_cast<float>(hs)),
-                                                drop, keep_scale(drop));
+                                                drop, keep_scale(drop), attention_sections(B * NH, T, hs, sizeof(In)));
   GPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -496,13 +499,15 @@ void backward_impl(In* dqkv, const G* dout, const In* qkv, const float* lse, con
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const float keep = keep_scale(drop);
+  const int sections = attention_sections(B * NH, T, hs, sizeof(In));
   {
     using Cfg = typename Config<D>::BwdKv;
     constexpr size_t smem = backward_smem_bytes<D, Cfg>(2);
     const auto kernel = attention_backward_kv_kernel<D, Cfg, In, G>;
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BK)), static_cast<unsigned>(B * NH));
-    kernel<<<grid, Cfg::kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, hs, scale, drop, keep);
+    kernel<<<grid, Cfg::kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, hs, scale, drop, keep,
+                                                  sections);
     GPT_CUDA_CHECK_LAUNCH();
   }
   {
@@ -511,7 +516,8 @@ void backward_impl(In* dqkv, const G* dout, const In* qkv, const float* lse, con
     const auto kernel = attention_backward_q_kernel<D, Cfg, In, G>;
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
-    kernel<<<grid, Cfg::kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, hs, scale, drop, keep);
+    kernel<<<grid, Cfg::kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, hs, scale, drop, keep,
+                                                  sections);
     GPT_CUDA_CHECK_LAUNCH();
   }
 }

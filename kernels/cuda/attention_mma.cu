@@ -54,7 +54,7 @@ using namespace attention_mma_detail;
 // The forward's body, for the kernels below.
 template <int D, bool kDrop, int kRows>
 __device__ __forceinline__ void attention_forward_mma(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH,
-                                                      float scale_log2, DropoutMask drop, float keep) {
+                                                      float scale_log2, DropoutMask drop, float keep, int sections) {
   using Cfg = FwdCfg<D, kDrop, kRows>;
   constexpr int MT = Cfg::MT, BQ = Cfg::BQ, BK = Cfg::BK, LD = Cfg::LD;
   constexpr bool kUnmaskedPath = !kDrop && D <= 64;
@@ -63,8 +63,9 @@ __device__ __forceinline__ void attention_forward_mma(bf16* out, float* lse, con
   bf16* sq = reinterpret_cast<bf16*>(smem_raw + Cfg::kQ);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane >> 2, tq = lane & 3;
 
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query tiles have the most keys: start them first
+  const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
+  const int bh = tile.bh, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.x - 1 - tile.rank) * BQ;  // rank 0: the last query tile, with the most keys
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const bf16* q = qkv + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
   const bf16* k = q + C;
@@ -246,8 +247,8 @@ __device__ __forceinline__ void attention_forward_mma(bf16* out, float* lse, con
 template <int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_mma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2,
-                                 DropoutMask drop, float keep) {
-  attention_forward_mma<D, kDrop, kDefaultFwdRows<D, kDrop>>(out, lse, qkv, T, C, NH, scale_log2, drop, keep);
+                                 DropoutMask drop, float keep, int sections) {
+  attention_forward_mma<D, kDrop, kDefaultFwdRows<D, kDrop>>(out, lse, qkv, T, C, NH, scale_log2, drop, keep, sections);
 }
 
 // 16 rows per warp (D <= 64, no dropout: forward_rows16 below): ptxas fits it in 127 registers for 4 blocks
@@ -255,8 +256,8 @@ __global__ void __launch_bounds__(kThreads)
 template <int D>
 __global__ void __launch_bounds__(kThreads, 4)
     attention_forward_mma16_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2,
-                                   DropoutMask drop, float keep) {
-  attention_forward_mma<D, false, 16>(out, lse, qkv, T, C, NH, scale_log2, drop, keep);
+                                   DropoutMask drop, float keep, int sections) {
+  attention_forward_mma<D, false, 16>(out, lse, qkv, T, C, NH, scale_log2, drop, keep, sections);
 }
 
 template <int D, bool kDrop, int kRows = kDefaultFwdRows<D, kDrop>>
@@ -276,7 +277,8 @@ void forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C,
   if constexpr (kRows != kDefaultFwdRows<D, kDrop>) prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
-  kernel<<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, C, NH, scale_log2, drop, keep_scale(drop));
+  kernel<<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, C, NH, scale_log2, drop, keep_scale(drop),
+                                           attention_sections(B * NH, T, D, sizeof(bf16)));
   GPT_CUDA_CHECK_LAUNCH();
 }
 

@@ -59,7 +59,7 @@ template <int D, bool kDrop, bool kLean, bool kStoreDs = false>
 __device__ __forceinline__ void attention_backward_kv_mma(bf16* dqkv, const bf16* dob, const bf16* qkv,
                                                           const float* lse, const float* dvec, int T, int C, int NH,
                                                           float scale, float scale_log2, DropoutMask drop, float keep,
-                                                          bf16* ds = nullptr, int64_t ds_ld = 0) {
+                                                          int sections, bf16* ds = nullptr, int64_t ds_ld = 0) {
   using Cfg = BwdKvCfg<D, kLean>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LD = Cfg::LD, KD = D / 16, ND = D / 8, NC = BQ / 16;
   constexpr bool kKeep = Cfg::kKeep;
@@ -68,8 +68,9 @@ __device__ __forceinline__ void attention_backward_kv_mma(bf16* dqkv, const bf16
   bf16* sv = reinterpret_cast<bf16*>(smem_raw + Cfg::kV);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane >> 2, tq = lane & 3;
 
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int k0 = blockIdx.x * BK;  // the first key tiles see the most queries: start them first
+  const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
+  const int bh = tile.bh, b = bh / NH, h = bh % NH;
+  const int k0 = tile.rank * BK;  // rank 0: the first key tile, seen by the most queries
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
   const bf16* q = qkv + qkv_off;
@@ -190,9 +191,10 @@ __device__ __forceinline__ void attention_backward_kv_mma(bf16* dqkv, const bf16
 template <int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_kv_mma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
-                                     int T, int C, int NH, float scale, float scale_log2, DropoutMask drop,
-                                     float keep) {
-  attention_backward_kv_mma<D, kDrop, false>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
+                                     int T, int C, int NH, float scale, float scale_log2, DropoutMask drop, float keep,
+                                     int sections) {
+  attention_backward_kv_mma<D, kDrop, false>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep,
+                                             sections);
 }
 
 // The lean configuration in at most 168 registers, for 3 blocks per SM (D 32 and 64 without dropout: sm_90 ptxas,
@@ -200,9 +202,10 @@ __global__ void __launch_bounds__(kThreads)
 template <int D>
 __global__ void __launch_bounds__(kThreads, 3)
     attention_backward_kv_mma3_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
-                                      int T, int C, int NH, float scale, float scale_log2, DropoutMask drop,
-                                      float keep) {
-  attention_backward_kv_mma<D, false, true>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
+                                      int T, int C, int NH, float scale, float scale_log2, DropoutMask drop, float keep,
+                                      int sections) {
+  attention_backward_kv_mma<D, false, true>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep,
+                                            sections);
 }
 
 // The same, also writing dS^T for attention_backward_q_ds_kernel (ds: B NH blocks of ds_ld x ds_ld).
@@ -210,9 +213,9 @@ template <int D>
 __global__ void __launch_bounds__(kThreads, 3)
     attention_backward_kv_ds_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
                                     int T, int C, int NH, float scale, float scale_log2, DropoutMask drop, float keep,
-                                    bf16* ds, int64_t ds_ld) {
+                                    bf16* ds, int64_t ds_ld, int sections) {
   attention_backward_kv_mma<D, false, true, true>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep,
-                                                  ds, ds_ld);
+                                                  sections, ds, ds_ld);
 }
 
 // dQ for one 64-query tile of one (b, h); warp w owns queries q0 + 16 w.. and sums over the key tiles in
@@ -220,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 template <int D, bool kDrop>
 __device__ __forceinline__ void attention_backward_q_mma(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse,
                                                          const float* dvec, int T, int C, int NH, float scale,
-                                                         float scale_log2, DropoutMask drop, float keep) {
+                                                         float scale_log2, DropoutMask drop, float keep, int sections) {
   using Cfg = BwdQCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LD = Cfg::LD, KD = D / 16, ND = D / 8, NC = BK / 16;
   constexpr bool kKeep = Cfg::kKeep;
@@ -229,8 +232,9 @@ __device__ __forceinline__ void attention_backward_q_mma(bf16* dqkv, const bf16*
   bf16* sdo = reinterpret_cast<bf16*>(smem_raw + Cfg::kDo);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane >> 2, tq = lane & 3;
 
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query tiles have the most keys: start them first
+  const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
+  const int bh = tile.bh, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.x - 1 - tile.rank) * BQ;  // rank 0: the last query tile, with the most keys
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
   const bf16* q = qkv + qkv_off;
@@ -321,17 +325,18 @@ __device__ __forceinline__ void attention_backward_q_mma(bf16* dqkv, const bf16*
 template <int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_q_mma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
-                                    int T, int C, int NH, float scale, float scale_log2, DropoutMask drop, float keep) {
-  attention_backward_q_mma<D, kDrop>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
+                                    int T, int C, int NH, float scale, float scale_log2, DropoutMask drop, float keep,
+                                    int sections) {
+  attention_backward_q_mma<D, kDrop>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep, sections);
 }
 
 // The same in at most 168 registers, for 3 blocks per SM (D = 64 without dropout: 168 against 175, no spills).
 template <int D>
 __global__ void __launch_bounds__(kThreads, 3)
     attention_backward_q_mma3_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec,
-                                     int T, int C, int NH, float scale, float scale_log2, DropoutMask drop,
-                                     float keep) {
-  attention_backward_q_mma<D, false>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
+                                     int T, int C, int NH, float scale, float scale_log2, DropoutMask drop, float keep,
+                                     int sections) {
+  attention_backward_q_mma<D, false>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep, sections);
 }
 
 // dQ for one 64-query tile of one (b, h) from the dS^T the dK/dV kernel kept (attention_backward_kv_ds_kernel): warp w
@@ -345,14 +350,15 @@ __global__ void __launch_bounds__(kThreads, 3)
 template <int D>
 __global__ void __launch_bounds__(kThreads, 4)
     attention_backward_q_ds_kernel(bf16* dqkv, const bf16* qkv, const bf16* ds, int64_t ds_ld, int T, int C, int NH,
-                                   float scale) {
+                                   float scale, int sections) {
   using Cfg = BwdQDsCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LD = Cfg::LD, LDS = Cfg::LDS, ND = D / 8, NC = BK / 16;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
 
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query tiles have the most keys: start them first
+  const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
+  const int bh = tile.bh, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.x - 1 - tile.rank) * BQ;  // rank 0: the last query tile, with the most keys
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
   const bf16* k = qkv + qkv_off + C;
@@ -419,6 +425,7 @@ void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* 
                      int C, int NH, const DropoutMask& drop, bf16* ds, cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
   const float keep = keep_scale(drop);
+  const int sections = attention_sections(B * NH, T, D, sizeof(bf16));
   if constexpr (kLean) {
     if (ds != nullptr) {
       const int64_t ds_ld = cuda_workspace::attention_ds_stride(T);
@@ -434,7 +441,7 @@ void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* 
         prefer_shared_memory(kernel);
         const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BK)), static_cast<unsigned>(B * NH));
         kernel<<<grid, kThreads, smem, stream>>>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep, ds,
-                                                 ds_ld);
+                                                 ds_ld, sections);
         GPT_CUDA_CHECK_LAUNCH();
       }
       using Cfg = BwdQDsCfg<D>;
@@ -443,7 +450,7 @@ void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* 
       set_smem(kernel, smem);
       prefer_shared_memory(kernel);  // 4 blocks of 36 KB at D = 64: past the default carveout (135 KB on the H200)
       const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
-      kernel<<<grid, kThreads, smem, stream>>>(dqkv, qkv, ds, ds_ld, T, C, NH, scale);
+      kernel<<<grid, kThreads, smem, stream>>>(dqkv, qkv, ds, ds_ld, T, C, NH, scale, sections);
       GPT_CUDA_CHECK_LAUNCH();
       return;
     }
@@ -461,7 +468,8 @@ void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* 
     set_smem(kernel, smem);
     if constexpr (kLean) prefer_shared_memory(kernel);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BK)), static_cast<unsigned>(B * NH));
-    kernel<<<grid, kThreads, smem, stream>>>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
+    kernel<<<grid, kThreads, smem, stream>>>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep,
+                                             sections);
     GPT_CUDA_CHECK_LAUNCH();
   }
   {
@@ -477,7 +485,8 @@ void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* 
     set_smem(kernel, smem);
     if constexpr (kLean) prefer_shared_memory(kernel);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
-    kernel<<<grid, kThreads, smem, stream>>>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep);
+    kernel<<<grid, kThreads, smem, stream>>>(dqkv, dob, qkv, lse, dvec, T, C, NH, scale, scale_log2, drop, keep,
+                                             sections);
     GPT_CUDA_CHECK_LAUNCH();
   }
 }

@@ -212,7 +212,7 @@ __device__ inline void score_products(AccFrag& s, AccFrag& dp, const AFrag (&a1k
 template <int D, typename In, typename Out>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_tc_kernel(Out* out, float* lse, const In* qkv, int T, int C, int NH, float scale,
-                                DropoutMask drop, float keep) {
+                                DropoutMask drop, float keep, int sections) {
   using Cfg = FwdCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LDK = Cfg::LDK, LDS = Cfg::LDS, LDP = Cfg::LDP;
   constexpr int KD = D / 16, NB = BK / 16, kHalf = BK / 2;
@@ -225,8 +225,9 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sp = reinterpret_cast<bf16*>(smem_raw + Cfg::kP) + warp * kRows * LDP;
   float* sstat = reinterpret_cast<float*>(smem_raw + Cfg::kStat) + warp * 2 * kRows;
 
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query tiles have the most keys: start them first
+  const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
+  const int bh = tile.bh, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.x - 1 - tile.rank) * BQ;  // rank 0: the last query tile, with the most keys
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const In* q = qkv + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
   const In* k = q + C;
@@ -345,7 +346,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int D, typename In, typename G>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_kv_tc_kernel(In* dqkv, const G* dout, const In* qkv, const float* lse, const float* dvec, int T,
-                                    int C, int NH, float scale, DropoutMask drop, float keep) {
+                                    int C, int NH, float scale, DropoutMask drop, float keep, int sections) {
   using Cfg = BwdKvCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LDK = Cfg::LDK, LDB = Cfg::LDB;
   constexpr int KD = D / 16, NBQ = BQ / 16;
@@ -361,8 +362,9 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sp = reinterpret_cast<bf16*>(smem_raw + Cfg::kP) + warp * kRows * LDB;
   bf16* sds = reinterpret_cast<bf16*>(smem_raw + Cfg::kDs) + warp * kRows * LDB;
 
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int k0 = blockIdx.x * BK;  // the first key tiles see the most queries: start them first
+  const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
+  const int bh = tile.bh, b = bh / NH, h = bh % NH;
+  const int k0 = tile.rank * BK;  // rank 0: the first key tile, seen by the most queries
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
   const In* q = qkv + qkv_off;
@@ -470,7 +472,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int D, typename In, typename G>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_q_tc_kernel(In* dqkv, const G* dout, const In* qkv, const float* lse, const float* dvec, int T,
-                                   int C, int NH, float scale, DropoutMask drop, float keep) {
+                                   int C, int NH, float scale, DropoutMask drop, float keep, int sections) {
   using Cfg = BwdQCfg<D>;
   constexpr int BQ = Cfg::BQ, BK = Cfg::BK, LDK = Cfg::LDK, LDB = Cfg::LDB;
   constexpr int KD = D / 16, NBK = BK / 16;
@@ -485,8 +487,9 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   bf16* sds = reinterpret_cast<bf16*>(smem_raw + Cfg::kDs) + warp * kRows * LDB;
 
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;  // the last query tiles have the most keys: start them first
+  const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
+  const int bh = tile.bh, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.x - 1 - tile.rank) * BQ;  // rank 0: the last query tile, with the most keys
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * D;
   const In* q = qkv + qkv_off;
@@ -590,7 +593,7 @@ void forward_impl(Out* out, float* lse, const In* qkv, int B, int T, int C, int 
   set_smem(kernel, smem);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
   kernel<<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, C, NH, 1.0f / std::sqrt(static_cast<float>(D)), drop,
-                                           keep_scale(drop));
+                                           keep_scale(drop), attention_sections(B * NH, T, D, sizeof(In)));
   GPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -599,13 +602,14 @@ void backward_impl(In* dqkv, const G* dout, const In* qkv, const float* lse, con
                    int NH, const DropoutMask& drop, cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const float keep = keep_scale(drop);
+  const int sections = attention_sections(B * NH, T, D, sizeof(In));
   {
     using Cfg = BwdKvCfg<D>;
     constexpr size_t smem = Cfg::kBytes;
     const auto kernel = attention_backward_kv_tc_kernel<D, In, G>;
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BK)), static_cast<unsigned>(B * NH));
-    kernel<<<grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, drop, keep);
+    kernel<<<grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, drop, keep, sections);
     GPT_CUDA_CHECK_LAUNCH();
   }
   {
@@ -614,7 +618,7 @@ void backward_impl(In* dqkv, const G* dout, const In* qkv, const float* lse, con
     const auto kernel = attention_backward_q_tc_kernel<D, In, G>;
     set_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
-    kernel<<<grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, drop, keep);
+    kernel<<<grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, drop, keep, sections);
     GPT_CUDA_CHECK_LAUNCH();
   }
 }

@@ -130,7 +130,8 @@ __device__ __forceinline__ void finish_forward(bf16* out, float* lse, const floa
 // rows, from registers (load_a_sw128 once, at the first tile) instead of from shared memory at every product.
 template <int kWG, int kNK, int kMinBlocks, bool kQRegs = false>
 __global__ void __launch_bounds__((kThreads * kWG), kMinBlocks)
-    attention_forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2) {
+    attention_forward_wgmma_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2,
+                                   int sections) {
   constexpr int kNT = kThreads * kWG, kRows = kBQ * kWG;  // the block's threads and query rows
   constexpr int kParts = kNK / 64;                        // 64-key parts of a K/V tile
   static_assert(kNK == 64 || kNK == 128);
@@ -143,8 +144,9 @@ __global__ void __launch_bounds__((kThreads * kWG), kMinBlocks)
   const int warp = threadIdx.x / kWarp, wg = kWG > 1 ? warp / 4 : 0, lane = threadIdx.x % kWarp, g = lane >> 2,
             tq = lane & 3;
 
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // the last query tiles have the most keys: start them first
+  const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
+  const int bh = tile.bh, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.x - 1 - tile.rank) * kRows;  // rank 0: the last query tile, with the most keys
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const bf16* q = qkv + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * kD;
   const bf16* k = q + C;
@@ -248,7 +250,7 @@ constexpr size_t kSmemOverlap = (1 + kOverlapKStages + kOverlapVStages) * size_t
 
 __global__ void __launch_bounds__(kThreads)
     attention_forward_wgmma_overlap_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH,
-                                           float scale_log2) {
+                                           float scale_log2, int sections) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = align_1024(smem_raw);
   unsigned char* sq = base;
@@ -256,8 +258,9 @@ __global__ void __launch_bounds__(kThreads)
   auto stage_v = [&](int kt) { return base + (1 + kOverlapKStages + kt % kOverlapVStages) * kTile; };
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane >> 2, tq = lane & 3;
 
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBQ;  // the last query tiles have the most keys: start them first
+  const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
+  const int bh = tile.bh, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.x - 1 - tile.rank) * kBQ;  // rank 0: the last query tile, with the most keys
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const bf16* q = qkv + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * kD;
   const bf16* k = q + C;
@@ -374,7 +377,8 @@ void forward_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C,
   set_smem(kernel, smem);
   prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBQ * kWG)), static_cast<unsigned>(B * NH));
-  kernel<<<grid, kThreads * kWG, smem, stream>>>(out, lse, qkv, T, C, NH, scale_log2);
+  kernel<<<grid, kThreads * kWG, smem, stream>>>(out, lse, qkv, T, C, NH, scale_log2,
+                                                 attention_sections(B * NH, T, kD, sizeof(bf16)));
 }
 
 // Whether the current device is sm_90 (asked at each call: two attribute reads, no cache to go stale).
@@ -411,8 +415,8 @@ void attention_forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int 
   if (overlap_enabled("fwd")) {
     set_smem(attention_forward_wgmma_overlap_kernel, kSmemOverlap);
     prefer_shared_memory(attention_forward_wgmma_overlap_kernel);
-    attention_forward_wgmma_overlap_kernel<<<grid, kThreads, kSmemOverlap, stream>>>(out, lse, qkv, T, C, NH,
-                                                                                     scale_log2);
+    attention_forward_wgmma_overlap_kernel<<<grid, kThreads, kSmemOverlap, stream>>>(
+        out, lse, qkv, T, C, NH, scale_log2, attention_sections(B * NH, T, kD, sizeof(bf16)));
   } else if (env_is("GPT_ATTENTION_WGMMA_BK", "128")) {
     if (two_warpgroups("fwd")) {
       forward_launch<2, 128>(out, lse, qkv, B, T, C, NH, scale_log2, stream);

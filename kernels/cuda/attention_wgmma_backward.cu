@@ -43,7 +43,7 @@ template <int BQ, bool kOverlap, int kWG, bool kKVRegs = false, bool kStageDs = 
 __global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? (kKVRegs ? 3 : 4) / kWG : 0))
     attention_backward_kv_wgmma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse,
                                        const float* dvec, int T, int C, int NH, float scale, float scale_log2, bf16* ds,
-                                       int64_t ds_ld) {
+                                       int64_t ds_ld, int sections) {
   using Cfg = BwdKvWgmmaCfg<BQ>;
   constexpr int NC = BQ / 16, kNT = kThreads * kWG, kKeys = kBK * kWG;  // the block's threads and keys
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -60,8 +60,9 @@ __global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? (kK
             tq = lane & 3;
   unsigned char* ds_stage = base + 2 * kWG * kTile + 2 * Cfg::kStageBytes + warp * Cfg::kDsWarpBytes;  // kStageDs
 
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int k0 = blockIdx.x * kKeys;  // the first key tiles see the most queries: start them first
+  const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
+  const int bh = tile.bh, b = bh / NH, h = bh % NH;
+  const int k0 = tile.rank * kKeys;  // rank 0: the first key tile, seen by the most queries
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * kD;
   const bf16* q = qkv + qkv_off;
@@ -286,7 +287,7 @@ __global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? (kK
 template <int kWG>
 __global__ void __launch_bounds__((kThreads * kWG))
     attention_backward_q_wgmma_kernel(bf16* dqkv, const bf16* qkv, const bf16* ds, int64_t ds_ld, int T, int C, int NH,
-                                      float scale) {
+                                      float scale, int sections) {
   constexpr int kNT = kThreads * kWG, kRows = kBQ * kWG;  // the block's threads and queries
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = align_1024(smem_raw);
@@ -295,8 +296,9 @@ __global__ void __launch_bounds__((kThreads * kWG))
   // warp: the block's (16 queries each, warpgroup after warpgroup); wg: this warp's warpgroup
   const int warp = threadIdx.x / kWarp, wg = kWG > 1 ? warp / 4 : 0, lane = threadIdx.x % kWarp;
 
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kRows;  // the last query tiles have the most keys: start them first
+  const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
+  const int bh = tile.bh, b = bh / NH, h = bh % NH;
+  const int q0 = (gridDim.x - 1 - tile.rank) * kRows;  // rank 0: the last query tile, with the most keys
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int64_t qkv_off = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * kD;
   const bf16* k = qkv + qkv_off + C;
@@ -385,7 +387,8 @@ void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const flo
   prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBK * kWG)), static_cast<unsigned>(B * NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(kD)), scale_log2 = scale * kLog2e;
-  kernel<<<grid, kThreads * kWG, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, scale_log2, ds, ds_ld);
+  kernel<<<grid, kThreads * kWG, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, scale_log2, ds, ds_ld,
+                                                 attention_sections(B * NH, T, kD, sizeof(bf16)));
   GPT_CUDA_CHECK_LAUNCH();
 }
 
@@ -408,7 +411,8 @@ void backward_q_launch(bf16* dqkv, const bf16* qkv, const bf16* ds, int64_t ds_l
   prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBQ * kWG)), static_cast<unsigned>(B * NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
-  kernel<<<grid, kThreads * kWG, smem, stream>>>(dqkv, qkv, ds, ds_ld, T, C, NH, scale);
+  kernel<<<grid, kThreads * kWG, smem, stream>>>(dqkv, qkv, ds, ds_ld, T, C, NH, scale,
+                                                 attention_sections(B * NH, T, kD, sizeof(bf16)));
   GPT_CUDA_CHECK_LAUNCH();
 }
 

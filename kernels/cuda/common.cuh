@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/tile_order.h"
 #include "kernels/cuda/workspace.h"
 
 namespace gpt::cuda {
@@ -21,6 +22,18 @@ namespace gpt::cuda {
 inline bool env_is(const char* name, std::string_view value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::string_view(v) == value;
+}
+
+// Heads per section of the causal attention kernels' tile order (causal_tile, tile_order.h) for `heads` heads of T
+// rows with head size hs, `elem` bytes per element: sections whose two tiles a head's blocks all read (K and V, Q and
+// dO) fit half of this device's L2; GPT_ATTENTION_ORDER=head gives 0, every head's tiles in turn, as before, and so
+// does a grid of 2^32 blocks or more (heads * T bounds it), past causal_tile's 32-bit index arithmetic.
+inline int attention_sections(int64_t heads, int T, int hs, size_t elem) {
+  if (env_is("GPT_ATTENTION_ORDER", "head") || heads * T >= (int64_t{1} << 32)) return 0;
+  int device = 0, l2 = 0;
+  GPT_CUDA_CHECK(cudaGetDevice(&device));
+  GPT_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  return causal_section_heads(heads, 2 * static_cast<int64_t>(T) * hs * static_cast<int64_t>(elem), l2);
 }
 
 constexpr int kWarp = 32;

@@ -38,6 +38,7 @@ inline const std::vector<Switch>& all() {
       {"GPT_ATTENTION_FWD_ROWS", {"16", "32"}, false, "the mma.sync forward's query rows per warp"},
       {"GPT_ATTENTION_BWD_BLOCKS", {"2", "3"}, false, "the mma.sync backward's kernels by blocks per SM"},
       {"GPT_ATTENTION_DQ", {"keep", "recompute"}, false, "dQ from the kept dS^T or recomputed"},
+      {"GPT_ATTENTION_ORDER", {"lpt", "head"}, false, "the causal attention kernels' order of tiles"},
       {"GPT_ATTENTION_WGMMA", {"0", "1", "fwd"}, false, "the wgmma attention kernels: none, both, the forward only"},
       {"GPT_ATTENTION_WGMMA_BQ", {"32", "64"}, false, "the wgmma dK/dV kernel's queries per step"},
       {"GPT_ATTENTION_WGMMA_BK", {"64", "128"}, false, "the wgmma forward's keys per tile"},

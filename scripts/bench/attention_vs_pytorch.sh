@@ -23,7 +23,8 @@
 # DTYPE (bf16), SHAPES ("16,1024,768,12 4,2048,2048,16": GPT-2 124M's attention, head size 64; and head size 128),
 # ITERS (20), WARMUP (3), KERNELS (the bench's default: auto,wmma on cuda bf16), BACKENDS
 # (default,flash,cudnn,efficient), TIMEOUT (90 s per side and shape), ENV_VARIANTS (";"-separated, each a
-# space-separated list of VAR=value; on cuda bf16 by default the wgmma kernels' experiments: GPT_ATTENTION_WGMMA_BQ=64,
+# space-separated list of VAR=value; on cuda by default the tiles head by head as before their order by length,
+# GPT_ATTENTION_ORDER=head, then on sm_90 in bf16 the wgmma kernels' experiments: GPT_ATTENTION_WGMMA_BQ=64,
 # _OVERLAP=1, both, _WG2=1, =kv, =dq, with BQ 64, with the overlap, _BK=128, with WG2=fwd, _FWD_BLOCKS=4, _RS=1,
 # with BQ 64, _DS_STAGE=0, and the mma.sync kernels, GPT_ATTENTION_WGMMA=0;
 # "" = none), TIME_LIMIT (0; else seconds from the start after which no variant starts whose TIMEOUT would pass it).
@@ -45,11 +46,12 @@ TIMEOUT=${TIMEOUT:-90}
 TIME_LIMIT=${TIME_LIMIT:-0}
 if [[ -z ${ENV_VARIANTS+set} ]]; then
   ENV_VARIANTS=""
+  [[ $DEVICE == cuda ]] && ENV_VARIANTS="GPT_ATTENTION_ORDER=head"  # every CUDA attention kernel
   # On sm_90 only (where the wgmma kernels run; elsewhere the switches change nothing).
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 || true)
   if [[ $DEVICE == cuda && $DTYPE == bf16 && $cc == 9.0 ]]; then
     w=GPT_ATTENTION_WGMMA
-    ENV_VARIANTS="${w}_BQ=64;${w}_OVERLAP=1;${w}_BQ=64 ${w}_OVERLAP=1;${w}_WG2=1;${w}_WG2=kv;${w}_WG2=dq"
+    ENV_VARIANTS="$ENV_VARIANTS;${w}_BQ=64;${w}_OVERLAP=1;${w}_BQ=64 ${w}_OVERLAP=1;${w}_WG2=1;${w}_WG2=kv;${w}_WG2=dq"
     ENV_VARIANTS="$ENV_VARIANTS;${w}_WG2=1 ${w}_BQ=64;${w}_WG2=1 ${w}_OVERLAP=1;${w}_BK=128;${w}_BK=128 ${w}_WG2=fwd"
     ENV_VARIANTS="$ENV_VARIANTS;${w}_FWD_BLOCKS=4;${w}_RS=1;${w}_RS=1 ${w}_BQ=64;${w}_DS_STAGE=0;$w=0"
   fi

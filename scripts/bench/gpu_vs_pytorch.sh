@@ -44,7 +44,8 @@
 # GPT_TRAIN_SET (extra "key=value" overrides for gpt-train, space-separated), VARIANTS (more gpt-train runs after the
 # table, ";"-separated, each a space-separated list of overrides on top of GPT_TRAIN_SET, e.g. "run.gelu_fusion=full",
 # where a word with an upper-case name (GPT_ATTENTION_FWD_ROWS=32) is put in that run's environment instead;
-# default, when the run is bf16 on cuda: kernels/cuda's switches, the least known first (the dK/dV kernel's dS^T
+# default, when the run is bf16 on cuda: kernels/cuda's switches, the least known first (the attention's tiles head by
+# head as before their order by length, GPT_ATTENTION_ORDER=head; the dK/dV kernel's dS^T
 # stored from its fragments as before it was staged, GPT_ATTENTION_WGMMA_DS_STAGE=0; the weight gradients on their own
 # stream, GPT_GEMM_WGRAD_STREAM=1; the tiles every product of a block multiplies held in registers,
 # GPT_ATTENTION_WGMMA_RS=1; the wgmma dK/dV kernel at 64 queries per step, GPT_ATTENTION_WGMMA_BQ=64;
@@ -65,9 +66,10 @@
 # prints both sides' device time per step by kind: GEMMs, attention, cross-entropy, optimizer, the rest),
 # GPT_TRAIN_CUDA_PROFILE (passed
 # through; when 1 the whole gpt-train log, with its per-op table, is printed), KEEP=1 keeps the temp dir.
-# GPT_GEMM_ALGOS=N, GPT_GEMM_ALGO_CACHE=FILE, GPT_GEMM_BGRAD=1, GPT_GEMM_SPLITK=S, GPT_GEMM_WGRAD_STREAM=1, GPT_ATTENTION_FWD_ROWS=32, GPT_ATTENTION_BWD_BLOCKS=2,
-# GPT_ATTENTION_DQ=recompute and GPT_ATTENTION_WGMMA* (the CUDA switches in kernels/cuda) pass through to gpt-train too; under GPT_GEMM_ALGOS
-# (and GPT_GEMM_SPLITK) its per-shape timings are printed after its log's last lines.
+# GPT_GEMM_ALGOS=N, GPT_GEMM_ALGO_CACHE=FILE, GPT_GEMM_BGRAD=1, GPT_GEMM_SPLITK=S, GPT_GEMM_WGRAD_STREAM=1,
+# GPT_ATTENTION_FWD_ROWS=32, GPT_ATTENTION_BWD_BLOCKS=2, GPT_ATTENTION_DQ=recompute, GPT_ATTENTION_ORDER=head and
+# GPT_ATTENTION_WGMMA* (the CUDA switches in kernels/cuda/switches.h) pass through to gpt-train too; under
+# GPT_GEMM_ALGOS (and GPT_GEMM_SPLITK) its per-shape timings are printed after its log's last lines.
 # Budget: under 4 minutes on one H200 with the defaults before the variants (the two timeouts sum to 210 s), each
 # variant at most VARIANT_TIMEOUT more. Exit status: 0; 1 when a side failed or timed out (after all the output);
 # 2 for a bad setting.
@@ -179,9 +181,11 @@ if [[ -z ${VARIANTS+set} ]]; then
   if [[ $DEVICE == cuda && $PARAM_DTYPE == bf16 ]]; then
     # kernels/cuda's switches (a binary without them runs its defaults again): the wgmma kernels' experiments, the
     # weight gradients on their own stream, the mma.sync attention where sm_90 takes the wgmma one.
-    # First the new default's own switch (the dK/dV kernel's dS^T as the H200 last ran it), then the experiments not
-    # yet measured, then BQ=64 (1.012x at batch 64 in session 24): check.sh's time runs the first few.
-    VARIANTS="GPT_ATTENTION_WGMMA_DS_STAGE=0;GPT_GEMM_WGRAD_STREAM=1;GPT_ATTENTION_WGMMA_RS=1;GPT_ATTENTION_WGMMA_BQ=64"
+    # First the new defaults' own switches (the tiles head by head, the dK/dV kernel's dS^T as the H200 last ran
+    # them), then the experiments not yet measured, then BQ=64 (1.012x at batch 64 in session 24): check.sh's time
+    # runs the first few.
+    VARIANTS="GPT_ATTENTION_ORDER=head;GPT_ATTENTION_WGMMA_DS_STAGE=0;GPT_GEMM_WGRAD_STREAM=1"
+    VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_RS=1;GPT_ATTENTION_WGMMA_BQ=64"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_OVERLAP=1;GPT_ATTENTION_WGMMA_WG2=1"
     # cuBLASLt's algorithms chosen by timing and kept in a file, then taken from it (the steps timed leave out the
     # first, where the timing runs)

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "cuda_bf16.h"
@@ -15,6 +17,7 @@
 #include "kernels/cuda/attention_mma.h"
 #include "kernels/cuda/attention_tc.h"
 #include "kernels/cuda/kernels.h"
+#include "testing/scoped_env.h"
 
 namespace {
 
@@ -427,4 +430,96 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
   ::setenv("GPT_ATTENTION_WGMMA", "0", 1);
   run_mma(1, 1, 64, 150, 0.0f);
   ::unsetenv("GPT_ATTENTION_WGMMA");
+}
+
+namespace {
+
+// One forward and backward's out, lse and dqkv, as bytes. kind 0: attention.cu (fp32), 1: attention_tc.cu (bf16),
+// 2: attention_mma.cu (bf16; attention_wgmma.cu's kernels where the emulated sm_90 takes them).
+std::vector<unsigned char> attention_bytes(int kind, int B, int NH, int hs, int T, float p) {
+  const int C = NH * hs;
+  const size_t nqkv = static_cast<size_t>(B) * T * 3 * C, nout = static_cast<size_t>(B) * T * C,
+               nlse = static_cast<size_t>(B) * NH * T;
+  rng().seed(4242);  // the same inputs every call
+  Buf<float> qkv(nqkv), dout(nout), lse(nlse);
+  randn(qkv);
+  randn(dout);
+  const DropoutMask drop = make_drop(p, hs);
+  std::vector<unsigned char> bytes;
+  auto keep = [&bytes](const auto& buf) {
+    const auto* b = reinterpret_cast<const unsigned char*>(buf.p);
+    bytes.insert(bytes.end(), b, b + buf.n * sizeof(*buf.p));
+  };
+  if (kind == 0) {
+    Buf<float> out(nout), dqkv(nqkv), scratch(emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float));
+    emu::attention_forward(gpt::TensorPtr(out.p), lse.p, gpt::ConstTensorPtr(qkv.p), B, T, C, NH, drop, nullptr);
+    emu::attention_backward(gpt::TensorPtr(dqkv.p), gpt::ConstTensorPtr(dout.p), gpt::ConstTensorPtr(qkv.p),
+                            gpt::ConstTensorPtr(out.p), lse.p, B, T, C, NH, drop, scratch.p, nullptr);
+    keep(out), keep(lse), keep(dqkv);
+    return bytes;
+  }
+  Buf<gpt::bf16> qh(nqkv), doh(nout), out(nout), dqkv(nqkv);
+  for (size_t i = 0; i < nqkv; ++i) qh[i] = gpt::f32_to_bf16(qkv[i]);
+  for (size_t i = 0; i < nout; ++i) doh[i] = gpt::f32_to_bf16(dout[i]);
+  if (kind == 1) {
+    Buf<float> scratch(emu::attention_backward_scratch_bytes(B, T, C, NH) / sizeof(float));
+    emu::attention_forward_tc(gpt::TensorPtr(out.p), lse.p, gpt::ConstTensorPtr(qh.p), B, T, C, NH, drop, nullptr);
+    emu::attention_backward_tc(gpt::TensorPtr(dqkv.p), gpt::ConstTensorPtr(doh.p), gpt::ConstTensorPtr(qh.p),
+                               gpt::ConstTensorPtr(out.p), lse.p, B, T, C, NH, drop, scratch.p, nullptr);
+  } else {
+    const size_t scratch_bytes = emu::attention_backward_mma_scratch_bytes(B, T, C, NH, drop.active());
+    Buf<unsigned char> scratch(scratch_bytes);
+    std::memset(scratch.p, 0xff, scratch_bytes);  // NaN as fp32 and as bf16
+    emu::attention_forward_mma(gpt::TensorPtr(out.p), lse.p, gpt::ConstTensorPtr(qh.p), B, T, C, NH, drop, nullptr);
+    emu::attention_backward_mma(gpt::TensorPtr(dqkv.p), doh.p, gpt::ConstTensorPtr(qh.p), gpt::ConstTensorPtr(out.p),
+                                lse.p, B, T, C, NH, drop, scratch.p, nullptr);
+  }
+  keep(out), keep(lse), keep(dqkv);
+  return bytes;
+}
+
+}  // namespace
+
+// The tile order (kernels/cuda/tile_order.h) moves each block to another (tile, head) and nothing else: every causal
+// attention kernel gives the bits of the head-by-head order (GPT_ATTENTION_ORDER=head) with its heads in sections of
+// 1, 2 and 3 (an L2 cache made small enough: 5 heads as 2, 2, 1 and as 3, 2) and in one section. 5 heads of T 150:
+// 3 query tiles of 64 (2 of 128 in the two-warpgroup kernels), so ranks and heads both move. A tile computed twice
+// or never (NaN-poisoned outputs and scratch) differs.
+TEST_CASE("cuda_emu: every attention kernel gives the same bits in either tile order", "[cuda_emu][attention_order]") {
+  struct Config {
+    int kind;
+    float p;
+    std::vector<std::pair<const char*, const char*>> env;
+    const char* what;
+  };
+  const std::vector<Config> configs = {
+      {0, 0.1f, {}, "attention.cu"},
+      {1, 0.1f, {}, "attention_tc.cu"},
+      {2, 0.1f, {}, "mma.sync, dropout"},
+      {2, 0.0f, {{"GPT_ATTENTION_WGMMA", "0"}}, "mma.sync, dS^T kept"},
+      {2, 0.0f, {{"GPT_ATTENTION_WGMMA", "0"}, {"GPT_ATTENTION_DQ", "recompute"}}, "mma.sync, 3 blocks per SM"},
+      {2, 0.0f, {}, "wgmma"},
+      {2, 0.0f, {{"GPT_ATTENTION_WGMMA_WG2", "1"}, {"GPT_ATTENTION_WGMMA_OVERLAP", "fwd"}}, "wgmma WG2, overlap"},
+  };
+  const int B = 1, NH = 5, hs = 64, T = 150;
+  struct RestoreL2 {
+    int bytes = emu_l2_bytes();
+    ~RestoreL2() { emu_l2_bytes() = bytes; }
+  } restore;
+  for (const Config& c : configs) {
+    CAPTURE(c.what);
+    std::vector<std::unique_ptr<gpt::testing::ScopedEnv>> env;
+    for (const auto& [name, value] : c.env) env.push_back(std::make_unique<gpt::testing::ScopedEnv>(name, value));
+    const int head_bytes = 2 * T * hs * (c.kind == 0 ? 4 : 2);  // K and V (Q and dO) of one head
+    std::vector<unsigned char> head;
+    {
+      const gpt::testing::ScopedEnv order("GPT_ATTENTION_ORDER", "head");
+      head = attention_bytes(c.kind, B, NH, hs, T, c.p);
+    }
+    for (const int heads_per_section : {1, 2, 3, 5}) {
+      CAPTURE(heads_per_section);
+      emu_l2_bytes() = heads_per_section == 5 ? 50 << 20 : 2 * heads_per_section * head_bytes + 1;
+      CHECK(attention_bytes(c.kind, B, NH, hs, T, c.p) == head);
+    }
+  }
 }

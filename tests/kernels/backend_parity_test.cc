@@ -1166,6 +1166,59 @@ TEST_CASE("parity: the wgmma attention's variants give the default kernels' resu
   gpu->set_compute_dtype(DType::kF32);
 }
 
+// The causal attention kernels' tile order (kernels/cuda/tile_order.h: longest tiles first over the heads of an
+// L2-sized section, the default; GPT_ATTENTION_ORDER=head, the grid as it reads) moves each block to another tile and
+// head, and nothing else: every kernel family gives the head-by-head order's out, lse and dqkv bit for bit. 12 heads
+// of 200 rows: 4 query tiles of 64 (2 of 128), so the blocks change both. Sections of fewer heads than the grid has
+// are the emulator's case (it shrinks the L2 cache the sections are sized by).
+TEST_CASE("parity: the attention kernels give the same bits in either tile order", "[cuda]") {
+  Backend* gpu = cuda_or_skip("attention tile order");
+  if (!gpu) return;
+  struct Case {
+    DType compute;
+    AttentionKernel kernel;
+    float p;
+    const char* wgmma;  // GPT_ATTENTION_WGMMA
+    const char* what;
+  };
+  const AttentionShape s{2, 200, 384, 6};
+  const int64_t nq = int64_t{s.B} * s.T * 3 * s.C, no = int64_t{s.B} * s.T * s.C;
+  for (const Case& c : {Case{DType::kF32, AttentionKernel::kAuto, 0.1f, "1", "fp32 kernels"},
+                        Case{DType::kBF16, AttentionKernel::kWmma, 0.1f, "1", "wmma"},
+                        Case{DType::kBF16, AttentionKernel::kAuto, 0.1f, "1", "mma.sync, dropout"},
+                        Case{DType::kBF16, AttentionKernel::kAuto, 0.0f, "0", "mma.sync"},
+                        Case{DType::kBF16, AttentionKernel::kAuto, 0.0f, "1", "wgmma on sm_90, else mma.sync"}}) {
+    CAPTURE(c.what);
+    gpu->set_compute_dtype(c.compute);
+    REQUIRE(gpu->set_attention_kernel(c.kernel).is_ok());
+    const testing::ScopedEnv wgmma("GPT_ATTENTION_WGMMA", c.wgmma);
+    const DropoutMask drop = mask(c.p, 6161);
+    const size_t es = dtype_size(c.compute);
+    std::vector<float> qw = randn(nq, 96), dout = randn(no, 97);
+    std::vector<bf16> qh(nq);
+    cpu().cast_to_bf16(qh.data(), qw.data(), nq);
+    auto run = [&](const char* order) {
+      const testing::ScopedEnv e("GPT_ATTENTION_ORDER", order);
+      // Outputs NaN (0xff bytes) first: a tile no block takes stays NaN, where the head-by-head order wrote it.
+      Dev<unsigned char> g_q(*gpu, nq * es), g_o(*gpu, std::vector<unsigned char>(no * es, 0xff)),
+          g_d(*gpu, std::vector<unsigned char>(nq * es, 0xff));
+      gpu->to_device(g_q.p(), c.compute == DType::kBF16 ? static_cast<const void*>(qh.data()) : qw.data(), nq * es);
+      Dev<float> g_att(*gpu, std::vector<float>(gpu->attention_state_floats(s.B, s.T, s.NH), NAN)), g_dout(*gpu, dout);
+      const TensorPtr q(g_q.p(), c.compute), o(g_o.p(), c.compute), d(g_d.p(), c.compute);
+      gpu->attention_forward(o, g_att.p(), q, s.B, s.T, s.C, s.NH, drop);
+      gpu->attention_backward(d, g_dout.p(), q, o, g_att.p(), s.B, s.T, s.C, s.NH, drop);
+      return std::make_tuple(g_o.read(), g_att.read(), g_d.read());
+    };
+    const auto [out0, att0, dqkv0] = run("head");
+    const auto [out1, att1, dqkv1] = run("lpt");
+    CHECK(out0 == out1);
+    CHECK(std::memcmp(att0.data(), att1.data(), att0.size() * sizeof(float)) == 0);
+    CHECK(dqkv0 == dqkv1);
+  }
+  REQUIRE(gpu->set_attention_kernel(AttentionKernel::kAuto).is_ok());
+  gpu->set_compute_dtype(DType::kF32);
+}
+
 // A bf16 output gradient (the projection GEMM's input gradient under bf16 compute) reads as its widening on every
 // attention backward: dqkv bit for bit that of the fp32 dout of its values. The tensor-core kernels multiply dO
 // rounded to bf16, which the widened values already are, and D sums the same values; the mma.sync backward takes the

@@ -693,13 +693,22 @@ inline std::pair<int, int>& emu_compute_capability() {
   static std::pair<int, int> cc{9, 0};
   return cc;
 }
+// The emulated GPU's L2 cache: an H100's 50 MB unless a test makes it smaller (the attention's tile sections).
+inline int& emu_l2_bytes() {
+  static int bytes = 50 * 1024 * 1024;
+  return bytes;
+}
 enum cudaDeviceAttr {
+  cudaDevAttrL2CacheSize = 38,
   cudaDevAttrComputeCapabilityMajor = 75,
   cudaDevAttrComputeCapabilityMinor = 76,
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
 };
 inline int cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   switch (attr) {
+    case cudaDevAttrL2CacheSize:
+      *value = emu_l2_bytes();
+      return 0;
     case cudaDevAttrComputeCapabilityMajor:
       *value = emu_compute_capability().first;
       return 0;
