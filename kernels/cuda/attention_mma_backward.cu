@@ -425,14 +425,17 @@ void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* 
                      int C, int NH, const DropoutMask& drop, bf16* ds, cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
   const float keep = keep_scale(drop);
+  if constexpr (kLean) {
+    if (ds != nullptr && D == 64 && attention_wgmma_backward_usable(C, NH, drop.active())) {  // sm_90: on wgmma
+      attention_backward_wgmma(dqkv, dob, qkv, lse, dvec, B, T, C, NH, ds, cuda_workspace::attention_ds_stride(T),
+                               stream);
+      return;
+    }
+  }
   const int sections = attention_sections(B * NH, T, D, sizeof(bf16));
   if constexpr (kLean) {
     if (ds != nullptr) {
       const int64_t ds_ld = cuda_workspace::attention_ds_stride(T);
-      if (D == 64 && attention_wgmma_backward_usable(C, NH, drop.active())) {  // sm_90: on wgmma
-        attention_backward_wgmma(dqkv, dob, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, stream);
-        return;
-      }
       {
         using Cfg = BwdKvCfg<D, true>;
         constexpr size_t smem = Cfg::kBytes;

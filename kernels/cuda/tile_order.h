@@ -25,12 +25,12 @@ struct CausalTile {
 
 // The tile of block (bx, by) in a grid of (tiles, heads) blocks. section_heads 0: head by head ({bx, by}); else the
 // heads in sections of section_heads (the last one may hold fewer), and within a section every head's rank-0 tile,
-// then every head's rank-1 tile, and so on. In 32 bits (a 64-bit division is a long software routine in a kernel):
-// REQUIRES tiles * heads < 2^32 (attention_sections gives 0 past that).
+// then every head's rank-1 tile, and so on (section_heads past `heads`: one section). In 32 bits (a 64-bit division
+// is a long software routine in a kernel): REQUIRES tiles * heads < 2^32 (attention_sections gives 0 past that).
 GPT_HOST_DEVICE inline CausalTile causal_tile(uint32_t bx, uint32_t by, uint32_t tiles, uint32_t heads,
                                               int section_heads) {
   if (section_heads <= 0) return {static_cast<int>(bx), static_cast<int>(by)};
-  const uint32_t per = static_cast<uint32_t>(section_heads);
+  const uint32_t per = static_cast<uint32_t>(section_heads) < heads ? static_cast<uint32_t>(section_heads) : heads;
   const uint32_t linear = by * tiles + bx;
   const uint32_t first = linear / (tiles * per) * per;           // the section's first head
   const uint32_t n = heads - first < per ? heads - first : per;  // the section's heads
