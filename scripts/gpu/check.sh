@@ -410,7 +410,9 @@ if [[ " ${CHECK_STEPS:-} " == *" ncu "* ]]; then
     ncu_tail=$(awk '/attention_(forward|backward_kv|backward_q)_(mma|mma16|ds|wgmma)_kernel[<(]/ {
         match($0, /attention_[a-z_]+_(mma|mma16|ds|wgmma)_kernel(<[0-9, ]+>)?/); print "  " substr($0, RSTART, RLENGTH) }
       /Duration|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued/ {
-        n = $NF; $NF = ""; sub(/^ +/, ""); print "      " $0 n }' "$OUTF" "$rows16" | head -n 48)
+        n = $NF; $NF = ""; sub(/^ +/, ""); print "      " $0 n }
+      /highest-utilized pipeline|cycles being stalled/ {  # the rules naming the busiest pipe and the main stall
+        line = $0; sub(/^ *[A-Z]+ +/, "", line); print "      " substr(line, 1, 110) }' "$OUTF" "$rows16" | head -n 80)
     if [ "$RC" = 0 ] && [ -n "$ncu_tail" ]; then record PASS "ncu attention kernels" "$T" "$LOGDIR/ncu_attention.txt"
     else fail_or_skip "ncu attention kernels"; fi
   fi
