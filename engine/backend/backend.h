@@ -261,8 +261,12 @@ class Backend {
   virtual int64_t attention_state_floats(int B, int T, int NH) const = 0;
   virtual void attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                                  const DropoutMask& drop) = 0;
+  // dqkv_bias, when not null: also bias_backward(dqkv_bias, dqkv, B T, 3C), the gradient of the bias of the projection
+  // that made qkv, as matmul_backward would sum it from dqkv (the CUDA backend's wgmma kernels sum the values they
+  // store as they store them, in another order: within rounding of it).
   virtual void attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out,
-                                  const float* att, int B, int T, int C, int NH, const DropoutMask& drop) = 0;
+                                  const float* att, int B, int T, int C, int NH, const DropoutMask& drop,
+                                  float* dqkv_bias) = 0;
   // Inference over a KV cache (sampling): the causal attention of positions [t0, T) of one sequence over its
   // positions [0, T). qkv(T,3C) holds every position's q|k|v (those before t0 written by earlier calls); out(T-t0,C)
   // gets rows t0.. of what attention_forward gives for this qkv without dropout (within rounding: the sums may run

@@ -511,9 +511,10 @@ void Gpt::block_backward(int l, const BlockParams& p, const BlockGrads& g, const
   const ConstTensorPtr dattn =
       projection_dout(dres, dropout(kSiteAttnResid, l, ctx, static_cast<uint64_t>(T_) * C), ctx);
   be_.matmul_backward(acts_->datty, g.projw, g.projb, dattn, a.atty, p.projw, N, C, C);
+  // The qkv bias's gradient comes with the attention's backward (which may sum it as it writes dqkv).
   be_.attention_backward(acts_->dqkv, acts_->datty, a.qkv, a.atty, a.att, B_, T_, C, NH,
-                         dropout(kSiteAttention, l, ctx, static_cast<uint64_t>(NH) * T_ * T_));
-  be_.matmul_backward(acts_->dln, g.qkvw, g.qkvb, acts_->dqkv, a.ln1, p.qkvw, N, C, 3 * C);
+                         dropout(kSiteAttention, l, ctx, static_cast<uint64_t>(NH) * T_ * T_), g.qkvb);
+  be_.matmul_backward(acts_->dln, g.qkvw, nullptr, acts_->dqkv, a.ln1, p.qkvw, N, C, 3 * C);
   // Block 0's input gradient goes to the embedding backward, in fp32 only.
   be_.layernorm_backward(dres, g.ln1w, g.ln1b, acts_->dln, x_in, p.ln1w, a.ln1_mean, a.ln1_rstd, N, C,
                          l > 0 ? residual_grad_lo(ctx) : nullptr);

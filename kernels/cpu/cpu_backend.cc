@@ -129,10 +129,12 @@ void CpuBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv
 }
 // The probabilities in `att` give the backward; it does not read out.
 void CpuBackend::attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr /*out*/,
-                                    const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
+                                    const float* att, int B, int T, int C, int NH, const DropoutMask& drop,
+                                    float* dqkv_bias) {
   const int64_t n = static_cast<int64_t>(B) * T * 3 * C;
   cpu::attention_backward(result_area(dqkv, n), f32_view(2, dout, n / 3), f32_view(0, qkv, n), att, B, T, C, NH, drop);
   finish(dqkv, n);
+  if (dqkv_bias != nullptr) bias_backward(dqkv_bias, dqkv, static_cast<int64_t>(B) * T, 3 * C);
 }
 void CpuBackend::attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) {
   const int64_t n = static_cast<int64_t>(T - t0) * C;

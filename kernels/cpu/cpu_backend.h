@@ -43,7 +43,7 @@ class CpuBackend final : public Backend {
   void attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                          const DropoutMask& drop) override;
   void attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
-                          int B, int T, int C, int NH, const DropoutMask& drop) override;
+                          int B, int T, int C, int NH, const DropoutMask& drop, float* dqkv_bias) override;
   void attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) override;
   void gelu_forward(TensorPtr out, ConstTensorPtr inp, int64_t N) override;
   void gelu_backward(TensorPtr dinp, ConstTensorPtr inp, ConstTensorPtr dout, int64_t N) override;

@@ -251,6 +251,23 @@ __device__ inline void store_rows(bf16* dst, int64_t ld, const float (&acc)[MT][
   __syncwarp();
 }
 
+// After store_rows (MT 1, D 64): the column sums of the rows it stored (those below T), as stored (bf16), into
+// partial[0, 64): lane l adds columns 2 l and 2 l + 1 over the warp's 16 staged rows in order. The staging rows may be
+// rewritten after it returns.
+template <int LD>
+__device__ inline void stored_column_sums(float* partial, const bf16* stage, int row0, int T, int lane) {
+  float lo = 0.0f, hi = 0.0f;
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    if (row0 + r < T) {
+      lo += load_value(stage + r * LD + 2 * lane);
+      hi += load_value(stage + r * LD + 2 * lane + 1);
+    }
+  }
+  *reinterpret_cast<float2*>(partial + 2 * lane) = make_float2(lo, hi);
+  __syncwarp();  // every lane's reads of the staging rows before any lane's next writes
+}
+
 // Validates the shape; returns the head size.
 inline int check_shape(int B, int T, int C, int NH) {
   GPT_CHECK(B >= 0 && T >= 0);

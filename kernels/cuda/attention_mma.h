@@ -29,13 +29,17 @@ void attention_forward_mma(TensorPtr out, float* lse, ConstTensorPtr qkv, int B,
                            const DropoutMask& drop, cudaStream_t stream);
 
 // The backward's scratch: D (B,NH,T floats), and at head size 32 or 64 without dropout dS^T (bf16, B NH Tp^2, Tp =
-// T rounded up to 64), unless that passes cuda_workspace::kAttentionDsMaxBytes.
+// T rounded up to 64), unless that passes cuda_workspace::kAttentionDsMaxBytes, then the wgmma kernels' qkv bias
+// partials (cuda_workspace::attention_bias_partials).
 size_t attention_backward_mma_scratch_bytes(int B, int T, int C, int NH, bool dropout);
 
-// dqkv(B,T,3C) bf16 (overwritten) from dout(B,T,C) bf16, forward's out (bf16) and lse. REQUIRES
-// attention_mma_supported(C, NH), 16-byte aligned dqkv, dout, qkv, out and scratch of
-// attention_backward_mma_scratch_bytes.
-void attention_backward_mma(TensorPtr dqkv, const bf16* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
-                            int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream);
+// dqkv(B,T,3C) bf16 (overwritten) from dout(B,T,C) bf16, forward's out (bf16) and lse. With dqkv_bias not null, the
+// wgmma kernels (sm_90, head size 64, no dropout) also add dqkv's column sums (as stored, bf16) into it, the qkv
+// projection's bias gradient, in their own order: returns whether they did (or B T is 0); false leaves that to the
+// caller (bias_backward). REQUIRES attention_mma_supported(C, NH), 16-byte aligned dqkv, dout, qkv, out and scratch
+// of attention_backward_mma_scratch_bytes.
+bool attention_backward_mma(TensorPtr dqkv, const bf16* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
+                            int B, int T, int C, int NH, const DropoutMask& drop, float* dqkv_bias, void* scratch,
+                            cudaStream_t stream);
 
 }  // namespace gpt::cuda

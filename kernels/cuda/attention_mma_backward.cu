@@ -419,17 +419,20 @@ bool backward_blocks3() { return !env_is("GPT_ATTENTION_BWD_BLOCKS", "2"); }
 // V and dO even where the scratch keeps dS^T (attention_backward_q_ds_kernel), as the other configurations always do.
 bool dq_from_kept_ds() { return !env_is("GPT_ATTENTION_DQ", "recompute"); }
 
-// ds (lean kernels only; null: none kept): the dK/dV kernel writes dS^T there and the dQ kernel reads it.
+// ds (lean kernels only; null: none kept): the dK/dV kernel writes dS^T there and the dQ kernel reads it. On
+// wgmma (sm_90) the kernels also sum dqkv_bias (when not null; attention_backward_mma) through the partials at
+// bias_partials; returns whether they did.
 template <int D, bool kLean>
-void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec, int B, int T,
-                     int C, int NH, const DropoutMask& drop, bf16* ds, cudaStream_t stream) {
+bool backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec, int B, int T,
+                     int C, int NH, const DropoutMask& drop, bf16* ds, float* dqkv_bias, float* bias_partials,
+                     cudaStream_t stream) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
   const float keep = keep_scale(drop);
   if constexpr (kLean) {
     if (ds != nullptr && D == 64 && attention_wgmma_backward_usable(C, NH, drop.active())) {  // sm_90: on wgmma
       attention_backward_wgmma(dqkv, dob, qkv, lse, dvec, B, T, C, NH, ds, cuda_workspace::attention_ds_stride(T),
-                               stream);
-      return;
+                               dqkv_bias, bias_partials, stream);
+      return dqkv_bias != nullptr;
     }
   }
   const int sections = attention_sections(B * NH, T, D, sizeof(bf16));
@@ -455,7 +458,7 @@ void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* 
       const dim3 grid(static_cast<unsigned>(ceil_div(T, Cfg::BQ)), static_cast<unsigned>(B * NH));
       kernel<<<grid, kThreads, smem, stream>>>(dqkv, qkv, ds, ds_ld, T, C, NH, scale, sections);
       GPT_CUDA_CHECK_LAUNCH();
-      return;
+      return false;
     }
   }
   {
@@ -492,18 +495,20 @@ void backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* 
                                              sections);
     GPT_CUDA_CHECK_LAUNCH();
   }
+  return false;
 }
 
 template <int D>
-void backward_impl(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec, int B, int T,
-                   int C, int NH, const DropoutMask& drop, bf16* ds, cudaStream_t stream) {
+bool backward_impl(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse, const float* dvec, int B, int T,
+                   int C, int NH, const DropoutMask& drop, bf16* ds, float* dqkv_bias, float* bias_partials,
+                   cudaStream_t stream) {
   if constexpr (D <= 64) {
     if (!drop.active() && backward_blocks3()) {
-      backward_launch<D, true>(dqkv, dob, qkv, lse, dvec, B, T, C, NH, drop, dq_from_kept_ds() ? ds : nullptr, stream);
-      return;
+      return backward_launch<D, true>(dqkv, dob, qkv, lse, dvec, B, T, C, NH, drop, dq_from_kept_ds() ? ds : nullptr,
+                                      dqkv_bias, bias_partials, stream);
     }
   }
-  backward_launch<D, false>(dqkv, dob, qkv, lse, dvec, B, T, C, NH, drop, nullptr, stream);
+  return backward_launch<D, false>(dqkv, dob, qkv, lse, dvec, B, T, C, NH, drop, nullptr, nullptr, nullptr, stream);
 }
 
 }  // namespace
@@ -512,11 +517,12 @@ size_t attention_backward_mma_scratch_bytes(int B, int T, int C, int NH, bool dr
   return cuda_workspace::attention_backward_mma(B, T, C, NH, dropout);  // D (dO comes in bf16), dS^T
 }
 
-void attention_backward_mma(TensorPtr dqkv, const bf16* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
-                            int B, int T, int C, int NH, const DropoutMask& drop, void* scratch, cudaStream_t stream) {
+bool attention_backward_mma(TensorPtr dqkv, const bf16* dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* lse,
+                            int B, int T, int C, int NH, const DropoutMask& drop, float* dqkv_bias, void* scratch,
+                            cudaStream_t stream) {
   const int hs = check_shape(B, T, C, NH);
   GPT_CHECK(dqkv.is_bf16() && qkv.is_bf16() && out.is_bf16());
-  if (B == 0 || T == 0) return;
+  if (B == 0 || T == 0) return true;  // no rows: no bias gradient to add
   GPT_CHECK(aligned16(dqkv.data) && aligned16(dout) && aligned16(qkv.data) && aligned16(out.data) &&
             aligned16(scratch));
   float* dvec = static_cast<float*>(scratch);
@@ -533,9 +539,16 @@ void attention_backward_mma(TensorPtr dqkv, const bf16* dout, ConstTensorPtr qkv
                  ? reinterpret_cast<bf16*>(static_cast<char*>(scratch) +
                                            cuda_workspace::align_up(cuda_workspace::attention_backward(B, T, NH)))
                  : nullptr;
+  // The bias partials after it (used on wgmma only).
+  float* bias_partials =
+      ds != nullptr ? reinterpret_cast<float*>(reinterpret_cast<char*>(ds) + cuda_workspace::attention_ds_bytes(B, T, NH))
+                    : nullptr;
+  bool summed = false;
   with_head_size(hs, [&](auto d) {
-    backward_impl<decltype(d)::value>(dqkv.as_bf16(), dout, qkv.as_bf16(), lse, dvec, B, T, C, NH, drop, ds, stream);
+    summed = backward_impl<decltype(d)::value>(dqkv.as_bf16(), dout, qkv.as_bf16(), lse, dvec, B, T, C, NH, drop, ds,
+                                               dqkv_bias, bias_partials, stream);
   });
+  return summed;
 }
 
 }  // namespace gpt::cuda

@@ -43,7 +43,7 @@ template <int BQ, bool kOverlap, int kWG, bool kKVRegs = false, bool kStageDs = 
 __global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? (kKVRegs ? 3 : 4) / kWG : 0))
     attention_backward_kv_wgmma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse,
                                        const float* dvec, int T, int C, int NH, float scale, float scale_log2, bf16* ds,
-                                       int64_t ds_ld, int sections) {
+                                       int64_t ds_ld, float* bias_partial, int sections) {
   using Cfg = BwdKvWgmmaCfg<BQ>;
   constexpr int NC = BQ / 16, kNT = kThreads * kWG, kKeys = kBK * kWG;  // the block's threads and keys
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -275,8 +275,14 @@ __global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? (kK
     store_rows<1, kD, kStageLd>(dst, C3, acc, mul, staging, kw, T, lane);
   };
   bf16* dk_out = dqkv + qkv_off + C;
+  // bias_partial (or null): the warp's 16 keys' column sums of dK and dV as stored, in their row of the partials.
+  float* sums = bias_partial != nullptr
+                    ? bias_partial + (static_cast<int64_t>(b) * ((T + 15) / 16) + kw / 16) * C3 + C + h * kD
+                    : nullptr;
   store(dk, dk_out, scale);
+  if (sums != nullptr) stored_column_sums<kStageLd>(sums, staging, kw, T, lane);
   store(dv, dk_out + C, 1.0f);
+  if (sums != nullptr) stored_column_sums<kStageLd>(sums + C, staging, kw, T, lane);
 }
 
 // dQ for one 64-query tile of one (b, h) from the kept dS^T, as attention_mma_backward.cu's attention_backward_q_ds
@@ -287,7 +293,7 @@ __global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? (kK
 template <int kWG>
 __global__ void __launch_bounds__((kThreads * kWG))
     attention_backward_q_wgmma_kernel(bf16* dqkv, const bf16* qkv, const bf16* ds, int64_t ds_ld, int T, int C, int NH,
-                                      float scale, int sections) {
+                                      float scale, float* bias_partial, int sections) {
   constexpr int kNT = kThreads * kWG, kRows = kBQ * kWG;  // the block's threads and queries
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = align_1024(smem_raw);
@@ -366,13 +372,36 @@ __global__ void __launch_bounds__((kThreads * kWG))
     for (int e = 0; e < 4; ++e) acc[0][n][e] = dq[4 * n + e];
   }
   // Every tile is dead after the loop's last barrier: the warp's 16 staging rows (of kStageLd) lie in stage 0.
-  store_rows<1, kD, kStageLd>(dqkv + qkv_off, C3, acc, scale, reinterpret_cast<bf16*>(base) + warp * 16 * kStageLd, qw,
-                              T, lane);
+  bf16* staging = reinterpret_cast<bf16*>(base) + warp * 16 * kStageLd;
+  store_rows<1, kD, kStageLd>(dqkv + qkv_off, C3, acc, scale, staging, qw, T, lane);
+  if (bias_partial != nullptr) {  // the warp's 16 queries' column sums of dQ as stored, in their row of the partials
+    stored_column_sums<kStageLd>(bias_partial + (static_cast<int64_t>(b) * ((T + 15) / 16) + qw / 16) * C3 + h * kD,
+                                 staging, qw, T, lane);
+  }
+}
+
+// dbias[oc] += the sum of partial[c * OC + oc] over the chunks c, in a fixed order: thread (x, y) of a block adds
+// chunks y, y + kSumRows, ... of column 32 blockIdx.x + x, then row 0 adds the kSumRows sums in order.
+constexpr int kSumRows = 16;
+__global__ void __launch_bounds__(kWarp* kSumRows)
+    bias_partials_sum_kernel(float* dbias, const float* partial, int64_t chunks, int OC) {
+  __shared__ float sums[kSumRows][kWarp];
+  const int oc = blockIdx.x * kWarp + threadIdx.x;
+  float s = 0.0f;
+  if (oc < OC) {
+    for (int64_t c = threadIdx.y; c < chunks; c += kSumRows) s += partial[c * OC + oc];
+  }
+  sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || oc >= OC) return;
+  float total = 0.0f;
+  for (int r = 0; r < kSumRows; ++r) total += sums[r][threadIdx.x];
+  dbias[oc] += total;
 }
 
 template <int BQ, int kWG>
 void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
-                        int T, int C, int NH, bf16* ds, int64_t ds_ld, cudaStream_t stream) {
+                        int T, int C, int NH, bf16* ds, int64_t ds_ld, float* bias_partial, cudaStream_t stream) {
   constexpr size_t smem = BwdKvWgmmaCfg<BQ>::bytes(kWG);
   auto kernel = overlap_enabled("bwd") ? attention_backward_kv_wgmma_kernel<BQ, true, kWG>
                                        : attention_backward_kv_wgmma_kernel<BQ, false, kWG>;
@@ -388,30 +417,30 @@ void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const flo
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBK * kWG)), static_cast<unsigned>(B * NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(kD)), scale_log2 = scale * kLog2e;
   kernel<<<grid, kThreads * kWG, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, scale_log2, ds, ds_ld,
-                                                 attention_sections(B * NH, T, kD, sizeof(bf16)));
+                                                 bias_partial, attention_sections(B * NH, T, kD, sizeof(bf16)));
   GPT_CUDA_CHECK_LAUNCH();
 }
 
 template <int BQ>
 void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
-                        int T, int C, int NH, bf16* ds, int64_t ds_ld, cudaStream_t stream) {
+                        int T, int C, int NH, bf16* ds, int64_t ds_ld, float* bias_partial, cudaStream_t stream) {
   if (two_warpgroups("kv")) {
-    backward_kv_launch<BQ, 2>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, stream);
+    backward_kv_launch<BQ, 2>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, bias_partial, stream);
   } else {
-    backward_kv_launch<BQ, 1>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, stream);
+    backward_kv_launch<BQ, 1>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, bias_partial, stream);
   }
 }
 
 template <int kWG>
 void backward_q_launch(bf16* dqkv, const bf16* qkv, const bf16* ds, int64_t ds_ld, int B, int T, int C, int NH,
-                       cudaStream_t stream) {
+                       float* bias_partial, cudaStream_t stream) {
   constexpr size_t smem = dq_smem(kWG);
   const auto kernel = attention_backward_q_wgmma_kernel<kWG>;
   set_smem(kernel, smem);
   prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBQ * kWG)), static_cast<unsigned>(B * NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(kD));
-  kernel<<<grid, kThreads * kWG, smem, stream>>>(dqkv, qkv, ds, ds_ld, T, C, NH, scale,
+  kernel<<<grid, kThreads * kWG, smem, stream>>>(dqkv, qkv, ds, ds_ld, T, C, NH, scale, bias_partial,
                                                  attention_sections(B * NH, T, kD, sizeof(bf16)));
   GPT_CUDA_CHECK_LAUNCH();
 }
@@ -419,20 +448,29 @@ void backward_q_launch(bf16* dqkv, const bf16* qkv, const bf16* ds, int64_t ds_l
 }  // namespace
 
 void attention_backward_wgmma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
-                              int T, int C, int NH, bf16* ds, int64_t ds_ld, cudaStream_t stream) {
+                              int T, int C, int NH, bf16* ds, int64_t ds_ld, float* dqkv_bias, float* bias_partials,
+                              cudaStream_t stream) {
   GPT_CHECK(attention_wgmma_backward_usable(C, NH, false));
   GPT_CHECK(B >= 0 && T >= 0 && static_cast<int64_t>(B) * NH <= 65535 && ds_ld >= ceil_div(T, 64) * 64);
   GPT_CHECK(ds != nullptr && aligned16(ds) && aligned16(dqkv) && aligned16(dout) && aligned16(qkv));
+  GPT_CHECK(dqkv_bias == nullptr || (bias_partials != nullptr && reinterpret_cast<uintptr_t>(bias_partials) % 8 == 0));
   if (B == 0 || T == 0) return;
+  float* partial = dqkv_bias != nullptr ? bias_partials : nullptr;
   if (env_is("GPT_ATTENTION_WGMMA_BQ", "64")) {
-    backward_kv_launch<64>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, stream);
+    backward_kv_launch<64>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, partial, stream);
   } else {
-    backward_kv_launch<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, stream);
+    backward_kv_launch<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, partial, stream);
   }
   if (two_warpgroups("dq")) {
-    backward_q_launch<2>(dqkv, qkv, ds, ds_ld, B, T, C, NH, stream);
+    backward_q_launch<2>(dqkv, qkv, ds, ds_ld, B, T, C, NH, partial, stream);
   } else {
-    backward_q_launch<1>(dqkv, qkv, ds, ds_ld, B, T, C, NH, stream);
+    backward_q_launch<1>(dqkv, qkv, ds, ds_ld, B, T, C, NH, partial, stream);
+  }
+  if (dqkv_bias != nullptr) {
+    const int OC = 3 * C;
+    bias_partials_sum_kernel<<<static_cast<unsigned>(ceil_div(OC, kWarp)), dim3(kWarp, kSumRows), 0, stream>>>(
+        dqkv_bias, partial, cuda_workspace::attention_bias_chunks(B, T), OC);
+    GPT_CUDA_CHECK_LAUNCH();
   }
 }
 

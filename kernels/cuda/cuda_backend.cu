@@ -584,8 +584,10 @@ void CudaBackend::attention_forward(TensorPtr out, float* att, ConstTensorPtr qk
   }
 }
 void CudaBackend::attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out,
-                                     const float* att, int B, int T, int C, int NH, const DropoutMask& drop) {
+                                     const float* att, int B, int T, int C, int NH, const DropoutMask& drop,
+                                     float* dqkv_bias) {
   const OpTimer timed = time_op("attention_backward", flop_work(5.0 * B * T * T * C));
+  bool bias_summed = false;  // by the wgmma kernels (sm_90), as they store dqkv
   const AttentionPath path = attention_path(C, NH, {dqkv, qkv, out}, dout.data);
   // The tensor-core kernels take dO in bf16 (the model's is: the projection GEMM's input gradient), for D as well; an
   // fp32 one (tests, fp32 callers) is rounded into cast area 0 first, as a GEMM input would be (grown on use), so the
@@ -593,9 +595,9 @@ void CudaBackend::attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstT
   const bf16* dob = path != AttentionPath::kFp32 ? gemm_input(0, dout, int64_t{B} * T * C) : nullptr;
   switch (path) {
     case AttentionPath::kMma:
-      cuda::attention_backward_mma(dqkv, dob, qkv, out, att, B, T, C, NH, drop,
-                                   scratch(cuda::attention_backward_mma_scratch_bytes(B, T, C, NH, drop.active())),
-                                   stream_);
+      bias_summed = cuda::attention_backward_mma(
+          dqkv, dob, qkv, out, att, B, T, C, NH, drop, dqkv_bias,
+          scratch(cuda::attention_backward_mma_scratch_bytes(B, T, C, NH, drop.active())), stream_);
       break;
     case AttentionPath::kWmma:
       cuda::attention_backward_tc(dqkv, dob, qkv, out, att, B, T, C, NH, drop,
@@ -606,6 +608,8 @@ void CudaBackend::attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstT
                                scratch(cuda::attention_backward_scratch_bytes(B, T, C, NH)), stream_);
       break;
   }
+  // Otherwise matmul_backward's kernel, bit for bit (the scratch is free again: stream order).
+  if (dqkv_bias != nullptr && !bias_summed) bias_backward(dqkv_bias, dqkv, int64_t{B} * T, 3 * C);
 }
 // Sampling's attention over its KV cache: one simple kernel for every dtype and head size (no tensor cores).
 void CudaBackend::attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) {

@@ -75,7 +75,7 @@ class CudaBackend final : public Backend {
   void attention_forward(TensorPtr out, float* att, ConstTensorPtr qkv, int B, int T, int C, int NH,
                          const DropoutMask& drop) override;
   void attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
-                          int B, int T, int C, int NH, const DropoutMask& drop) override;
+                          int B, int T, int C, int NH, const DropoutMask& drop, float* dqkv_bias) override;
   void attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) override;
   void matmul_gelu_forward(TensorPtr pre, TensorPtr out, ConstTensorPtr inp, ConstTensorPtr weight, ConstTensorPtr bias,
                            int64_t N, int C, int OC) override;

@@ -307,18 +307,45 @@ void run_mma(int B, int NH, int hs, int T, float p) {
   Buf<gpt::bf16> out[2] = {Buf<gpt::bf16>(nout), Buf<gpt::bf16>(nout)},
                  dqkv[2] = {Buf<gpt::bf16>(nqkv), Buf<gpt::bf16>(nqkv)};
   Buf<float> lse[2] = {Buf<float>(nlse), Buf<float>(nlse)};
+  // The qkv bias gradient, added to what is there (0.5): by the wgmma kernels (the emulated sm_90 at head size 64
+  // without dropout, where the backward keeps dS^T), else left to the caller.
+  const size_t nbias = 3 * static_cast<size_t>(C);
+  Buf<float> bias[2] = {Buf<float>(nbias), Buf<float>(nbias)};
+  bool summed[2] = {false, false};
   const size_t scratch_bytes = emu::attention_backward_mma_scratch_bytes(B, T, C, NH, drop.active());
   for (int r = 0; r < 2; ++r) {
     Buf<unsigned char> scratch(scratch_bytes);
     std::memset(scratch.p, 0xff, scratch_bytes);  // NaN as fp32 and as bf16
+    for (size_t i = 0; i < nbias; ++i) bias[r][i] = 0.5f;
     emu::attention_forward_mma(gpt::TensorPtr(out[r].p), lse[r].p, gpt::ConstTensorPtr(qh.p), B, T, C, NH, drop,
                                nullptr);
-    emu::attention_backward_mma(gpt::TensorPtr(dqkv[r].p), doh.p, gpt::ConstTensorPtr(qh.p),
-                                gpt::ConstTensorPtr(out[r].p), lse[r].p, B, T, C, NH, drop, scratch.p, nullptr);
+    summed[r] = emu::attention_backward_mma(gpt::TensorPtr(dqkv[r].p), doh.p, gpt::ConstTensorPtr(qh.p),
+                                            gpt::ConstTensorPtr(out[r].p), lse[r].p, B, T, C, NH, drop, bias[r].p,
+                                            scratch.p, nullptr);
   }
   CHECK(out[0].same(out[1]));
   CHECK(lse[0].same(lse[1]));
   CHECK(dqkv[0].same(dqkv[1]));
+  CHECK(bias[0].same(bias[1]));
+  const bool wgmma = hs == 64 && p == 0.0f && std::getenv("GPT_ATTENTION_WGMMA") == nullptr &&
+                     std::getenv("GPT_ATTENTION_DQ") == nullptr;
+  CHECK(summed[0] == wgmma);
+  CHECK(summed[1] == wgmma);
+  {  // 0.5 + each column's sum of dqkv as stored, within fp32 rounding of the sum of magnitudes
+    double worst = 0;
+    for (size_t c = 0; c < nbias; ++c) {
+      double sum = 0.5, mag = 0.5;
+      if (summed[0]) {
+        for (size_t row = 0; row < static_cast<size_t>(B) * T; ++row) {
+          const double v = gpt::bf16_to_f32(dqkv[0][row * nbias + c]);
+          sum += v, mag += std::abs(v);
+        }
+      }
+      const double err = std::isfinite(bias[0][c]) ? std::abs(bias[0][c] - sum) / mag : INFINITY;
+      worst = std::max(worst, err);
+    }
+    CHECK(worst <= (summed[0] ? 4e-6 : 0.0));  // fp32 sums of up to 16 rows, then of the chunks: ~(16 + B T / 16) 2^-24
+  }
 
   Buf<float> o(nout), d(nqkv);
   for (size_t i = 0; i < nout; ++i) o[i] = gpt::bf16_to_f32(out[0][i]);
@@ -472,7 +499,7 @@ std::vector<unsigned char> attention_bytes(int kind, int B, int NH, int hs, int 
     std::memset(scratch.p, 0xff, scratch_bytes);  // NaN as fp32 and as bf16
     emu::attention_forward_mma(gpt::TensorPtr(out.p), lse.p, gpt::ConstTensorPtr(qh.p), B, T, C, NH, drop, nullptr);
     emu::attention_backward_mma(gpt::TensorPtr(dqkv.p), doh.p, gpt::ConstTensorPtr(qh.p), gpt::ConstTensorPtr(out.p),
-                                lse.p, B, T, C, NH, drop, scratch.p, nullptr);
+                                lse.p, B, T, C, NH, drop, nullptr, scratch.p, nullptr);
   }
   keep(out), keep(lse), keep(dqkv);
   return bytes;

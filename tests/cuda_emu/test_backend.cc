@@ -343,7 +343,7 @@ TEST_CASE("cuda_emu: attention takes the kernels that fit the GPU's shared memor
     const ConstTensorPtr in(q.data(), DType::kBF16), out_c(o.data(), DType::kBF16);
     dev.attention_forward(TensorPtr(o.data(), DType::kBF16), lse.as<float>(), in, B, T, C, NH, DropoutMask{});
     dev.attention_backward(TensorPtr(dq.data(), DType::kBF16), g.as<float>(), in, out_c, lse.as<float>(), B, T, C, NH,
-                           DropoutMask{});
+                           DropoutMask{}, nullptr);
     std::pair<Bits, Bits> bits{Bits(nout), Bits(nqkv)};
     dev.to_host(bits.first.data(), o.data(), nout * 2);
     dev.to_host(bits.second.data(), dq.data(), nqkv * 2);

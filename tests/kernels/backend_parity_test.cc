@@ -878,15 +878,15 @@ void compare_attention(Backend& gpu, const AttentionShape& s, const DropoutMask&
   std::vector<float> out(N * s.C), dqkv(N * 3 * s.C);
   std::vector<float> att(cpu().attention_state_floats(s.B, s.T, s.NH));
   cpu().attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH, drop);
-  cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH, drop);
+  cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH, drop, nullptr);
   Dev<float> g_qkv(gpu, qkv), g_dout(gpu, dout), g_out(gpu, out.size());
   Dev<float> g_att(gpu, gpu.attention_state_floats(s.B, s.T, s.NH)), g_dqkv(gpu, dqkv.size());
   gpu.attention_forward(g_out.p(), g_att.p(), g_qkv.p(), s.B, s.T, s.C, s.NH, drop);
-  gpu.attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop);
+  gpu.attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop, nullptr);
   expect_close(what + " out", out, g_out.read(), tol);
   const auto first = g_dqkv.read();
   expect_close(what + " dqkv", dqkv, first, tol);
-  gpu.attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop);
+  gpu.attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop, nullptr);
   REQUIRE(g_dqkv.read() == first);  // deterministic
 }
 
@@ -904,11 +904,11 @@ void compare_attention_bf16(Backend& gpu, const AttentionShape& s, const Dropout
   std::vector<float> out(no), dqkv(nq);
   std::vector<float> att(cpu().attention_state_floats(s.B, s.T, s.NH));
   cpu().attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH, drop);
-  cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH, drop);
+  cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH, drop, nullptr);
   Dev<bf16> g_qkv(gpu, qh), g_out(gpu, no), g_dqkv(gpu, nq);
   Dev<float> g_dout(gpu, dout), g_att(gpu, gpu.attention_state_floats(s.B, s.T, s.NH));
   gpu.attention_forward(g_out.p(), g_att.p(), g_qkv.p(), s.B, s.T, s.C, s.NH, drop);
-  gpu.attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop);
+  gpu.attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop, nullptr);
   auto widened = [](const std::vector<bf16>& x) {
     std::vector<float> w(x.size());
     cpu().cast_from_bf16(w.data(), x.data(), static_cast<int64_t>(x.size()));
@@ -917,7 +917,7 @@ void compare_attention_bf16(Backend& gpu, const AttentionShape& s, const Dropout
   expect_close(what + " out", out, widened(g_out.read()), tol);
   const auto first = g_dqkv.read();
   expect_close(what + " dqkv", dqkv, widened(first), tol);
-  gpu.attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop);
+  gpu.attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, drop, nullptr);
   const auto again = g_dqkv.read();
   REQUIRE(std::memcmp(again.data(), first.data(), first.size() * sizeof(bf16)) == 0);  // deterministic
 }
@@ -1052,8 +1052,8 @@ TEST_CASE("parity: tensor-core attention (bf16 compute) against the CPU's fp32",
     std::vector<float> ow2(no);
     cpu().cast_from_bf16(ow2.data(), got.data(), no);
     Dev<float> g_ow2(*gpu, ow2);
-    gpu->attention_backward(g_dh.p(), g_dout.p(), g_qh.p(), g_oh.p(), g_att[0].p(), s.B, s.T, s.C, s.NH, drop);
-    gpu->attention_backward(g_dw.p(), g_dout.p(), g_qw.p(), g_ow2.p(), g_att[1].p(), s.B, s.T, s.C, s.NH, drop);
+    gpu->attention_backward(g_dh.p(), g_dout.p(), g_qh.p(), g_oh.p(), g_att[0].p(), s.B, s.T, s.C, s.NH, drop, nullptr);
+    gpu->attention_backward(g_dw.p(), g_dout.p(), g_qw.p(), g_ow2.p(), g_att[1].p(), s.B, s.T, s.C, s.NH, drop, nullptr);
     std::vector<bf16> dwant(nq);
     cpu().cast_to_bf16(dwant.data(), g_dw.read().data(), nq);
     const std::vector<bf16> dgot = g_dh.read();
@@ -1143,7 +1143,7 @@ TEST_CASE("parity: the wgmma attention's variants give the default kernels' resu
         Dev<bf16> g_qkv(*gpu, qh), g_out(*gpu, no), g_dqkv(*gpu, nq);
         Dev<float> g_dout(*gpu, dout), g_att(*gpu, gpu->attention_state_floats(s.B, s.T, s.NH));
         gpu->attention_forward(g_out.p(), g_att.p(), g_qkv.p(), s.B, s.T, s.C, s.NH, none);
-        gpu->attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, none);
+        gpu->attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, none, nullptr);
         return std::make_tuple(g_out.read(), g_att.read(), g_dqkv.read());
       };
       const auto [out0, att0, dqkv0] = run();
@@ -1206,7 +1206,7 @@ TEST_CASE("parity: the attention kernels give the same bits in either tile order
       Dev<float> g_att(*gpu, std::vector<float>(gpu->attention_state_floats(s.B, s.T, s.NH), NAN)), g_dout(*gpu, dout);
       const TensorPtr q(g_q.p(), c.compute), o(g_o.p(), c.compute), d(g_d.p(), c.compute);
       gpu->attention_forward(o, g_att.p(), q, s.B, s.T, s.C, s.NH, drop);
-      gpu->attention_backward(d, g_dout.p(), q, o, g_att.p(), s.B, s.T, s.C, s.NH, drop);
+      gpu->attention_backward(d, g_dout.p(), q, o, g_att.p(), s.B, s.T, s.C, s.NH, drop, nullptr);
       return std::make_tuple(g_o.read(), g_att.read(), g_d.read());
     };
     const auto [out0, att0, dqkv0] = run("head");
@@ -1265,8 +1265,8 @@ TEST_CASE("parity: a bf16 attention output gradient reads as its widening on eve
     Dev<bf16> g_dh(*gpu, dh);
     const TensorPtr q(g_q.p(), t), o(g_o.p(), t), da(g_a.p(), t), db(g_b.p(), t);
     gpu->attention_forward(o, g_att.p(), q, s.B, s.T, s.C, s.NH, drop);
-    gpu->attention_backward(da, g_dh.p(), q, o, g_att.p(), s.B, s.T, s.C, s.NH, drop);
-    gpu->attention_backward(db, g_dw.p(), q, o, g_att.p(), s.B, s.T, s.C, s.NH, drop);
+    gpu->attention_backward(da, g_dh.p(), q, o, g_att.p(), s.B, s.T, s.C, s.NH, drop, nullptr);
+    gpu->attention_backward(db, g_dw.p(), q, o, g_att.p(), s.B, s.T, s.C, s.NH, drop, nullptr);
     CHECK(g_a.read() == g_b.read());
   }
   REQUIRE(gpu->set_attention_kernel(AttentionKernel::kAuto).is_ok());
@@ -1281,9 +1281,9 @@ TEST_CASE("parity: a bf16 attention output gradient reads as its widening on eve
   cpu().cast_from_bf16(dw.data(), dh.data(), no);
   cpu().attention_forward(out.data(), att.data(), q.data(), s.B, s.T, s.C, s.NH, mask(0.1f, 5152));
   cpu().attention_backward(da.data(), dh.data(), q.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH,
-                           mask(0.1f, 5152));
+                           mask(0.1f, 5152), nullptr);
   cpu().attention_backward(db.data(), dw.data(), q.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH,
-                           mask(0.1f, 5152));
+                           mask(0.1f, 5152), nullptr);
   CHECK(da == db);
 }
 

@@ -110,9 +110,10 @@ class FakeDeviceBackend final : public Backend {
     cpu_->attention_forward(fake_device::real(out), fake_device::real(att), fake_device::real(qkv), B, T, C, NH, drop);
   }
   void attention_backward(TensorPtr dqkv, ConstTensorPtr dout, ConstTensorPtr qkv, ConstTensorPtr out, const float* att,
-                          int B, int T, int C, int NH, const DropoutMask& drop) override {
+                          int B, int T, int C, int NH, const DropoutMask& drop, float* dqkv_bias) override {
     cpu_->attention_backward(fake_device::real(dqkv), fake_device::real(dout), fake_device::real(qkv),
-                             fake_device::real(out), fake_device::real(att), B, T, C, NH, drop);
+                             fake_device::real(out), fake_device::real(att), B, T, C, NH, drop,
+                             fake_device::real(dqkv_bias));
   }
   void attention_forward_rows(TensorPtr out, ConstTensorPtr qkv, int T, int t0, int C, int NH) override {
     cpu_->attention_forward_rows(fake_device::real(out), fake_device::real(qkv), T, t0, C, NH);
