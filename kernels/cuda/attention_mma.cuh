@@ -257,7 +257,7 @@ __device__ inline void store_rows(bf16* dst, int64_t ld, const float (&acc)[MT][
 template <int LD>
 __device__ inline void stored_column_sums(float* partial, const bf16* stage, int row0, int T, int lane) {
   float lo = 0.0f, hi = 0.0f;
-#pragma unroll
+#pragma unroll 4
   for (int r = 0; r < 16; ++r) {
     if (row0 + r < T) {
       lo += load_value(stage + r * LD + 2 * lane);
