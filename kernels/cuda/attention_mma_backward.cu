@@ -430,9 +430,11 @@ bool backward_launch(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* 
   const float keep = keep_scale(drop);
   if constexpr (kLean) {
     if (ds != nullptr && D == 64 && attention_wgmma_backward_usable(C, NH, drop.active())) {  // sm_90: on wgmma
-      attention_backward_wgmma(dqkv, dob, qkv, lse, dvec, B, T, C, NH, ds, cuda_workspace::attention_ds_stride(T),
-                               dqkv_bias, bias_partials, stream);
-      return dqkv_bias != nullptr;
+      // GPT_ATTENTION_WGMMA_BIAS=0: the bias left to the caller's bias_backward, as before the kernels summed it.
+      float* bias = env_is("GPT_ATTENTION_WGMMA_BIAS", "0") ? nullptr : dqkv_bias;
+      attention_backward_wgmma(dqkv, dob, qkv, lse, dvec, B, T, C, NH, ds, cuda_workspace::attention_ds_stride(T), bias,
+                               bias_partials, stream);
+      return bias != nullptr;
     }
   }
   const int sections = attention_sections(B * NH, T, D, sizeof(bf16));

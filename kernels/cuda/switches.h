@@ -41,6 +41,7 @@ inline const std::vector<Switch>& all() {
       {"GPT_ATTENTION_ORDER", {"lpt", "head"}, false, "the causal attention kernels' order of tiles"},
       {"GPT_ATTENTION_WGMMA", {"0", "1", "fwd"}, false, "the wgmma attention kernels: none, both, the forward only"},
       {"GPT_ATTENTION_WGMMA_BQ", {"32", "64"}, false, "the wgmma dK/dV kernel's queries per step"},
+      {"GPT_ATTENTION_WGMMA_BIAS", {"0", "1"}, false, "the qkv bias gradient summed by the wgmma backward"},
       {"GPT_ATTENTION_WGMMA_BK", {"64", "128"}, false, "the wgmma forward's keys per tile"},
       {"GPT_ATTENTION_WGMMA_FWD_BLOCKS", {"4", "5"}, false, "the wgmma forward's blocks per SM"},
       {"GPT_ATTENTION_WGMMA_OVERLAP", {"0", "1", "fwd", "bwd"}, false, "the overlapped wgmma kernels"},

@@ -46,7 +46,8 @@
 # where a word with an upper-case name (GPT_ATTENTION_FWD_ROWS=32) is put in that run's environment instead;
 # default, when the run is bf16 on cuda: kernels/cuda's switches, the least known first (the attention's tiles head by
 # head as before their order by length, GPT_ATTENTION_ORDER=head; the dK/dV kernel's dS^T
-# stored from its fragments as before it was staged, GPT_ATTENTION_WGMMA_DS_STAGE=0; the weight gradients on their own
+# stored from its fragments as before it was staged, GPT_ATTENTION_WGMMA_DS_STAGE=0; the qkv bias gradient by
+# bias_backward as before the wgmma backward summed it, GPT_ATTENTION_WGMMA_BIAS=0; the weight gradients on their own
 # stream, GPT_GEMM_WGRAD_STREAM=1; the tiles every product of a block multiplies held in registers,
 # GPT_ATTENTION_WGMMA_RS=1; the wgmma dK/dV kernel at 64 queries per step, GPT_ATTENTION_WGMMA_BQ=64;
 # the kernels with their element-wise work
@@ -184,7 +185,8 @@ if [[ -z ${VARIANTS+set} ]]; then
     # First the new defaults' own switches (the tiles head by head, the dK/dV kernel's dS^T as the H200 last ran
     # them), then the experiments not yet measured, then BQ=64 (1.012x at batch 64 in session 24): check.sh's time
     # runs the first few.
-    VARIANTS="GPT_ATTENTION_ORDER=head;GPT_ATTENTION_WGMMA_DS_STAGE=0;GPT_GEMM_WGRAD_STREAM=1"
+    VARIANTS="GPT_ATTENTION_ORDER=head;GPT_ATTENTION_WGMMA_DS_STAGE=0;GPT_ATTENTION_WGMMA_BIAS=0"
+    VARIANTS="$VARIANTS;GPT_GEMM_WGRAD_STREAM=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_RS=1;GPT_ATTENTION_WGMMA_BQ=64"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_OVERLAP=1;GPT_ATTENTION_WGMMA_WG2=1"
     # cuBLASLt's algorithms chosen by timing and kept in a file, then taken from it (the steps timed leave out the

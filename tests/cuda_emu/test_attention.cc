@@ -328,7 +328,7 @@ void run_mma(int B, int NH, int hs, int T, float p) {
   CHECK(dqkv[0].same(dqkv[1]));
   CHECK(bias[0].same(bias[1]));
   const bool wgmma = hs == 64 && p == 0.0f && std::getenv("GPT_ATTENTION_WGMMA") == nullptr &&
-                     std::getenv("GPT_ATTENTION_DQ") == nullptr;
+                     std::getenv("GPT_ATTENTION_DQ") == nullptr && std::getenv("GPT_ATTENTION_WGMMA_BIAS") == nullptr;
   CHECK(summed[0] == wgmma);
   CHECK(summed[1] == wgmma);
   {  // 0.5 + each column's sum of dqkv as stored, within fp32 rounding of the sum of magnitudes
@@ -410,6 +410,9 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
   // the backward keeps dS^T (its own cases: three query tiles, the last mostly padding; two heads of 260 rows), the
   // forward only where it recomputes. GPT_ATTENTION_WGMMA=0: the mma.sync ones.
   run_mma(1, 2, 64, 260, 0.0f);
+  ::setenv("GPT_ATTENTION_WGMMA_BIAS", "0", 1);  // the qkv bias gradient left to the caller, as before the kernels
+  run_mma(1, 2, 64, 260, 0.0f);
+  ::unsetenv("GPT_ATTENTION_WGMMA_BIAS");
   ::setenv("GPT_ATTENTION_WGMMA_BQ", "64", 1);  // its dK/dV kernel at 64 queries per step
   run_mma(1, 2, 64, 260, 0.0f);
   run_mma(1, 1, 64, 150, 0.0f);
