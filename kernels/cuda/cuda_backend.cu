@@ -502,18 +502,20 @@ void CudaBackend::matmul_backward_gelu(TensorPtr dpre, float* dpre_bias, TensorP
                              stream_);
     return;
   }
+  bool summed = false;  // dpre_bias, by the DGELU GEMM's epilogue
   {
     const OpTimer timed =
         time_op("matmul_backward_gelu", flop_work(2.0 * N * C * OC * (1 + (dweight != nullptr))), {N, C, OC});
-    void* s = dbias != nullptr ? scratch(cuda::bias_backward_scratch_bytes(N, OC)) : nullptr;
+    void* s = dbias != nullptr || dpre_bias != nullptr ? scratch(cuda::Matmul::backward_dgelu_scratch_bytes(N, C, OC))
+                                                       : nullptr;
     const bf16* a = gemm_input(0, inp, N * C);
     const bf16* w = gemm_input(1, weight, static_cast<int64_t>(OC) * C);
     const bf16* d = gemm_input(2, dout, N * OC);
-    matmul_->backward_dgelu(dpre.as_bf16(), pre.as_bf16(), dweight, dbias, d, a, w, N, C, OC, s);
+    summed = matmul_->backward_dgelu(dpre.as_bf16(), pre.as_bf16(), dpre_bias, dweight, dbias, d, a, w, N, C, OC, s);
   }
-  // Timed on its own (a timed op inside another is left out). cuBLASLt's DGELU_BGRAD epilogue would overwrite, not
-  // accumulate across micro-batches.
-  if (dpre_bias != nullptr) bias_backward(dpre_bias, dpre, N, C);
+  // Timed on its own (a timed op inside another is left out); unless the DGELU GEMM's epilogue summed it
+  // (GPT_GEMM_DGELU_BGRAD=1, an experiment).
+  if (dpre_bias != nullptr && !summed) bias_backward(dpre_bias, dpre, N, C);
 }
 void CudaBackend::layernorm_forward(TensorPtr out, float* mean, float* rstd, const float* inp, ConstTensorPtr weight,
                                     ConstTensorPtr bias, int64_t N, int C) {

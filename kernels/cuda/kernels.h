@@ -155,20 +155,27 @@ class Matmul {
   void forward_gelu(bf16* out, bf16* pre, const bf16* inp, const bf16* weight, const bf16* bias, int64_t N, int C,
                     int OC);
   // backward with cuBLASLt's DGELU epilogue on the input gradient: dpre = GELU'(pre) * (dout weight), bf16 from
-  // the fp32 sum; dweight and dbias as backward's. All bf16. REQUIRES: gelu_fusable(C).
-  void backward_dgelu(bf16* dpre, const bf16* pre, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                      const bf16* weight, int64_t N, int C, int OC, void* scratch);
+  // the fp32 sum; dweight and dbias as backward's. All bf16. dpre_bias (or null): under GPT_GEMM_DGELU_BGRAD=1 (an
+  // experiment) += dpre's column sums (the gradient of the bias before the GELU), of the fp32 values before their
+  // rounding, from the same epilogue (DGELU_BGRAD) into scratch past dbias's partials, then one small kernel; returns
+  // whether it did (false: the caller sums it from dpre). scratch: backward_dgelu_scratch_bytes(N, C, OC).
+  // REQUIRES: gelu_fusable(C).
+  bool backward_dgelu(bf16* dpre, const bf16* pre, float* dpre_bias, float* dweight, float* dbias, const bf16* dout,
+                      const bf16* inp, const bf16* weight, int64_t N, int C, int OC, void* scratch);
+  static size_t backward_dgelu_scratch_bytes(int64_t N, int C, int OC);
 
  private:
   // The epilogue's activation part; aux: the GELU input (ld = ldc). kBGradB: `bias` is an output instead, fp32 (n
   // elements, 16-byte aligned): the column sums of op(B) over k, cuBLASLt's BGRADB (bf16 A and B, fp32 C only).
-  enum class Act { kNone, kGeluAux, kDGelu, kBGradB };
+  // kDGeluBGrad: kDGelu, and `bias` an output, fp32 (m elements, 16-byte aligned): C's row sums (DGELU_BGRAD).
+  enum class Act { kNone, kGeluAux, kDGelu, kBGradB, kDGeluBGrad };
   // A stream and the cuBLASLt workspace (kWorkspaceBytes of device memory, the owner's) its GEMMs use.
   struct Lane {
     cudaStream_t stream = nullptr;
     void* workspace = nullptr;
   };
-  // Returns false only for kBGradB when cuBLASLt has no algorithm for it (then nothing ran); true otherwise.
+  // Returns false only for kBGradB and kDGeluBGrad when cuBLASLt has no algorithm for them (then nothing ran); true
+  // otherwise.
   bool gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
             const void* b, int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc, float beta, const void* bias,
             Act act = Act::kNone, const void* aux = nullptr);

@@ -235,6 +235,13 @@ __global__ void bias_sum_kernel(float* dbias, const float* partial, int64_t chun
 // made each weight-gradient GEMM slower by more than the kernel it saves (the qkv's 85 -> 119 us against a 25 us
 // kernel; the fc's 111 -> 152 against 46). The sums differ from the kernels' in order, so in the last bits.
 bool bgrad_epilogue_enabled() { return env_is("GPT_GEMM_BGRAD", "1"); }
+// GPT_GEMM_DGELU_BGRAD=1 (read at each call; an experiment not yet measured on a GPU): the fc bias's gradient from the
+// DGELU GEMM's own epilogue (DGELU_BGRAD: the row sums of what it stores, in fp32 before the bf16 rounding) instead
+// of bias_backward's pass over dpre (100 MB per layer at GPT-2 124M's batch 16: 46 us on the H200), where cuBLASLt
+// has such an algorithm; the sums differ from the kernel's in order and by the rounding, in the last bits. BGRADB
+// made the weight-gradient GEMMs slower than the kernel it saved (above); this says whether the DGELU GEMM, already
+// off cuBLASLt's fastest kernels (140 us where its shape runs in 100 without the epilogue), pays as much.
+bool dgelu_bgrad_enabled() { return env_is("GPT_GEMM_DGELU_BGRAD", "1"); }
 
 cublasLtHandle_t lt(void* h) { return static_cast<cublasLtHandle_t>(h); }
 
@@ -371,24 +378,27 @@ void Matmul::join_gradients(const Lane& lane) {
 // Column-major C(m,n) = op(A) op(B) + beta C [+ bias(m) broadcast over columns]; C fp32, or bf16 (beta 0, and a bias
 // only through the epilogue: the bf16 result is rounded once, from the fp32 sum with the bias). act kGeluAux: C =
 // GELU(sum) and aux (m, n; ld ldc, C's type) = the sum; kDGelu: C = GELU'(aux) * sum (aux read); both bf16 only.
-// kBGradB: `bias` is an output (kernels.h); false then where cuBLASLt has no algorithm for it (nothing ran).
+// kBGradB, kDGeluBGrad: `bias` is an output (kernels.h); false then where cuBLASLt has no algorithm for it (nothing
+// ran).
 bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                   int64_t lda, const void* b, int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc,
                   float beta, const void* bias, Act act, const void* aux) {
-  const bool bgrad = act == Act::kBGradB;
+  const bool bgrad = act == Act::kBGradB, dgelu_bgrad = act == Act::kDGeluBGrad;
+  const bool bias_out = bgrad || dgelu_bgrad;  // `bias` is the epilogue's output
   // The bias epilogue wants a 16-byte aligned vector; parameters sit at any float offset in their unit's flat
   // buffer, so an unaligned fp32 bias is added by a kernel after the GEMM instead.
-  const bool bias_epilogue = !bgrad && bias != nullptr && alignment(bias) >= 16;
+  const bool bias_epilogue = !bias_out && bias != nullptr && alignment(bias) >= 16;
   const bool c_bf16 = c_type == DType::kBF16;
-  GPT_CHECK(!c_bf16 || (ab_type == DType::kBF16 && beta == 0.0f && (bias == nullptr || bias_epilogue)));
+  GPT_CHECK(!c_bf16 || (ab_type == DType::kBF16 && beta == 0.0f && (bias == nullptr || bias_epilogue || dgelu_bgrad)));
   GPT_CHECK(act == Act::kNone || bgrad ||
-            (c_bf16 && aux != nullptr && ldc % 8 == 0 && (act == Act::kGeluAux || !bias)));
+            (c_bf16 && aux != nullptr && ldc % 8 == 0 && (act == Act::kGeluAux || dgelu_bgrad || !bias)));
   GPT_CHECK(!bgrad || (ab_type == DType::kBF16 && !c_bf16 && bias != nullptr && alignment(bias) >= 16));
+  GPT_CHECK(!dgelu_bgrad || (bias != nullptr && alignment(bias) >= 16));
   // cuBLASLt assumes 256-byte aligned matrices unless told otherwise; ours are offsets into flat buffers. The
   // bias's and the GELU input's alignments it reads off the pointers the heuristic is given (cublasLt.h: routines
   // that do not dereference them "depend on its value to determine expected pointer alignment").
   const uint32_t align_a = alignment(a), align_b = alignment(b), align_c = alignment(c);
-  const uint32_t align_bias = bias_epilogue || bgrad ? alignment(bias) : 0;  // 0: no bias epilogue
+  const uint32_t align_bias = bias_epilogue || bias_out ? alignment(bias) : 0;  // 0: no bias epilogue
   const uint32_t align_aux = aux != nullptr ? alignment(aux) : 0;
   // Every input of the heuristic: transposes, sizes, leading dimensions, input and output types, epilogue and
   // alignments.
@@ -409,14 +419,19 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
     if (act == Act::kGeluAux) epi = bias_epilogue ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     if (act == Act::kDGelu) epi = CUBLASLT_EPILOGUE_DGELU;
     if (bgrad) epi = CUBLASLT_EPILOGUE_BGRADB;  // into `bias`, C's type (fp32): cuBLASLt's default
+    if (dgelu_bgrad) {  // into `bias` in fp32, where C is bf16 (cuBLASLt's default would be C's type)
+      epi = CUBLASLT_EPILOGUE_DGELU_BGRAD;
+      const cudaDataType_t bias_type = CUDA_R_32F;
+      GPT_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    }
     if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
       GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     }
-    if (bias_epilogue || bgrad) {
+    if (bias_epilogue || bias_out) {
       GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
-    if (act == Act::kGeluAux ||
-        act == Act::kDGelu) {  // the GELU input: C's type (cuBLASLt's default), C's leading dimension
+    if (act == Act::kGeluAux || act == Act::kDGelu || dgelu_bgrad) {  // the GELU input: C's type (cuBLASLt's default), C's leading dimension
       GPT_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
       GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldc, sizeof(ldc)));
@@ -451,10 +466,11 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
     // An epilogue this cuBLASLt (or GPU) has no kernel for at this shape is the user's choice to undo.
     // The result's fields are valid only where its state is success (cublasLt.h).
     const bool usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && heuristic.state == CUBLAS_STATUS_SUCCESS;
-    if (bgrad && !usable) {  // the caller sums the bias gradient itself; the plan remembers, so asked once
+    if (bias_out && !usable) {  // the caller sums the bias gradient itself; the plan remembers, so asked once
       it->second.usable = false;
-      log_info("cuBLASLt has no BGRADB algorithm for the weight-gradient GEMM m " + std::to_string(m) + " n " +
-               std::to_string(n) + " k " + std::to_string(k) + ": its bias gradient is summed by a kernel");
+      log_info(std::string("cuBLASLt has no ") + (bgrad ? "BGRADB" : "DGELU_BGRAD") + " algorithm for the GEMM m " +
+               std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
+               ": its bias gradient is summed by a kernel");
       return false;
     }
     GPT_CHECK_MSG(act == Act::kNone || usable,
@@ -518,6 +534,7 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
                                 (act == Act::kGeluAux ? " +gelu"
                                  : act == Act::kDGelu ? " +dgelu"
                                  : bgrad              ? " +bgradb"
+                                 : dgelu_bgrad        ? " +dgelu +bgrad"
                                                       : "");
       it->second.algo = fastest_algo(results.data(), found, run, lane.stream, shape);
       if (file) {  // kept for the next runs; a file that cannot be written loses only that
@@ -532,11 +549,11 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
     }
   } else {
     if (!it->second.usable) return false;
-    if (bias_epilogue || bgrad) {
+    if (bias_epilogue || bias_out) {
       GPT_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(it->second.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
-    if (act == Act::kGeluAux || act == Act::kDGelu) {
+    if (act == Act::kGeluAux || act == Act::kDGelu || dgelu_bgrad) {
       GPT_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(it->second.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     }
@@ -545,7 +562,7 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
   const float alpha = 1.0f;
   GPT_CUBLAS_CHECK(cublasLtMatmul(lt(handle_), p.op, &alpha, a, p.la, b, p.lb, &beta, c, p.lc, c, p.lc, &p.algo,
                                   lane.workspace, kWorkspaceBytes, lane.stream));
-  if (bias != nullptr && !bias_epilogue && !bgrad) {
+  if (bias != nullptr && !bias_epilogue && !bias_out) {
     add_bias_kernel<<<grid_for(m * n, 256), 256, 0, lane.stream>>>(static_cast<float*>(c),
                                                                    static_cast<const float*>(bias), m, n, ldc);
     GPT_CUDA_CHECK_LAUNCH();
@@ -577,14 +594,34 @@ void Matmul::forward_gelu(bf16* out, bf16* pre, const bf16* inp, const bf16* wei
        pre);
 }
 
-void Matmul::backward_dgelu(bf16* dpre, const bf16* pre, float* dweight, float* dbias, const bf16* dout,
-                            const bf16* inp, const bf16* weight, int64_t N, int C, int OC, void* scratch) {
+size_t Matmul::backward_dgelu_scratch_bytes(int64_t N, int C, int OC) {
+  return cuda_workspace::matmul_backward_dgelu(N, C, OC);
+}
+
+bool Matmul::backward_dgelu(bf16* dpre, const bf16* pre, float* dpre_bias, float* dweight, float* dbias,
+                            const bf16* dout, const bf16* inp, const bf16* weight, int64_t N, int C, int OC,
+                            void* scratch) {
   GPT_CHECK(N > 0 && C > 0 && OC > 0 && gelu_fusable(C));
   const Lane& grads = fork_gradients(true, dweight != nullptr || dbias != nullptr);
-  gemm(main_, false, false, C, N, OC, weight, C, dout, OC, DType::kBF16, dpre, DType::kBF16, C, 0.0f, nullptr,
-       Act::kDGelu, pre);
+  bool summed = false;
+  if (dpre_bias != nullptr && scratch != nullptr && dgelu_bgrad_enabled()) {
+    // Past dbias's partials (which the weight-gradient lane may be writing meanwhile).
+    auto* sums = reinterpret_cast<float*>(static_cast<char*>(scratch) +
+                                          cuda_workspace::align_up(bias_backward_scratch_bytes(N, OC)));
+    summed = gemm(main_, false, false, C, N, OC, weight, C, dout, OC, DType::kBF16, dpre, DType::kBF16, C, 0.0f, sums,
+                  Act::kDGeluBGrad, pre);
+    if (summed) {
+      bias_sum_kernel<<<static_cast<unsigned>(ceil_div(C, kWarp)), kWarp, 0, main_.stream>>>(dpre_bias, sums, 1, C);
+      GPT_CUDA_CHECK_LAUNCH();
+    }
+  }
+  if (!summed) {
+    gemm(main_, false, false, C, N, OC, weight, C, dout, OC, DType::kBF16, dpre, DType::kBF16, C, 0.0f, nullptr,
+         Act::kDGelu, pre);
+  }
   dweight_dbias(grads, dweight, dbias, dout, inp, DType::kBF16, N, C, OC, OC, scratch);
   join_gradients(grads);
+  return summed;
 }
 
 void Matmul::dweight_dbias(const Lane& lane, float* dweight, float* dbias, const void* dout, const void* inp,

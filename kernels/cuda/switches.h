@@ -32,6 +32,7 @@ inline const std::vector<Switch>& all() {
        false,
        "the weight-gradient GEMMs' k-splits"},
       {"GPT_GEMM_BGRAD", {"0", "1"}, false, "bias gradients in the weight-gradient GEMMs' epilogue"},
+      {"GPT_GEMM_DGELU_BGRAD", {"0", "1"}, false, "the fc bias gradient in the DGELU GEMM's epilogue"},
       {"GPT_GEMM_WGRAD_STREAM", {"0", "1"}, false, "weight gradients on a second stream"},
       {"GPT_GEMM_ALGO_CACHE", {}, false, "the file of GEMM algorithms kept per shape"},
       {"GPT_CE_ROW_IN_SMEM", {"0", "1"}, false, "the cross-entropy's rows in shared memory"},

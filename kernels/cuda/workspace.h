@@ -43,6 +43,10 @@ inline size_t layernorm_backward(int64_t /*N*/, int C) {
 // chunk of kDbiasRows rows.
 constexpr int kDbiasRows = 256;
 inline size_t matmul_backward(int64_t N, int OC) { return static_cast<size_t>(ceil_div(N, kDbiasRows)) * OC * 4; }
+// matmul.cu's backward_dgelu: those partials, then (GPT_GEMM_DGELU_BGRAD) the DGELU_BGRAD epilogue's C sums.
+inline size_t matmul_backward_dgelu(int64_t N, int C, int OC) {
+  return align_up(matmul_backward(N, OC)) + static_cast<size_t>(C) * 4;
+}
 
 // attention.cu, attention_tc.cu and attention_mma_backward.cu: the backward's D = rowsum(dO * O), one float per (B, NH,
 // T).
@@ -121,6 +125,8 @@ inline StepAreas step_areas(const ModelDims& d, bool bf16_compute, size_t embedd
   // The mma.sync attention backward's dS^T: bf16 compute only (the kernels that keep it are bf16 ones; reserved for
   // them whichever attention kernels run).
   if (bf16_compute) {
+    // The fcproj's backward with the DGELU epilogue (bf16 only), at N below 256 past the fc's bias partials.
+    a.scratch = std::max(a.scratch, matmul_backward_dgelu(N, static_cast<int>(4 * C), static_cast<int>(C)));
     a.scratch = std::max(a.scratch, attention_backward_mma(static_cast<int>(d.B), static_cast<int>(d.T),
                                                            static_cast<int>(d.C), static_cast<int>(d.NH), d.dropout));
   }

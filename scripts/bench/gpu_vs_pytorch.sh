@@ -48,8 +48,8 @@
 # head as before their order by length, GPT_ATTENTION_ORDER=head; the dK/dV kernel's dS^T
 # stored from its fragments as before it was staged, GPT_ATTENTION_WGMMA_DS_STAGE=0; the qkv bias gradient by
 # bias_backward as before the wgmma backward summed it, GPT_ATTENTION_WGMMA_BIAS=0; the weight gradients on their own
-# stream, GPT_GEMM_WGRAD_STREAM=1; the tiles every product of a block multiplies held in registers,
-# GPT_ATTENTION_WGMMA_RS=1; the wgmma dK/dV kernel at 64 queries per step, GPT_ATTENTION_WGMMA_BQ=64;
+# stream, GPT_GEMM_WGRAD_STREAM=1; the fc bias gradient from the DGELU GEMM's epilogue, GPT_GEMM_DGELU_BGRAD=1;
+# the tiles every product of a block multiplies held in registers, GPT_ATTENTION_WGMMA_RS=1; the wgmma dK/dV kernel at 64 queries per step, GPT_ATTENTION_WGMMA_BQ=64;
 # the kernels with their element-wise work
 # overlapping their products, GPT_ATTENTION_WGMMA_OVERLAP=1; blocks of two warpgroups, GPT_ATTENTION_WGMMA_WG2=1;
 # cuBLASLt's algorithms timed into a file, GPT_GEMM_ALGOS=8 GPT_GEMM_ALGO_CACHE=FILE, then read from it; the
@@ -67,8 +67,8 @@
 # prints both sides' device time per step by kind: GEMMs, attention, cross-entropy, optimizer, the rest),
 # GPT_TRAIN_CUDA_PROFILE (passed
 # through; when 1 the whole gpt-train log, with its per-op table, is printed), KEEP=1 keeps the temp dir.
-# GPT_GEMM_ALGOS=N, GPT_GEMM_ALGO_CACHE=FILE, GPT_GEMM_BGRAD=1, GPT_GEMM_SPLITK=S, GPT_GEMM_WGRAD_STREAM=1,
-# GPT_ATTENTION_FWD_ROWS=32, GPT_ATTENTION_BWD_BLOCKS=2, GPT_ATTENTION_DQ=recompute, GPT_ATTENTION_ORDER=head and
+# GPT_GEMM_ALGOS=N, GPT_GEMM_ALGO_CACHE=FILE, GPT_GEMM_BGRAD=1, GPT_GEMM_DGELU_BGRAD=1, GPT_GEMM_SPLITK=S,
+# GPT_GEMM_WGRAD_STREAM=1, GPT_ATTENTION_FWD_ROWS=32, GPT_ATTENTION_BWD_BLOCKS=2, GPT_ATTENTION_DQ=recompute, GPT_ATTENTION_ORDER=head and
 # GPT_ATTENTION_WGMMA* (the CUDA switches in kernels/cuda/switches.h) pass through to gpt-train too; under
 # GPT_GEMM_ALGOS (and GPT_GEMM_SPLITK) its per-shape timings are printed after its log's last lines.
 # Budget: under 4 minutes on one H200 with the defaults before the variants (the two timeouts sum to 210 s), each
@@ -186,7 +186,7 @@ if [[ -z ${VARIANTS+set} ]]; then
     # them), then the experiments not yet measured, then BQ=64 (1.012x at batch 64 in session 24): check.sh's time
     # runs the first few.
     VARIANTS="GPT_ATTENTION_ORDER=head;GPT_ATTENTION_WGMMA_DS_STAGE=0;GPT_ATTENTION_WGMMA_BIAS=0"
-    VARIANTS="$VARIANTS;GPT_GEMM_WGRAD_STREAM=1"
+    VARIANTS="$VARIANTS;GPT_GEMM_WGRAD_STREAM=1;GPT_GEMM_DGELU_BGRAD=1"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_RS=1;GPT_ATTENTION_WGMMA_BQ=64"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_OVERLAP=1;GPT_ATTENTION_WGMMA_WG2=1"
     # cuBLASLt's algorithms chosen by timing and kept in a file, then taken from it (the steps timed leave out the

@@ -704,6 +704,60 @@ TEST_CASE("parity: matmul_backward_gelu's fc bias gradient is bias_backward's of
   }
 }
 
+// GPT_GEMM_DGELU_BGRAD=1 (an experiment): the fc bias's gradient from the DGELU GEMM's epilogue, the row sums of the
+// fp32 values before their rounding to dpre. dpre_bias: dpb0 plus the CPU's column sums of the dpre written, within
+// the reduction bound plus each element's bf16 rounding (2^-8 of the magnitudes summed), with and without it (without:
+// bias_backward's of the dpre written, bit for bit); dweight and dbias the same bits either way. In the emulator the
+// epilogue's sums must differ from the kernel's (the path taken); on a GPU whose cuBLASLt lacks such an algorithm the
+// log says so and the kernel sums it.
+TEST_CASE("parity: the fc bias gradient from the DGELU GEMM's epilogue (GPT_GEMM_DGELU_BGRAD=1)", "[cuda]") {
+  Backend* gpu = cuda_or_skip("the DGELU_BGRAD epilogue");
+  if (!gpu) return;
+  gpu->set_compute_dtype(DType::kBF16);
+  REQUIRE(gpu->set_gelu_fusion(GeluFusion::kFull).is_ok());
+  const int64_t N = 600;
+  const int C = 192, OC = 48;  // C: the GELU's width (dpre's, a multiple of 8), OC: the projection's outputs
+  const auto pre = rounded(randn(N * C, 170, 2.0f)), act = rounded(randn(N * C, 171));
+  const auto w = rounded(randn(int64_t{OC} * C, 172, 0.3f)), dout = rounded(randn(N * OC, 173));
+  const std::vector<float> dpb0 = randn(C, 174);
+  Dev<bf16> g_pre(*gpu, to_bf16(pre));
+  Dev<float> g_act(*gpu, act), g_w(*gpu, w), g_dout(*gpu, dout);
+  std::vector<float> got_dw[2], got_db[2];
+  for (const bool epilogue : {false, true}) {
+    CAPTURE(epilogue);
+    const testing::ScopedEnv env("GPT_GEMM_DGELU_BGRAD", epilogue ? "1" : nullptr);
+    Dev<bf16> g_dpre(*gpu, N * C);
+    Dev<float> g_dinp(*gpu, std::vector<float>(N * C, NAN));
+    Dev<float> g_dw(*gpu, std::vector<float>(int64_t{OC} * C, 0.0f)), g_db(*gpu, std::vector<float>(OC, 0.0f));
+    Dev<float> g_dpb(*gpu, dpb0), g_dpb_sep(*gpu, dpb0);
+    gpu->matmul_backward_gelu(g_dpre.p(), g_dpb.p(), g_dinp.p(), g_dw.p(), g_db.p(), g_dout.p(), g_act.p(), g_w.p(),
+                              g_pre.p(), N, C, OC);
+    gpu->bias_backward(g_dpb_sep.p(), g_dpre.p(), N, C);
+    const std::vector<bf16> dpre = g_dpre.read();
+    std::vector<float> dpre_f(dpre.size()), cdpb = dpb0;
+    for (size_t i = 0; i < dpre.size(); ++i) dpre_f[i] = bf16_to_f32(dpre[i]);
+    cpu().bias_backward(cdpb.data(), dpre_f.data(), N, C);
+    const std::vector<float> dpb = g_dpb.read();
+    double worst = 0;
+    for (int c = 0; c < C; ++c) {
+      double mag = std::abs(dpb0[c]);
+      for (int64_t r = 0; r < N; ++r) mag += std::abs(dpre_f[r * C + c]);
+      const double err = std::isfinite(dpb[c]) ? std::abs(dpb[c] - cdpb[c]) : INFINITY;
+      worst = std::max(worst, err / (kReduction * mag + std::ldexp(mag, -8)));
+    }
+    INFO("dpre_bias: " << worst << " of its bound");
+    CHECK(worst <= 1.0);
+    if (!epilogue) CHECK(dpb == g_dpb_sep.read());
+    if (epilogue && kEmulated) CHECK(dpb != g_dpb_sep.read());
+    got_dw[epilogue] = g_dw.read();
+    got_db[epilogue] = g_db.read();
+  }
+  CHECK(got_dw[0] == got_dw[1]);
+  CHECK(got_db[0] == got_db[1]);
+  REQUIRE(gpu->set_gelu_fusion(GeluFusion::kNone).is_ok());
+  gpu->set_compute_dtype(DType::kF32);
+}
+
 // LayerNorm forward and backward of the rows `inp` (N x C) on the CPU and on `gpu`: within kReduction, the
 // recomputation (null statistics) and the bf16 outputs bit for bit.
 void compare_layernorm(Backend* gpu, const std::vector<float>& inp, int64_t N, int C) {

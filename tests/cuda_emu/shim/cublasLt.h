@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "cuda_bf16.h"
 #include "cuda_runtime.h"
@@ -28,16 +29,19 @@ enum cublasLtEpilogue_t {
   CUBLASLT_EPILOGUE_GELU_AUX,
   CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
   CUBLASLT_EPILOGUE_DGELU,
-  CUBLASLT_EPILOGUE_BGRADB
+  CUBLASLT_EPILOGUE_BGRADB,
+  CUBLASLT_EPILOGUE_DGELU_BGRAD
 };
-inline bool emu_lt_no_bgradb = false;  // tests: the heuristic has no BGRADB algorithm
+inline bool emu_lt_no_bgradb = false;       // tests: the heuristic has no BGRADB algorithm
+inline bool emu_lt_no_dgelu_bgrad = false;  // tests: nor a DGELU_BGRAD one
 enum cublasLtMatmulDescAttributes_t {
   CUBLASLT_MATMUL_DESC_TRANSA,
   CUBLASLT_MATMUL_DESC_TRANSB,
   CUBLASLT_MATMUL_DESC_EPILOGUE,
   CUBLASLT_MATMUL_DESC_BIAS_POINTER,
   CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+  CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE
 };
 enum cublasLtMatmulPreferenceAttributes_t {
   CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -53,6 +57,7 @@ struct EmuLtDesc {
   const void* bias = nullptr;
   const void* aux = nullptr;  // the GELU input: written by GELU_AUX(_BIAS), read by DGELU; D's type
   int64_t aux_ld = 0;
+  int bias_type = -1;  // BIAS_DATA_TYPE: -1, D's type (cuBLASLt's default)
 };
 struct EmuLtLayout {
   cudaDataType_t type;
@@ -151,6 +156,12 @@ inline int cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmul
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
       emu_lt_set(d->aux_ld, v, n);
       break;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: {
+      cudaDataType_t t;
+      emu_lt_set(t, v, n);
+      d->bias_type = t;
+      break;
+    }
   }
   return 0;
 }
@@ -190,10 +201,12 @@ inline uint32_t emu_lt_alignment(const void* p) {
   return a;
 }
 inline bool emu_lt_has_bias(cublasLtEpilogue_t e) {
-  return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_BGRADB;
+  return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_BGRADB ||
+         e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
 }
 inline bool emu_lt_gelu(cublasLtEpilogue_t e) {
-  return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
+  return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU ||
+         e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
 }
 // The heuristic remembers the promised alignments in the algo (as the real algo is only valid for them), and
 // cublasLtMatmul checks the matrices against the algo it is given.
@@ -207,6 +220,7 @@ inline int cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t
   r->state = 0;
   *found = 1;
   if (d->epi == CUBLASLT_EPILOGUE_BGRADB && emu_lt_no_bgradb) *found = 0;  // CUBLAS_STATUS_NOT_SUPPORTED's way too
+  if (d->epi == CUBLASLT_EPILOGUE_DGELU_BGRAD && emu_lt_no_dgelu_bgrad) *found = 0;
   return 0;
 }
 inline float emu_lt_load(const void* p, cudaDataType_t t, int64_t i) {
@@ -249,6 +263,8 @@ inline int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* 
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);  // host scalars: now
   if (d_bf16 && be != 0.0f) emu_fail("cublasLt: emulated bf16 D only with beta 0");
   if (d->epi == CUBLASLT_EPILOGUE_BGRADB && d_bf16) emu_fail("cublasLt: BGRADB is emulated for an fp32 D only");
+  if (d->epi == CUBLASLT_EPILOGUE_DGELU_BGRAD && d->bias_type != CUDA_R_32F)
+    emu_fail("cublasLt: DGELU_BGRAD is emulated with an fp32 bias gradient (BIAS_DATA_TYPE) only");
   // The product when the stream gets to it, from the descriptors as they are now (the caller may reuse them).
   emu_enqueue(stream, [dv = *d, lav = *la, lbv = *lb, ldv = *ld, a, b, dd, al, be, d_bf16, m, n, k] {
     emu_lt_compute(&dv, &lav, &lbv, &ldv, a, b, dd, al, be, d_bf16, m, n, k);
@@ -259,6 +275,7 @@ inline void emu_lt_compute(const EmuLtDesc* d, const EmuLtLayout* la,
                            const EmuLtLayout* lb, const EmuLtLayout* ld, const void* a,
                            const void* b, void* dd, float al, float be, bool d_bf16, int64_t m, int64_t n, int64_t k) {
   const EmuLtLayout* lc = ld;  // C == D
+  std::vector<double> row_sums(d->epi == CUBLASLT_EPILOGUE_DGELU_BGRAD ? static_cast<size_t>(m) : 0, 0.0);
   float* out = static_cast<float*>(dd);
   __nv_bfloat16* out_h = static_cast<__nv_bfloat16*>(dd);
   for (int64_t j = 0; j < n; ++j)
@@ -271,7 +288,7 @@ inline void emu_lt_compute(const EmuLtDesc* d, const EmuLtLayout* la,
       }
       double r = al * s;
       if (be != 0.0f) r += static_cast<double>(be) * out[i + j * ld->ld];
-      if (emu_lt_has_bias(d->epi) && d->epi != CUBLASLT_EPILOGUE_BGRADB)
+      if (emu_lt_has_bias(d->epi) && d->epi != CUBLASLT_EPILOGUE_BGRADB && d->epi != CUBLASLT_EPILOGUE_DGELU_BGRAD)
         r += emu_lt_load(d->bias, lc->type, i);  // the bias has D's type
       // GELU, tanh form, on the fp32 sum (in double here: an implementation other than gelu.cu's)
       const double kS = 0.7978845608028654, kA = 0.044715;
@@ -279,10 +296,11 @@ inline void emu_lt_compute(const EmuLtDesc* d, const EmuLtLayout* la,
         const float x = static_cast<float>(r);
         static_cast<__nv_bfloat16*>(const_cast<void*>(d->aux))[i + j * d->aux_ld] = __float2bfloat16(x);
         r = 0.5 * x * (1.0 + std::tanh(kS * (x + kA * x * x * x)));
-      } else if (d->epi == CUBLASLT_EPILOGUE_DGELU) {
+      } else if (d->epi == CUBLASLT_EPILOGUE_DGELU || d->epi == CUBLASLT_EPILOGUE_DGELU_BGRAD) {
         const double x = __bfloat162float(static_cast<const __nv_bfloat16*>(d->aux)[i + j * d->aux_ld]);
         const double t = std::tanh(kS * (x + kA * x * x * x));
         r = static_cast<float>(r) * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * kS * (1.0 + 3.0 * kA * x * x));
+        if (!row_sums.empty()) row_sums[i] += static_cast<float>(r);
       }
       if (d_bf16) {
         out_h[i + j * ld->ld] = __float2bfloat16(static_cast<float>(r));
@@ -290,6 +308,9 @@ inline void emu_lt_compute(const EmuLtDesc* d, const EmuLtLayout* la,
         out[i + j * ld->ld] = static_cast<float>(r);
       }
     }
+  if (d->epi == CUBLASLT_EPILOGUE_DGELU_BGRAD) {  // D's row sums (the fp32 values before D's rounding), overwriting
+    for (int64_t i = 0; i < m; ++i) static_cast<float*>(const_cast<void*>(d->bias))[i] = static_cast<float>(row_sums[i]);
+  }
   if (d->epi == CUBLASLT_EPILOGUE_BGRADB) {  // op(B)'s column sums over k, overwriting (beta plays no part)
     for (int64_t j = 0; j < n; ++j) {
       double s = 0;
