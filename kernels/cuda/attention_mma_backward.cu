@@ -543,8 +543,9 @@ bool attention_backward_mma(TensorPtr dqkv, const bf16* dout, ConstTensorPtr qkv
                  : nullptr;
   // The bias partials after it (used on wgmma only).
   float* bias_partials =
-      ds != nullptr ? reinterpret_cast<float*>(reinterpret_cast<char*>(ds) + cuda_workspace::attention_ds_bytes(B, T, NH))
-                    : nullptr;
+      ds != nullptr
+          ? reinterpret_cast<float*>(reinterpret_cast<char*>(ds) + cuda_workspace::attention_ds_bytes(B, T, NH))
+          : nullptr;
   bool summed = false;
   with_head_size(hs, [&](auto d) {
     summed = backward_impl<decltype(d)::value>(dqkv.as_bf16(), dout, qkv.as_bf16(), lse, dvec, B, T, C, NH, drop, ds,

@@ -431,7 +431,8 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
     if (bias_epilogue || bias_out) {
       GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
-    if (act == Act::kGeluAux || act == Act::kDGelu || dgelu_bgrad) {  // the GELU input: C's type (cuBLASLt's default), C's leading dimension
+    // The GELU input: C's type (cuBLASLt's default), C's leading dimension.
+    if (act == Act::kGeluAux || act == Act::kDGelu || dgelu_bgrad) {
       GPT_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
       GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldc, sizeof(ldc)));

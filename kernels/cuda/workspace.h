@@ -75,9 +75,9 @@ inline size_t attention_bias_partials(int64_t B, int64_t T, int64_t C) {
 // The mma.sync backward's whole scratch: D, then (where kept) dS^T at the next 256-byte boundary, then the bias
 // partials (used on sm_90 only; dS^T's size is a multiple of 8 KB, so they start aligned).
 inline size_t attention_backward_mma(int B, int T, int C, int NH, bool dropout) {
-  return attention_ds_kept(B, T, C, NH, dropout) ? align_up(attention_backward(B, T, NH)) +
-                                                       attention_ds_bytes(B, T, NH) + attention_bias_partials(B, T, C)
-                                                 : attention_backward(B, T, NH);
+  return attention_ds_kept(B, T, C, NH, dropout)
+             ? align_up(attention_backward(B, T, NH)) + attention_ds_bytes(B, T, NH) + attention_bias_partials(B, T, C)
+             : attention_backward(B, T, NH);
 }
 
 // embedding.cu: three int32 arrays of B*T (keys, sorted keys, sorted positions) before cub's sort storage,

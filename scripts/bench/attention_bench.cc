@@ -169,7 +169,8 @@ int run(const Args& a, const BackendFactory& make_device) {
   std::vector<float> ref_out(static_cast<size_t>(T) * C), ref_dqkv(static_cast<size_t>(T) * 3 * C);
   std::vector<float> ref_att(cpu->attention_state_floats(1, T, NH));
   cpu->attention_forward(ref_out.data(), ref_att.data(), qkv.data(), 1, T, C, NH, drop);
-  cpu->attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), ref_out.data(), ref_att.data(), 1, T, C, NH, drop, nullptr);
+  cpu->attention_backward(ref_dqkv.data(), dout.data(), qkv.data(), ref_out.data(), ref_att.data(), 1, T, C, NH, drop,
+                          nullptr);
 
   const double fwd_flops = 4.0 * B * NH * static_cast<double>(T) * T * hs / 2.0, bwd_flops = 2.5 * fwd_flops;
   const double bound = dtype == DType::kBF16 ? 2e-2 : 1e-4;

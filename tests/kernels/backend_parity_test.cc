@@ -932,7 +932,8 @@ void compare_attention(Backend& gpu, const AttentionShape& s, const DropoutMask&
   std::vector<float> out(N * s.C), dqkv(N * 3 * s.C);
   std::vector<float> att(cpu().attention_state_floats(s.B, s.T, s.NH));
   cpu().attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH, drop);
-  cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH, drop, nullptr);
+  cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH, drop,
+                           nullptr);
   Dev<float> g_qkv(gpu, qkv), g_dout(gpu, dout), g_out(gpu, out.size());
   Dev<float> g_att(gpu, gpu.attention_state_floats(s.B, s.T, s.NH)), g_dqkv(gpu, dqkv.size());
   gpu.attention_forward(g_out.p(), g_att.p(), g_qkv.p(), s.B, s.T, s.C, s.NH, drop);
@@ -958,7 +959,8 @@ void compare_attention_bf16(Backend& gpu, const AttentionShape& s, const Dropout
   std::vector<float> out(no), dqkv(nq);
   std::vector<float> att(cpu().attention_state_floats(s.B, s.T, s.NH));
   cpu().attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH, drop);
-  cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH, drop, nullptr);
+  cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), att.data(), s.B, s.T, s.C, s.NH, drop,
+                           nullptr);
   Dev<bf16> g_qkv(gpu, qh), g_out(gpu, no), g_dqkv(gpu, nq);
   Dev<float> g_dout(gpu, dout), g_att(gpu, gpu.attention_state_floats(s.B, s.T, s.NH));
   gpu.attention_forward(g_out.p(), g_att.p(), g_qkv.p(), s.B, s.T, s.C, s.NH, drop);
@@ -1107,7 +1109,8 @@ TEST_CASE("parity: tensor-core attention (bf16 compute) against the CPU's fp32",
     cpu().cast_from_bf16(ow2.data(), got.data(), no);
     Dev<float> g_ow2(*gpu, ow2);
     gpu->attention_backward(g_dh.p(), g_dout.p(), g_qh.p(), g_oh.p(), g_att[0].p(), s.B, s.T, s.C, s.NH, drop, nullptr);
-    gpu->attention_backward(g_dw.p(), g_dout.p(), g_qw.p(), g_ow2.p(), g_att[1].p(), s.B, s.T, s.C, s.NH, drop, nullptr);
+    gpu->attention_backward(g_dw.p(), g_dout.p(), g_qw.p(), g_ow2.p(), g_att[1].p(), s.B, s.T, s.C, s.NH, drop,
+                            nullptr);
     std::vector<bf16> dwant(nq);
     cpu().cast_to_bf16(dwant.data(), g_dw.read().data(), nq);
     const std::vector<bf16> dgot = g_dh.read();
@@ -1197,7 +1200,8 @@ TEST_CASE("parity: the wgmma attention's variants give the default kernels' resu
         Dev<bf16> g_qkv(*gpu, qh), g_out(*gpu, no), g_dqkv(*gpu, nq);
         Dev<float> g_dout(*gpu, dout), g_att(*gpu, gpu->attention_state_floats(s.B, s.T, s.NH));
         gpu->attention_forward(g_out.p(), g_att.p(), g_qkv.p(), s.B, s.T, s.C, s.NH, none);
-        gpu->attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, none, nullptr);
+        gpu->attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, none,
+                                nullptr);
         return std::make_tuple(g_out.read(), g_att.read(), g_dqkv.read());
       };
       const auto [out0, att0, dqkv0] = run();
