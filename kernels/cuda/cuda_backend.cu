@@ -376,10 +376,41 @@ void CudaBackend::to_device(void* dst, const void* src, size_t bytes) {
   }
 }
 
+// A download of more than one staging slot (checkpoints, weights: hundreds of MB) goes through the pinned slots as
+// uploads do, a piece's copy queued before the host copies the previous piece out, so the device's copies and the
+// host's overlap and every device copy runs at pinned memory's rate (a copy into pageable memory is staged by the
+// driver, slower, and waits for it). Each slot's event is recorded after the copy that fills it: the host waits for
+// it before reading the slot, and a later upload into the slot after it (it marks the slot's last device use either
+// way). A small download (the step's losses) is one copy straight into dst.
 void CudaBackend::to_host(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  GPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
-  GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (bytes <= kStagingBytes) {
+    GPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } else {
+    auto* out = static_cast<char*>(dst);
+    const auto* in = static_cast<const char*>(src);
+    const Staging* pending = nullptr;  // the slot holding the previous piece, at out + pending_at
+    size_t pending_at = 0, pending_bytes = 0;
+    for (size_t done = 0; done < bytes || pending != nullptr;) {
+      const Staging* queued = nullptr;
+      const size_t at = done, piece = std::min(bytes - done, kStagingBytes);
+      if (done < bytes) {
+        Staging& st = staging_[next_staging_];
+        next_staging_ = (next_staging_ + 1) % static_cast<int>(std::size(staging_));
+        GPT_CUDA_CHECK(cudaEventSynchronize(st.read));  // the slot's last device use (an upload's read) has run
+        GPT_CUDA_CHECK(cudaMemcpyAsync(st.host, in + done, piece, cudaMemcpyDeviceToHost, stream_));
+        GPT_CUDA_CHECK(cudaEventRecord(st.read, stream_));
+        queued = &st;
+        done += piece;
+      }
+      if (pending != nullptr) {
+        GPT_CUDA_CHECK(cudaEventSynchronize(pending->read));
+        std::memcpy(out + pending_at, pending->host, pending_bytes);
+      }
+      pending = queued, pending_at = at, pending_bytes = piece;
+    }
+  }
   if (profile_) read_op_times();
 }
 

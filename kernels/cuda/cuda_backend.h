@@ -1,8 +1,9 @@
 // CudaBackend: the Backend on one GPU. Every op is queued on the backend's own stream (in call order) and
 // returns at once; to_host, sum_squares and synchronize wait. to_device waits only for the copy four pieces back
-// (pinned staging, 4 MiB pieces). Memory comes from cudaMalloc through Buffer::adopt, so it is counted by the same
-// categories as on the CPU; kernels that need temporaries share one scratch area that grows to the largest request (the
-// first training step sizes it; no allocation after that). Not thread-safe: one training thread drives it.
+// (pinned staging, 4 MiB pieces); a to_host of more than one piece goes through the same slots. Memory comes from
+// cudaMalloc through Buffer::adopt, so it is counted by the same categories as on the CPU; kernels that need
+// temporaries share one scratch area that grows to the largest request (the first training step sizes it; no allocation
+// after that). Not thread-safe: one training thread drives it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -182,7 +183,8 @@ class CudaBackend final : public Backend {
   // stages it itself, and may synchronize), which would stall the host at every micro-batch's token and target
   // uploads, and is not documented to have read its source when it returns. Every upload is copied into the next
   // of these pinned slots instead, in pieces of kStagingBytes at most, each slot reused once the copy that last
-  // read it has run (its event), so the host queues ahead. Allocated at their full size in the constructor (16 MiB
+  // read it has run (its event), so the host queues ahead; large downloads pass through them too (to_host: each
+  // event then also marks its piece's arrival). Allocated at their full size in the constructor (16 MiB
   // of pinned host memory in all): a cudaMallocHost or cudaFreeHost in the step loop may synchronise the device.
   struct Staging {
     void* host = nullptr;

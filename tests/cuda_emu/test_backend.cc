@@ -287,7 +287,9 @@ TEST_CASE("cuda_emu: matmul_forward takes a bf16 bias (aligned or not) as its fp
 // to_device lets its caller reuse the source at once, whatever its size: a restore reuses one host buffer for
 // every region, a GPT-2-sized unit is over the 4 MiB staging slots, and CUDA does not promise that a copy from
 // pageable memory has read it when cudaMemcpyAsync returns (the emulator reads it when the stream runs the copy).
-// 18 MiB: five pieces, so the ring of four slots wraps within one upload; then small uploads reuse the slots.
+// 18 MiB: five pieces, so the ring of four slots wraps within one upload; then small uploads reuse the slots. The
+// downloads back: the large ones through the same slots too (to_host), each piece copied out only after its copy
+// ran (the emulator runs a copy into pinned memory when something waits for it).
 TEST_CASE("cuda_emu: to_device's source may be reused at once, a large upload too", "[cuda_emu][backend]") {
   CudaEmuBackend dev(0);
   const size_t big = (size_t{18} << 20) / sizeof(float) + 3, small = 1000;
