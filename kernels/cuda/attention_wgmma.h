@@ -45,8 +45,8 @@ void attention_forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int 
 // multiplies it by K. GPT_ATTENTION_WGMMA_BQ=64 gives the dK/dV kernel 64 queries per step instead of 32.
 // dqkv_bias (or null): += dqkv's column sums over the B T rows, of the values as stored (bf16): each warp of both
 // kernels sums the 16 rows it stores into bias_partials (cuda_workspace::attention_bias_partials, 8-byte aligned),
-// then one kernel adds those in row order (the qkv projection's bias gradient without bias_backward's pass over
-// dqkv: 75 MB per layer at GPT-2 124M's batch 16).
+// then two small passes add those in a fixed order (the qkv projection's bias gradient without bias_backward's pass
+// over dqkv: 75 MB per layer at GPT-2 124M's batch 16).
 // REQUIRES attention_wgmma_backward_usable(C, NH, false), 16-byte aligned pointers.
 void attention_backward_wgmma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
                               int T, int C, int NH, bf16* ds, int64_t ds_ld, float* dqkv_bias, float* bias_partials,

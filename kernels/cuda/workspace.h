@@ -67,10 +67,12 @@ inline bool attention_ds_kept(int B, int T, int C, int NH, bool dropout) {
          attention_ds_bytes(B, T, NH) <= kAttentionDsMaxBytes;
 }
 // attention_wgmma_backward.cu, where it sums the qkv projection's bias gradient: the column sums of dqkv (B,T,3C) per
-// 16 rows of a sequence, one row of 3C floats each (the dQ kernel's and the dK/dV kernel's warps write their own).
+// 16 rows of a sequence, one row of 3C floats each (the dQ kernel's and the dK/dV kernel's warps write their own),
+// then the sums of up to kAttentionBiasGroups groups of those rows (the first of its two summing passes).
 inline int64_t attention_bias_chunks(int64_t B, int64_t T) { return B * ceil_div(T, 16); }
+constexpr int64_t kAttentionBiasGroups = 32;
 inline size_t attention_bias_partials(int64_t B, int64_t T, int64_t C) {
-  return static_cast<size_t>(attention_bias_chunks(B, T) * 3 * C) * 4;
+  return static_cast<size_t>((attention_bias_chunks(B, T) + kAttentionBiasGroups) * 3 * C) * 4;
 }
 // The mma.sync backward's whole scratch: D, then (where kept) dS^T at the next 256-byte boundary, then the bias
 // partials (used on sm_90 only; dS^T's size is a multiple of 8 KB, so they start aligned).

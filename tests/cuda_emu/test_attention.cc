@@ -410,6 +410,11 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
   // the backward keeps dS^T (its own cases: three query tiles, the last mostly padding; two heads of 260 rows), the
   // forward only where it recomputes. GPT_ATTENTION_WGMMA=0: the mma.sync ones.
   run_mma(1, 2, 64, 260, 0.0f);
+  run_mma(2, 1, 64, 150, 0.0f);  // two sequences: the bias partials' rows per sequence (ceil(150 / 16) = 10)
+  run_mma(3, 1, 64, 200, 0.0f);  // 39 rows of partials: groups of 2 in the first pass, the last of 1, 12 empty
+  ::setenv("GPT_ATTENTION_WGMMA_DS_STAGE", "0", 1);  // dS^T from the fragments: the staging rows the sums read differ
+  run_mma(1, 2, 64, 260, 0.0f);
+  ::unsetenv("GPT_ATTENTION_WGMMA_DS_STAGE");
   ::setenv("GPT_ATTENTION_WGMMA_BIAS", "0", 1);  // the qkv bias gradient left to the caller, as before the kernels
   run_mma(1, 2, 64, 260, 0.0f);
   ::unsetenv("GPT_ATTENTION_WGMMA_BIAS");

@@ -38,6 +38,7 @@
 #include "testing/scoped_env.h"
 #include "testing/temp_dir.h"
 #ifdef GPT_PARITY_EMULATED
+#include "cublasLt.h"                   // the emulator's: emu_lt_no_dgelu_bgrad
 #include "kernels/cuda/cuda_backend.h"  // the emulator's conversion: gpt::CudaEmuBackend
 #endif
 #if defined(GPT_PARITY_EMULATED) || defined(GPT_WITH_CUDA)
@@ -705,11 +706,12 @@ TEST_CASE("parity: matmul_backward_gelu's fc bias gradient is bias_backward's of
 }
 
 // GPT_GEMM_DGELU_BGRAD=1 (an experiment): the fc bias's gradient from the DGELU GEMM's epilogue, the row sums of the
-// fp32 values before their rounding to dpre. dpre_bias: dpb0 plus the CPU's column sums of the dpre written, within
-// the reduction bound plus each element's bf16 rounding (2^-8 of the magnitudes summed), with and without it (without:
-// bias_backward's of the dpre written, bit for bit); dweight and dbias the same bits either way. In the emulator the
-// epilogue's sums must differ from the kernel's (the path taken); on a GPU whose cuBLASLt lacks such an algorithm the
-// log says so and the kernel sums it.
+// fp32 values before their rounding to dpre. dpre_bias: dpb0 (100 + noise: an overwrite would show) plus the CPU's
+// column sums of the dpre written, within the reduction bound plus each element's bf16 rounding (2^-8 of the
+// magnitudes summed), with and without it (without: bias_backward's of the dpre written, bit for bit); dweight and
+// dbias the same bits either way. In the emulator the epilogue's sums must differ from the kernel's (the path taken),
+// and where its cuBLASLt has no such algorithm (a fresh backend: plans are cached) the kernel's, bit for bit; on a GPU
+// whose cuBLASLt lacks it the log says so and the kernel sums it.
 TEST_CASE("parity: the fc bias gradient from the DGELU GEMM's epilogue (GPT_GEMM_DGELU_BGRAD=1)", "[cuda]") {
   Backend* gpu = cuda_or_skip("the DGELU_BGRAD epilogue");
   if (!gpu) return;
@@ -719,20 +721,38 @@ TEST_CASE("parity: the fc bias gradient from the DGELU GEMM's epilogue (GPT_GEMM
   const int C = 192, OC = 48;  // C: the GELU's width (dpre's, a multiple of 8), OC: the projection's outputs
   const auto pre = rounded(randn(N * C, 170, 2.0f)), act = rounded(randn(N * C, 171));
   const auto w = rounded(randn(int64_t{OC} * C, 172, 0.3f)), dout = rounded(randn(N * OC, 173));
-  const std::vector<float> dpb0 = randn(C, 174);
+  std::vector<float> dpb0 = randn(C, 174);
+  for (float& b : dpb0) b += 100.0f;
   Dev<bf16> g_pre(*gpu, to_bf16(pre));
   Dev<float> g_act(*gpu, act), g_w(*gpu, w), g_dout(*gpu, dout);
-  std::vector<float> got_dw[2], got_db[2];
-  for (const bool epilogue : {false, true}) {
-    CAPTURE(epilogue);
+  std::vector<float> got_dw[3], got_db[3];
+#ifdef GPT_PARITY_EMULATED
+  auto made = make_gpu();  // its cuBLASLt without DGELU_BGRAD (below)
+  REQUIRE(made.has_value());
+  const std::unique_ptr<Backend> refusing = std::move(*made);
+  refusing->set_compute_dtype(DType::kBF16);
+  REQUIRE(refusing->set_gelu_fusion(GeluFusion::kFull).is_ok());
+  const int runs = 3;
+#else
+  const int runs = 2;
+#endif
+  for (int run = 0; run < runs; ++run) {
+    const bool epilogue = run > 0;  // run 2: asked for, but refused
+    CAPTURE(run);
     const testing::ScopedEnv env("GPT_GEMM_DGELU_BGRAD", epilogue ? "1" : nullptr);
-    Dev<bf16> g_dpre(*gpu, N * C);
-    Dev<float> g_dinp(*gpu, std::vector<float>(N * C, NAN));
-    Dev<float> g_dw(*gpu, std::vector<float>(int64_t{OC} * C, 0.0f)), g_db(*gpu, std::vector<float>(OC, 0.0f));
-    Dev<float> g_dpb(*gpu, dpb0), g_dpb_sep(*gpu, dpb0);
-    gpu->matmul_backward_gelu(g_dpre.p(), g_dpb.p(), g_dinp.p(), g_dw.p(), g_db.p(), g_dout.p(), g_act.p(), g_w.p(),
-                              g_pre.p(), N, C, OC);
-    gpu->bias_backward(g_dpb_sep.p(), g_dpre.p(), N, C);
+#ifdef GPT_PARITY_EMULATED
+    emu_lt_no_dgelu_bgrad = run == 2;
+    Backend* be = run == 2 ? refusing.get() : gpu;
+#else
+    Backend* be = gpu;
+#endif
+    Dev<bf16> g_dpre(*be, N * C);
+    Dev<float> g_dinp(*be, std::vector<float>(N * C, NAN));
+    Dev<float> g_dw(*be, std::vector<float>(int64_t{OC} * C, 0.0f)), g_db(*be, std::vector<float>(OC, 0.0f));
+    Dev<float> g_dpb(*be, dpb0), g_dpb_sep(*be, dpb0);
+    be->matmul_backward_gelu(g_dpre.p(), g_dpb.p(), g_dinp.p(), g_dw.p(), g_db.p(), g_dout.p(), g_act.p(), g_w.p(),
+                             g_pre.p(), N, C, OC);
+    be->bias_backward(g_dpb_sep.p(), g_dpre.p(), N, C);
     const std::vector<bf16> dpre = g_dpre.read();
     std::vector<float> dpre_f(dpre.size()), cdpb = dpb0;
     for (size_t i = 0; i < dpre.size(); ++i) dpre_f[i] = bf16_to_f32(dpre[i]);
@@ -747,13 +767,18 @@ TEST_CASE("parity: the fc bias gradient from the DGELU GEMM's epilogue (GPT_GEMM
     }
     INFO("dpre_bias: " << worst << " of its bound");
     CHECK(worst <= 1.0);
-    if (!epilogue) CHECK(dpb == g_dpb_sep.read());
-    if (epilogue && kEmulated) CHECK(dpb != g_dpb_sep.read());
-    got_dw[epilogue] = g_dw.read();
-    got_db[epilogue] = g_db.read();
+    if (run != 1) CHECK(dpb == g_dpb_sep.read());
+    if (run == 1 && kEmulated) CHECK(dpb != g_dpb_sep.read());
+    got_dw[run] = g_dw.read();
+    got_db[run] = g_db.read();
   }
-  CHECK(got_dw[0] == got_dw[1]);
-  CHECK(got_db[0] == got_db[1]);
+#ifdef GPT_PARITY_EMULATED
+  emu_lt_no_dgelu_bgrad = false;
+#endif
+  for (int run = 1; run < runs; ++run) {
+    CHECK(got_dw[run] == got_dw[0]);
+    CHECK(got_db[run] == got_db[0]);
+  }
   REQUIRE(gpu->set_gelu_fusion(GeluFusion::kNone).is_ok());
   gpu->set_compute_dtype(DType::kF32);
 }
@@ -1180,7 +1205,9 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
 // every product of a block multiplies held in registers (GPT_ATTENTION_WGMMA_RS=1: the same products with their A
 // from registers instead of shared memory), and the dK/dV kernel storing dS^T straight from its fragments instead of
 // through shared memory (GPT_ATTENTION_WGMMA_DS_STAGE=0). Where the wgmma
-// kernels do not run (not sm_90, not the emulator) every side is the mma.sync kernels'.
+// kernels do not run (not sm_90, not the emulator) every side is the mma.sync kernels'. The qkv bias gradient they
+// sum as they store dqkv (added to 10 + noise): the CPU's column sums of the dqkv written within the reduction bound
+// (once: not twice), the same bits in every variant, and under GPT_ATTENTION_WGMMA_BIAS=0 bias_backward's bit for bit.
 TEST_CASE("parity: the wgmma attention's variants give the default kernels' results bit for bit", "[cuda]") {
   Backend* gpu = cuda_or_skip("wgmma overlap");
   if (!gpu) return;
@@ -1195,16 +1222,39 @@ TEST_CASE("parity: the wgmma attention's variants give the default kernels' resu
       std::vector<bf16> qh(nq);
       cpu().cast_to_bf16(qh.data(), randn(nq, 4711).data(), nq);
       const auto dout = randn(no, 4712);
+      std::vector<float> bias0 = randn(3 * s.C, 4713);
+      for (float& b : bias0) b += 10.0f;
       ::setenv("GPT_ATTENTION_WGMMA_BQ", bq, 1);
       auto run = [&] {
         Dev<bf16> g_qkv(*gpu, qh), g_out(*gpu, no), g_dqkv(*gpu, nq);
-        Dev<float> g_dout(*gpu, dout), g_att(*gpu, gpu->attention_state_floats(s.B, s.T, s.NH));
+        Dev<float> g_dout(*gpu, dout), g_att(*gpu, gpu->attention_state_floats(s.B, s.T, s.NH)), g_bias(*gpu, bias0);
         gpu->attention_forward(g_out.p(), g_att.p(), g_qkv.p(), s.B, s.T, s.C, s.NH, none);
         gpu->attention_backward(g_dqkv.p(), g_dout.p(), g_qkv.p(), g_out.p(), g_att.p(), s.B, s.T, s.C, s.NH, none,
-                                nullptr);
-        return std::make_tuple(g_out.read(), g_att.read(), g_dqkv.read());
+                                g_bias.p());
+        return std::make_tuple(g_out.read(), g_att.read(), g_dqkv.read(), g_bias.read());
       };
-      const auto [out0, att0, dqkv0] = run();
+      const auto [out0, att0, dqkv0, bias_got] = run();
+      {
+        std::vector<float> wide(nq), want = bias0, mag(bias0.size());
+        for (int64_t i = 0; i < nq; ++i) wide[i] = bf16_to_f32(dqkv0[i]);
+        cpu().bias_backward(want.data(), wide.data(), N, 3 * s.C);
+        for (size_t c = 0; c < mag.size(); ++c) {
+          mag[c] = std::abs(bias0[c]);
+          for (int64_t r = 0; r < N; ++r) mag[c] += std::abs(wide[r * 3 * s.C + c]);
+        }
+        double worst = 0;
+        for (size_t c = 0; c < mag.size(); ++c) {
+          const double err = std::isfinite(bias_got[c]) ? std::abs(bias_got[c] - want[c]) : INFINITY;
+          worst = std::max(worst, err / (kReduction * mag[c]));
+        }
+        INFO("qkv bias gradient: " << worst << " of its bound");
+        CHECK(worst <= 1.0);
+        const testing::ScopedEnv off("GPT_ATTENTION_WGMMA_BIAS", "0");
+        Dev<bf16> g_d(*gpu, dqkv0);
+        Dev<float> g_sep(*gpu, bias0);
+        gpu->bias_backward(g_sep.p(), g_d.p(), N, 3 * s.C);
+        CHECK(std::get<3>(run()) == g_sep.read());
+      }
       for (const auto& [overlap, wg2, blocks, rs, stage] :
            {std::tuple{"1", "0", "5", "0", "1"}, std::tuple{"0", "1", "5", "0", "1"},
             std::tuple{"1", "1", "5", "0", "1"}, std::tuple{"0", "0", "4", "0", "1"},
@@ -1213,10 +1263,11 @@ TEST_CASE("parity: the wgmma attention's variants give the default kernels' resu
         const testing::ScopedEnv e1("GPT_ATTENTION_WGMMA_OVERLAP", overlap), e2("GPT_ATTENTION_WGMMA_WG2", wg2),
             e3("GPT_ATTENTION_WGMMA_FWD_BLOCKS", blocks), e4("GPT_ATTENTION_WGMMA_RS", rs),
             e5("GPT_ATTENTION_WGMMA_DS_STAGE", stage);
-        const auto [out1, att1, dqkv1] = run();
+        const auto [out1, att1, dqkv1, bias1] = run();
         CHECK(std::memcmp(out0.data(), out1.data(), out0.size() * sizeof(bf16)) == 0);
         CHECK(std::memcmp(att0.data(), att1.data(), att0.size() * sizeof(float)) == 0);
         CHECK(std::memcmp(dqkv0.data(), dqkv1.data(), dqkv0.size() * sizeof(bf16)) == 0);
+        CHECK(bias1 == bias_got);
       }
       ::unsetenv("GPT_ATTENTION_WGMMA_BQ");
     }
