@@ -281,7 +281,7 @@ void emu_fiber_run(unsigned n, bool reverse, void (*task)(void*, unsigned), void
     if (f == nullptr)
       fail(
           "deadlock: every thread of the block that has not returned waits at a barrier the others cannot reach "
-          "(__syncthreads or a warp collective in divergent code)");
+          "(__syncthreads or a warp collective in divergent code, an mbarrier wait no arrival will end)");
     s->woke = false;
     resume(s, f);
     if (f->done) --live;
@@ -299,6 +299,14 @@ void emu_fiber_wait(const uint64_t* gen, uint64_t seen) {
   f->seen = seen;
   suspend(f);  // resumed only once *gen != seen
   f->wait = nullptr;
+}
+
+void emu_fiber_yield() {
+  EmuTsanIgnore ignore;  // the scheduler's state (ordered by the switches)
+  Scheduler* s = t_sched;
+  if (s == nullptr || s->current == nullptr) fail("a yield outside a kernel");
+  s->woke = true;  // the scheduler looks again from its first fiber, which may be this one
+  suspend(s->current);
 }
 
 void emu_fiber_woke() {

@@ -70,6 +70,50 @@ void bounded_kernel(int* out) {
   out[threadIdx.y * blockDim.x + threadIdx.x] = 1;
 }
 
+// A two-stage pipeline over `tiles` tiles of 128 floats (kernels/cuda/mbarrier_ptx.cuh's protocol): warp 0 copies
+// tile t into stage t % 2 by cp.async (16 bytes per lane) and arrives on full[t % 2] when they land; warp 1 waits
+// for it, copies the stage out (each lane its neighbour's 16 bytes), and releases the stage (empty, one arrival per
+// warp) for the producer's tile t + 2. Faults: 1, the consumer skips the wait for full; 2, the producer skips the
+// wait for empty; 3, a consumer stores into the barrier's bytes; 4, the producer's lane 31 never arrives; 5, the
+// consumer skips the wait for full at tile 1 alone.
+enum PipeFault { kPipeOk, kPipeNoFullWait, kPipeNoEmptyWait, kPipeOverwrite, kPipeMissingArrival, kPipeNoWaitAt1 };
+void pipeline_kernel(const float* src, float* out, int tiles, int fault) {
+  auto* bars = reinterpret_cast<uint64_t*>(emu_smem);  // full[2], empty[2]
+  float* stage = emu_smem + 8;                         // 2 x 128 floats, 16-byte aligned
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; ++s) emu_mbarrier_init(&bars[s], 32), emu_mbarrier_init(&bars[2 + s], 1);
+  }
+  __syncthreads();
+  for (int t = 0; t < tiles; ++t) {
+    const int s = t % 2;
+    if (warp == 0) {
+      if (t >= 2 && fault != kPipeNoEmptyWait) emu_mbarrier_wait(&bars[2 + s], (t / 2 - 1) & 1);
+      emu_cp_async_16(stage + 128 * s + 4 * lane, src + 128 * t + 4 * lane, 16);
+      if (fault != kPipeMissingArrival || lane != 31) emu_cp_async_mbarrier_arrive_noinc(&bars[s]);
+    } else {
+      if (fault != kPipeNoFullWait && (fault != kPipeNoWaitAt1 || t != 1)) emu_mbarrier_wait(&bars[s], (t / 2) & 1);
+      for (int j = 0; j < 4; ++j) out[128 * t + 4 * (lane ^ 1) + j] = stage[128 * s + 4 * (lane ^ 1) + j];
+      if (fault == kPipeOverwrite && t == 1) reinterpret_cast<float*>(&bars[s])[0] = 0.0f;  // full[s]'s low half
+      __syncwarp();
+      if (lane == 0) emu_mbarrier_arrive(&bars[2 + s]);
+    }
+  }
+}
+// Warps 0 and 2 meet at named barrier 3 (64 threads; warp 1 is not part of it, and waits for no one): warp 2 writes
+// a row of shared memory, arrives (bar.arrive: no wait), and warp 0 reads the row after its bar.sync; with_barrier 0:
+// without it. count: warp 0's thread count (not 64: a phase of differing counts).
+void named_barrier_kernel(float* out, int with_barrier, int count) {
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (warp == 2) {
+    emu_smem[lane] = static_cast<float>(lane + 1);
+    if (with_barrier) emu_named_barrier(3, 64, false);
+  } else if (warp == 0) {
+    if (with_barrier) emu_named_barrier(3, static_cast<unsigned>(count), true);
+    out[lane] = emu_smem[lane];
+  }
+}
+
 }  // namespace
 
 TEST_CASE("cuda_emu: a block's threads meet at __syncthreads, each keeping its own threadIdx", "[cuda_emu][emulator]") {
@@ -208,4 +252,52 @@ TEST_CASE("cuda_emu: a vector load or store through a misaligned pointer aborts,
   CHECK(store.find("EMU: misaligned vector access (8 bytes") != std::string::npos);
   gpt::cuda_emu::store4_bf16(buf + 2, w, false, 4);  // the scalar path: any alignment
   CHECK(gpt::bf16_to_f32(buf[5]) == 4.0f);
+}
+
+TEST_CASE("cuda_emu: mbarriers order a producer warp's cp.async stages and a consumer warp's reads",
+          "[cuda_emu][emulator]") {
+  std::vector<float> src(128 * 5), out(src.size());
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i) + 0.5f;
+  auto launch = [&](int fault, unsigned blocks, int tiles = 5) {
+    std::fill(out.begin(), out.end(), -1.0f);
+    // Two blocks: the even one runs its warps first to last (the producer ahead), the odd one last to first.
+    emulate_launch(pipeline_kernel, dim3(blocks), dim3(64), (8 + 256) * sizeof(float), nullptr, src.data(), out.data(),
+                   tiles, fault);
+  };
+  launch(kPipeOk, 2);
+  CHECK(out == src);
+  // Without the wait for full the odd block's consumer, which runs first, reads both stages before they landed: NaN.
+  launch(kPipeNoFullWait, 2, 2);
+  CHECK(std::count_if(out.begin(), out.end(), [](float x) { return std::isnan(x); }) > 0);
+  // Skipping only tile 1's wait: in the odd block the consumer waits for tile 0, which the producer's lane 0 (the
+  // last to run there) completes; its arrival yields, so the consumer reads tile 1 before lane 0 has issued its copy,
+  // and every other lane's copy, issued, has not landed: tile 1's phase is incomplete. All of tile 1 is NaN.
+  launch(kPipeNoWaitAt1, 2, 2);
+  CHECK(std::count_if(out.begin() + 128, out.begin() + 256, [](float x) { return std::isnan(x); }) == 128);
+  // Without the wait for empty the producer fills tile 2 over tile 0 before the consumer took it: stage 0's barrier
+  // has completed twice when the consumer waits for its first phase, whose parity is now current again. A GPU hangs.
+  const auto [refill, refill_aborted] = run_aborting([&] { launch(kPipeNoEmptyWait, 1); });
+  CHECK(refill_aborted);
+  CHECK(refill.find("EMU: deadlock") != std::string::npos);
+  const auto [overwrite, overwrite_aborted] = run_aborting([&] { launch(kPipeOverwrite, 1); });
+  CHECK(overwrite_aborted);
+  CHECK(overwrite.find("the mbarrier's shared memory was overwritten since its init") != std::string::npos);
+  // One arrival short: the consumer waits for tile 0 forever (a deadlock), its copies never land.
+  const auto [missing, missing_aborted] = run_aborting([&] { launch(kPipeMissingArrival, 1); });
+  CHECK(missing_aborted);
+  CHECK(missing.find("EMU: deadlock") != std::string::npos);
+}
+
+TEST_CASE("cuda_emu: named barriers order the warps that take part, with bar.arrive not waiting",
+          "[cuda_emu][emulator]") {
+  std::vector<float> out(32, -1.0f);
+  emulate_launch(named_barrier_kernel, dim3(1), dim3(96), 32 * sizeof(float), nullptr, out.data(), 1, 64);
+  for (int i = 0; i < 32; ++i) CHECK(out[i] == static_cast<float>(i + 1));
+  // Without the barrier warp 0 runs first (an even block) and reads the row before warp 2 wrote it.
+  emulate_launch(named_barrier_kernel, dim3(1), dim3(96), 32 * sizeof(float), nullptr, out.data(), 0, 64);
+  CHECK(std::isnan(out[0]));
+  const auto [mixed, mixed_aborted] = run_aborting(
+      [&] { emulate_launch(named_barrier_kernel, dim3(1), dim3(96), 32 * sizeof(float), nullptr, out.data(), 1, 96); });
+  CHECK(mixed_aborted);
+  CHECK(mixed.find("thread counts differ within one phase") != std::string::npos);
 }

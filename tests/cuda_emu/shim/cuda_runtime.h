@@ -129,11 +129,29 @@ struct EmuWgmmaState {
   std::deque<std::vector<EmuWgmmaResult>> groups;  // committed, oldest first
   std::vector<EmuWgmmaOp> trace;                    // every wgmma instruction this thread issued, in order
 };
+// An mbarrier object (emu_ptx.h): its arrival count, the arrivals its current phase still waits for, the phases
+// completed, and the cp.async copies whose completion the current phase tracks (cp.async.mbarrier.arrive.noinc: they
+// land when it completes). `magic`: what mbarrier.init wrote into its 8 bytes of shared memory (checked at each use:
+// a kernel that overwrote them with data corrupted the barrier on a GPU).
+struct EmuMbarrier {
+  unsigned expected = 0, pending = 0;
+  uint64_t phase = 0, magic = 0;
+  std::vector<EmuAsyncCopy> landing;
+  char sync = 0;  // TSan's sync object: arrivals release, the waits that pass acquire
+};
+// A named barrier (bar.sync / bar.arrive with an id 1..15 and a thread count).
+struct EmuNamedBarrier {
+  unsigned expected = 0, arrived = 0;
+  uint64_t gen = 0;
+  char sync[2] = {};
+};
 struct EmuBlock {
   std::vector<std::unique_ptr<unsigned char[]>> bufs;
   std::vector<size_t> sizes;
   std::map<unsigned, EmuAsyncCopies> async_copies;  // by the thread's linear index in the block
   std::map<unsigned, EmuWgmmaState> wgmma;          // likewise
+  std::map<const void*, EmuMbarrier> mbarriers;      // by their shared-memory address
+  EmuNamedBarrier named[16];                         // by id (0, __syncthreads', unused)
   size_t dynamic_bytes = 0;                          // the dynamic shared memory (at emu_smem)
   // What the launch may use, as a GPU counts it: the dynamic bytes asked for, and the static ones allocated so far;
   // without cudaFuncSetAttribute's opt-in (dynamic_optin 0) both within 48 KB, with it the opted-in dynamic size
@@ -312,6 +330,19 @@ inline void emu_wgmma_check_block(const EmuBlock& blk, unsigned nthr) {
 }
 // First in the body of a kernel compiled with __launch_bounds__(max_threads[, ...]) (convert.py puts it there): a
 // GPU refuses a launch of more threads per block than that ("too many resources requested for launch").
+// At a block's end: no mbarrier phase left incomplete with cp.async copies it tracks (a producer whose copies no
+// consumer could ever see: some of the arrivals the phase needs never came).
+inline void emu_mbarrier_check_block(const EmuBlock& blk) {
+  for (const auto& [addr, mb] : blk.mbarriers) {
+    if (!mb.landing.empty()) {
+      std::fprintf(stderr,
+                   "EMU: block ended with an mbarrier phase incomplete (%u of %u arrivals missing) and %zu cp.async "
+                   "copies tracked by it\n",
+                   mb.pending, mb.expected, mb.landing.size());
+      std::abort();
+    }
+  }
+}
 inline void emu_check_launch_bounds(unsigned max_threads) {
   const unsigned n = blockDim.x * blockDim.y * blockDim.z;
   if (n > max_threads) {
@@ -871,7 +902,10 @@ void emu_run_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A.
       auto on_pool_thread = [&](unsigned j) { run_block(b0 + j); };
       EmuThreadPool::instance().run(static_cast<unsigned>(b1 - b0), on_pool_thread);
     }
-    for (const auto& st : states) emu_wgmma_check_block(st->blk, nthr);
+    for (const auto& st : states) {
+      emu_wgmma_check_block(st->blk, nthr);
+      emu_mbarrier_check_block(st->blk);
+    }
     const unsigned total = static_cast<unsigned>((b1 - b0) * nthr);
     emu_threads_total += total;
   }

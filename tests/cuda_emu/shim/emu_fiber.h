@@ -20,6 +20,10 @@
 void emu_fiber_run(unsigned n, bool reverse, void (*task)(void* arg, unsigned i), void* arg);
 // Inside a task: suspends the calling fiber until *gen != seen (the other fibers run meanwhile).
 void emu_fiber_wait(const uint64_t* gen, uint64_t seen);
+// Inside a task: lets the scheduler run the first fiber, in its order, that can run (this one, if it comes first):
+// after an arrival that does not wait (mbarrier, bar.arrive), so that a fiber earlier in the order, released by it,
+// runs before the arriving one goes on.
+void emu_fiber_yield();
 // Inside a task: a barrier completed, so fibers waiting on it can run (the scheduler looks again from its first).
 void emu_fiber_woke();
 // TSan's view of the block's barriers (no-ops without TSan): release before waiting, acquire after.

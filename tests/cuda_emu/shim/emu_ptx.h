@@ -137,6 +137,151 @@ inline void emu_cp_async_wait(int n) {
   }
 }
 
+// mbarrier, named barriers and setmaxnreg (kernels/cuda/mbarrier_ptx.cuh). An mbarrier lives in 8 bytes of the
+// block's shared memory (8-byte aligned); its state is kept in EmuBlock::mbarriers by address, and init writes a
+// magic value there that every later use checks (data stored over a barrier fails). A phase completes at its
+// `count`-th arrival; a wait for parity p returns once the phase of that parity has completed (the current phase's
+// parity differs from p), else the fiber waits (so a wait no arrival will ever end is the emulator's deadlock).
+// cp.async.mbarrier.arrive.noinc hands all of the thread's cp.async copies not yet waited for to the barrier, as one
+// of its arrivals: they land (source read, destination written) only when the phase completes, so a consumer reading
+// a stage before its wait reads NaN, and a producer refilling a stage before the consumers released it writes NaN
+// under the products still reading it (wgmma's retirement check). Named barriers (bar.sync, bar.arrive: ids 1..15,
+// thread counts a multiple of 32, the same count within a phase) count threads; both are warp-uniform (aligned).
+// setmaxnreg checks its count (24..256, a multiple of 8) and that the warp is converged; registers are not modelled.
+// An arrival that does not wait yields (emu_yield), so a block run last to first lets the threads it released run
+// before the arriving one issues more: a consumer missing its wait for a stage reads it before it landed.
+inline constexpr uint64_t kEmuMbarrierMagic = 0x6d62617272696572ull;  // "mbarrier"
+inline EmuMbarrier& emu_mbarrier(const void* p, const char* what) {
+  EmuTsanIgnore ignore;
+  if (reinterpret_cast<uintptr_t>(p) % 8 != 0 || !emu_in_shared(p, 8)) {
+    std::fprintf(stderr, "EMU: %s: not an 8-byte aligned address in the block's shared memory\n", what);
+    std::abort();
+  }
+  const auto it = emu_block->mbarriers.find(p);
+  if (it == emu_block->mbarriers.end()) {
+    std::fprintf(stderr, "EMU: %s on an mbarrier never initialised\n", what);
+    std::abort();
+  }
+  uint64_t now;
+  std::memcpy(&now, p, 8);
+  if (now != it->second.magic) {
+    std::fprintf(stderr, "EMU: %s: the mbarrier's shared memory was overwritten since its init\n", what);
+    std::abort();
+  }
+  return it->second;
+}
+inline void emu_mbarrier_init(void* p, unsigned count) {
+  if (count == 0 || count >= (1u << 20)) emu_fail("mbarrier.init: count outside 1 .. 2^20 - 1");
+  if (reinterpret_cast<uintptr_t>(p) % 8 != 0 || !emu_in_shared(p, 8)) {
+    emu_fail("mbarrier.init: not an 8-byte aligned address in the block's shared memory");
+  }
+  EmuTsanIgnore ignore;
+  EmuMbarrier& mb = emu_block->mbarriers[p];
+  if (!mb.landing.empty()) emu_fail("mbarrier.init on a barrier whose phase still tracks cp.async copies");
+  mb.expected = mb.pending = count;
+  mb.phase = 0;
+  mb.magic = kEmuMbarrierMagic ^ reinterpret_cast<uintptr_t>(p);
+  std::memcpy(p, &mb.magic, 8);
+}
+// One arrival (the caller holds no TSan ignore); the last of a phase lands its copies and completes it.
+inline void emu_mbarrier_arrive_on(EmuMbarrier& mb) {
+  emu_tsan_release(&mb.sync);
+  std::vector<EmuAsyncCopy> land;
+  {
+    EmuTsanIgnore ignore;
+    if (--mb.pending != 0) return;
+    land = std::move(mb.landing);
+    mb.landing.clear();
+  }
+  for (const EmuAsyncCopy& x : land) {
+    std::memcpy(x.dst, x.src, x.src_bytes);
+    std::memset(static_cast<unsigned char*>(x.dst) + x.src_bytes, 0, x.bytes - x.src_bytes);
+  }
+  emu_tsan_release(&mb.sync);
+  EmuTsanIgnore ignore;
+  mb.pending = mb.expected;
+  ++mb.phase;
+  emu_fiber_woke();
+}
+// After an arrival that does not wait: the first thread in the scheduler's order that can run goes next (a consumer
+// the arrival released, where the block runs last to first, before the producer issues more).
+inline void emu_yield() {
+  const EmuThreadRegs regs = EmuThreadRegs::save();
+  emu_fiber_yield();
+  EmuTsanIgnore ignore;
+  regs.restore();
+}
+inline void emu_mbarrier_arrive(void* p) {
+  emu_mbarrier_arrive_on(emu_mbarrier(p, "mbarrier.arrive"));
+  emu_yield();
+}
+inline void emu_mbarrier_wait(void* p, unsigned parity) {
+  EmuMbarrier& mb = emu_mbarrier(p, "mbarrier.try_wait.parity");
+  if (parity > 1) emu_fail("mbarrier.try_wait.parity: parity other than 0 or 1");
+  {
+    EmuTsanIgnore ignore;
+    while ((mb.phase & 1) == parity) {
+      const EmuThreadRegs regs = EmuThreadRegs::save();
+      emu_fiber_wait(&mb.phase, mb.phase);
+      regs.restore();
+    }
+  }
+  emu_tsan_acquire(&mb.sync);
+}
+inline void emu_cp_async_mbarrier_arrive_noinc(void* p) {
+  EmuMbarrier& mb = emu_mbarrier(p, "cp.async.mbarrier.arrive.noinc");
+  EmuAsyncCopies& c = emu_async_copies();
+  {
+    EmuTsanIgnore ignore;
+    for (std::vector<EmuAsyncCopy>& g : c.groups) mb.landing.insert(mb.landing.end(), g.begin(), g.end());
+    mb.landing.insert(mb.landing.end(), c.open.begin(), c.open.end());
+    c.groups.clear();
+    c.open.clear();
+  }
+  emu_mbarrier_arrive_on(mb);
+  emu_yield();
+}
+inline void emu_named_barrier(unsigned id, unsigned count, bool wait) {
+  if (id < 1 || id > 15) emu_fail("bar.sync/bar.arrive: id outside 1..15 (0 is __syncthreads')");
+  if (count == 0 || count % 32 != 0 || count > blockDim.x * blockDim.y * blockDim.z) {
+    emu_fail("bar.sync/bar.arrive: thread count not a positive multiple of 32 within the block");
+  }
+  emu_warp_converge(wait ? "bar.sync" : "bar.arrive");
+  EmuNamedBarrier& b = emu_block->named[id];
+  uint64_t gen;
+  {
+    EmuTsanIgnore ignore;
+    gen = b.gen;
+    if (b.arrived == 0) {
+      b.expected = count;
+    } else if (b.expected != count) {
+      emu_fail("bar.sync/bar.arrive: thread counts differ within one phase of a named barrier");
+    }
+  }
+  emu_tsan_release(&b.sync[gen & 1]);
+  {
+    EmuTsanIgnore ignore;
+    if (++b.arrived == b.expected) {
+      b.arrived = 0;
+      ++b.gen;
+      emu_fiber_woke();
+    } else if (wait) {
+      const EmuThreadRegs regs = EmuThreadRegs::save();
+      emu_fiber_wait(&b.gen, gen);
+      regs.restore();
+    }
+  }
+  if (wait) {
+    emu_tsan_acquire(&b.sync[gen & 1]);
+  } else {
+    emu_yield();
+  }
+}
+inline void emu_setmaxnreg(int count) {
+  if (count < 24 || count > 256 || count % 8 != 0) emu_fail("setmaxnreg: count outside 24..256 or not a multiple of 8");
+  emu_warp_converge("setmaxnreg");
+}
+
 // wgmma (kernels/cuda/wgmma_ptx.cuh), sm_90a. Shared-window addresses are offsets in the block's dynamic shared
 // memory (smem_u32). A descriptor is decoded as the hardware reads it: 14-bit start address, LBO and SBO in 16-byte
 // units, base offset (must be 0) and swizzle mode (must be 1: 128 bytes); element addresses get the 128-byte
