@@ -35,91 +35,6 @@ namespace {
 
 using namespace attention_wgmma_detail;
 
-// The forward's online softmax of one tile's scores (the warp's rows g, g + 8 of sc: [4 n + 2 hf + e] = row g + 8
-// hf, key k0 + 8 n + 2 tq + e; 2 N keys, 64 or 128), as attention_mma.cu's: sc becomes P (fp32), m and l are
-// updated, alpha is the factor O's rows take before this tile's P V (0 on the first tile). kMasked: the causal mask
-// (the padded rows past T need none: they are never stored); without it (a tile whose every key precedes the warp's
-// every row: all but the diagonal one) no test per element.
-template <bool kMasked, int N>
-__device__ __forceinline__ void online_softmax(float (&sc)[N], float (&m)[2], float (&l)[2], float (&alpha)[2], int k0,
-                                               int qw, int g, int tq, float scale_log2) {
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int t = qw + g + 8 * hf;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < N / 4; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& x = sc[4 * n + 2 * hf + e];  // the raw score: the scale goes into exp2's FFMA below
-        if (kMasked && k0 + n * 8 + 2 * tq + e > t) x = -INFINITY;
-        mx = fmaxf(mx, x);
-      }
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    // Finite from the first tile on: key 0 is visible to every row. All four lanes of a row agree bitwise.
-    const float m_new = fmaxf(m[hf], mx * scale_log2);
-    alpha[hf] = exp2_ftz(m[hf] - m_new);  // 0 on the first tile (m = -inf)
-    float sum = 0.0f;
-#pragma unroll
-    for (int n = 0; n < N / 4; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& x = sc[4 * n + 2 * hf + e];
-        x = exp2_ftz(fmaf(x, scale_log2, -m_new));  // 0 where masked (-inf); one rounding
-        sum += x;
-      }
-    }
-    l[hf] = l[hf] * alpha[hf] + sum;
-    m[hf] = m_new;
-  }
-}
-
-// O's rows g, g + 8 times alpha.
-__device__ __forceinline__ void rescale_rows(float (&o)[32], const float (&alpha)[2]) {
-#pragma unroll
-  for (int n = 0; n < kD / 8; ++n) {
-    o[4 * n] *= alpha[0], o[4 * n + 1] *= alpha[0];
-    o[4 * n + 2] *= alpha[1], o[4 * n + 3] *= alpha[1];
-  }
-}
-
-// P (sc, fp32) as the A registers of P V, per 16 keys, rounded to bf16.
-template <int N>
-__device__ __forceinline__ void pack_p(uint32_t (&pa)[N / 8][4], const float (&sc)[N]) {
-#pragma unroll
-  for (int c = 0; c < N / 8; ++c) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) pa[c][r] = pack_bf16x2(sc[8 * c + 2 * r], sc[8 * c + 2 * r + 1]);
-  }
-}
-
-// The forward's end for a warp with rows below T: lse, and O / l as bf16 into out, staged through the warp's 16 rows
-// (of kStageLd) at `stage` (shared memory no product reads any more).
-__device__ __forceinline__ void finish_forward(bf16* out, float* lse, const float (&o)[32], const float (&m)[2],
-                                               const float (&l)[2], bf16* stage, int bh, int qw, int T, int C,
-                                               int lane) {
-  const int g = lane >> 2, tq = lane & 3;
-  float inv[2];
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float sum = l[hf];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    inv[hf] = 1.0f / sum;
-    const int t = qw + g + 8 * hf;
-    if (tq == 0 && t < T) lse[static_cast<int64_t>(bh) * T + t] = (m[hf] + log2f(sum)) * kLn2;
-  }
-  float acc[1][kD / 8][4];
-#pragma unroll
-  for (int n = 0; n < kD / 8; ++n) {
-    acc[0][n][0] = o[4 * n] * inv[0], acc[0][n][1] = o[4 * n + 1] * inv[0];
-    acc[0][n][2] = o[4 * n + 2] * inv[1], acc[0][n][3] = o[4 * n + 3] * inv[1];
-  }
-  store_rows<1, kD, kStageLd>(out, C, acc, 1.0f, stage, qw, T, lane);
-}
-
 // kWG warpgroups per block (GPT_ATTENTION_WGMMA_WG2: 2), each with its own 64 query rows, sharing the K and V tiles
 // (half the copies per product at 2); a warpgroup skips the key tiles past its last row (the block's last one at 2).
 // kNK keys per K/V tile (GPT_ATTENTION_WGMMA_BK: 64, or 128 as cuDNN's forward takes: half the barriers, waits, O
@@ -412,7 +327,9 @@ void attention_forward_wgmma(bf16* out, float* lse, const bf16* qkv, int B, int 
   if (B == 0 || T == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBQ)), static_cast<unsigned>(B * NH));
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(kD));
-  if (overlap_enabled("fwd")) {
+  if (env_is("GPT_ATTENTION_WGMMA_WS", "2") || env_is("GPT_ATTENTION_WGMMA_WS", "3")) {
+    forward_ws(env_is("GPT_ATTENTION_WGMMA_WS", "2") ? 2 : 3, out, lse, qkv, B, T, C, NH, scale_log2, stream);
+  } else if (overlap_enabled("fwd")) {
     set_smem(attention_forward_wgmma_overlap_kernel, kSmemOverlap);
     prefer_shared_memory(attention_forward_wgmma_overlap_kernel);
     attention_forward_wgmma_overlap_kernel<<<grid, kThreads, kSmemOverlap, stream>>>(

@@ -12,7 +12,9 @@
 // GPT_ATTENTION_WGMMA_BK=128: the forward (not the overlapped one) on key tiles of 128 (the online softmax steps by
 // 128 keys: not the same values to the bit; not yet measured on a GPU). The overlapped forward keeps one warpgroup
 // and 64 keys: with GPT_ATTENTION_WGMMA_OVERLAP on for it, BK=128 does nothing and WG2 applies to the backward alone.
-// The lists take no spaces (fwd,dq). GPT_ATTENTION_WGMMA_FWD_BLOCKS=4: the default forward as compiled before it was
+// GPT_ATTENTION_WGMMA_WS=2 or 3: the forward warp-specialised (attention_wgmma_ws.cu: a producer warp and 2 or 3
+// consumer warpgroups; GPT_ATTENTION_WGMMA_BK=128's values bit for bit; not yet run on a GPU); it takes precedence
+// over the forward's other switches. The lists take no spaces (fwd,dq). GPT_ATTENTION_WGMMA_FWD_BLOCKS=4: the default forward as compiled before it was
 // bounded to 5 blocks per SM (107 registers instead of 96; the same values).
 #pragma once
 

@@ -451,6 +451,17 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
   run_mma(1, 2, 64, 260, 0.0f);
   run_mma(1, 1, 64, 150, 0.0f);
   ::unsetenv("GPT_ATTENTION_WGMMA_BK");
+  // The warp-specialised forward (GPT_ATTENTION_WGMMA_WS: 2 or 3 consumer warpgroups, a producer warp, a ring of
+  // three stages). T 64: a block whose later warpgroups have no rows; 150 and 260: warpgroups whose rows end before
+  // the block's last key tile (they release it unread); 600: five key tiles, the ring refilled.
+  for (const char* ws : {"2", "3"}) {
+    ::setenv("GPT_ATTENTION_WGMMA_WS", ws, 1);
+    run_mma(2, 1, 64, 64, 0.0f);
+    run_mma(1, 1, 64, 150, 0.0f);
+    run_mma(1, 2, 64, 260, 0.0f);
+    run_mma(1, 1, 64, 600, 0.0f);
+  }
+  ::unsetenv("GPT_ATTENTION_WGMMA_WS");
   // The forward's Q and the dK/dV kernel's K and V as A fragments in registers (GPT_ATTENTION_WGMMA_RS=1), at 32 and
   // 64 queries per dK/dV step.
   ::setenv("GPT_ATTENTION_WGMMA_RS", "1", 1);

@@ -1275,6 +1275,41 @@ TEST_CASE("parity: the wgmma attention's variants give the default kernels' resu
   gpu->set_compute_dtype(DType::kF32);
 }
 
+// The warp-specialised forward (GPT_ATTENTION_WGMMA_WS=2, 3: a producer warp, 2 or 3 consumer warpgroups, key tiles
+// of 128 in a ring of three stages) gives the forward on key tiles of 128 (GPT_ATTENTION_WGMMA_BK=128) bit for bit:
+// the same products and online softmax, scheduled otherwise. T 64: warpgroups without rows; 217: rows ending before
+// the block's last key tile; 640: five key tiles (the ring refilled). Where the wgmma kernels do not run both sides
+// are the mma.sync forward.
+TEST_CASE("parity: the warp-specialised wgmma forward gives the 128-key forward's out and lse bit for bit", "[cuda]") {
+  Backend* gpu = cuda_or_skip("wgmma warp-specialised forward");
+  if (!gpu) return;
+  gpu->set_compute_dtype(DType::kBF16);
+  const DropoutMask none = mask(0.0f, 1);
+  for (const AttentionShape s :
+       {AttentionShape{2, 64, 128, 2}, AttentionShape{1, 217, 128, 2}, AttentionShape{1, 640, 128, 2}}) {
+    CAPTURE(s.B, s.T);
+    const int64_t nq = int64_t{s.B} * s.T * 3 * s.C, no = int64_t{s.B} * s.T * s.C;
+    std::vector<bf16> qh(nq);
+    cpu().cast_to_bf16(qh.data(), randn(nq, 4721).data(), nq);
+    auto run = [&] {
+      Dev<bf16> g_qkv(*gpu, qh), g_out(*gpu, no);
+      Dev<float> g_att(*gpu, gpu->attention_state_floats(s.B, s.T, s.NH));
+      gpu->attention_forward(g_out.p(), g_att.p(), g_qkv.p(), s.B, s.T, s.C, s.NH, none);
+      return std::make_pair(g_out.read(), g_att.read());
+    };
+    const testing::ScopedEnv bk("GPT_ATTENTION_WGMMA_BK", "128");
+    const auto [out0, att0] = run();
+    for (const char* ws : {"2", "3"}) {
+      CAPTURE(ws);
+      const testing::ScopedEnv e("GPT_ATTENTION_WGMMA_WS", ws);
+      const auto [out1, att1] = run();
+      CHECK(std::memcmp(out0.data(), out1.data(), out0.size() * sizeof(bf16)) == 0);
+      CHECK(std::memcmp(att0.data(), att1.data(), att0.size() * sizeof(float)) == 0);
+    }
+  }
+  gpu->set_compute_dtype(DType::kF32);
+}
+
 // The causal attention kernels' tile order (kernels/cuda/tile_order.h: longest tiles first over the heads of an
 // L2-sized section, the default; GPT_ATTENTION_ORDER=head, the grid as it reads) moves each block to another tile and
 // head, and nothing else: every kernel family gives the head-by-head order's out, lse and dqkv bit for bit. 12 heads
