@@ -6,15 +6,19 @@
 //    signalled by their landing on the stage's `full` mbarrier (cp_async_mbarrier_arrive_noinc), and refills a stage
 //    when every consumer warp has released it (its `empty` mbarrier). No consumer issues a copy or waits at a barrier
 //    of the whole block: each waits for the stage it needs, and its loads run while it computes.
-//  - setmaxnreg moves registers from the producer (kLoadRegs) to the consumers (kMmaRegs), as FA3 does.
-//  - Each consumer overlaps its products with its softmax, as attention_forward_wgmma_overlap_kernel does: tile kt's
-//    S = Q K_kt is issued together with tile kt - 1's O += P V, the softmax of S runs while the latter does, then
-//    O is rescaled and P packed into the registers the finished P V read (one P array, as FA3). Stage kt % kWsStages
-//    is released once tile kt's P V has retired (K and V share a stage), which is why there are three.
+//  - setmaxnreg moves registers from the producer (kLoadRegs) to the consumers (kMmaRegs), as FA3 does. ptxas
+//    (nvcc 13) still allocates within the launch bound's share, 168 at 384 threads and 128 at 512, and the kernels
+//    are written to fit those without spills.
+//  - At kWG 2 each consumer overlaps its products with its softmax, as attention_forward_wgmma_overlap_kernel does:
+//    tile kt's S = Q K_kt is issued together with tile kt - 1's O += P V, the softmax of S runs while the latter
+//    does, then O is rescaled and P packed into the registers the finished P V read (one P array, as FA3); and Q is
+//    held in registers (S's A fragments, as GPT_ATTENTION_WGMMA_RS's forward). At kWG 3 a consumer takes one tile at
+//    a time, as attention_forward_wgmma_kernel does, with Q from shared memory: in 128 registers the overlap spilled
+//    56 bytes; three warpgroups per SM interleave their products and softmax instead.
+//    Stage kt % kWsStages is released once tile kt's P V has retired (K and V share a stage): three stages, so that
+//    with the overlap the producer refills one while the consumers read the other two.
 //  - The values: attention_wgmma.cu's forward on key tiles of 128 (GPT_ATTENTION_WGMMA_BK=128) bit for bit: the same
-//    products, in the same order, and the same online softmax; only their scheduling differs. kWG 2 keeps Q in
-//    registers (S's A fragments, as GPT_ATTENTION_WGMMA_RS's forward), kWG 3 reads it from shared memory (160
-//    registers per consumer thread leave no room for it).
+//    products, in the same order, and the same online softmax; only their scheduling differs.
 // A consumer warpgroup whose rows end before some of the block's key tiles still waits for each of them and releases
 // it: an `empty` phase needs every consumer warp's arrival, and an arrival for a later use of the stage before the
 // earlier one completed would count toward the wrong phase.
@@ -78,7 +82,7 @@ __global__ void __launch_bounds__((kThreads * (kWG + 1)), 1)
                                       int sections) {
   using Cfg = WsFwdCfg<kWG>;
   constexpr int kRows = kBQ * kWG, kParts = kWsKeys / 64, kS = kWsStages;
-  constexpr bool kQRegs = kWG == 2;
+  constexpr bool kQRegs = kWG == 2, kOverlap = kWG == 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = align_1024(smem_raw);
   auto q_slot = [&](int c) { return base + c * Cfg::kQSlot; };
@@ -174,6 +178,29 @@ __global__ void __launch_bounds__((kThreads * (kWG + 1)), 1)
     mbarrier_wait(q_full, 0);
     fence_proxy_async();
     if constexpr (kQRegs) load_a_sw128(qa, q_slot(c), w, lane);
+  }
+  if constexpr (!kOverlap) {  // attention_forward_wgmma_kernel's loop
+    for (int kt = 0; kt < num_kt_wg; ++kt) {
+      wait_full(kt);
+      if constexpr (kQRegs) fence_operands(qa);
+      wgmma_fence();
+      issue_s(kt);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(sc);
+      softmax(kt);
+      rescale_rows(o, alpha);
+      pack_p(pa, sc);
+      fence_operands(o);
+      fence_operands(pa);
+      wgmma_fence();
+      issue_pv(kt);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(o);
+      release(kt);
+    }
+  } else if (num_kt_wg > 0) {
     // Tile 0: S, its softmax, P (O is 0: no rescale).
     wait_full(0);
     if constexpr (kQRegs) fence_operands(qa);
