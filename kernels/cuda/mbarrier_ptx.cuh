@@ -16,7 +16,9 @@
 // Named barriers: bar.sync id, n / bar.arrive id, n: ids 1..15 (0 is __syncthreads'), n a multiple of 32, every
 // lane of a warp calling it alike; bar.arrive does not wait (a producer signalling consumers).
 // setmaxnreg (sm_90a): every thread of a warpgroup, the same count (24..256, a multiple of 8); dec first in the
-// warpgroups giving registers up, inc in those taking them (inc waits until the pool has them).
+// warpgroups giving registers up, inc in those taking them (inc waits until the pool has them: only what the block's
+// own decs gave back, so the counts must fit the block's registers at launch).
+// Compiled for any other device target, each traps (as wgmma_ptx.cuh's instructions do).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,8 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned count) {
   emu_mbarrier_init(bar, count);
 #elif defined(GPT_WGMMA_PTX)
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
 #endif
 }
 
@@ -43,6 +47,8 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
       "mbarrier.arrive.shared::cta.b64 state, [%0];\n"
       "}\n" ::"r"(smem_u32(bar))
       : "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
 #endif
 }
 
@@ -59,6 +65,8 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
       "}\n" ::"r"(smem_u32(bar)),
       "r"(parity)
       : "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
 #endif
 }
 
@@ -67,6 +75,8 @@ __device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
   emu_cp_async_mbarrier_arrive_noinc(bar);
 #elif defined(GPT_WGMMA_PTX)
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
 #endif
 }
 
@@ -75,6 +85,8 @@ __device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads
   emu_named_barrier(id, threads, true);
 #elif defined(GPT_WGMMA_PTX)
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
 #endif
 }
 
@@ -83,6 +95,8 @@ __device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned threa
   emu_named_barrier(id, threads, false);
 #elif defined(GPT_WGMMA_PTX)
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
 #endif
 }
 
@@ -93,6 +107,8 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   emu_setmaxnreg(N);
 #elif defined(GPT_WGMMA_PTX)
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#elif defined(__CUDA_ARCH__)
+  __trap();
 #endif
 }
 
@@ -103,6 +119,8 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   emu_setmaxnreg(N);
 #elif defined(GPT_WGMMA_PTX)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#elif defined(__CUDA_ARCH__)
+  __trap();
 #endif
 }
 

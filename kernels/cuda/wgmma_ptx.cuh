@@ -25,7 +25,8 @@
 // until at most N batches are in flight, and fence_operands(d) after the wait, so the compiler neither reads d before
 // the wait nor moves writes across it (CUTLASS's warpgroup_fence_operand, arrive, commit, wait).
 // Shared memory written by ordinary stores or cp.async must be followed by fence_proxy_async() in every writing
-// thread, then a barrier, before a wgmma reads it.
+// thread, then a barrier, before a wgmma reads it; or, where an mbarrier orders the writes (mbarrier_ptx.cuh), by
+// fence_proxy_async() in the reading thread after its wait.
 #pragma once
 
 #include <cmath>

@@ -75,8 +75,16 @@ void bounded_kernel(int* out) {
 // for it, copies the stage out (each lane its neighbour's 16 bytes), and releases the stage (empty, one arrival per
 // warp) for the producer's tile t + 2. Faults: 1, the consumer skips the wait for full; 2, the producer skips the
 // wait for empty; 3, a consumer stores into the barrier's bytes; 4, the producer's lane 31 never arrives; 5, the
-// consumer skips the wait for full at tile 1 alone.
-enum PipeFault { kPipeOk, kPipeNoFullWait, kPipeNoEmptyWait, kPipeOverwrite, kPipeMissingArrival, kPipeNoWaitAt1 };
+// consumer skips the wait for full at tile 1 alone; 6, lane 31 never arrives and the consumer waits for nothing.
+enum PipeFault {
+  kPipeOk,
+  kPipeNoFullWait,
+  kPipeNoEmptyWait,
+  kPipeOverwrite,
+  kPipeMissingArrival,
+  kPipeNoWaitAt1,
+  kPipeMissingArrivalNoWait
+};
 void pipeline_kernel(const float* src, float* out, int tiles, int fault) {
   auto* bars = reinterpret_cast<uint64_t*>(emu_smem);  // full[2], empty[2]
   float* stage = emu_smem + 8;                         // 2 x 128 floats, 16-byte aligned
@@ -90,9 +98,13 @@ void pipeline_kernel(const float* src, float* out, int tiles, int fault) {
     if (warp == 0) {
       if (t >= 2 && fault != kPipeNoEmptyWait) emu_mbarrier_wait(&bars[2 + s], (t / 2 - 1) & 1);
       emu_cp_async_16(stage + 128 * s + 4 * lane, src + 128 * t + 4 * lane, 16);
-      if (fault != kPipeMissingArrival || lane != 31) emu_cp_async_mbarrier_arrive_noinc(&bars[s]);
+      if ((fault != kPipeMissingArrival && fault != kPipeMissingArrivalNoWait) || lane != 31) {
+        emu_cp_async_mbarrier_arrive_noinc(&bars[s]);
+      }
     } else {
-      if (fault != kPipeNoFullWait && (fault != kPipeNoWaitAt1 || t != 1)) emu_mbarrier_wait(&bars[s], (t / 2) & 1);
+      const bool skip =
+          fault == kPipeNoFullWait || fault == kPipeMissingArrivalNoWait || (fault == kPipeNoWaitAt1 && t == 1);
+      if (!skip) emu_mbarrier_wait(&bars[s], (t / 2) & 1);
       for (int j = 0; j < 4; ++j) out[128 * t + 4 * (lane ^ 1) + j] = stage[128 * s + 4 * (lane ^ 1) + j];
       if (fault == kPipeOverwrite && t == 1) reinterpret_cast<float*>(&bars[s])[0] = 0.0f;  // full[s]'s low half
       __syncwarp();
@@ -112,6 +124,14 @@ void named_barrier_kernel(float* out, int with_barrier, int count) {
     if (with_barrier) emu_named_barrier(3, static_cast<unsigned>(count), true);
     out[lane] = emu_smem[lane];
   }
+}
+
+// setmaxnreg in a block of two warpgroups: every warp of each takes the warpgroup's count, but `early` (a warp
+// index) returns before it, or (with `other`) warp 5 takes another count.
+void setmaxnreg_kernel(int early, int other) {
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  if (warp == early) return;
+  emu_setmaxnreg(warp < 4 ? 40 : (other && warp == 5 ? 232 : 240));
 }
 
 }  // namespace
@@ -274,8 +294,9 @@ TEST_CASE("cuda_emu: mbarriers order a producer warp's cp.async stages and a con
   // and every other lane's copy, issued, has not landed: tile 1's phase is incomplete. All of tile 1 is NaN.
   launch(kPipeNoWaitAt1, 2, 2);
   CHECK(std::count_if(out.begin() + 128, out.begin() + 256, [](float x) { return std::isnan(x); }) == 128);
-  // Without the wait for empty the producer fills tile 2 over tile 0 before the consumer took it: stage 0's barrier
-  // has completed twice when the consumer waits for its first phase, whose parity is now current again. A GPU hangs.
+  // Without the wait for empty the producer fills tile 2 over tile 0 (and tile 4 over it) before the consumer took
+  // them: the barriers' phases run ahead of the consumer, which at tile 1 waits for a parity that is current again
+  // (stage 1 completed twice). A GPU hangs.
   const auto [refill, refill_aborted] = run_aborting([&] { launch(kPipeNoEmptyWait, 1); });
   CHECK(refill_aborted);
   CHECK(refill.find("EMU: deadlock") != std::string::npos);
@@ -286,6 +307,11 @@ TEST_CASE("cuda_emu: mbarriers order a producer warp's cp.async stages and a con
   const auto [missing, missing_aborted] = run_aborting([&] { launch(kPipeMissingArrival, 1); });
   CHECK(missing_aborted);
   CHECK(missing.find("EMU: deadlock") != std::string::npos);
+  // The same with a consumer that waits for nothing: the block ends with both stages' phases one arrival short.
+  const auto [left, left_aborted] = run_aborting([&] { launch(kPipeMissingArrivalNoWait, 1, 2); });
+  CHECK(left_aborted);
+  CHECK(left.find("block ended with an mbarrier phase incomplete (1 of 32 arrivals missing) and 31 cp.async copies") !=
+        std::string::npos);
 }
 
 TEST_CASE("cuda_emu: named barriers order the warps that take part, with bar.arrive not waiting",
@@ -300,4 +326,17 @@ TEST_CASE("cuda_emu: named barriers order the warps that take part, with bar.arr
       [&] { emulate_launch(named_barrier_kernel, dim3(1), dim3(96), 32 * sizeof(float), nullptr, out.data(), 1, 96); });
   CHECK(mixed_aborted);
   CHECK(mixed.find("thread counts differ within one phase") != std::string::npos);
+}
+
+TEST_CASE("cuda_emu: setmaxnreg is every warp of a warpgroup's, with one count", "[cuda_emu][emulator]") {
+  emulate_launch(setmaxnreg_kernel, dim3(1), dim3(256), 0, nullptr, -1, 0);
+  const auto [early, early_aborted] =
+      run_aborting([] { emulate_launch(setmaxnreg_kernel, dim3(1), dim3(256), 0, nullptr, 2, 0); });
+  CHECK(early_aborted);
+  CHECK(early.find("warpgroup 0's threads issued different wgmma instructions: at its instruction 0 thread 0 issued "
+                   "setmaxnreg n 40") != std::string::npos);
+  const auto [other, other_aborted] =
+      run_aborting([] { emulate_launch(setmaxnreg_kernel, dim3(1), dim3(256), 0, nullptr, -1, 1); });
+  CHECK(other_aborted);
+  CHECK(other.find("thread 160 setmaxnreg n 232") != std::string::npos);
 }

@@ -119,7 +119,9 @@ struct EmuWgmmaResult {
 // thread keeps the sequence it issued (trace), compared within each warpgroup when the block ends
 // (emu_wgmma_check_block): a warp that skipped a product, or took a descriptor of its own, fails there.
 struct EmuWgmmaOp {
-  int kind;  // 0 mma_async (n: N, flags: A from registers, A MN-major, B MN-major, accumulate), 1 commit, 2 wait (n)
+  // 0 mma_async (n: N, flags: A from registers, A MN-major, B MN-major, accumulate), 1 commit, 2 wait (n), 3 setmaxnreg
+  // (n: the count; a warpgroup instruction too, so in the same trace)
+  int kind;
   int n, flags;
   uint64_t desc_a, desc_b;
   bool operator==(const EmuWgmmaOp&) const = default;
@@ -137,7 +139,7 @@ struct EmuMbarrier {
   unsigned expected = 0, pending = 0;
   uint64_t phase = 0, magic = 0;
   std::vector<EmuAsyncCopy> landing;
-  char sync = 0;  // TSan's sync object: arrivals release, the waits that pass acquire
+  char sync[2] = {};  // TSan's sync objects by phase parity: arrivals release, the waits that pass acquire
 };
 // A named barrier (bar.sync / bar.arrive with an id 1..15 and a thread count).
 struct EmuNamedBarrier {
@@ -287,7 +289,9 @@ inline int64_t emu_grid_cap = 65535 * 8;
 // exited), and the threads of each warpgroup (128 consecutive linear indices, of the block's nthr) in which any
 // thread issued one issued the same wgmma instructions (EmuWgmmaState::trace), a thread that issued none counted as
 // an empty sequence (a warp that returned before them fails too).
-inline const char* emu_wgmma_op_name(int kind) { return kind == 0 ? "mma_async" : kind == 1 ? "commit_group" : "wait_group"; }
+inline const char* emu_wgmma_op_name(int kind) {
+  return kind == 0 ? "mma_async" : kind == 1 ? "commit_group" : kind == 2 ? "wait_group" : "setmaxnreg";
+}
 inline void emu_wgmma_check_block(const EmuBlock& blk, unsigned nthr) {
   static const std::vector<EmuWgmmaOp> none;
   auto trace_of = [&](unsigned tid) -> const std::vector<EmuWgmmaOp>& {
@@ -328,8 +332,6 @@ inline void emu_wgmma_check_block(const EmuBlock& blk, unsigned nthr) {
     it = blk.wgmma.lower_bound(lead + 128);  // the next warpgroup with any
   }
 }
-// First in the body of a kernel compiled with __launch_bounds__(max_threads[, ...]) (convert.py puts it there): a
-// GPU refuses a launch of more threads per block than that ("too many resources requested for launch").
 // At a block's end: no mbarrier phase left incomplete with cp.async copies it tracks (a producer whose copies no
 // consumer could ever see: some of the arrivals the phase needs never came).
 inline void emu_mbarrier_check_block(const EmuBlock& blk) {
@@ -343,6 +345,8 @@ inline void emu_mbarrier_check_block(const EmuBlock& blk) {
     }
   }
 }
+// First in the body of a kernel compiled with __launch_bounds__(max_threads[, ...]) (convert.py puts it there): a
+// GPU refuses a launch of more threads per block than that ("too many resources requested for launch").
 inline void emu_check_launch_bounds(unsigned max_threads) {
   const unsigned n = blockDim.x * blockDim.y * blockDim.z;
   if (n > max_threads) {

@@ -150,6 +150,7 @@ inline void emu_cp_async_wait(int n) {
 // setmaxnreg checks its count (24..256, a multiple of 8) and that the warp is converged; registers are not modelled.
 // An arrival that does not wait yields (emu_yield), so a block run last to first lets the threads it released run
 // before the arriving one issues more: a consumer missing its wait for a stage reads it before it landed.
+inline EmuWgmmaState& emu_wgmma_state();  // below, with wgmma
 inline constexpr uint64_t kEmuMbarrierMagic = 0x6d62617272696572ull;  // "mbarrier"
 inline EmuMbarrier& emu_mbarrier(const void* p, const char* what) {
   EmuTsanIgnore ignore;
@@ -185,7 +186,12 @@ inline void emu_mbarrier_init(void* p, unsigned count) {
 }
 // One arrival (the caller holds no TSan ignore); the last of a phase lands its copies and completes it.
 inline void emu_mbarrier_arrive_on(EmuMbarrier& mb) {
-  emu_tsan_release(&mb.sync);
+  char* sync;
+  {
+    EmuTsanIgnore ignore;
+    sync = &mb.sync[mb.phase & 1];  // the phase this arrival counts toward
+  }
+  emu_tsan_release(sync);
   std::vector<EmuAsyncCopy> land;
   {
     EmuTsanIgnore ignore;
@@ -197,7 +203,7 @@ inline void emu_mbarrier_arrive_on(EmuMbarrier& mb) {
     std::memcpy(x.dst, x.src, x.src_bytes);
     std::memset(static_cast<unsigned char*>(x.dst) + x.src_bytes, 0, x.bytes - x.src_bytes);
   }
-  emu_tsan_release(&mb.sync);
+  emu_tsan_release(sync);
   EmuTsanIgnore ignore;
   mb.pending = mb.expected;
   ++mb.phase;
@@ -226,16 +232,20 @@ inline void emu_mbarrier_wait(void* p, unsigned parity) {
       regs.restore();
     }
   }
-  emu_tsan_acquire(&mb.sync);
+  emu_tsan_acquire(&mb.sync[parity]);  // the phase of that parity, now completed
 }
 inline void emu_cp_async_mbarrier_arrive_noinc(void* p) {
   EmuMbarrier& mb = emu_mbarrier(p, "cp.async.mbarrier.arrive.noinc");
   EmuAsyncCopies& c = emu_async_copies();
   {
     EmuTsanIgnore ignore;
-    for (std::vector<EmuAsyncCopy>& g : c.groups) mb.landing.insert(mb.landing.end(), g.begin(), g.end());
+    // On a GPU committed copies stay in their groups too (a cp.async.wait_group still waits for them); the emulator
+    // hands them to the barrier alone, so it refuses the mix rather than let such a wait pass early.
+    if (!c.groups.empty()) {
+      emu_fail("cp.async.mbarrier.arrive.noinc with committed cp.async groups outstanding (not modelled: commit none, "
+               "or wait for them first)");
+    }
     mb.landing.insert(mb.landing.end(), c.open.begin(), c.open.end());
-    c.groups.clear();
     c.open.clear();
   }
   emu_mbarrier_arrive_on(mb);
@@ -277,9 +287,14 @@ inline void emu_named_barrier(unsigned id, unsigned count, bool wait) {
     emu_yield();
   }
 }
+// setmaxnreg is the warpgroup's: recorded in the thread's wgmma trace, which the block's end compares across each
+// warpgroup (a warp that returned before it, or took another count, fails there).
 inline void emu_setmaxnreg(int count) {
   if (count < 24 || count > 256 || count % 8 != 0) emu_fail("setmaxnreg: count outside 24..256 or not a multiple of 8");
   emu_warp_converge("setmaxnreg");
+  EmuWgmmaState& st = emu_wgmma_state();
+  EmuTsanIgnore ignore;
+  st.trace.push_back({3, count, 0, 0, 0});
 }
 
 // wgmma (kernels/cuda/wgmma_ptx.cuh), sm_90a. Shared-window addresses are offsets in the block's dynamic shared
