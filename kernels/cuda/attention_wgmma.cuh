@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mbarrier_ptx.cuh"
 #include "kernels/cuda/mma_ptx.cuh"
 #include "kernels/cuda/switches.h"
 #include "kernels/cuda/wgmma_ptx.cuh"
@@ -29,6 +30,17 @@ constexpr size_t forward_smem(int kWG, int nk) { return (kWG + 4 * (nk / 64)) * 
 // The dQ kernel's: two stages of kWG dS^T tiles and a K tile.
 constexpr size_t dq_smem(int kWG) { return 2 * (kWG + 1) * size_t{kTile} + 1024; }
 constexpr int kStageLd = kD + 8;  // the output's staging rows (store_rows), in the dead K/V stages
+// The warp-specialised kernels' (attention_wgmma_ws.cu, GPT_ATTENTION_WGMMA_WS; the dK/dV kernel's kWS): keys per K/V
+// tile of the forward, and stages of their rings.
+constexpr int kWsKeys = 128, kWsStages = 3;
+// A consumer warpgroup's 64-row tile slot (Q in the forward, K and V in the dK/dV kernel): the tile (8 KB), and after
+// its last product its four warps' output staging rows (16 x kStageLd bf16 each): 9216 bytes, a multiple of 1024.
+constexpr uint32_t kWsKVSlot = 4 * 16 * kStageLd * sizeof(bf16);
+static_assert(kWsKVSlot >= kTile && kWsKVSlot % 1024 == 0);
+// setmaxnreg at two consumer warpgroups (FA3's): 128 x 24 + 256 x 240 are the 384 x 168 registers the block has at
+// launch (inc takes only what dec gave back).
+constexpr int kWsLoadRegs = 24, kWsMmaRegs = 240;
+static_assert(128 * (kWsLoadRegs + 2 * kWsMmaRegs) <= 384 * (65536 / 384 / 8 * 8));
 
 // The dK/dV kernel's shared memory at kWG warpgroups per block: K and V tiles of 64 kWG rows, then per stage a Q and
 // a dO tile (BQ swizzled rows), then lse and D (BQ floats each), rounded up to keep the next stage 1024-byte aligned;
@@ -42,6 +54,11 @@ struct BwdKvWgmmaCfg {
   static constexpr uint32_t kDsWarpBytes = 16 * kDsLd;
   static constexpr size_t bytes(int kWG) {
     return 2 * kWG * size_t{kTile} + 2 * size_t{kStageBytes} + 4 * kWG * size_t{kDsWarpBytes} + 1024;
+  }
+  // The warp-specialised kernel's (kWsKVSlot per K and V tile, kWsStages stages, its mbarriers).
+  static constexpr size_t ws_bytes(int kWG) {
+    return 2 * kWG * size_t{kWsKVSlot} + kWsStages * size_t{kStageBytes} + 4 * kWG * size_t{kDsWarpBytes} +
+           8 * (1 + 2 * kWsStages) + 1024;
   }
 };
 
@@ -67,6 +84,23 @@ __device__ inline void copy_tile_sw128(unsigned char* dst, const bf16* src, int6
   if (blockDim.x != NT) emu_fail("copy_tile_sw128: a block of other than NT threads");
 #endif
   copy_rows_sw128<ROWS, NT>(dst, src, ld, row0, rows, static_cast<int>(threadIdx.x));
+}
+
+// The producer warp's copy of rows [row0, row0 + ROWS) of a bf16 matrix (row stride ld) into a swizzled tile, as
+// copy_tile_sw128 (rows at or past `rows` zero-filled): lane t copies piece t % 8 of rows t / 8, t / 8 + 4, ... in a
+// rolled loop, one pointer step per row: a warp-specialised kernel's producer runs on few registers (kWsLoadRegs),
+// where copy_tile_sw128's unrolled addresses spill (ptxas: about 900 bytes in the forward).
+template <int ROWS>
+__device__ __forceinline__ void producer_copy(unsigned char* dst, const bf16* src, int64_t ld, int row0, int rows,
+                                              int lane) {
+  const int c = (lane % 8) * 8;
+  int r = lane / 8;
+  const bf16* p = src + static_cast<int64_t>(row0 + r) * ld + c;
+#pragma unroll 1
+  for (; r < ROWS; r += kWarp / 8, p += kWarp / 8 * ld) {
+    const bool in = row0 + r < rows;
+    cp_async_16(dst + sw128_offset(r, c), in ? p : src + c, in ? 16u : 0u);
+  }
 }
 
 // The forward's parts (attention_wgmma.cu, attention_wgmma_ws.cu).
@@ -159,7 +193,6 @@ __device__ __forceinline__ void finish_forward(bf16* out, float* lse, const floa
 // ring; its largest block's shared memory; and its launch at 2 or 3 consumer warpgroups (attention_forward_wgmma's
 // arguments). Its shared memory (up to 125 KB) is not in attention_wgmma_smem_bytes: sm_90 alone runs it, which has
 // 227 KB per block.
-constexpr int kWsKeys = 128, kWsStages = 3;
 size_t forward_ws_smem();
 void forward_ws(int consumers, bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, float scale_log2,
                 cudaStream_t stream);

@@ -10,6 +10,7 @@
 #include "kernels/cuda/attention_wgmma.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/mbarrier_ptx.cuh"
 #include "kernels/cuda/mma_ptx.cuh"
 #include "kernels/cuda/wgmma_ptx.cuh"
 
@@ -39,26 +40,45 @@ using namespace attention_wgmma_detail;
 // as whole 16-byte pieces of whole rows (2 stores per thread at BQ 32, 4 at 64, where the fragments take 4 NC of 4
 // bytes, each filling half of eight 32-byte sectors); GPT_ATTENTION_WGMMA_DS_STAGE=0 stores the fragments directly
 // (the kernel as the H200 ran it; not yet measured against each other). The same values either way.
-template <int BQ, bool kOverlap, int kWG, bool kKVRegs = false, bool kStageDs = true>
-__global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? (kKVRegs ? 3 : 4) / kWG : 0))
+// kWS (GPT_ATTENTION_WGMMA_WS_KV=1, an experiment not yet run on a GPU; kWG 2, not overlapped): warp-specialised, as
+// attention_wgmma_ws.cu's forward (read it): a producer warpgroup ahead of the kWG consumer ones, whose first warp
+// copies the block's K and V, then each query tile's Q and dO (cp.async, landing on the stage's `full` mbarrier) and
+// its lse and D (plain loads and stores, then an arrival on the same barrier: 64 arrivals a phase) into a ring of
+// kWsStages stages, refilling a stage once every consumer warp released it (`empty`); no consumer copies or meets
+// the whole block at a barrier. Each K/V slot is 9216 bytes (its warpgroup's staging rows at the end); one block
+// per SM; the same values.
+constexpr int kv_min_blocks(int bq, bool overlap, int wg, bool kv_regs, bool ws) {
+  return ws ? 1 : bq == 32 && !overlap ? (kv_regs ? 3 : 4) / wg : 0;
+}
+template <int BQ, bool kOverlap, int kWG, bool kKVRegs = false, bool kStageDs = true, bool kWS = false>
+__global__ void __launch_bounds__((kThreads * (kWG + (kWS ? 1 : 0))), kv_min_blocks(BQ, kOverlap, kWG, kKVRegs, kWS))
     attention_backward_kv_wgmma_kernel(bf16* dqkv, const bf16* dob, const bf16* qkv, const float* lse,
                                        const float* dvec, int T, int C, int NH, float scale, float scale_log2, bf16* ds,
                                        int64_t ds_ld, float* bias_partial, int sections) {
   using Cfg = BwdKvWgmmaCfg<BQ>;
-  constexpr int NC = BQ / 16, kNT = kThreads * kWG, kKeys = kBK * kWG;  // the block's threads and keys
+  static_assert(!kWS || (kWG == 2 && !kOverlap));
+  constexpr int NC = BQ / 16, kNT = kThreads * kWG, kKeys = kBK * kWG;  // the (consumer) threads and keys
+  constexpr uint32_t kKVSlot = kWS ? kWsKVSlot : kTile;                 // a warpgroup's K (or V) tile's bytes
+  constexpr int kStages = kWS ? kWsStages : 2;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = align_1024(smem_raw);
   unsigned char* sk = base;  // kWG tiles of 64 keys each
-  unsigned char* sv = base + kWG * kTile;
-  auto stage = [&](int s) { return base + 2 * kWG * kTile + s * Cfg::kStageBytes; };
+  unsigned char* sv = base + kWG * kKVSlot;
+  auto stage = [&](int s) { return base + 2 * kWG * kKVSlot + s * Cfg::kStageBytes; };
   auto stage_q = [&](int s) { return stage(s); };
   auto stage_do = [&](int s) { return stage(s) + Cfg::kQTile; };
   auto stage_lse = [&](int s) { return reinterpret_cast<float*>(stage(s) + 2 * Cfg::kQTile); };
   auto stage_dv = [&](int s) { return stage_lse(s) + BQ; };
-  // warp: the block's (16 keys each, warpgroup after warpgroup); wg: this warp's warpgroup
-  const int warp = threadIdx.x / kWarp, wg = kWG > 1 ? warp / 4 : 0, lane = threadIdx.x % kWarp, g = lane >> 2,
-            tq = lane & 3;
-  unsigned char* ds_stage = base + 2 * kWG * kTile + 2 * Cfg::kStageBytes + warp * Cfg::kDsWarpBytes;  // kStageDs
+  // warp: the block's consumer warps' (16 keys each, warpgroup after warpgroup; kWS: the producer's are -4..-1); wg:
+  // this warp's warpgroup
+  const int warp = static_cast<int>(threadIdx.x / kWarp) - (kWS ? 4 : 0), wg = kWG > 1 ? warp / 4 : 0,
+            lane = threadIdx.x % kWarp, g = lane >> 2, tq = lane & 3;
+  unsigned char* ds_area = base + 2 * kWG * kKVSlot + kStages * Cfg::kStageBytes;
+  // kStageDs: the warp's dS^T staging rows
+  unsigned char* ds_stage = ds_area + warp * Cfg::kDsWarpBytes;
+  uint64_t* kv_full = reinterpret_cast<uint64_t*>(ds_area + 4 * kWG * Cfg::kDsWarpBytes);  // kWS: its mbarriers
+  uint64_t* full = kv_full + 1;
+  uint64_t* empty = full + kStages;
 
   const CausalTile tile = causal_tile(blockIdx.x, blockIdx.y, gridDim.x, gridDim.y, sections);
   const int bh = tile.bh, b = bh / NH, h = bh % NH;
@@ -79,32 +99,78 @@ __global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? (kK
   auto store_rows_to = [&](int s) { rows.store(stage_lse(s), stage_dv(s)); };
   const int qt0 = k0 / BQ, num_qt = (T + BQ - 1) / BQ;  // from the tile holding query k0 (the diagonal) down
   const int qt_wg = (k0 + kBK * wg) / BQ;               // this warpgroup's first (its diagonal)
-  copy_tile_sw128<kKeys, kNT>(sk, q + C, C3, k0, T);
-  copy_tile_sw128<kKeys, kNT>(sv, q + 2 * C, C3, k0, T);
-  fetch_tiles(qt0, 0);
-  cp_async_commit();
-  load_rows(qt0);
-  store_rows_to(0);
+  if constexpr (kWS) {
+    if (threadIdx.x == 0) {
+      mbarrier_init(kv_full, kWarp);
+      for (int s = 0; s < kStages; ++s) {
+        mbarrier_init(&full[s], 2 * kWarp);  // each producer lane: its copies landing, and its lse and D stored
+        mbarrier_init(&empty[s], 4 * kWG);   // one arrival per consumer warp
+      }
+    }
+    __syncthreads();  // the barriers initialised before anyone uses them; no block-wide barrier follows
+    if (warp < 0) {   // the producer warpgroup
+      setmaxnreg_dec<kWsLoadRegs>();
+      if (warp != -4) return;
+      for (int c = 0; c < kWG; ++c) {
+        producer_copy<kBK>(sk + c * kKVSlot, q + C, C3, k0 + kBK * c, T, lane);
+        producer_copy<kBK>(sv + c * kKVSlot, q + 2 * C, C3, k0 + kBK * c, T, lane);
+      }
+      cp_async_mbarrier_arrive_noinc(kv_full);
+      for (int qt = qt0; qt < num_qt; ++qt) {
+        const int i = qt - qt0, s = i % kStages;
+        if (i >= kStages) mbarrier_wait(&empty[s], (i / kStages - 1) & 1);  // tile i - kStages released
+        producer_copy<BQ>(stage_q(s), q, C3, qt * BQ, T, lane);
+        producer_copy<BQ>(stage_do(s), dO, C, qt * BQ, T, lane);
+        cp_async_mbarrier_arrive_noinc(&full[s]);
+        for (int r = lane; r < BQ; r += kWarp) {  // QueryRowStats' values
+          const int t = qt * BQ + r;
+          stage_lse(s)[r] = t < T ? lse_bh[t] * kLog2e : 0.0f;
+          stage_dv(s)[r] = t < T ? dvec_bh[t] : 0.0f;
+        }
+        mbarrier_arrive(&full[s]);  // a release: the stores above before the consumers' loads
+      }
+      // Stay until the consumers released the last stages: every copy this warp issued has landed and been read.
+      for (int i = max(num_qt - qt0 - kStages, 0); i < num_qt - qt0; ++i) {
+        mbarrier_wait(&empty[i % kStages], (i / kStages) & 1);
+      }
+      return;
+    }
+    setmaxnreg_inc<kWsMmaRegs>();
+    mbarrier_wait(kv_full, 0);
+    fence_proxy_async();  // the landed K and V, seen by the products
+  } else {
+    copy_tile_sw128<kKeys, kNT>(sk, q + C, C3, k0, T);
+    copy_tile_sw128<kKeys, kNT>(sv, q + 2 * C, C3, k0, T);
+    fetch_tiles(qt0, 0);
+    cp_async_commit();
+    load_rows(qt0);
+    store_rows_to(0);
+  }
 
   const int kw = k0 + 16 * warp;  // this warp's first key
   float dk[32], dv[32];           // the warp's 16 keys x 64 channels (wgmma's accumulator layout)
 #pragma unroll
   for (int i = 0; i < 32; ++i) dk[i] = 0.0f, dv[i] = 0.0f;
-  const uint64_t k_desc = kmajor_desc(smem_u32(sk + wg * kTile)), v_desc = kmajor_desc(smem_u32(sv + wg * kTile));
+  const uint64_t k_desc = kmajor_desc(smem_u32(sk + wg * kKVSlot)), v_desc = kmajor_desc(smem_u32(sv + wg * kKVSlot));
   uint32_t ka[kKVRegs ? kD / 16 : 1][4], va[kKVRegs ? kD / 16 : 1][4];  // kKVRegs: K, V as A fragments per k-step
 
   for (int qt = qt0; qt < num_qt; ++qt) {
-    const int q0 = qt * BQ, s = (qt - qt0) & 1;
-    if (qt + 1 < num_qt) {  // stage s ^ 1 was last read in the previous iteration, which ended with a barrier
-      fetch_tiles(qt + 1, s ^ 1);
-      cp_async_commit();
-      load_rows(qt + 1);  // stored into stage s ^ 1 at the end of this iteration
-      cp_async_wait<1>();
+    const int q0 = qt * BQ, s = kWS ? (qt - qt0) % kStages : (qt - qt0) & 1;
+    if constexpr (kWS) {
+      mbarrier_wait(&full[s], ((qt - qt0) / kStages) & 1);
+      fence_proxy_async();  // the landed copies (generic proxy), seen by this thread's products (async proxy)
     } else {
-      cp_async_wait<0>();
+      if (qt + 1 < num_qt) {  // stage s ^ 1 was last read in the previous iteration, which ended with a barrier
+        fetch_tiles(qt + 1, s ^ 1);
+        cp_async_commit();
+        load_rows(qt + 1);  // stored into stage s ^ 1 at the end of this iteration
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      fence_proxy_async();  // this thread's copies, visible to the tensor cores' reads
+      __syncthreads();      // every thread's copies of this tile (and of K, V) have landed
     }
-    fence_proxy_async();  // this thread's copies, visible to the tensor cores' reads
-    __syncthreads();      // every thread's copies of this tile (and of K, V) have landed
     // Warpgroup-uniform: a tile whose every query precedes the warpgroup's keys is skipped (both barriers are every
     // thread's, outside the branch).
     if (kWG == 1 || qt >= qt_wg) {
@@ -116,8 +182,8 @@ __global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? (kK
       float st[BQ / 2], dpt[BQ / 2];  // S^T, dP^T: [4 n + e] = key row g + 8 (e / 2), query column 8 n + 2 tq + e % 2
       if constexpr (kKVRegs) {
         if (qt == qt_wg) {  // K and V landed with the first tile (the barrier above)
-          load_a_sw128(ka, sk + wg * kTile, warp % 4, lane);
-          load_a_sw128(va, sv + wg * kTile, warp % 4, lane);
+          load_a_sw128(ka, sk + wg * kKVSlot, warp % 4, lane);
+          load_a_sw128(va, sv + wg * kKVSlot, warp % 4, lane);
         }
         fence_operands(ka);
         fence_operands(va);
@@ -258,12 +324,20 @@ __global__ void __launch_bounds__((kThreads * kWG), (BQ == 32 && !kOverlap ? (kK
       fence_operands(dv);
       fence_operands(dk);
     }
-    if (qt + 1 < num_qt) store_rows_to(s ^ 1);  // published by the barrier below
-    __syncthreads();  // everyone is done with stage s (and, after the last tile, with K and V)
+    if constexpr (kWS) {
+      __syncwarp();  // the warp's products reading stage s retired, its dS^T staging rows read back
+      if (lane == 0) mbarrier_arrive(&empty[s]);
+    } else {
+      if (qt + 1 < num_qt) store_rows_to(s ^ 1);  // published by the barrier below
+      __syncthreads();  // everyone is done with stage s (and, after the last tile, with K and V)
+    }
   }
+  // kWS: the staging rows below overlay the warpgroup's K slot, which its other warps' products read.
+  if constexpr (kWS) named_barrier_sync(1 + wg, kThreads);
 
   if (kw >= T) return;  // warp-uniform; no barrier follows
-  // The K and V tiles are dead: the warp's 16 staging rows (of kStageLd) lie there, 2304 bytes per warp.
+  // The K and V tiles are dead: the warp's 16 staging rows (of kStageLd) lie there, 2304 bytes per warp (kWS: its
+  // warpgroup's K slot).
   auto* staging = reinterpret_cast<bf16*>(sk) + warp * 16 * kStageLd;
   auto store = [&](const float(&x)[32], bf16* dst, float mul) {
     float acc[1][kD / 8][4];
@@ -405,13 +479,19 @@ __global__ void __launch_bounds__(kWarp* kSumRows)
   *dst = add ? *dst + total : total;
 }
 
-template <int BQ, int kWG>
+template <int BQ, int kWG, bool kWS = false>
 void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
                         int T, int C, int NH, bf16* ds, int64_t ds_ld, float* bias_partial, cudaStream_t stream) {
-  constexpr size_t smem = BwdKvWgmmaCfg<BQ>::bytes(kWG);
+  size_t smem = BwdKvWgmmaCfg<BQ>::bytes(kWG);
+  int threads = kThreads * kWG;
   auto kernel = overlap_enabled("bwd") ? attention_backward_kv_wgmma_kernel<BQ, true, kWG>
                                        : attention_backward_kv_wgmma_kernel<BQ, false, kWG>;
-  if constexpr (kWG == 1) {
+  if constexpr (kWS) {
+    smem = BwdKvWgmmaCfg<BQ>::ws_bytes(kWG);
+    threads = kThreads * (kWG + 1);
+    kernel = registers_enabled("kv") ? attention_backward_kv_wgmma_kernel<BQ, false, kWG, true, true, true>
+                                     : attention_backward_kv_wgmma_kernel<BQ, false, kWG, false, true, true>;
+  } else if constexpr (kWG == 1) {
     if (!overlap_enabled("bwd") && registers_enabled("kv")) {
       kernel = attention_backward_kv_wgmma_kernel<BQ, false, 1, true>;
     } else if (!overlap_enabled("bwd") && env_is("GPT_ATTENTION_WGMMA_DS_STAGE", "0")) {
@@ -422,15 +502,17 @@ void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const flo
   prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBK * kWG)), static_cast<unsigned>(B * NH));
   const float scale = 1.0f / std::sqrt(static_cast<float>(kD)), scale_log2 = scale * kLog2e;
-  kernel<<<grid, kThreads * kWG, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, scale_log2, ds, ds_ld,
-                                                 bias_partial, attention_sections(B * NH, T, kD, sizeof(bf16)));
+  kernel<<<grid, threads, smem, stream>>>(dqkv, dout, qkv, lse, dvec, T, C, NH, scale, scale_log2, ds, ds_ld,
+                                          bias_partial, attention_sections(B * NH, T, kD, sizeof(bf16)));
   GPT_CUDA_CHECK_LAUNCH();
 }
 
 template <int BQ>
 void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
                         int T, int C, int NH, bf16* ds, int64_t ds_ld, float* bias_partial, cudaStream_t stream) {
-  if (two_warpgroups("kv")) {
+  if (env_is("GPT_ATTENTION_WGMMA_WS_KV", "1")) {
+    backward_kv_launch<BQ, 2, true>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, bias_partial, stream);
+  } else if (two_warpgroups("kv")) {
     backward_kv_launch<BQ, 2>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, bias_partial, stream);
   } else {
     backward_kv_launch<BQ, 1>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, bias_partial, stream);

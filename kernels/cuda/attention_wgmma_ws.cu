@@ -47,34 +47,19 @@ namespace {
 // and 1 KB to align.
 template <int kWG>
 struct WsFwdCfg {
-  static constexpr uint32_t kQSlot = 4 * 16 * kStageLd * sizeof(bf16);
-  static_assert(kQSlot >= kTile && kQSlot % 1024 == 0);
+  static constexpr uint32_t kQSlot = kWsKVSlot;
   static constexpr uint32_t kKV = kWsKeys / 64 * kTile;  // one K (or V) tile
   static constexpr uint32_t kStage = 2 * kKV;
   static constexpr uint32_t kBars = kWG * kQSlot + kWsStages * kStage;
   static constexpr size_t kBytes = kBars + 8 * (1 + 2 * kWsStages) + 1024;
   // setmaxnreg: the producer's and each consumer's registers (FA3's at 2 and 3 consumer warpgroups: 128 (24 or 32) +
   // 128 kWG (240 or 160) is the SM's 65536 at one block per SM).
-  static constexpr int kLoadRegs = kWG == 2 ? 24 : 32, kMmaRegs = kWG == 2 ? 240 : 160;
-  static_assert(128 * kLoadRegs + 128 * kWG * kMmaRegs <= 65536);
+  static constexpr int kLoadRegs = kWG == 2 ? kWsLoadRegs : 32, kMmaRegs = kWG == 2 ? kWsMmaRegs : 160;
+  // inc takes only what the block's dec gave back: within the block's registers at launch (the launch bound's share,
+  // rounded down to 8 per thread: 168 at 384 threads, 128 at 512), not the SM's.
+  static constexpr int kLaunchRegs = 65536 / (kThreads * (kWG + 1)) / 8 * 8;
+  static_assert(kThreads * (kLoadRegs + kWG * kMmaRegs) <= kThreads * (kWG + 1) * kLaunchRegs);
 };
-
-// The producer warp's copy of rows [row0, row0 + ROWS) of a bf16 matrix (row stride ld) into a swizzled tile, as
-// copy_tile_sw128 (rows at or past `rows` zero-filled): lane t copies piece t % 8 of rows t / 8, t / 8 + 4, ... in a
-// rolled loop, one pointer step per row: the producer runs on kLoadRegs registers, where copy_tile_sw128's unrolled
-// addresses spill (ptxas: about 900 bytes).
-template <int ROWS>
-__device__ __forceinline__ void producer_copy(unsigned char* dst, const bf16* src, int64_t ld, int row0, int rows,
-                                              int lane) {
-  const int c = (lane % 8) * 8;
-  int r = lane / 8;
-  const bf16* p = src + static_cast<int64_t>(row0 + r) * ld + c;
-#pragma unroll 1
-  for (; r < ROWS; r += kWarp / 8, p += kWarp / 8 * ld) {
-    const bool in = row0 + r < rows;
-    cp_async_16(dst + sw128_offset(r, c), in ? p : src + c, in ? 16u : 0u);
-  }
-}
 
 template <int kWG>
 __global__ void __launch_bounds__((kThreads * (kWG + 1)), 1)

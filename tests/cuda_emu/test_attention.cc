@@ -452,8 +452,9 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
   run_mma(1, 1, 64, 150, 0.0f);
   ::unsetenv("GPT_ATTENTION_WGMMA_BK");
   // The warp-specialised forward (GPT_ATTENTION_WGMMA_WS: 2 or 3 consumer warpgroups, a producer warp, a ring of
-  // three stages). T 64: a block whose later warpgroups have no rows; 150 and 260: warpgroups whose rows end before
-  // the block's last key tile (they release it unread); 600: five key tiles, the ring refilled.
+  // three stages). T 64: a block whose later warpgroups have no rows; 150, 260 and 600 at 3 (blocks of 192 rows):
+  // warpgroups whose rows end before the block's last key tile (they release it unread; at 2 the 128-row blocks
+  // match the key tiles); 600: five key tiles, the ring refilled, blocks of both thread orders.
   for (const char* ws : {"2", "3"}) {
     ::setenv("GPT_ATTENTION_WGMMA_WS", ws, 1);
     run_mma(2, 1, 64, 64, 0.0f);
@@ -462,6 +463,21 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
     run_mma(1, 1, 64, 600, 0.0f);
   }
   ::unsetenv("GPT_ATTENTION_WGMMA_WS");
+  // The warp-specialised dK/dV kernel (GPT_ATTENTION_WGMMA_WS_KV=1: a producer warp, two consumer warpgroups of 64
+  // keys, a ring of three query stages), at 32 and 64 queries per step, with K and V in registers too. T 64 and 150:
+  // a block whose second warpgroup has no keys; 260 and 600: the ring refilled many times (at 32 queries, 19 tiles).
+  ::setenv("GPT_ATTENTION_WGMMA_WS_KV", "1", 1);
+  run_mma(2, 1, 64, 64, 0.0f);
+  run_mma(1, 2, 64, 260, 0.0f);
+  run_mma(1, 1, 64, 600, 0.0f);
+  ::setenv("GPT_ATTENTION_WGMMA_BQ", "64", 1);
+  run_mma(1, 1, 64, 150, 0.0f);
+  run_mma(1, 1, 64, 260, 0.0f);
+  ::unsetenv("GPT_ATTENTION_WGMMA_BQ");
+  ::setenv("GPT_ATTENTION_WGMMA_RS", "kv", 1);
+  run_mma(1, 1, 64, 150, 0.0f);
+  ::unsetenv("GPT_ATTENTION_WGMMA_RS");
+  ::unsetenv("GPT_ATTENTION_WGMMA_WS_KV");
   // The forward's Q and the dK/dV kernel's K and V as A fragments in registers (GPT_ATTENTION_WGMMA_RS=1), at 32 and
   // 64 queries per dK/dV step.
   ::setenv("GPT_ATTENTION_WGMMA_RS", "1", 1);

@@ -1204,7 +1204,8 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
 // for 4 blocks per SM instead of 5 (GPT_ATTENTION_WGMMA_FWD_BLOCKS=4: other registers, the same code), and the tiles
 // every product of a block multiplies held in registers (GPT_ATTENTION_WGMMA_RS=1: the same products with their A
 // from registers instead of shared memory), and the dK/dV kernel storing dS^T straight from its fragments instead of
-// through shared memory (GPT_ATTENTION_WGMMA_DS_STAGE=0). Where the wgmma
+// through shared memory (GPT_ATTENTION_WGMMA_DS_STAGE=0), and warp-specialised (GPT_ATTENTION_WGMMA_WS_KV=1: a
+// producer warp and two consumer warpgroups; with K and V in registers too). Where the wgmma
 // kernels do not run (not sm_90, not the emulator) every side is the mma.sync kernels'. The qkv bias gradient they
 // sum as they store dqkv (added to 10 + noise): the CPU's column sums of the dqkv written within the reduction bound
 // (once: not twice), the same bits in every variant, and under GPT_ATTENTION_WGMMA_BIAS=0 bias_backward's bit for bit.
@@ -1255,14 +1256,15 @@ TEST_CASE("parity: the wgmma attention's variants give the default kernels' resu
         gpu->bias_backward(g_sep.p(), g_d.p(), N, 3 * s.C);
         CHECK(std::get<3>(run()) == g_sep.read());
       }
-      for (const auto& [overlap, wg2, blocks, rs, stage] :
-           {std::tuple{"1", "0", "5", "0", "1"}, std::tuple{"0", "1", "5", "0", "1"},
-            std::tuple{"1", "1", "5", "0", "1"}, std::tuple{"0", "0", "4", "0", "1"},
-            std::tuple{"0", "0", "5", "1", "1"}, std::tuple{"0", "0", "5", "0", "0"}}) {
-        CAPTURE(overlap, wg2, blocks, rs, stage);
+      for (const auto& [overlap, wg2, blocks, rs, stage, ws_kv] :
+           {std::tuple{"1", "0", "5", "0", "1", "0"}, std::tuple{"0", "1", "5", "0", "1", "0"},
+            std::tuple{"1", "1", "5", "0", "1", "0"}, std::tuple{"0", "0", "4", "0", "1", "0"},
+            std::tuple{"0", "0", "5", "1", "1", "0"}, std::tuple{"0", "0", "5", "0", "0", "0"},
+            std::tuple{"0", "0", "5", "0", "1", "1"}, std::tuple{"0", "0", "5", "kv", "1", "1"}}) {
+        CAPTURE(overlap, wg2, blocks, rs, stage, ws_kv);
         const testing::ScopedEnv e1("GPT_ATTENTION_WGMMA_OVERLAP", overlap), e2("GPT_ATTENTION_WGMMA_WG2", wg2),
             e3("GPT_ATTENTION_WGMMA_FWD_BLOCKS", blocks), e4("GPT_ATTENTION_WGMMA_RS", rs),
-            e5("GPT_ATTENTION_WGMMA_DS_STAGE", stage);
+            e5("GPT_ATTENTION_WGMMA_DS_STAGE", stage), e6("GPT_ATTENTION_WGMMA_WS_KV", ws_kv);
         const auto [out1, att1, dqkv1, bias1] = run();
         CHECK(std::memcmp(out0.data(), out1.data(), out0.size() * sizeof(bf16)) == 0);
         CHECK(std::memcmp(att0.data(), att1.data(), att0.size() * sizeof(float)) == 0);
@@ -1277,9 +1279,10 @@ TEST_CASE("parity: the wgmma attention's variants give the default kernels' resu
 
 // The warp-specialised forward (GPT_ATTENTION_WGMMA_WS=2, 3: a producer warp, 2 or 3 consumer warpgroups, key tiles
 // of 128 in a ring of three stages) gives the forward on key tiles of 128 (GPT_ATTENTION_WGMMA_BK=128) bit for bit:
-// the same products and online softmax, scheduled otherwise. T 64: warpgroups without rows; 217: rows ending before
-// the block's last key tile; 640: five key tiles (the ring refilled). Where the wgmma kernels do not run both sides
-// are the mma.sync forward.
+// the same products and online softmax, scheduled otherwise (at 2 with Q's A fragments from registers, as
+// GPT_ATTENTION_WGMMA_RS's forward, which the variants case holds to shared memory's bits). T 64: warpgroups without
+// rows; 217 (at 3, blocks of 192 rows): rows ending before the block's last key tile; 640: five key tiles (the ring
+// refilled). Where the wgmma kernels do not run both sides are the mma.sync forward.
 TEST_CASE("parity: the warp-specialised wgmma forward gives the 128-key forward's out and lse bit for bit", "[cuda]") {
   Backend* gpu = cuda_or_skip("wgmma warp-specialised forward");
   if (!gpu) return;
