@@ -111,18 +111,7 @@ __global__ void __launch_bounds__((kThreads * kWG), kMinBlocks)
         fence_operands(qa);
       }
       wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < kParts; ++j) {
-        float(&part)[32] = *reinterpret_cast<float(*)[32]>(sc + 32 * j);
-#pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk) {
-          if constexpr (kQRegs) {
-            wgmma_rs<64, 0>(part, qa[kk], desc_advance(k_desc, j * kTile + 32 * kk), kk > 0);
-          } else {
-            wgmma_ss<64>(part, desc_advance(q_desc, 32 * kk), desc_advance(k_desc, j * kTile + 32 * kk), kk > 0);
-          }
-        }
-      }
+      issue_scores<kParts, kQRegs>(sc, qa, q_desc, k_desc);
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(sc);

@@ -11,8 +11,10 @@
 #include <string_view>
 #include <vector>
 
+#include "core/check.h"
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/mbarrier_ptx.cuh"
 #include "kernels/cuda/mma_ptx.cuh"
 #include "kernels/cuda/switches.h"
@@ -40,7 +42,26 @@ static_assert(kWsKVSlot >= kTile && kWsKVSlot % 1024 == 0);
 // setmaxnreg at two consumer warpgroups (FA3's): 128 x 24 + 256 x 240 are the 384 x 168 registers the block has at
 // launch (inc takes only what dec gave back).
 constexpr int kWsLoadRegs = 24, kWsMmaRegs = 240;
-static_assert(128 * (kWsLoadRegs + 2 * kWsMmaRegs) <= 384 * (65536 / 384 / 8 * 8));
+// The registers per thread a warp-specialised block of `threads` has at launch when ptxas takes the launch bound's
+// whole share (rounded down to 8): what its setmaxnreg counts are sized for.
+constexpr int ws_launch_regs(int threads) { return 65536 / threads / 8 * 8; }
+static_assert(128 * (kWsLoadRegs + 2 * kWsMmaRegs) <= 384 * ws_launch_regs(384));
+// Before a warp-specialised kernel's launch: that it was built with those registers. With fewer, its consumers'
+// setmaxnreg.inc would wait for registers the block never freed: a hang on the GPU, an error here instead. Asked once
+// per kernel (the caller's static). The emulator models no registers.
+template <class Kernel>
+bool ws_registers_checked(Kernel kernel, int threads) {
+#ifndef GPT_CUDA_EMULATOR
+  cudaFuncAttributes attr{};
+  GPT_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  GPT_CHECK_MSG(attr.numRegs == ws_launch_regs(threads),
+                "a warp-specialised attention kernel built with other than the launch bound's registers: its "
+                "setmaxnreg counts would not fit (see attention_wgmma.cuh)");
+#else
+  (void)kernel, (void)threads;
+#endif
+  return true;
+}
 
 // The dK/dV kernel's shared memory at kWG warpgroups per block: K and V tiles of 64 kWG rows, then per stage a Q and
 // a dO tile (BQ swizzled rows), then lse and D (BQ floats each), rounded up to keep the next stage 1024-byte aligned;
@@ -154,6 +175,26 @@ __device__ __forceinline__ void rescale_rows(float (&o)[32], const float (&alpha
   }
 }
 
+// The forward's S = Q K^T for one key tile of 64 kParts keys (part j: the m64n64 product of the tile's keys 64 j..,
+// into sc[32 j..]), 4 k-steps each: Q's A from its swizzled tile (q_desc) or, with kQRegs, from qa (load_a_sw128's
+// fragments); K from its tile (k_desc), K-major. Issued only: the caller fences, commits and waits.
+template <int kParts, bool kQRegs, int NQ>
+__device__ __forceinline__ void issue_scores(float (&sc)[32 * kParts], const uint32_t (&qa)[NQ][4], uint64_t q_desc,
+                                             uint64_t k_desc) {
+#pragma unroll
+  for (int j = 0; j < kParts; ++j) {
+    float(&part)[32] = *reinterpret_cast<float(*)[32]>(sc + 32 * j);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if constexpr (kQRegs) {
+        wgmma_rs<64, 0>(part, qa[kk], desc_advance(k_desc, j * kTile + 32 * kk), kk > 0);
+      } else {
+        wgmma_ss<64>(part, desc_advance(q_desc, 32 * kk), desc_advance(k_desc, j * kTile + 32 * kk), kk > 0);
+      }
+    }
+  }
+}
+
 // P (sc, fp32) as the A registers of P V, per 16 keys, rounded to bf16.
 template <int N>
 __device__ __forceinline__ void pack_p(uint32_t (&pa)[N / 8][4], const float (&sc)[N]) {
@@ -189,10 +230,10 @@ __device__ __forceinline__ void finish_forward(bf16* out, float* lse, const floa
   store_rows<1, kD, kStageLd>(out, C, acc, 1.0f, stage, qw, T, lane);
 }
 
-// The warp-specialised forward (attention_wgmma_ws.cu, GPT_ATTENTION_WGMMA_WS): keys per K/V tile and stages of the
-// ring; its largest block's shared memory; and its launch at 2 or 3 consumer warpgroups (attention_forward_wgmma's
-// arguments). Its shared memory (up to 125 KB) is not in attention_wgmma_smem_bytes: sm_90 alone runs it, which has
-// 227 KB per block.
+// The warp-specialised forward (attention_wgmma_ws.cu, GPT_ATTENTION_WGMMA_WS): its largest block's shared memory,
+// and its launch at 2 or 3 consumer warpgroups (attention_forward_wgmma's arguments). Its shared memory (up to 125 KB)
+// and the warp-specialised dK/dV kernel's (up to 106 KB) are not in attention_wgmma_smem_bytes: sm_90 alone runs
+// them, which has 227 KB per block.
 size_t forward_ws_smem();
 void forward_ws(int consumers, bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, float scale_log2,
                 cudaStream_t stream);

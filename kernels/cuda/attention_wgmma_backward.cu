@@ -171,8 +171,8 @@ __global__ void __launch_bounds__((kThreads * (kWG + (kWS ? 1 : 0))), kv_min_blo
       fence_proxy_async();  // this thread's copies, visible to the tensor cores' reads
       __syncthreads();      // every thread's copies of this tile (and of K, V) have landed
     }
-    // Warpgroup-uniform: a tile whose every query precedes the warpgroup's keys is skipped (both barriers are every
-    // thread's, outside the branch).
+    // Warpgroup-uniform: a tile whose every query precedes the warpgroup's keys is skipped (both barriers, or with
+    // kWS the stage's wait and release, are every thread's, outside the branch).
     if (kWG == 1 || qt >= qt_wg) {
       const uint32_t q_addr = smem_u32(stage_q(s)), do_addr = smem_u32(stage_do(s));
       // Q and dO as S^T's and dP^T's B (K-major), and as dK's and dV's (MN-major).
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__((kThreads * (kWG + (kWS ? 1 : 0))), kv_min_blo
 
       float st[BQ / 2], dpt[BQ / 2];  // S^T, dP^T: [4 n + e] = key row g + 8 (e / 2), query column 8 n + 2 tq + e % 2
       if constexpr (kKVRegs) {
-        if (qt == qt_wg) {  // K and V landed with the first tile (the barrier above)
+        if (qt == qt_wg) {  // K and V landed with the first tile (the barrier above; kWS: kv_full's wait)
           load_a_sw128(ka, sk + wg * kKVSlot, warp % 4, lane);
           load_a_sw128(va, sv + wg * kKVSlot, warp % 4, lane);
         }
@@ -266,7 +266,7 @@ __global__ void __launch_bounds__((kThreads * (kWG + (kWS ? 1 : 0))), kv_min_blo
         }
         if constexpr (kStageDs) {
           // The warp's rows back out, 16 bytes a thread: kPieces per row, kRowsAt rows per store. The staging rows
-          // are rewritten next after the loop's closing barrier.
+          // are rewritten next after the loop's closing barrier (kWS: the __syncwarp before the stage's release).
           constexpr int kPieces = 2 * BQ / 16, kRowsAt = kWarp / kPieces;
           __syncwarp();
 #pragma unroll
@@ -491,6 +491,10 @@ void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const flo
     threads = kThreads * (kWG + 1);
     kernel = registers_enabled("kv") ? attention_backward_kv_wgmma_kernel<BQ, false, kWG, true, true, true>
                                      : attention_backward_kv_wgmma_kernel<BQ, false, kWG, false, true, true>;
+    static const bool checked =
+        ws_registers_checked(attention_backward_kv_wgmma_kernel<BQ, false, kWG, false, true, true>, threads) &&
+        ws_registers_checked(attention_backward_kv_wgmma_kernel<BQ, false, kWG, true, true, true>, threads);
+    (void)checked;
   } else if constexpr (kWG == 1) {
     if (!overlap_enabled("bwd") && registers_enabled("kv")) {
       kernel = attention_backward_kv_wgmma_kernel<BQ, false, 1, true>;

@@ -57,7 +57,7 @@ struct WsFwdCfg {
   static constexpr int kLoadRegs = kWG == 2 ? kWsLoadRegs : 32, kMmaRegs = kWG == 2 ? kWsMmaRegs : 160;
   // inc takes only what the block's dec gave back: within the block's registers at launch (the launch bound's share,
   // rounded down to 8 per thread: 168 at 384 threads, 128 at 512), not the SM's.
-  static constexpr int kLaunchRegs = 65536 / (kThreads * (kWG + 1)) / 8 * 8;
+  static constexpr int kLaunchRegs = ws_launch_regs(kThreads * (kWG + 1));
   static_assert(kThreads * (kLoadRegs + kWG * kMmaRegs) <= kThreads * (kWG + 1) * kLaunchRegs);
 };
 
@@ -132,21 +132,7 @@ __global__ void __launch_bounds__((kThreads * (kWG + 1)), 1)
   uint32_t pa[kWsKeys / 16][4];
   uint32_t qa[kQRegs ? kD / 16 : 1][4];
   const uint64_t q_desc = kmajor_desc(smem_u32(q_slot(c)));
-  auto issue_s = [&](int kt) {
-    const uint64_t k_desc = kmajor_desc(smem_u32(stage_k(kt)));
-#pragma unroll
-    for (int j = 0; j < kParts; ++j) {
-      float(&part)[32] = *reinterpret_cast<float(*)[32]>(sc + 32 * j);
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        if constexpr (kQRegs) {
-          wgmma_rs<64, 0>(part, qa[kk], desc_advance(k_desc, j * kTile + 32 * kk), kk > 0);
-        } else {
-          wgmma_ss<64>(part, desc_advance(q_desc, 32 * kk), desc_advance(k_desc, j * kTile + 32 * kk), kk > 0);
-        }
-      }
-    }
-  };
+  auto issue_s = [&](int kt) { issue_scores<kParts, kQRegs>(sc, qa, q_desc, kmajor_desc(smem_u32(stage_k(kt)))); };
   auto issue_pv = [&](int kt) {
     const uint64_t v_desc = mnmajor_desc(smem_u32(stage_v(kt)));
 #pragma unroll
@@ -241,10 +227,12 @@ template <int kWG>
 void ws_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, float scale_log2,
                cudaStream_t stream) {
   const auto kernel = attention_forward_wgmma_ws_kernel<kWG>;
+  constexpr int kBlockThreads = kThreads * (kWG + 1);
+  static const bool registers_checked = ws_registers_checked(kernel, kBlockThreads);
+  (void)registers_checked;
   set_smem(kernel, WsFwdCfg<kWG>::kBytes);
   prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBQ * kWG)), static_cast<unsigned>(B * NH));
-  constexpr int kBlockThreads = kThreads * (kWG + 1);
   kernel<<<grid, kBlockThreads, WsFwdCfg<kWG>::kBytes, stream>>>(out, lse, qkv, T, C, NH, scale_log2,
                                                                  attention_sections(B * NH, T, kD, sizeof(bf16)));
 }
