@@ -40,7 +40,8 @@ using namespace attention_wgmma_detail;
 // as whole 16-byte pieces of whole rows (2 stores per thread at BQ 32, 4 at 64, where the fragments take 4 NC of 4
 // bytes, each filling half of eight 32-byte sectors); GPT_ATTENTION_WGMMA_DS_STAGE=0 stores the fragments directly
 // (the kernel as the H200 ran it; not yet measured against each other). The same values either way.
-// kWS (GPT_ATTENTION_WGMMA_WS_KV=1, an experiment not yet run on a GPU; kWG 2, not overlapped): warp-specialised, as
+// kWS (GPT_ATTENTION_WGMMA_WS_KV=1, an experiment not yet run on a GPU; kWG 2; overlapped with OVERLAP=1 or bwd,
+// else with K and V in registers under RS=kv): warp-specialised, as
 // attention_wgmma_ws.cu's forward (read it): a producer warpgroup ahead of the kWG consumer ones, whose first warp
 // copies the block's K and V, then each query tile's Q and dO (cp.async, landing on the stage's `full` mbarrier) and
 // its lse and D (plain loads and stores, then an arrival on the same barrier: 64 arrivals a phase) into a ring of
@@ -56,7 +57,7 @@ __global__ void __launch_bounds__((kThreads * (kWG + (kWS ? 1 : 0))), kv_min_blo
                                        const float* dvec, int T, int C, int NH, float scale, float scale_log2, bf16* ds,
                                        int64_t ds_ld, float* bias_partial, int sections) {
   using Cfg = BwdKvWgmmaCfg<BQ>;
-  static_assert(!kWS || (kWG == 2 && !kOverlap));
+  static_assert(!kWS || (kWG == 2 && !(kOverlap && kKVRegs)));
   constexpr int NC = BQ / 16, kNT = kThreads * kWG, kKeys = kBK * kWG;  // the (consumer) threads and keys
   constexpr uint32_t kKVSlot = kWS ? kWsKVSlot : kTile;                 // a warpgroup's K (or V) tile's bytes
   constexpr int kStages = kWS ? kWsStages : 2;
@@ -489,9 +490,11 @@ void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const flo
   if constexpr (kWS) {
     smem = BwdKvWgmmaCfg<BQ>::ws_bytes(kWG);
     threads = kThreads * (kWG + 1);
-    kernel = registers_enabled("kv") ? attention_backward_kv_wgmma_kernel<BQ, false, kWG, true, true, true>
-                                     : attention_backward_kv_wgmma_kernel<BQ, false, kWG, false, true, true>;
+    kernel = overlap_enabled("bwd")    ? attention_backward_kv_wgmma_kernel<BQ, true, kWG, false, true, true>
+             : registers_enabled("kv") ? attention_backward_kv_wgmma_kernel<BQ, false, kWG, true, true, true>
+                                       : attention_backward_kv_wgmma_kernel<BQ, false, kWG, false, true, true>;
     static const bool checked =
+        ws_registers_checked(attention_backward_kv_wgmma_kernel<BQ, true, kWG, false, true, true>, threads) &&
         ws_registers_checked(attention_backward_kv_wgmma_kernel<BQ, false, kWG, false, true, true>, threads) &&
         ws_registers_checked(attention_backward_kv_wgmma_kernel<BQ, false, kWG, true, true, true>, threads);
     (void)checked;

@@ -477,6 +477,9 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
   ::setenv("GPT_ATTENTION_WGMMA_RS", "kv", 1);
   run_mma(1, 1, 64, 150, 0.0f);
   ::unsetenv("GPT_ATTENTION_WGMMA_RS");
+  ::setenv("GPT_ATTENTION_WGMMA_OVERLAP", "bwd", 1);  // its element-wise work overlapping its products
+  run_mma(1, 1, 64, 260, 0.0f);
+  ::unsetenv("GPT_ATTENTION_WGMMA_OVERLAP");
   ::unsetenv("GPT_ATTENTION_WGMMA_WS_KV");
   // The forward's Q and the dK/dV kernel's K and V as A fragments in registers (GPT_ATTENTION_WGMMA_RS=1), at 32 and
   // 64 queries per dK/dV step.

@@ -1205,8 +1205,8 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
 // every product of a block multiplies held in registers (GPT_ATTENTION_WGMMA_RS=1: the same products with their A
 // from registers instead of shared memory), and the dK/dV kernel storing dS^T straight from its fragments instead of
 // through shared memory (GPT_ATTENTION_WGMMA_DS_STAGE=0), and warp-specialised (GPT_ATTENTION_WGMMA_WS_KV=1: a
-// producer warp and two consumer warpgroups; with K and V in registers too; and over OVERLAP, WG2 and DS_STAGE=0,
-// which it takes precedence over). Where the wgmma
+// producer warp and two consumer warpgroups; with K and V in registers too; and with OVERLAP=1, its overlapped form,
+// over WG2 and DS_STAGE=0, which it takes precedence over). Where the wgmma
 // kernels do not run (not sm_90, not the emulator) every side is the mma.sync kernels'. The qkv bias gradient they
 // sum as they store dqkv (added to 10 + noise): the CPU's column sums of the dqkv written within the reduction bound
 // (once: not twice), the same bits in every variant, and under GPT_ATTENTION_WGMMA_BIAS=0 bias_backward's bit for bit.
