@@ -1204,14 +1204,17 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
 // for 4 blocks per SM instead of 5 (GPT_ATTENTION_WGMMA_FWD_BLOCKS=4: other registers, the same code), and the tiles
 // every product of a block multiplies held in registers (GPT_ATTENTION_WGMMA_RS=1: the same products with their A
 // from registers instead of shared memory), and the dK/dV kernel storing dS^T straight from its fragments instead of
-// through shared memory (GPT_ATTENTION_WGMMA_DS_STAGE=0), and warp-specialised (GPT_ATTENTION_WGMMA_WS_KV=1: a
-// producer warp and two consumer warpgroups; with K and V in registers too; and with OVERLAP=1, its overlapped form,
-// over WG2 and DS_STAGE=0, which it takes precedence over). Where the wgmma
+// through shared memory (GPT_ATTENTION_WGMMA_DS_STAGE=0); and, in a case of its own (tagged [ws], which
+// scripts/gpu/check.sh runs apart: a hang there leaves the other cases' results whole), warp-specialised
+// (GPT_ATTENTION_WGMMA_WS_KV=1: a producer warp and two consumer warpgroups; with K and V in registers too; and with
+// OVERLAP=1, its overlapped form, over WG2 and DS_STAGE=0, which it takes precedence over). Where the wgmma
 // kernels do not run (not sm_90, not the emulator) every side is the mma.sync kernels'. The qkv bias gradient they
 // sum as they store dqkv (added to 10 + noise): the CPU's column sums of the dqkv written within the reduction bound
 // (once: not twice), the same bits in every variant, and under GPT_ATTENTION_WGMMA_BIAS=0 bias_backward's bit for bit.
-TEST_CASE("parity: the wgmma attention's variants give the default kernels' results bit for bit", "[cuda]") {
-  Backend* gpu = cuda_or_skip("wgmma overlap");
+// Each variant: GPT_ATTENTION_WGMMA_ OVERLAP, WG2, FWD_BLOCKS, RS, DS_STAGE, WS_KV.
+using WgmmaVariant = std::tuple<const char*, const char*, const char*, const char*, const char*, const char*>;
+void check_wgmma_variants(const char* what, const std::vector<WgmmaVariant>& variants) {
+  Backend* gpu = cuda_or_skip(what);
   if (!gpu) return;
   gpu->set_compute_dtype(DType::kBF16);
   const DropoutMask none = mask(0.0f, 1);
@@ -1257,12 +1260,7 @@ TEST_CASE("parity: the wgmma attention's variants give the default kernels' resu
         gpu->bias_backward(g_sep.p(), g_d.p(), N, 3 * s.C);
         CHECK(std::get<3>(run()) == g_sep.read());
       }
-      for (const auto& [overlap, wg2, blocks, rs, stage, ws_kv] :
-           {std::tuple{"1", "0", "5", "0", "1", "0"}, std::tuple{"0", "1", "5", "0", "1", "0"},
-            std::tuple{"1", "1", "5", "0", "1", "0"}, std::tuple{"0", "0", "4", "0", "1", "0"},
-            std::tuple{"0", "0", "5", "1", "1", "0"}, std::tuple{"0", "0", "5", "0", "0", "0"},
-            std::tuple{"0", "0", "5", "0", "1", "1"}, std::tuple{"0", "0", "5", "kv", "1", "1"},
-            std::tuple{"1", "1", "5", "0", "0", "1"}}) {
+      for (const auto& [overlap, wg2, blocks, rs, stage, ws_kv] : variants) {
         CAPTURE(overlap, wg2, blocks, rs, stage, ws_kv);
         const testing::ScopedEnv e1("GPT_ATTENTION_WGMMA_OVERLAP", overlap), e2("GPT_ATTENTION_WGMMA_WG2", wg2),
             e3("GPT_ATTENTION_WGMMA_FWD_BLOCKS", blocks), e4("GPT_ATTENTION_WGMMA_RS", rs),
@@ -1278,6 +1276,20 @@ TEST_CASE("parity: the wgmma attention's variants give the default kernels' resu
   }
   gpu->set_compute_dtype(DType::kF32);
 }
+TEST_CASE("parity: the wgmma attention's variants give the default kernels' results bit for bit", "[cuda]") {
+  check_wgmma_variants("wgmma variants", {WgmmaVariant{"1", "0", "5", "0", "1", "0"},
+                                          {"0", "1", "5", "0", "1", "0"},
+                                          {"1", "1", "5", "0", "1", "0"},
+                                          {"0", "0", "4", "0", "1", "0"},
+                                          {"0", "0", "5", "1", "1", "0"},
+                                          {"0", "0", "5", "0", "0", "0"}});
+}
+TEST_CASE("parity: the warp-specialised wgmma dK/dV kernel gives the default kernels' results bit for bit",
+          "[cuda][ws]") {
+  check_wgmma_variants(
+      "wgmma warp-specialised dK/dV kernel",
+      {WgmmaVariant{"0", "0", "5", "0", "1", "1"}, {"0", "0", "5", "kv", "1", "1"}, {"1", "1", "5", "0", "0", "1"}});
+}
 
 // The warp-specialised forward (GPT_ATTENTION_WGMMA_WS=2, 3: a producer warp, 2 or 3 consumer warpgroups, key tiles
 // of 128 in a ring of three stages) gives the forward on key tiles of 128 (GPT_ATTENTION_WGMMA_BK=128) bit for bit:
@@ -1285,7 +1297,8 @@ TEST_CASE("parity: the wgmma attention's variants give the default kernels' resu
 // GPT_ATTENTION_WGMMA_RS's forward, which the variants case holds to shared memory's bits). T 64: warpgroups without
 // rows; 217 (at 3, blocks of 192 rows): rows ending before the block's last key tile; 640: five key tiles (the ring
 // refilled). Where the wgmma kernels do not run both sides are the mma.sync forward.
-TEST_CASE("parity: the warp-specialised wgmma forward gives the 128-key forward's out and lse bit for bit", "[cuda]") {
+TEST_CASE("parity: the warp-specialised wgmma forward gives the 128-key forward's out and lse bit for bit",
+          "[cuda][ws]") {
   Backend* gpu = cuda_or_skip("wgmma warp-specialised forward");
   if (!gpu) return;
   gpu->set_compute_dtype(DType::kBF16);
