@@ -42,6 +42,7 @@
 #include "kernels/cuda/cuda_backend.h"  // the emulator's conversion: gpt::CudaEmuBackend
 #endif
 #if defined(GPT_PARITY_EMULATED) || defined(GPT_WITH_CUDA)
+#include "kernels/mbarrier_probe.h"
 #include "kernels/mma_probe.h"  // in the emulator's binary its conversion (gpt::cuda_emu)
 #include "kernels/wgmma_probe.h"
 #endif
@@ -1689,6 +1690,35 @@ TEST_CASE("wgmma probe: descriptors, swizzle and fragments follow the PTX ISA's 
   CHECK(check("MN-major A and B from shared memory (dQ = dS K from dS^T)", out.d_tt, 64, true, true) == 0);
 #else
   std::printf("SKIPPED wgmma probe: built without CUDA\n");
+#endif
+}
+
+// The mbarrier probe (tests/kernels/mbarrier_probe.h): the warp-specialised kernels' synchronisation alone, on an
+// sm_90 GPU or in the emulator. [ws]: scripts/gpu/check.sh runs it with the warp-specialised cases, apart (a wait that
+// never ends there would otherwise take the other cases' step with it). When those cases fail and this passes, the
+// fault is in a kernel, not in mbarrier_ptx.cuh.
+TEST_CASE("mbarrier probe: a producer warp's ring of stages, and named barriers, as mbarrier_ptx.cuh says",
+          "[cuda][ws]") {
+#if defined(GPT_PARITY_EMULATED) || defined(GPT_WITH_CUDA)
+  if (cuda_or_skip("mbarrier probe") == nullptr) return;
+  if (!cuda_probe::wgmma_probe_supported()) {
+    std::printf("SKIPPED mbarrier probe: the GPU is not sm_90 (the probe is built for sm_90a)\n");
+    return;
+  }
+  std::vector<float> src(128 * cuda_probe::kMbarrierProbeTiles);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i) + 0.25f;
+  const cuda_probe::MbarrierProbeOut out = cuda_probe::run_mbarrier_probe(src);
+  CHECK(out.copied == src);  // every tile's cp.async landed before its consumers' reads
+  std::vector<float> stored;
+  for (int t = 0; t < cuda_probe::kMbarrierProbeTiles; ++t) {
+    for (int w = 0; w < 4; ++w) {
+      for (int lane = 0; lane < 32; ++lane) stored.push_back(static_cast<float>(t * 1000 + (lane ^ w)));
+    }
+  }
+  CHECK(out.stored == stored);  // the producer's plain stores, released by its arrival
+  CHECK(out.named == std::vector<float>{3.0f, 4.0f, 5.0f, 2.0f, 77.0f, 77.0f, 77.0f, 77.0f});
+#else
+  std::printf("SKIPPED mbarrier probe: built without CUDA\n");
 #endif
 }
 
