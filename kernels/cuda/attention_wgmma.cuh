@@ -39,13 +39,16 @@ constexpr int kWsKeys = 128, kWsStages = 3;
 // its last product its four warps' output staging rows (16 x kStageLd bf16 each): 9216 bytes, a multiple of 1024.
 constexpr uint32_t kWsKVSlot = 4 * 16 * kStageLd * sizeof(bf16);
 static_assert(kWsKVSlot >= kTile && kWsKVSlot % 1024 == 0);
-// setmaxnreg at two consumer warpgroups (FA3's): 128 x 24 + 256 x 240 are the 384 x 168 registers the block has at
-// launch (inc takes only what dec gave back).
-constexpr int kWsLoadRegs = 24, kWsMmaRegs = 240;
 // The registers per thread a warp-specialised block of `threads` has at launch when ptxas takes the launch bound's
 // whole share (rounded down to 8): what its setmaxnreg counts are sized for.
-constexpr int ws_launch_regs(int threads) { return 65536 / threads / 8 * 8; }
-static_assert(128 * (kWsLoadRegs + 2 * kWsMmaRegs) <= 384 * ws_launch_regs(384));
+__host__ __device__ constexpr int ws_launch_regs(int threads) { return 65536 / threads / 8 * 8; }
+// setmaxnreg at 2 or 3 consumer warpgroups (FA3's): the producer warpgroup's and each consumer's registers. 128 x 24 +
+// 256 x 240 are the 384 x 168 registers a block of 2 has at launch, 128 x 32 + 384 x 160 the 512 x 128 of 3 (inc
+// takes only what dec gave back).
+__host__ __device__ constexpr int ws_load_regs(int consumers) { return consumers == 2 ? 24 : 32; }
+__host__ __device__ constexpr int ws_mma_regs(int consumers) { return consumers == 2 ? 240 : 160; }
+static_assert(128 * (ws_load_regs(2) + 2 * ws_mma_regs(2)) <= 384 * ws_launch_regs(384));
+static_assert(128 * (ws_load_regs(3) + 3 * ws_mma_regs(3)) <= 512 * ws_launch_regs(512));
 // Before a warp-specialised kernel's launch: that it was built with those registers. With fewer, its consumers'
 // setmaxnreg.inc would wait for registers the block never freed: a hang on the GPU, an error here instead. Asked once
 // per kernel (the caller's static). The emulator models no registers.

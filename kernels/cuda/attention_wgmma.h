@@ -14,9 +14,9 @@
 // and 64 keys: with GPT_ATTENTION_WGMMA_OVERLAP on for it, BK=128 does nothing and WG2 applies to the backward alone.
 // GPT_ATTENTION_WGMMA_WS=2 or 3: the forward warp-specialised (attention_wgmma_ws.cu: a producer warp and 2 or 3
 // consumer warpgroups; GPT_ATTENTION_WGMMA_BK=128's values bit for bit; not yet run on a GPU); it takes precedence
-// over the forward's other switches. GPT_ATTENTION_WGMMA_WS_KV=1: the dK/dV kernel warp-specialised (a producer warp,
-// two consumer warpgroups; the default's values bit for bit; not yet run on a GPU; over WG2 and DS_STAGE for it, and
-// overlapped under OVERLAP (1 or bwd)).
+// over the forward's other switches. GPT_ATTENTION_WGMMA_WS_KV=2 or 3: the dK/dV kernel warp-specialised (a producer
+// warp, 2 or 3 consumer warpgroups; the default's values bit for bit; not yet run on a GPU; over WG2 and DS_STAGE for
+// it, and overlapped under OVERLAP (1 or bwd; at 3 only at 32 queries per step)).
 // The lists take no spaces (fwd,dq). GPT_ATTENTION_WGMMA_FWD_BLOCKS=4: the default forward as compiled before it was
 // bounded to 5 blocks per SM (107 registers instead of 96; the same values).
 #pragma once

@@ -40,8 +40,8 @@ using namespace attention_wgmma_detail;
 // as whole 16-byte pieces of whole rows (2 stores per thread at BQ 32, 4 at 64, where the fragments take 4 NC of 4
 // bytes, each filling half of eight 32-byte sectors); GPT_ATTENTION_WGMMA_DS_STAGE=0 stores the fragments directly
 // (the kernel as the H200 ran it; not yet measured against each other). The same values either way.
-// kWS (GPT_ATTENTION_WGMMA_WS_KV=1, an experiment not yet run on a GPU; kWG 2; overlapped with OVERLAP=1 or bwd,
-// else with K and V in registers under RS=kv): warp-specialised, as
+// kWS (GPT_ATTENTION_WGMMA_WS_KV=2 or 3: kWG, an experiment not yet run on a GPU; overlapped with OVERLAP=1 or bwd,
+// else at 2 with K and V in registers under RS=kv): warp-specialised, as
 // attention_wgmma_ws.cu's forward (read it): a producer warpgroup ahead of the kWG consumer ones, whose first warp
 // copies the block's K and V, then each query tile's Q and dO (cp.async, landing on the stage's `full` mbarrier) and
 // its lse and D (plain loads and stores, then an arrival on the same barrier: 64 arrivals a phase) into a ring of
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__((kThreads * (kWG + (kWS ? 1 : 0))), kv_min_blo
                                        const float* dvec, int T, int C, int NH, float scale, float scale_log2, bf16* ds,
                                        int64_t ds_ld, float* bias_partial, int sections) {
   using Cfg = BwdKvWgmmaCfg<BQ>;
-  static_assert(!kWS || (kWG == 2 && !(kOverlap && kKVRegs)));
+  static_assert(!kWS || ((kWG == 2 || kWG == 3) && !(kOverlap && kKVRegs)));
   constexpr int NC = BQ / 16, kNT = kThreads * kWG, kKeys = kBK * kWG;  // the (consumer) threads and keys
   constexpr uint32_t kKVSlot = kWS ? kWsKVSlot : kTile;                 // a warpgroup's K (or V) tile's bytes
   constexpr int kStages = kWS ? kWsStages : 2;
@@ -91,9 +91,11 @@ __global__ void __launch_bounds__((kThreads * (kWG + (kWS ? 1 : 0))), kv_min_blo
   const float* lse_bh = lse + static_cast<int64_t>(bh) * T;
   const float* dvec_bh = dvec + static_cast<int64_t>(bh) * T;
 
-  auto fetch_tiles = [&](int qt, int s) {
-    copy_tile_sw128<BQ, kNT>(stage_q(s), q, C3, qt * BQ, T);
-    copy_tile_sw128<BQ, kNT>(stage_do(s), dO, C, qt * BQ, T);
+  auto fetch_tiles = [&](int qt, int s) {  // not kWS's (its producer copies)
+    if constexpr (!kWS) {
+      copy_tile_sw128<BQ, kNT>(stage_q(s), q, C3, qt * BQ, T);
+      copy_tile_sw128<BQ, kNT>(stage_do(s), dO, C, qt * BQ, T);
+    }
   };
   QueryRowStats<BQ> rows;  // lse and D, a tile ahead (attention_mma.cuh)
   auto load_rows = [&](int qt) { rows.load(lse_bh, dvec_bh, qt, T); };
@@ -110,7 +112,7 @@ __global__ void __launch_bounds__((kThreads * (kWG + (kWS ? 1 : 0))), kv_min_blo
     }
     __syncthreads();  // the barriers initialised before anyone uses them; no block-wide barrier follows
     if (warp < 0) {   // the producer warpgroup
-      setmaxnreg_dec<kWsLoadRegs>();
+      setmaxnreg_dec<ws_load_regs(kWG)>();
       if (warp != -4) return;
       for (int c = 0; c < kWG; ++c) {
         producer_copy<kBK>(sk + c * kKVSlot, q + C, C3, k0 + kBK * c, T, lane);
@@ -136,7 +138,7 @@ __global__ void __launch_bounds__((kThreads * (kWG + (kWS ? 1 : 0))), kv_min_blo
       }
       return;
     }
-    setmaxnreg_inc<kWsMmaRegs>();
+    setmaxnreg_inc<ws_mma_regs(kWG)>();
     mbarrier_wait(kv_full, 0);
     fence_proxy_async();  // the landed K and V, seen by the products
   } else {
@@ -483,13 +485,21 @@ __global__ void __launch_bounds__(kWarp* kSumRows)
 template <int BQ, int kWG, bool kWS = false>
 void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
                         int T, int C, int NH, bf16* ds, int64_t ds_ld, float* bias_partial, cudaStream_t stream) {
-  size_t smem = BwdKvWgmmaCfg<BQ>::bytes(kWG);
-  int threads = kThreads * kWG;
-  auto kernel = overlap_enabled("bwd") ? attention_backward_kv_wgmma_kernel<BQ, true, kWG>
-                                       : attention_backward_kv_wgmma_kernel<BQ, false, kWG>;
-  if constexpr (kWS) {
-    smem = BwdKvWgmmaCfg<BQ>::ws_bytes(kWG);
-    threads = kThreads * (kWG + 1);
+  const size_t smem = kWS ? BwdKvWgmmaCfg<BQ>::ws_bytes(kWG) : BwdKvWgmmaCfg<BQ>::bytes(kWG);
+  const int threads = kThreads * (kWG + (kWS ? 1 : 0));
+  decltype(&attention_backward_kv_wgmma_kernel<BQ, false, 1>) kernel = nullptr;  // every form has this type
+  if constexpr (kWS && kWG == 3) {
+    // In 128 registers K and V stay in shared memory, and the overlap fits at 32 queries per step alone (ptxas: the
+    // others spill, and serialise the products at 64); RS and OVERLAP at 64 are ignored here.
+    constexpr bool kOverlapFits = BQ == 32;
+    kernel = kOverlapFits && overlap_enabled("bwd")
+                 ? attention_backward_kv_wgmma_kernel<BQ, kOverlapFits, 3, false, true, true>
+                 : attention_backward_kv_wgmma_kernel<BQ, false, 3, false, true, true>;
+    static const bool checked =
+        ws_registers_checked(attention_backward_kv_wgmma_kernel<BQ, kOverlapFits, 3, false, true, true>, threads) &&
+        ws_registers_checked(attention_backward_kv_wgmma_kernel<BQ, false, 3, false, true, true>, threads);
+    (void)checked;
+  } else if constexpr (kWS) {
     kernel = overlap_enabled("bwd")    ? attention_backward_kv_wgmma_kernel<BQ, true, kWG, false, true, true>
              : registers_enabled("kv") ? attention_backward_kv_wgmma_kernel<BQ, false, kWG, true, true, true>
                                        : attention_backward_kv_wgmma_kernel<BQ, false, kWG, false, true, true>;
@@ -498,11 +508,15 @@ void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const flo
         ws_registers_checked(attention_backward_kv_wgmma_kernel<BQ, false, kWG, false, true, true>, threads) &&
         ws_registers_checked(attention_backward_kv_wgmma_kernel<BQ, false, kWG, true, true, true>, threads);
     (void)checked;
-  } else if constexpr (kWG == 1) {
-    if (!overlap_enabled("bwd") && registers_enabled("kv")) {
-      kernel = attention_backward_kv_wgmma_kernel<BQ, false, 1, true>;
-    } else if (!overlap_enabled("bwd") && env_is("GPT_ATTENTION_WGMMA_DS_STAGE", "0")) {
-      kernel = attention_backward_kv_wgmma_kernel<BQ, false, 1, false, false>;
+  } else {
+    kernel = overlap_enabled("bwd") ? attention_backward_kv_wgmma_kernel<BQ, true, kWG>
+                                    : attention_backward_kv_wgmma_kernel<BQ, false, kWG>;
+    if constexpr (kWG == 1) {
+      if (!overlap_enabled("bwd") && registers_enabled("kv")) {
+        kernel = attention_backward_kv_wgmma_kernel<BQ, false, 1, true>;
+      } else if (!overlap_enabled("bwd") && env_is("GPT_ATTENTION_WGMMA_DS_STAGE", "0")) {
+        kernel = attention_backward_kv_wgmma_kernel<BQ, false, 1, false, false>;
+      }
     }
   }
   set_smem(kernel, smem);
@@ -517,8 +531,10 @@ void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const flo
 template <int BQ>
 void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* dvec, int B,
                         int T, int C, int NH, bf16* ds, int64_t ds_ld, float* bias_partial, cudaStream_t stream) {
-  if (env_is("GPT_ATTENTION_WGMMA_WS_KV", "1")) {
+  if (env_is("GPT_ATTENTION_WGMMA_WS_KV", "2")) {
     backward_kv_launch<BQ, 2, true>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, bias_partial, stream);
+  } else if (env_is("GPT_ATTENTION_WGMMA_WS_KV", "3")) {
+    backward_kv_launch<BQ, 3, true>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, bias_partial, stream);
   } else if (two_warpgroups("kv")) {
     backward_kv_launch<BQ, 2>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, bias_partial, stream);
   } else {

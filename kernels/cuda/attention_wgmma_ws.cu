@@ -54,11 +54,7 @@ struct WsFwdCfg {
   static constexpr size_t kBytes = kBars + 8 * (1 + 2 * kWsStages) + 1024;
   // setmaxnreg: the producer's and each consumer's registers (FA3's at 2 and 3 consumer warpgroups: 128 (24 or 32) +
   // 128 kWG (240 or 160) is the SM's 65536 at one block per SM).
-  static constexpr int kLoadRegs = kWG == 2 ? kWsLoadRegs : 32, kMmaRegs = kWG == 2 ? kWsMmaRegs : 160;
-  // inc takes only what the block's dec gave back: within the block's registers at launch (the launch bound's share,
-  // rounded down to 8 per thread: 168 at 384 threads, 128 at 512), not the SM's.
-  static constexpr int kLaunchRegs = ws_launch_regs(kThreads * (kWG + 1));
-  static_assert(kThreads * (kLoadRegs + kWG * kMmaRegs) <= kThreads * (kWG + 1) * kLaunchRegs);
+  static constexpr int kLoadRegs = ws_load_regs(kWG), kMmaRegs = ws_mma_regs(kWG);
 };
 
 template <int kWG>

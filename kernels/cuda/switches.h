@@ -47,7 +47,7 @@ inline const std::vector<Switch>& all() {
       {"GPT_ATTENTION_WGMMA_FWD_BLOCKS", {"4", "5"}, false, "the wgmma forward's blocks per SM"},
       {"GPT_ATTENTION_WGMMA_OVERLAP", {"0", "1", "fwd", "bwd"}, false, "the overlapped wgmma kernels"},
       {"GPT_ATTENTION_WGMMA_WS", {"0", "2", "3"}, false, "the warp-specialised wgmma forward's consumer warpgroups"},
-      {"GPT_ATTENTION_WGMMA_WS_KV", {"0", "1"}, false, "the warp-specialised wgmma dK/dV kernel"},
+      {"GPT_ATTENTION_WGMMA_WS_KV", {"0", "2", "3"}, false, "the warp-specialised wgmma dK/dV kernel's consumers"},
       {"GPT_ATTENTION_WGMMA_WG2", {"fwd", "kv", "dq"}, true, "blocks of two warpgroups"},
       {"GPT_ATTENTION_WGMMA_RS", {"fwd", "kv"}, true, "tiles held in registers"},
       {"GPT_ATTENTION_WGMMA_DS_STAGE", {"0", "1"}, false, "the wgmma dK/dV kernel's dS^T staged in shared memory"},

@@ -463,10 +463,10 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
     run_mma(1, 1, 64, 600, 0.0f);
   }
   ::unsetenv("GPT_ATTENTION_WGMMA_WS");
-  // The warp-specialised dK/dV kernel (GPT_ATTENTION_WGMMA_WS_KV=1: a producer warp, two consumer warpgroups of 64
+  // The warp-specialised dK/dV kernel (GPT_ATTENTION_WGMMA_WS_KV=2: a producer warp, two consumer warpgroups of 64
   // keys, a ring of three query stages), at 32 and 64 queries per step, with K and V in registers too. T 64 and 150:
   // a block whose second warpgroup has no keys; 260 and 600: the ring refilled many times (at 32 queries, 19 tiles).
-  ::setenv("GPT_ATTENTION_WGMMA_WS_KV", "1", 1);
+  ::setenv("GPT_ATTENTION_WGMMA_WS_KV", "2", 1);
   run_mma(2, 1, 64, 64, 0.0f);
   run_mma(1, 2, 64, 260, 0.0f);
   run_mma(1, 1, 64, 600, 0.0f);
@@ -478,6 +478,19 @@ TEST_CASE("cuda_emu: attention_mma.cu forward and backward match the bf16 refere
   run_mma(1, 1, 64, 150, 0.0f);
   ::unsetenv("GPT_ATTENTION_WGMMA_RS");
   ::setenv("GPT_ATTENTION_WGMMA_OVERLAP", "bwd", 1);  // its element-wise work overlapping its products
+  run_mma(1, 1, 64, 260, 0.0f);
+  ::unsetenv("GPT_ATTENTION_WGMMA_OVERLAP");
+  // Three consumer warpgroups (=3: blocks of 192 keys). T 64: one block, its last two warpgroups without keys; 150:
+  // the last with none; 600: four blocks, warpgroups starting past the block's first query tiles; overlapped at 32
+  // queries per step.
+  ::setenv("GPT_ATTENTION_WGMMA_WS_KV", "3", 1);
+  run_mma(2, 1, 64, 64, 0.0f);
+  run_mma(1, 1, 64, 150, 0.0f);
+  run_mma(1, 2, 64, 600, 0.0f);
+  ::setenv("GPT_ATTENTION_WGMMA_BQ", "64", 1);
+  run_mma(1, 1, 64, 260, 0.0f);
+  ::unsetenv("GPT_ATTENTION_WGMMA_BQ");
+  ::setenv("GPT_ATTENTION_WGMMA_OVERLAP", "bwd", 1);
   run_mma(1, 1, 64, 260, 0.0f);
   ::unsetenv("GPT_ATTENTION_WGMMA_OVERLAP");
   ::unsetenv("GPT_ATTENTION_WGMMA_WS_KV");

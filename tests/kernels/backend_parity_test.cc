@@ -1207,8 +1207,9 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
 // from registers instead of shared memory), and the dK/dV kernel storing dS^T straight from its fragments instead of
 // through shared memory (GPT_ATTENTION_WGMMA_DS_STAGE=0); and, in a case of its own (tagged [ws], which
 // scripts/gpu/check.sh runs apart: a hang there leaves the other cases' results whole), warp-specialised
-// (GPT_ATTENTION_WGMMA_WS_KV=1: a producer warp and two consumer warpgroups; with K and V in registers too; and with
-// OVERLAP=1, its overlapped form, over WG2 and DS_STAGE=0, which it takes precedence over). Where the wgmma
+// (GPT_ATTENTION_WGMMA_WS_KV=2: a producer warp and two consumer warpgroups; with K and V in registers too; and with
+// OVERLAP=1, its overlapped form, over WG2 and DS_STAGE=0, which it takes precedence over; =3: three consumer
+// warpgroups, alone and overlapped). Where the wgmma
 // kernels do not run (not sm_90, not the emulator) every side is the mma.sync kernels'. The qkv bias gradient they
 // sum as they store dqkv (added to 10 + noise): the CPU's column sums of the dqkv written within the reduction bound
 // (once: not twice), the same bits in every variant, and under GPT_ATTENTION_WGMMA_BIAS=0 bias_backward's bit for bit.
@@ -1287,9 +1288,11 @@ TEST_CASE("parity: the wgmma attention's variants give the default kernels' resu
 }
 TEST_CASE("parity: the warp-specialised wgmma dK/dV kernel gives the default kernels' results bit for bit",
           "[cuda][ws]") {
-  check_wgmma_variants(
-      "wgmma warp-specialised dK/dV kernel",
-      {WgmmaVariant{"0", "0", "5", "0", "1", "1"}, {"0", "0", "5", "kv", "1", "1"}, {"1", "1", "5", "0", "0", "1"}});
+  check_wgmma_variants("wgmma warp-specialised dK/dV kernel", {WgmmaVariant{"0", "0", "5", "0", "1", "2"},
+                                                               {"0", "0", "5", "kv", "1", "2"},
+                                                               {"1", "1", "5", "0", "0", "2"},
+                                                               {"0", "0", "5", "0", "1", "3"},
+                                                               {"1", "0", "5", "0", "1", "3"}});
 }
 
 // The warp-specialised forward (GPT_ATTENTION_WGMMA_WS=2, 3: a producer warp, 2 or 3 consumer warpgroups, key tiles
