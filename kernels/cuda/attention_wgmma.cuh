@@ -112,7 +112,7 @@ __device__ inline void copy_tile_sw128(unsigned char* dst, const bf16* src, int6
 
 // The producer warp's copy of rows [row0, row0 + ROWS) of a bf16 matrix (row stride ld) into a swizzled tile, as
 // copy_tile_sw128 (rows at or past `rows` zero-filled): lane t copies piece t % 8 of rows t / 8, t / 8 + 4, ... in a
-// rolled loop, one pointer step per row: a warp-specialised kernel's producer runs on few registers (kWsLoadRegs),
+// rolled loop, one pointer step per row: a warp-specialised kernel's producer runs on few registers (ws_load_regs),
 // where copy_tile_sw128's unrolled addresses spill (ptxas: about 900 bytes in the forward).
 template <int ROWS>
 __device__ __forceinline__ void producer_copy(unsigned char* dst, const bf16* src, int64_t ld, int row0, int rows,

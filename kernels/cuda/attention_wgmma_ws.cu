@@ -52,8 +52,7 @@ struct WsFwdCfg {
   static constexpr uint32_t kStage = 2 * kKV;
   static constexpr uint32_t kBars = kWG * kQSlot + kWsStages * kStage;
   static constexpr size_t kBytes = kBars + 8 * (1 + 2 * kWsStages) + 1024;
-  // setmaxnreg: the producer's and each consumer's registers (FA3's at 2 and 3 consumer warpgroups: 128 (24 or 32) +
-  // 128 kWG (240 or 160) is the SM's 65536 at one block per SM).
+  // setmaxnreg: the producer's and each consumer's registers (attention_wgmma.cuh's ws_load_regs, ws_mma_regs).
   static constexpr int kLoadRegs = ws_load_regs(kWG), kMmaRegs = ws_mma_regs(kWG);
 };
 
