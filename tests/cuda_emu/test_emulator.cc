@@ -105,7 +105,8 @@ void pipeline_kernel(const float* src, float* out, int tiles, int fault) {
       const bool skip =
           fault == kPipeNoFullWait || fault == kPipeMissingArrivalNoWait || (fault == kPipeNoWaitAt1 && t == 1);
       if (!skip) emu_mbarrier_wait(&bars[s], (t / 2) & 1);
-      for (int j = 0; j < 4; ++j) out[128 * t + 4 * (lane ^ 1) + j] = stage[128 * s + 4 * (lane ^ 1) + j];
+      float* mine = out + 128 * tiles * blockIdx.x;  // each block its own copy
+      for (int j = 0; j < 4; ++j) mine[128 * t + 4 * (lane ^ 1) + j] = stage[128 * s + 4 * (lane ^ 1) + j];
       if (fault == kPipeOverwrite && t == 1) reinterpret_cast<float*>(&bars[s])[0] = 0.0f;  // full[s]'s low half
       __syncwarp();
       if (lane == 0) emu_mbarrier_arrive(&bars[2 + s]);
@@ -274,41 +275,61 @@ TEST_CASE("cuda_emu: a vector load or store through a misaligned pointer aborts,
   CHECK(gpt::bf16_to_f32(buf[5]) == 4.0f);
 }
 
-TEST_CASE("cuda_emu: mbarriers order a producer warp's cp.async stages and a consumer warp's reads",
-          "[cuda_emu][emulator]") {
-  std::vector<float> src(128 * 5), out(src.size());
-  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i) + 0.5f;
-  auto launch = [&](int fault, unsigned blocks, int tiles = 5) {
-    std::fill(out.begin(), out.end(), -1.0f);
-    // Two blocks: the even one runs its warps first to last (the producer ahead), the odd one last to first.
+// The pipeline (pipeline_kernel) run over `blocks` blocks of `tiles` tiles of src, each block's copy in out.
+struct Pipeline {
+  std::vector<float> src = std::vector<float>(128 * 5), out;
+  Pipeline() {
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i) + 0.5f;
+  }
+  // Two blocks: the even one runs its warps first to last (the producer ahead), the odd one last to first.
+  void launch(int fault, unsigned blocks, int tiles = 5) {
+    out.assign(128 * tiles * blocks, -1.0f);
     emulate_launch(pipeline_kernel, dim3(blocks), dim3(64), (8 + 256) * sizeof(float), nullptr, src.data(), out.data(),
                    tiles, fault);
-  };
-  launch(kPipeOk, 2);
-  CHECK(out == src);
-  // Without the wait for full the odd block's consumer, which runs first, reads both stages before they landed: NaN.
-  launch(kPipeNoFullWait, 2, 2);
-  CHECK(std::count_if(out.begin(), out.end(), [](float x) { return std::isnan(x); }) > 0);
-  // Skipping only tile 1's wait: in the odd block the consumer waits for tile 0, which the producer's lane 0 (the
-  // last to run there) completes; its arrival yields, so the consumer reads tile 1 before lane 0 has issued its copy,
-  // and every other lane's copy, issued, has not landed: tile 1's phase is incomplete. All of tile 1 is NaN.
-  launch(kPipeNoWaitAt1, 2, 2);
-  CHECK(std::count_if(out.begin() + 128, out.begin() + 256, [](float x) { return std::isnan(x); }) == 128);
+  }
+  // NaNs in block b's copy of tiles [t0, t1).
+  long nans(unsigned b, int tiles, int t0, int t1) const {
+    const auto first = out.begin() + 128 * (tiles * b + t0), last = out.begin() + 128 * (tiles * b + t1);
+    return std::count_if(first, last, [](float x) { return std::isnan(x); });
+  }
+};
+
+TEST_CASE("cuda_emu: mbarriers order a producer warp's cp.async stages and a consumer warp's reads",
+          "[cuda_emu][emulator]") {
+  Pipeline p;
+  p.launch(kPipeOk, 2);
+  CHECK(std::equal(p.src.begin(), p.src.end(), p.out.begin()));
+  CHECK(std::equal(p.src.begin(), p.src.end(), p.out.begin() + 640));
   // Without the wait for empty the producer fills tile 2 over tile 0 (and tile 4 over it) before the consumer took
   // them: the barriers' phases run ahead of the consumer, which at tile 1 waits for a parity that is current again
   // (stage 1 completed twice). A GPU hangs.
-  const auto [refill, refill_aborted] = run_aborting([&] { launch(kPipeNoEmptyWait, 1); });
+  const auto [refill, refill_aborted] = run_aborting([&] { p.launch(kPipeNoEmptyWait, 1); });
   CHECK(refill_aborted);
   CHECK(refill.find("EMU: deadlock") != std::string::npos);
-  const auto [overwrite, overwrite_aborted] = run_aborting([&] { launch(kPipeOverwrite, 1); });
+  const auto [overwrite, overwrite_aborted] = run_aborting([&] { p.launch(kPipeOverwrite, 1); });
   CHECK(overwrite_aborted);
   CHECK(overwrite.find("the mbarrier's shared memory was overwritten since its init") != std::string::npos);
   // One arrival short: the consumer waits for tile 0 forever (a deadlock), its copies never land.
-  const auto [missing, missing_aborted] = run_aborting([&] { launch(kPipeMissingArrival, 1); });
+  const auto [missing, missing_aborted] = run_aborting([&] { p.launch(kPipeMissingArrival, 1); });
   CHECK(missing_aborted);
   CHECK(missing.find("EMU: deadlock") != std::string::npos);
-  // The same with a consumer that waits for nothing: the block ends with both stages' phases one arrival short.
-  const auto [left, left_aborted] = run_aborting([&] { launch(kPipeMissingArrivalNoWait, 1, 2); });
+}
+
+// The faults that read shared memory without the wait that orders it: races, as TSan builds report them ([race]).
+TEST_CASE("cuda_emu: a consumer that skips an mbarrier wait reads its stage before it landed",
+          "[cuda_emu][emulator][race]") {
+  Pipeline p;
+  // Without the wait for full the odd block's consumer, which runs first, reads both stages before they landed: NaN.
+  p.launch(kPipeNoFullWait, 2, 2);
+  CHECK(p.nans(1, 2, 0, 2) > 0);
+  // Skipping only tile 1's wait: in the odd block the consumer waits for tile 0, which the producer's lane 0 (the
+  // last to run there) completes; its arrival yields, so the consumer reads tile 1 before lane 0 has issued its copy,
+  // and every other lane's copy, issued, has not landed: tile 1's phase is incomplete. All of tile 1 is NaN.
+  p.launch(kPipeNoWaitAt1, 2, 2);
+  CHECK(p.nans(1, 2, 1, 2) == 128);
+  // The same with a consumer that waits for nothing and lane 31 not arriving: the block ends with both stages'
+  // phases one arrival short.
+  const auto [left, left_aborted] = run_aborting([&] { p.launch(kPipeMissingArrivalNoWait, 1, 2); });
   CHECK(left_aborted);
   CHECK(left.find("block ended with an mbarrier phase incomplete (1 of 32 arrivals missing) and 31 cp.async copies") !=
         std::string::npos);
@@ -319,13 +340,18 @@ TEST_CASE("cuda_emu: named barriers order the warps that take part, with bar.arr
   std::vector<float> out(32, -1.0f);
   emulate_launch(named_barrier_kernel, dim3(1), dim3(96), 32 * sizeof(float), nullptr, out.data(), 1, 64);
   for (int i = 0; i < 32; ++i) CHECK(out[i] == static_cast<float>(i + 1));
-  // Without the barrier warp 0 runs first (an even block) and reads the row before warp 2 wrote it.
-  emulate_launch(named_barrier_kernel, dim3(1), dim3(96), 32 * sizeof(float), nullptr, out.data(), 0, 64);
-  CHECK(std::isnan(out[0]));
   const auto [mixed, mixed_aborted] = run_aborting(
       [&] { emulate_launch(named_barrier_kernel, dim3(1), dim3(96), 32 * sizeof(float), nullptr, out.data(), 1, 96); });
   CHECK(mixed_aborted);
   CHECK(mixed.find("thread counts differ within one phase") != std::string::npos);
+}
+
+TEST_CASE("cuda_emu: without its named barrier a warp reads the row another has not written yet",
+          "[cuda_emu][emulator][race]") {
+  std::vector<float> out(32, -1.0f);
+  // Warp 0 runs first (an even block) and reads the row before warp 2 wrote it.
+  emulate_launch(named_barrier_kernel, dim3(1), dim3(96), 32 * sizeof(float), nullptr, out.data(), 0, 64);
+  CHECK(std::isnan(out[0]));
 }
 
 TEST_CASE("cuda_emu: setmaxnreg is every warp of a warpgroup's, with one count", "[cuda_emu][emulator]") {

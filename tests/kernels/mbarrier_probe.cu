@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(256)
       stage[128 + lane] = static_cast<float>(t * 1000 + lane);
       mbarrier_arrive(&full[s]);
     }
-    flags[4] = 77.0f;
+    if (lane == 0) flags[4] = 77.0f;
     named_barrier_arrive(2, 160);
     return;
   }
