@@ -90,24 +90,19 @@ struct BwdKvWgmmaCfg {
 // bytes each; rows at or past `rows` zero-filled, their source not read).
 // NT: the block's threads (blockDim.x), which share the copies: thread t copies column piece t % 8 of rows t / 8,
 // t / 8 + NT / 8, ... (a loop of fixed count, unrolled).
-// copy_rows_sw128: the same by NT threads of which the caller is thread t (a warp-specialised kernel's copying warp).
-template <int ROWS, int NT>
-__device__ inline void copy_rows_sw128(unsigned char* dst, const bf16* src, int64_t ld, int row0, int rows, int t) {
+template <int ROWS = 64, int NT = kThreads>
+__device__ inline void copy_tile_sw128(unsigned char* dst, const bf16* src, int64_t ld, int row0, int rows) {
   static_assert(ROWS * 8 % NT == 0);
-  const int r0 = t / 8, c = (t % 8) * 8;
+#ifdef GPT_CUDA_EMULATOR
+  if (blockDim.x != NT) emu_fail("copy_tile_sw128: a block of other than NT threads");
+#endif
+  const int r0 = static_cast<int>(threadIdx.x) / 8, c = (static_cast<int>(threadIdx.x) % 8) * 8;
 #pragma unroll
   for (int j = 0; j < ROWS * 8 / NT; ++j) {
     const int r = r0 + j * (NT / 8), row = row0 + r;
     const bool in = row < rows;
     cp_async_16(dst + sw128_offset(r, c), src + (in ? static_cast<int64_t>(row) * ld : 0) + c, in ? 16u : 0u);
   }
-}
-template <int ROWS = 64, int NT = kThreads>
-__device__ inline void copy_tile_sw128(unsigned char* dst, const bf16* src, int64_t ld, int row0, int rows) {
-#ifdef GPT_CUDA_EMULATOR
-  if (blockDim.x != NT) emu_fail("copy_tile_sw128: a block of other than NT threads");
-#endif
-  copy_rows_sw128<ROWS, NT>(dst, src, ld, row0, rows, static_cast<int>(threadIdx.x));
 }
 
 // The producer warp's copy of rows [row0, row0 + ROWS) of a bf16 matrix (row stride ld) into a swizzled tile, as
@@ -233,11 +228,9 @@ __device__ __forceinline__ void finish_forward(bf16* out, float* lse, const floa
   store_rows<1, kD, kStageLd>(out, C, acc, 1.0f, stage, qw, T, lane);
 }
 
-// The warp-specialised forward (attention_wgmma_ws.cu, GPT_ATTENTION_WGMMA_WS): its largest block's shared memory,
-// and its launch at 2 or 3 consumer warpgroups (attention_forward_wgmma's arguments). Its shared memory (up to 125 KB)
-// and the warp-specialised dK/dV kernel's (up to 106 KB) are not in attention_wgmma_smem_bytes: sm_90 alone runs
-// them, which has 227 KB per block.
-size_t forward_ws_smem();
+// The warp-specialised forward (attention_wgmma_ws.cu, GPT_ATTENTION_WGMMA_WS): its launch at 2 or 3 consumer
+// warpgroups (attention_forward_wgmma's arguments). Its shared memory (up to 125 KB) and the warp-specialised dK/dV
+// kernel's (up to 106 KB) are not in attention_wgmma_smem_bytes: sm_90 alone runs them, which has 227 KB per block.
 void forward_ws(int consumers, bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, float scale_log2,
                 cudaStream_t stream);
 

@@ -234,8 +234,6 @@ void ws_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int 
 
 }  // namespace
 
-size_t forward_ws_smem() { return std::max(WsFwdCfg<2>::kBytes, WsFwdCfg<3>::kBytes); }
-
 void forward_ws(int consumers, bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, float scale_log2,
                 cudaStream_t stream) {
   GPT_CHECK(consumers == 2 || consumers == 3);
