@@ -127,7 +127,9 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 // Generic-proxy writes to shared memory (stores, cp.async after its wait) made visible to the async proxy (wgmma).
 __device__ __forceinline__ void fence_proxy_async() {
-#if defined(GPT_WGMMA_PTX)
+#ifdef GPT_CUDA_EMULATOR
+  emu_fence_proxy_async();
+#elif defined(GPT_WGMMA_PTX)
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }

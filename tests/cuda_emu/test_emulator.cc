@@ -62,6 +62,22 @@ void wgmma_kernel(int skip_warp, int skip_wg, int left_in_flight, int return_war
   emu_wgmma_commit();
   if (!left_in_flight) emu_wgmma_wait(0);
 }
+// The block's 128 threads write the 64 x 64 bf16 tile (ones) that wgmma_kernel's product reads, meet at
+// __syncthreads, and take that product; fence: 0 none, 1 fence_proxy_async after the writes (as a kernel must),
+// 2 before them.
+void fenced_wgmma_kernel(int fence, float* out) {
+  if (fence == 2) emu_fence_proxy_async();
+  auto* tile = reinterpret_cast<uint16_t*>(emu_smem);
+  for (int i = 0; i < 32; ++i) tile[32 * threadIdx.x + i] = 0x3f80;  // bf16 1.0
+  if (fence == 1) emu_fence_proxy_async();
+  __syncthreads();
+  const uint64_t desc = uint64_t{1} << 62 | uint64_t{1024 / 16} << 32 | uint64_t{16 / 16} << 16;
+  float d[32] = {};
+  emu_wgmma_m64nNk16(d, 64, nullptr, desc, false, desc, false, false);
+  emu_wgmma_commit();
+  emu_wgmma_wait(0);
+  out[threadIdx.x] = d[0];
+}
 // 128 bytes of static shared memory (as convert.py turns a `__shared__ float s[32]` into one).
 void static_smem_kernel() { static_cast<float*>(emu_shared_alloc(128))[threadIdx.x] = 1.0f; }
 // A kernel as convert.py writes one declared with __launch_bounds__(64).
@@ -215,6 +231,21 @@ TEST_CASE("cuda_emu: a warpgroup's threads issue the same wgmma instructions, an
   CHECK(flight_aborted);
   CHECK(flight.find("wgmma products not retired by a wgmma.wait_group (0 uncommitted, 1 groups in flight)") !=
         std::string::npos);
+}
+
+TEST_CASE("cuda_emu: wgmma reads shared memory written by stores only past a fence_proxy_async",
+          "[cuda_emu][emulator]") {
+  std::vector<float> out(128, 0.0f);
+  emulate_launch(fenced_wgmma_kernel, dim3(1), dim3(128), 8192, nullptr, 1, out.data());
+  CHECK(out[0] == 16.0f);  // a 16-long dot product of ones
+  CHECK(out[127] == 16.0f);
+  for (const int fence : {0, 2}) {
+    const auto [log, aborted] =
+        run_aborting([&] { emulate_launch(fenced_wgmma_kernel, dim3(1), dim3(128), 8192, nullptr, fence, out.data()); });
+    CHECK(aborted);
+    CHECK(log.find("wgmma reads shared memory written (a store, or a cp.async that landed) after the last "
+                   "fence_proxy_async") != std::string::npos);
+  }
 }
 
 TEST_CASE("cuda_emu: static and dynamic shared memory together within 48 KB, or the opt-in", "[cuda_emu][emulator]") {

@@ -155,6 +155,9 @@ struct EmuBlock {
   std::map<const void*, EmuMbarrier> mbarriers;      // by their shared-memory address
   EmuNamedBarrier named[16];                         // by id (0, __syncthreads', unused)
   size_t dynamic_bytes = 0;                          // the dynamic shared memory (at emu_smem)
+  // The dynamic shared memory as the async proxy (wgmma) sees it: a copy taken at block start and at each
+  // fence_proxy_async (emu_ptx.h).
+  std::vector<unsigned char> async_view;
   // What the launch may use, as a GPU counts it: the dynamic bytes asked for, and the static ones allocated so far;
   // without cudaFuncSetAttribute's opt-in (dynamic_optin 0) both within 48 KB, with it the opted-in dynamic size
   // and the static bytes within the device's shared memory per block (emu_shared_alloc checks).
@@ -869,6 +872,8 @@ void emu_run_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A.
       st->sm.reset(static_cast<float*>(std::aligned_alloc(128, smem_alloc)));
       for (size_t i = 0; i < smem_alloc / sizeof(float); ++i) { const uint32_t pat = 0x7fc07fc0u; std::memcpy(&st->sm[i], &pat, 4); }
       st->blk.dynamic_bytes = smem_alloc;
+      st->blk.async_view.assign(reinterpret_cast<const unsigned char*>(st->sm.get()),
+                                reinterpret_cast<const unsigned char*>(st->sm.get()) + smem_alloc);
       st->blk.dynamic_asked = smem;
       {
         const auto it = emu_smem_optin().find(reinterpret_cast<const void*>(kernel));

@@ -312,7 +312,11 @@ inline void emu_setmaxnreg(int count) {
 // flight: a refill before the wait, a P packed into the array a product still reads) or if the accumulators no
 // longer hold the NaN (written in flight). Each warp computes its own rows; the warpgroup as a whole is checked when
 // the block ends (cuda_runtime.h's emu_wgmma_check_block: its 128 threads issued the same wgmma instructions with
-// the same operands, and retired every product). Not modelled: the proxy fence (fence_proxy_async).
+// the same operands, and retired every product). The proxy fence: wgmma reads shared memory through the async
+// proxy, which sees generic-proxy writes (stores, cp.async copies as they land) only past a fence_proxy_async; the
+// emulator keeps a copy of the dynamic shared memory taken at each fence (any thread's: it does not track which
+// thread wrote what, so only a fence missing from every writer and reader, or one placed before the writes, shows)
+// and fails a product that, at its issue, reads an element that differs from that copy.
 inline uint32_t emu_smem_offset(const void* p) {
   const auto* c = static_cast<const unsigned char*>(p);
   const auto* dyn = reinterpret_cast<const unsigned char*>(emu_smem);
@@ -343,27 +347,40 @@ inline EmuSw128Desc emu_sw128_decode(uint64_t d) {
   return {static_cast<uint32_t>(d & 0x3FFF) << 4, static_cast<uint32_t>((d >> 16) & 0x3FFF) << 4,
           static_cast<uint32_t>((d >> 32) & 0x3FFF) << 4};
 }
-inline float emu_sw128_load(uint32_t addr) {
+inline void emu_fence_proxy_async() {
+  EmuTsanIgnore ignore;  // the whole block's shared memory, which its other threads write (in order, as fibers)
+  std::memcpy(emu_block->async_view.data(), emu_smem, emu_block->dynamic_bytes);
+}
+// at_issue: also checked against the async proxy's copy.
+inline float emu_sw128_load(uint32_t addr, bool at_issue) {
   addr ^= ((addr >> 7) & 7) << 4;
   const auto* base = reinterpret_cast<const unsigned char*>(emu_smem);
   if (!emu_in_shared(base + addr, 2)) emu_fail("wgmma operand outside the block's dynamic shared memory");
   uint16_t bits;
   std::memcpy(&bits, base + addr, 2);
+  if (at_issue) {
+    EmuTsanIgnore ignore;
+    if (std::memcmp(emu_block->async_view.data() + addr, &bits, 2) != 0) {
+      emu_fail("wgmma reads shared memory written (a store, or a cp.async that landed) after the last "
+               "fence_proxy_async: the async proxy may not see it");
+    }
+  }
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
 }
 // K-major operand element (row, k) (row < 64, k < 16) and MN-major B element (k, n) (k < 16, n < 64).
-inline float emu_kmajor(const EmuSw128Desc& d, int row, int k) {
-  return emu_sw128_load(d.start + (row / 8) * d.sbo + (row % 8) * 128 + 2 * k);
+inline float emu_kmajor(const EmuSw128Desc& d, int row, int k, bool at_issue) {
+  return emu_sw128_load(d.start + (row / 8) * d.sbo + (row % 8) * 128 + 2 * k, at_issue);
 }
-inline float emu_mnmajor(const EmuSw128Desc& d, int k, int n) {
+inline float emu_mnmajor(const EmuSw128Desc& d, int k, int n, bool at_issue) {
   if (d.lbo != d.sbo) emu_fail("wgmma MN-major descriptor with LBO != SBO (not a layout wgmma_ptx.cuh writes)");
-  return emu_sw128_load(d.start + (k / 8) * d.sbo + (k % 8) * 128 + 2 * n);
+  return emu_sw128_load(d.start + (k / 8) * d.sbo + (k % 8) * 128 + 2 * n, at_issue);
 }
 // One product m64nNk16 .f32.bf16.bf16 (N = 32 or 64) for this lane: out[i] = (accumulate ? in[i] : 0) + (A B)[its
 // element i]; A from registers `a` (its layout in wgmma_ptx.cuh; a warp exchange) or, when a is null, from desc_a
-// (K-major, or MN-major with a_mn: the transpose flag); B from desc_b, K-major or (b_mn) MN-major.
+// (K-major, or MN-major with a_mn: the transpose flag); B from desc_b, K-major or (b_mn) MN-major. at_issue: the
+// shared-memory operands also checked against the async proxy's view (emu_sw128_load).
 inline void emu_wgmma_product(float* out, int N, const uint32_t* a, uint64_t desc_a, bool a_mn, uint64_t desc_b,
-                              bool b_mn, const float* in, bool accumulate) {
+                              bool b_mn, const float* in, bool accumulate, bool at_issue) {
   const int lane = static_cast<int>(emu_lane), g = lane / 4, t = lane % 4;
   const int w = static_cast<int>(threadIdx.x / 32 % 4);
   float A[16][16];
@@ -383,13 +400,13 @@ inline void emu_wgmma_product(float* out, int N, const uint32_t* a, uint64_t des
     emu_warp_converge("wgmma");
     const EmuSw128Desc da = emu_sw128_decode(desc_a);
     for (int r = 0; r < 16; ++r)
-      for (int k = 0; k < 16; ++k) A[r][k] = a_mn ? emu_mnmajor(da, k, 16 * w + r) : emu_kmajor(da, 16 * w + r, k);
+      for (int k = 0; k < 16; ++k) A[r][k] = a_mn ? emu_mnmajor(da, k, 16 * w + r, at_issue) : emu_kmajor(da, 16 * w + r, k, at_issue);
   }
   const EmuSw128Desc db = emu_sw128_decode(desc_b);
   for (int i = 0; i < N / 2; ++i) {
     const int r = g + 8 * ((i / 2) % 2), n = 8 * (i / 4) + 2 * t + i % 2;
     double acc = accumulate ? in[i] : 0.0;
-    for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[r][k]) * (b_mn ? emu_mnmajor(db, k, n) : emu_kmajor(db, n, k));
+    for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[r][k]) * (b_mn ? emu_mnmajor(db, k, n, at_issue) : emu_kmajor(db, n, k, at_issue));
     out[i] = static_cast<float>(acc);
   }
 }
@@ -415,7 +432,7 @@ inline void emu_wgmma_m64nNk16(float* d, int N, const uint32_t* a, uint64_t desc
     }
     std::memcpy(res.in, in, sizeof(float) * res.n);
   }
-  emu_wgmma_product(res.v, N, a, desc_a, a_mn, desc_b, b_mn, res.in, accumulate);
+  emu_wgmma_product(res.v, N, a, desc_a, a_mn, desc_b, b_mn, res.in, accumulate, true);
   for (int i = 0; i < N / 2; ++i) d[i] = NAN;  // until the wait that retires it
   EmuTsanIgnore ignore;
   st.open.push_back(res);
@@ -442,7 +459,7 @@ inline void emu_wgmma_wait(int n) {
     }
     for (const EmuWgmmaResult& r : group) {  // every lane retires the same products in the same order
       float again[32];
-      emu_wgmma_product(again, 2 * r.n, r.a, r.desc_a, r.a_mn, r.desc_b, r.b_mn, r.in, r.accumulate);
+      emu_wgmma_product(again, 2 * r.n, r.a, r.desc_a, r.a_mn, r.desc_b, r.b_mn, r.in, r.accumulate, false);
       if (std::memcmp(again, r.v, sizeof(float) * r.n) != 0) {
         emu_fail("wgmma operands changed while it was in flight (A registers or shared memory written before the "
                  "wgmma.wait_group that retires it)");
