@@ -240,8 +240,8 @@ TEST_CASE("cuda_emu: wgmma reads shared memory written by stores only past a fen
   CHECK(out[0] == 16.0f);  // a 16-long dot product of ones
   CHECK(out[127] == 16.0f);
   for (const int fence : {0, 2}) {
-    const auto [log, aborted] =
-        run_aborting([&] { emulate_launch(fenced_wgmma_kernel, dim3(1), dim3(128), 8192, nullptr, fence, out.data()); });
+    const auto [log, aborted] = run_aborting(
+        [&] { emulate_launch(fenced_wgmma_kernel, dim3(1), dim3(128), 8192, nullptr, fence, out.data()); });
     CHECK(aborted);
     CHECK(log.find("wgmma reads shared memory written (a store, or a cp.async that landed) after the last "
                    "fence_proxy_async") != std::string::npos);
