@@ -49,11 +49,11 @@ __host__ __device__ constexpr int ws_load_regs(int consumers) { return consumers
 __host__ __device__ constexpr int ws_mma_regs(int consumers) { return consumers == 2 ? 240 : 160; }
 static_assert(128 * (ws_load_regs(2) + 2 * ws_mma_regs(2)) <= 384 * ws_launch_regs(384));
 static_assert(128 * (ws_load_regs(3) + 3 * ws_mma_regs(3)) <= 512 * ws_launch_regs(512));
-// Before a warp-specialised kernel's launch: that it was built with those registers. With fewer, its consumers'
-// setmaxnreg.inc would wait for registers the block never freed: a hang on the GPU, an error here instead. Asked once
-// per kernel (the caller's static). The emulator models no registers.
+// At each launch of a warp-specialised kernel (as set_smem's attribute, a host call of about a microsecond): that the
+// kernel launched was built with those registers. With fewer, its consumers' setmaxnreg.inc would wait for registers
+// the block never freed: a hang on the GPU, an error here instead. The emulator models no registers.
 template <class Kernel>
-bool ws_registers_checked(Kernel kernel, int threads) {
+void check_ws_registers(Kernel kernel, int threads) {
 #ifndef GPT_CUDA_EMULATOR
   cudaFuncAttributes attr{};
   GPT_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
@@ -63,7 +63,6 @@ bool ws_registers_checked(Kernel kernel, int threads) {
 #else
   (void)kernel, (void)threads;
 #endif
-  return true;
 }
 
 // The dK/dV kernel's shared memory at kWG warpgroups per block: K and V tiles of 64 kWG rows, then per stage a Q and
@@ -230,7 +229,7 @@ __device__ __forceinline__ void finish_forward(bf16* out, float* lse, const floa
 
 // The warp-specialised forward (attention_wgmma_ws.cu, GPT_ATTENTION_WGMMA_WS): its launch at 2 or 3 consumer
 // warpgroups (attention_forward_wgmma's arguments). Its shared memory (up to 125 KB) and the warp-specialised dK/dV
-// kernel's (up to 106 KB) are not in attention_wgmma_smem_bytes: sm_90 alone runs them, which has 227 KB per block.
+// kernel's (up to 134 KB) are not in attention_wgmma_smem_bytes: sm_90 alone runs them, which has 227 KB per block.
 void forward_ws(int consumers, bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, float scale_log2,
                 cudaStream_t stream);
 

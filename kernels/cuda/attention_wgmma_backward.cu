@@ -495,19 +495,12 @@ void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const flo
     kernel = kOverlapFits && overlap_enabled("bwd")
                  ? attention_backward_kv_wgmma_kernel<BQ, kOverlapFits, 3, false, true, true>
                  : attention_backward_kv_wgmma_kernel<BQ, false, 3, false, true, true>;
-    static const bool checked =
-        ws_registers_checked(attention_backward_kv_wgmma_kernel<BQ, kOverlapFits, 3, false, true, true>, threads) &&
-        ws_registers_checked(attention_backward_kv_wgmma_kernel<BQ, false, 3, false, true, true>, threads);
-    (void)checked;
+    check_ws_registers(kernel, threads);
   } else if constexpr (kWS) {
     kernel = overlap_enabled("bwd")    ? attention_backward_kv_wgmma_kernel<BQ, true, kWG, false, true, true>
              : registers_enabled("kv") ? attention_backward_kv_wgmma_kernel<BQ, false, kWG, true, true, true>
                                        : attention_backward_kv_wgmma_kernel<BQ, false, kWG, false, true, true>;
-    static const bool checked =
-        ws_registers_checked(attention_backward_kv_wgmma_kernel<BQ, true, kWG, false, true, true>, threads) &&
-        ws_registers_checked(attention_backward_kv_wgmma_kernel<BQ, false, kWG, false, true, true>, threads) &&
-        ws_registers_checked(attention_backward_kv_wgmma_kernel<BQ, false, kWG, true, true, true>, threads);
-    (void)checked;
+    check_ws_registers(kernel, threads);
   } else {
     kernel = overlap_enabled("bwd") ? attention_backward_kv_wgmma_kernel<BQ, true, kWG>
                                     : attention_backward_kv_wgmma_kernel<BQ, false, kWG>;

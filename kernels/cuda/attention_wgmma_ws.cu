@@ -223,8 +223,7 @@ void ws_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int 
                cudaStream_t stream) {
   const auto kernel = attention_forward_wgmma_ws_kernel<kWG>;
   constexpr int kBlockThreads = kThreads * (kWG + 1);
-  static const bool registers_checked = ws_registers_checked(kernel, kBlockThreads);
-  (void)registers_checked;
+  check_ws_registers(kernel, kBlockThreads);
   set_smem(kernel, WsFwdCfg<kWG>::kBytes);
   prefer_shared_memory(kernel);
   const dim3 grid(static_cast<unsigned>(ceil_div(T, kBQ * kWG)), static_cast<unsigned>(B * NH));
