@@ -5,7 +5,8 @@
 # With gpu-bundle/*.tar.* present it extracts the bundle to /tmp/gpt-bundle and sources its env.sh (the GPU
 # machine lacks OpenMPI, oneDNN, yaml-cpp, spdlog...); without one it builds with cmake (needs those there).
 # Steps, each PASS/FAIL/SKIP with seconds, and a summary printed LAST: GPU, libraries, the PTX probe (the
-# mma.sync/ldmatrix/cvt/cp.async layouts alone), CUDA backend parity (gpt_tests [cuda]), NCCL singleton (gpt_mpi_tests [nccl]), Shakespeare 20 steps cpu vs cuda (losses within
+# mma.sync/ldmatrix/cvt/cp.async layouts alone), CUDA backend parity (gpt_tests [cuda]; when it fails, its failed
+# cases again under each switch that undoes an unmeasured default, PARITY_BISECT: one INFO line each), NCCL singleton (gpt_mpi_tests [nccl]), Shakespeare 20 steps cpu vs cuda (losses within
 # 1e-4 relative; then sample's greedy ids from that model, and 2 fine-tuning steps from it, cpu vs cuda),
 # compute-sanitizer memcheck and racecheck (the attention kernels; in what is left after keeping
 # the bench's 230 s and the attention step's 100, else a SKIP that says so), scripts/bench/gpu_vs_pytorch.sh
@@ -137,6 +138,47 @@ if [ ! -x "$GPT_TRAIN" ]; then record FAIL "libraries" 0 "no binaries"
 elif [ -n "$missing" ]; then record FAIL "libraries" $((SECONDS - t0)) "missing: ${missing:0:300}"
 else record PASS "libraries" $((SECONDS - t0)) "CUDA libs: ${cuda_from:0:300}"; fi
 
+# failed_cases OUTPUT: the names of the test cases that failed in a Catch2 console OUTPUT of $GPT_TESTS "[cuda]~[ws]",
+# one per line as a test spec (',', '[', '*' and '\' escaped), for -f: each failure's header (between two lines of
+# dashes) starts with its case's name, wrapped at 80 columns; matched against the listed names without whitespace.
+failed_cases() {
+  "$GPT_TESTS" --list-test-names-only "[cuda]~[ws]" 2> /dev/null | python3 -c '
+import re, sys
+names = [n.rstrip("\n") for n in sys.stdin if n.strip()]
+lines = open(sys.argv[1], errors="replace").read().splitlines()
+squash = lambda s: re.sub(r"\s+", "", s)
+heads, i = [], 0
+while i < len(lines):
+    if re.fullmatch(r"-{20,}", lines[i]):
+        j = i + 1
+        while j < len(lines) and not re.fullmatch(r"-{20,}", lines[j]): j += 1
+        heads.append(squash("".join(lines[i + 1:j]))); i = j + 1
+    else:
+        i += 1
+for n in names:
+    if any(h.startswith(squash(n)) for h in heads):
+        print(re.sub(r"([\\,\[*])", r"\\\1", n))' "$1"
+}
+# parity_bisect: after a failed parity step (its output in $OUTF), its failed cases again under each switch that
+# undoes a default changed since the last GPU run, each a line of the summary: "passes with S" names the change S
+# undoes as the suspect; failing under all of them points at the changes that have no switch (see README's "GPUs").
+PARITY_BISECT=${PARITY_BISECT:-GPT_ATTENTION_WGMMA_BIAS=0 GPT_ATTENTION_WGMMA_DS_STAGE=0 GPT_ATTENTION_ORDER=head \
+  GPT_ATTENTION_WGMMA_FWD_BLOCKS=4 GPT_ATTENTION_WGMMA=fwd GPT_ATTENTION_WGMMA=0}
+parity_bisect() {
+  local spec=$WORK/parity_failed.txt sw n
+  failed_cases "$OUTF" > "$spec"
+  n=$(wc -l < "$spec")
+  if [ "$n" = 0 ]; then record INFO "parity bisect" 0 "no failed case found in the parity output"; return; fi
+  sed 's/^/      failed: /' "$spec" | tee -a "$LOG"
+  for sw in $PARITY_BISECT; do
+    run_step "parity with $sw" 45 env "$sw" "$GPT_TESTS" -f "$spec"
+    if [ "$RC" = 200 ]; then record SKIP "parity with $sw" 0 "no time left in the budget"
+    elif [ "$RC" = 0 ] && grep -q 'All tests passed' "$OUTF"; then
+      record INFO "parity with $sw" "$T" "the $n failed case(s) pass: the change it undoes is the suspect"
+    else record INFO "parity with $sw" "$T" "still fails (exit $RC): $(grep -oE 'test cases:.*' "$OUTF" | tail -1)"; fi
+  done
+}
+
 # --- b. CUDA backend parity (tests/kernels/backend_parity_test.cc)
 # First the PTX probe alone (its own line: whether mma.sync, ldmatrix, cvt and cp.async have the layouts the
 # attention kernels assume, apart from the kernels), then every [cuda] case, the warp-specialised ones ([ws]) last.
@@ -144,6 +186,7 @@ if wanted parity; then
   run_step "ptx probe" 30 "$GPT_TESTS" "PTX probe*"; judge "PTX probe (mma/ldmatrix)"
   grep -h "^PTX probe:" "$OUTF" | head -6 | cut -c1-200 | sed 's/^/      | /' | tee -a "$LOG"
   run_step "parity" 120 "$GPT_TESTS" "[cuda]~[ws]"; judge "parity [cuda]"
+  case $RC in 0 | 124 | 137 | 200) ;; *) [ "$gpus" -gt 0 ] && parity_bisect ;; esac
   # The warp-specialised kernels' cases (experiments; their mbarrier waits could hang where the emulator has not
   # seen it): apart, so that a hang costs only this step.
   run_step "parity ws" 60 "$GPT_TESTS" "[ws]"; judge "parity warp-specialised [ws]"
