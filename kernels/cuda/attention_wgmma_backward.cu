@@ -22,7 +22,7 @@ using namespace attention_wgmma_detail;
 
 // dK, dV for one 64-key tile of one (b, h), and dS^T into ds, as attention_mma_backward.cu's
 // attention_backward_kv_mma with kStoreDs (read it first), on wgmma: the warpgroup's 64 rows are the tile's keys
-// (warp w: keys k0 + 16 w..), summed over query tiles of BQ (32 or 64) in ascending order.
+// (warp w: keys k0 + 16 w..), summed over query tiles of BQ (32 or 64; 128 warp-specialised) in ascending order.
 //  - S^T = K Q^T and dP^T = V dO^T: m64nBQk16 from shared memory (K, V, and Q, dO as B^T, all K-major), 4 k-steps
 //    each, in one batch.
 //  - P^T and dS^T element by element as there (lse and D per query column, from the stage), packed to bf16 A
@@ -47,7 +47,11 @@ using namespace attention_wgmma_detail;
 // its lse and D (plain loads and stores, then an arrival on the same barrier: 64 arrivals a phase) into a ring of
 // kWsStages stages, refilling a stage once every consumer warp released it (`empty`); no consumer copies or meets
 // the whole block at a barrier. Each K/V slot is 9216 bytes (its warpgroup's staging rows at the end); one block
-// per SM; the same values.
+// per SM; the same values. ptxas allocates each consumer's code within setmaxnreg's count (240 registers at 2, 160
+// at 3), not the launch's share (168, 128), so at 2 the tiles may be larger: GPT_ATTENTION_WGMMA_BQ=128 takes 128
+// queries per step (S^T and dP^T as m64n128k16, FlashAttention-3's tile for head size 64: a quarter of 32's steps,
+// barrier waits and lse/D loads, and twice 64's product width; 170 KB of shared memory; ptxas: no spills).
+// Experiments not yet run on a GPU.
 constexpr int kv_min_blocks(int bq, bool overlap, int wg, bool kv_regs, bool ws) {
   return ws ? 1 : bq == 32 && !overlap ? (kv_regs ? 3 : 4) / wg : 0;
 }
@@ -58,6 +62,7 @@ __global__ void __launch_bounds__((kThreads * (kWG + (kWS ? 1 : 0))), kv_min_blo
                                        int64_t ds_ld, float* bias_partial, int sections) {
   using Cfg = BwdKvWgmmaCfg<BQ>;
   static_assert(!kWS || ((kWG == 2 || kWG == 3) && !(kOverlap && kKVRegs)));
+  static_assert(BQ == 32 || BQ == 64 || (BQ == 128 && kWS && kWG == 2 && !kOverlap && !kKVRegs && kStageDs));
   constexpr int NC = BQ / 16, kNT = kThreads * kWG, kKeys = kBK * kWG;  // the (consumer) threads and keys
   constexpr uint32_t kKVSlot = kWS ? kWsKVSlot : kTile;                 // a warpgroup's K (or V) tile's bytes
   constexpr int kStages = kWS ? kWsStages : 2;
@@ -101,7 +106,9 @@ __global__ void __launch_bounds__((kThreads * (kWG + (kWS ? 1 : 0))), kv_min_blo
   auto load_rows = [&](int qt) { rows.load(lse_bh, dvec_bh, qt, T); };
   auto store_rows_to = [&](int s) { rows.store(stage_lse(s), stage_dv(s)); };
   const int qt0 = k0 / BQ, num_qt = (T + BQ - 1) / BQ;  // from the tile holding query k0 (the diagonal) down
-  const int qt_wg = (k0 + kBK * wg) / BQ;               // this warpgroup's first (its diagonal)
+  // This warpgroup's first (its diagonal); none for a warpgroup whose keys all lie past T (and past dS^T's rows: at
+  // 128 queries per step the tile of its first key would be the block's first, whose queries its dS^T rows lack).
+  const int qt_wg = BQ > kBK && k0 + kBK * wg >= T ? num_qt : (k0 + kBK * wg) / BQ;
   if constexpr (kWS) {
     if (threadIdx.x == 0) {
       mbarrier_init(kv_full, kWarp);
@@ -275,8 +282,12 @@ __global__ void __launch_bounds__((kThreads * (kWG + (kWS ? 1 : 0))), kv_min_blo
 #pragma unroll
           for (int i = 0; i < 16 / kRowsAt; ++i) {
             const int r = i * kRowsAt + lane / kPieces, piece = lane % kPieces;
-            *reinterpret_cast<uint4*>(ds + (static_cast<int64_t>(bh) * ds_ld + kw + r) * ds_ld + q0 + 8 * piece) =
-                *reinterpret_cast<const uint4*>(ds_stage + r * Cfg::kDsLd + 16 * piece);
+            // ds's rows are T rounded up to 64 long: at 128 queries per step the last tile's second half may lie past
+            // them (all masked: nothing to store).
+            if (BQ <= 64 || q0 + 8 * piece < ds_ld) {
+              *reinterpret_cast<uint4*>(ds + (static_cast<int64_t>(bh) * ds_ld + kw + r) * ds_ld + q0 + 8 * piece) =
+                  *reinterpret_cast<const uint4*>(ds_stage + r * Cfg::kDsLd + 16 * piece);
+            }
           }
         }
       };
@@ -487,10 +498,13 @@ void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const flo
                         int T, int C, int NH, bf16* ds, int64_t ds_ld, float* bias_partial, cudaStream_t stream) {
   const size_t smem = kWS ? BwdKvWgmmaCfg<BQ>::ws_bytes(kWG) : BwdKvWgmmaCfg<BQ>::bytes(kWG);
   const int threads = kThreads * (kWG + (kWS ? 1 : 0));
-  decltype(&attention_backward_kv_wgmma_kernel<BQ, false, 1>) kernel = nullptr;  // every form has this type
-  if constexpr (kWS && kWG == 3) {
-    // In 128 registers K and V stay in shared memory, and the overlap fits at 32 queries per step alone (ptxas: the
-    // others spill, and serialise the products at 64); RS and OVERLAP at 64 are ignored here.
+  decltype(&attention_backward_kv_wgmma_kernel<32, false, 1>) kernel = nullptr;  // every form has this type
+  if constexpr (BQ == 128) {  // warp-specialised at 2, plain alone (240 registers a consumer thread; no spills)
+    kernel = attention_backward_kv_wgmma_kernel<128, false, 2, false, true, true>;
+    check_ws_registers(kernel, threads);
+  } else if constexpr (kWS && kWG == 3) {
+    // In a consumer's 160 registers K and V stay in shared memory, and the overlap fits at 32 queries per step alone
+    // (ptxas: the others spill, and serialise the products at 64); RS and OVERLAP at 64 are ignored here.
     constexpr bool kOverlapFits = BQ == 32;
     kernel = kOverlapFits && overlap_enabled("bwd")
                  ? attention_backward_kv_wgmma_kernel<BQ, kOverlapFits, 3, false, true, true>
@@ -560,7 +574,9 @@ void attention_backward_wgmma(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   GPT_CHECK(dqkv_bias == nullptr || (bias_partials != nullptr && reinterpret_cast<uintptr_t>(bias_partials) % 8 == 0));
   if (B == 0 || T == 0) return;
   float* partial = dqkv_bias != nullptr ? bias_partials : nullptr;
-  if (env_is("GPT_ATTENTION_WGMMA_BQ", "64")) {
+  if (env_is("GPT_ATTENTION_WGMMA_BQ", "128")) {  // the warp-specialised kernel at 2 consumers, whatever WS_KV says
+    backward_kv_launch<128, 2, true>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, partial, stream);
+  } else if (env_is("GPT_ATTENTION_WGMMA_BQ", "64")) {
     backward_kv_launch<64>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, partial, stream);
   } else {
     backward_kv_launch<32>(dqkv, dout, qkv, lse, dvec, B, T, C, NH, ds, ds_ld, partial, stream);

@@ -7,14 +7,15 @@
 //    when every consumer warp has released it (its `empty` mbarrier). No consumer issues a copy or waits at a barrier
 //    of the whole block: each waits for the stage it needs, and its loads run while it computes.
 //  - setmaxnreg moves registers from the producer (kLoadRegs) to the consumers (kMmaRegs), as FA3 does. ptxas
-//    (nvcc 13) still allocates within the launch bound's share, 168 at 384 threads and 128 at 512, and the kernels
-//    are written to fit those without spills.
+//    allocates the code after each setmaxnreg within its count (240 at kWG 2, 160 at 3; a kernel whose consumers hold
+//    200 live floats spills 532 bytes without the increase and none with it), though its -v line reports the launch
+//    bound's share (168 at 384 threads, 128 at 512).
 //  - At kWG 2 each consumer overlaps its products with its softmax, as attention_forward_wgmma_overlap_kernel does:
 //    tile kt's S = Q K_kt is issued together with tile kt - 1's O += P V, the softmax of S runs while the latter
 //    does, then O is rescaled and P packed into the registers the finished P V read (one P array, as FA3); and Q is
 //    held in registers (S's A fragments, as GPT_ATTENTION_WGMMA_RS's forward). At kWG 3 a consumer takes one tile at
-//    a time, as attention_forward_wgmma_kernel does, with Q from shared memory: in 128 registers the overlap spilled
-//    56 bytes; three warpgroups per SM interleave their products and softmax instead.
+//    a time, as attention_forward_wgmma_kernel does, with Q from shared memory: in its 160 registers the overlap
+//    spilled 56 bytes; three warpgroups per SM interleave their products and softmax instead.
 //    Stage kt % kWsStages is released once tile kt's P V has retired (K and V share a stage): three stages, so that
 //    with the overlap the producer refills one while the consumers read the other two.
 //  - The values: attention_wgmma.cu's forward on key tiles of 128 (GPT_ATTENTION_WGMMA_BK=128) bit for bit: the same

@@ -1,6 +1,6 @@
 // Warpgroup-level bf16 tensor-core instructions as inline PTX (sm_90a only: wgmma.mma_async), for kernels built
-// for that target alone (kernels/cuda/CMakeLists.txt's gpt_cuda_sm90a): wgmma m64n64k16 and m64n32k16 with fp32
-// accumulators (the layouts below are N = 64's; at N = 32, i < 16),
+// for that target alone (kernels/cuda/CMakeLists.txt's gpt_cuda_sm90a): wgmma m64n64k16, m64n32k16 and m64n128k16
+// with fp32 accumulators (the layouts below are N = 64's; at N = 32, i < 16; at N = 128, i < 64, B K-major only),
 // its fence / commit / wait, the shared-memory matrix descriptors for 128-byte-swizzled tiles, and the proxy
 // fence between generic-proxy writes (stores, cp.async) and wgmma's reads. In the CPU emulator (tests/cuda_emu),
 // the shim's emulations (emu_ptx.h), which read shared memory through the same descriptors and swizzle.
@@ -164,19 +164,36 @@ __device__ __forceinline__ void fence_operands(uint32_t (&a)[N][4]) {
   GPT_WGMMA_D16_OUT(d), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), \
       "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),      \
       "+f"(d[31])
+#define GPT_WGMMA_D64                                                                \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "          \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define GPT_WGMMA_D64_OUT(d)                                                                                       \
+  GPT_WGMMA_D32_OUT(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), \
+      "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]),      \
+      "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),      \
+      "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),      \
+      "+f"(d[63])
 #endif
 
-// d = A B (+ d where accumulate), m64nNk16 (N = 32 or 64): A (64 x 16) and B (16 x N) both from shared memory.
+// d = A B (+ d where accumulate), m64nNk16 (N = 32, 64 or 128): A (64 x 16) and B (16 x N) both from shared memory.
 // Without the transpose flags both are K-major (B given as its transpose, N rows of K: S = Q K^T with the Q and K
 // tiles as they are in memory); kTransA: A MN-major (K rows of M, M = 64: dQ = dS K from the kept dS^T tile);
 // kTransB: B MN-major (K rows of N).
 template <int N, int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(N == 32 || N == 64);
+  static_assert((N == 32 || N == 64 || N == 128) && (N < 128 || kTransB == 0));  // an MN-major B: one atom wide
 #ifdef GPT_CUDA_EMULATOR
   emu_wgmma_m64nNk16(d, N, nullptr, desc_a, kTransA != 0, desc_b, kTransB != 0, accumulate);
 #elif defined(GPT_WGMMA_PTX)
-  if constexpr (N == 64) {
+  if constexpr (N == 128) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " GPT_WGMMA_D64 ", %64, %65, p, 1, 1, %67, %68;\n}\n"
+        : GPT_WGMMA_D64_OUT(d)
+        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransA), "n"(kTransB));
+  } else if constexpr (N == 64) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " GPT_WGMMA_D32 ", %32, %33, p, 1, 1, %35, %36;\n}\n"
@@ -194,16 +211,23 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
 #endif
 }
 
-// d = A B (+ d where accumulate), m64nNk16 (N = 32 or 64): A (64 x 16) from registers (the layout above), B (16 x N)
-// from shared memory, K-major (B given as its transpose, N rows of K: S^T = K Q^T with K held in registers), or with
+// d = A B (+ d where accumulate), m64nNk16 (N = 32, 64 or 128): A (64 x 16) from registers (the layout above), B (16 x
+// N) from shared memory, K-major (B given as its transpose, N rows of K: S^T = K Q^T with K held in registers), or with
 // kTransB MN-major (K rows of N: O = P V with the V tile as it is in memory).
 template <int N, int kTransB>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
-  static_assert(N == 32 || N == 64);
+  static_assert((N == 32 || N == 64 || N == 128) && (N < 128 || kTransB == 0));  // an MN-major B: one atom wide
 #ifdef GPT_CUDA_EMULATOR
   emu_wgmma_m64nNk16(d, N, a, 0, false, desc_b, kTransB != 0, accumulate);
 #elif defined(GPT_WGMMA_PTX)
-  if constexpr (N == 64) {
+  if constexpr (N == 128) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " GPT_WGMMA_D64
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : GPT_WGMMA_D64_OUT(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kTransB));
+  } else if constexpr (N == 64) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " GPT_WGMMA_D32

@@ -1209,12 +1209,16 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
 // scripts/gpu/check.sh runs apart: a hang there leaves the other cases' results whole), warp-specialised
 // (GPT_ATTENTION_WGMMA_WS_KV=2: a producer warp and two consumer warpgroups; with K and V in registers too; and with
 // OVERLAP=1, its overlapped form, over WG2 and DS_STAGE=0, which it takes precedence over; =3: three consumer
-// warpgroups, alone and overlapped). Where the wgmma
+// warpgroups, alone and overlapped; and GPT_ATTENTION_WGMMA_BQ=128, 128 queries per step at two consumers, against
+// both 32's and 64's results: at T 64, 192 and 217 a tile's last queries lie past dS^T's rows). Where the wgmma
 // kernels do not run (not sm_90, not the emulator) every side is the mma.sync kernels'. The qkv bias gradient they
 // sum as they store dqkv (added to 10 + noise): the CPU's column sums of the dqkv written within the reduction bound
 // (once: not twice), the same bits in every variant, and under GPT_ATTENTION_WGMMA_BIAS=0 bias_backward's bit for bit.
-// Each variant: GPT_ATTENTION_WGMMA_ OVERLAP, WG2, FWD_BLOCKS, RS, DS_STAGE, WS_KV.
-using WgmmaVariant = std::tuple<const char*, const char*, const char*, const char*, const char*, const char*>;
+// Each variant: GPT_ATTENTION_WGMMA_ OVERLAP, WG2, FWD_BLOCKS, RS, DS_STAGE, WS_KV, and BQ where not null (else the
+// 32 or 64 of the results it is held to).
+struct WgmmaVariant {
+  const char *overlap, *wg2, *blocks, *rs, *stage, *ws_kv, *bq = nullptr;
+};
 void check_wgmma_variants(const char* what, const std::vector<WgmmaVariant>& variants) {
   Backend* gpu = cuda_or_skip(what);
   if (!gpu) return;
@@ -1262,11 +1266,12 @@ void check_wgmma_variants(const char* what, const std::vector<WgmmaVariant>& var
         gpu->bias_backward(g_sep.p(), g_d.p(), N, 3 * s.C);
         CHECK(std::get<3>(run()) == g_sep.read());
       }
-      for (const auto& [overlap, wg2, blocks, rs, stage, ws_kv] : variants) {
-        CAPTURE(overlap, wg2, blocks, rs, stage, ws_kv);
+      for (const auto& [overlap, wg2, blocks, rs, stage, ws_kv, bq_at] : variants) {
+        CAPTURE(overlap, wg2, blocks, rs, stage, ws_kv, bq_at != nullptr ? bq_at : bq);
         const testing::ScopedEnv e1("GPT_ATTENTION_WGMMA_OVERLAP", overlap), e2("GPT_ATTENTION_WGMMA_WG2", wg2),
             e3("GPT_ATTENTION_WGMMA_FWD_BLOCKS", blocks), e4("GPT_ATTENTION_WGMMA_RS", rs),
-            e5("GPT_ATTENTION_WGMMA_DS_STAGE", stage), e6("GPT_ATTENTION_WGMMA_WS_KV", ws_kv);
+            e5("GPT_ATTENTION_WGMMA_DS_STAGE", stage), e6("GPT_ATTENTION_WGMMA_WS_KV", ws_kv),
+            e7("GPT_ATTENTION_WGMMA_BQ", bq_at != nullptr ? bq_at : bq);
         const auto [out1, att1, dqkv1, bias1] = run();
         CHECK(std::memcmp(out0.data(), out1.data(), out0.size() * sizeof(bf16)) == 0);
         CHECK(std::memcmp(att0.data(), att1.data(), att0.size() * sizeof(float)) == 0);
@@ -1279,7 +1284,7 @@ void check_wgmma_variants(const char* what, const std::vector<WgmmaVariant>& var
   gpu->set_compute_dtype(DType::kF32);
 }
 TEST_CASE("parity: the wgmma attention's variants give the default kernels' results bit for bit", "[cuda]") {
-  check_wgmma_variants("wgmma variants", {WgmmaVariant{"1", "0", "5", "0", "1", "0"},
+  check_wgmma_variants("wgmma variants", {{"1", "0", "5", "0", "1", "0"},
                                           {"0", "1", "5", "0", "1", "0"},
                                           {"1", "1", "5", "0", "1", "0"},
                                           {"0", "0", "4", "0", "1", "0"},
@@ -1288,11 +1293,12 @@ TEST_CASE("parity: the wgmma attention's variants give the default kernels' resu
 }
 TEST_CASE("parity: the warp-specialised wgmma dK/dV kernel gives the default kernels' results bit for bit",
           "[cuda][ws]") {
-  check_wgmma_variants("wgmma warp-specialised dK/dV kernel", {WgmmaVariant{"0", "0", "5", "0", "1", "2"},
+  check_wgmma_variants("wgmma warp-specialised dK/dV kernel", {{"0", "0", "5", "0", "1", "2"},
                                                                {"0", "0", "5", "kv", "1", "2"},
                                                                {"1", "1", "5", "0", "0", "2"},
                                                                {"0", "0", "5", "0", "1", "3"},
-                                                               {"1", "0", "5", "0", "1", "3"}});
+                                                               {"1", "0", "5", "0", "1", "3"},
+                                                               {"0", "0", "5", "0", "1", "0", "128"}});
 }
 
 // The warp-specialised forward (GPT_ATTENTION_WGMMA_WS=2, 3: a producer warp, 2 or 3 consumer warpgroups, key tiles

@@ -108,11 +108,11 @@ struct EmuAsyncCopies {
 struct EmuWgmmaResult {
   float* d;
   int n;
-  float v[32];
+  float v[64];  // N / 2 of them (N up to 128)
   const uint32_t* a;  // A's registers, or null: A from desc_a
   uint64_t desc_a, desc_b;
   bool a_mn, b_mn, accumulate;
-  float in[32];  // the accumulators' input
+  float in[64];  // the accumulators' input
 };
 // The warpgroup as a whole: every wgmma instruction (mma_async, commit_group, wait_group) is the warpgroup's, so its
 // 128 threads must issue the same ones in the same order with the same operands (descriptors, shape, flags); each

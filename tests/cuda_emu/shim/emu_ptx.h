@@ -367,7 +367,7 @@ inline float emu_sw128_load(uint32_t addr, bool at_issue) {
   }
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
 }
-// K-major operand element (row, k) (row < 64, k < 16) and MN-major B element (k, n) (k < 16, n < 64).
+// K-major operand element (row, k) (row < 128, k < 16) and MN-major B element (k, n) (k < 16, n < 64).
 inline float emu_kmajor(const EmuSw128Desc& d, int row, int k, bool at_issue) {
   return emu_sw128_load(d.start + (row / 8) * d.sbo + (row % 8) * 128 + 2 * k, at_issue);
 }
@@ -375,7 +375,7 @@ inline float emu_mnmajor(const EmuSw128Desc& d, int k, int n, bool at_issue) {
   if (d.lbo != d.sbo) emu_fail("wgmma MN-major descriptor with LBO != SBO (not a layout wgmma_ptx.cuh writes)");
   return emu_sw128_load(d.start + (k / 8) * d.sbo + (k % 8) * 128 + 2 * n, at_issue);
 }
-// One product m64nNk16 .f32.bf16.bf16 (N = 32 or 64) for this lane: out[i] = (accumulate ? in[i] : 0) + (A B)[its
+// One product m64nNk16 .f32.bf16.bf16 (N = 32, 64 or 128; MN-major B at N <= 64) for this lane: out[i] = (accumulate ? in[i] : 0) + (A B)[its
 // element i]; A from registers `a` (its layout in wgmma_ptx.cuh; a warp exchange) or, when a is null, from desc_a
 // (K-major, or MN-major with a_mn: the transpose flag); B from desc_b, K-major or (b_mn) MN-major. at_issue: the
 // shared-memory operands also checked against the async proxy's view (emu_sw128_load).
@@ -414,6 +414,7 @@ inline void emu_wgmma_product(float* out, int N, const uint32_t* a, uint64_t des
 inline void emu_wgmma_m64nNk16(float* d, int N, const uint32_t* a, uint64_t desc_a, bool a_mn, uint64_t desc_b,
                                bool b_mn, bool accumulate) {
   if (blockDim.x % 128 != 0 || blockDim.y != 1 || blockDim.z != 1) emu_fail("wgmma in a block not of whole warpgroups");
+  if ((N != 32 && N != 64 && N != 128) || (N == 128 && b_mn)) emu_fail("wgmma: an N (or an MN-major B's N) not emulated");
   // The accumulators' input: this batch's pending result for d if there is one (chained products), else d itself.
   EmuWgmmaState& st = emu_wgmma_state();
   {
@@ -458,7 +459,7 @@ inline void emu_wgmma_wait(int n) {
       }
     }
     for (const EmuWgmmaResult& r : group) {  // every lane retires the same products in the same order
-      float again[32];
+      float again[64];
       emu_wgmma_product(again, 2 * r.n, r.a, r.desc_a, r.a_mn, r.desc_b, r.b_mn, r.in, r.accumulate, false);
       if (std::memcmp(again, r.v, sizeof(float) * r.n) != 0) {
         emu_fail("wgmma operands changed while it was in flight (A registers or shared memory written before the "
