@@ -62,7 +62,7 @@ __global__ void __launch_bounds__((kThreads * (kWG + (kWS ? 1 : 0))), kv_min_blo
                                        int64_t ds_ld, float* bias_partial, int sections) {
   using Cfg = BwdKvWgmmaCfg<BQ>;
   static_assert(!kWS || ((kWG == 2 || kWG == 3) && !(kOverlap && kKVRegs)));
-  static_assert(BQ == 32 || BQ == 64 || (BQ == 128 && kWS && kWG == 2 && !kOverlap && !kKVRegs && kStageDs));
+  static_assert(BQ == 32 || BQ == 64 || (BQ == 128 && kWS && kWG == 2 && !kKVRegs && kStageDs));
   constexpr int NC = BQ / 16, kNT = kThreads * kWG, kKeys = kBK * kWG;  // the (consumer) threads and keys
   constexpr uint32_t kKVSlot = kWS ? kWsKVSlot : kTile;                 // a warpgroup's K (or V) tile's bytes
   constexpr int kStages = kWS ? kWsStages : 2;
@@ -499,8 +499,11 @@ void backward_kv_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const flo
   const size_t smem = kWS ? BwdKvWgmmaCfg<BQ>::ws_bytes(kWG) : BwdKvWgmmaCfg<BQ>::bytes(kWG);
   const int threads = kThreads * (kWG + (kWS ? 1 : 0));
   decltype(&attention_backward_kv_wgmma_kernel<32, false, 1>) kernel = nullptr;  // every form has this type
-  if constexpr (BQ == 128) {  // warp-specialised at 2, plain alone (240 registers a consumer thread; no spills)
-    kernel = attention_backward_kv_wgmma_kernel<128, false, 2, false, true, true>;
+  if constexpr (BQ == 128) {
+    // Warp-specialised at 2 (240 registers a consumer thread): plain (ptxas: no spills) or overlapped (4 bytes of
+    // spills); with K and V in registers too it spilled 280, so RS is ignored here.
+    kernel = overlap_enabled("bwd") ? attention_backward_kv_wgmma_kernel<128, true, 2, false, true, true>
+                                    : attention_backward_kv_wgmma_kernel<128, false, 2, false, true, true>;
     check_ws_registers(kernel, threads);
   } else if constexpr (kWS && kWG == 3) {
     // In a consumer's 160 registers K and V stay in shared memory, and the overlap fits at 32 queries per step alone

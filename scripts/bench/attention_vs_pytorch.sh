@@ -25,7 +25,7 @@
 # (default,flash,cudnn,efficient), TIMEOUT (90 s per side and shape), ENV_VARIANTS (";"-separated, each a
 # space-separated list of VAR=value; on cuda by default the tiles head by head as before their order by length,
 # GPT_ATTENTION_ORDER=head, then on sm_90 in bf16 the wgmma kernels' experiments: GPT_ATTENTION_WGMMA_BQ=128 (the
-# warp-specialised dK/dV kernel at 128 queries per step), _WS=2, =3, _WS_KV=2, =3
+# warp-specialised dK/dV kernel at 128 queries per step; overlapped), _WS=2, =3, _WS_KV=2, =3
 # (alone, at BQ 64, overlapped),
 # GPT_ATTENTION_WGMMA_BQ=64,
 # _OVERLAP=1, both, _WG2=1, =kv, =dq, with BQ 64, with the overlap, _BK=128, with WG2=fwd, _FWD_BLOCKS=4, _RS=1,
@@ -54,7 +54,7 @@ if [[ -z ${ENV_VARIANTS+set} ]]; then
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 || true)
   if [[ $DEVICE == cuda && $DTYPE == bf16 && $cc == 9.0 ]]; then
     w=GPT_ATTENTION_WGMMA
-    ENV_VARIANTS="$ENV_VARIANTS;${w}_BQ=128;${w}_WS=2;${w}_WS=3;${w}_WS_KV=2;${w}_WS_KV=3;${w}_WS_KV=2 ${w}_BQ=64;${w}_WS_KV=2 ${w}_OVERLAP=bwd;${w}_WS_KV=3 ${w}_OVERLAP=bwd;${w}_BQ=64;${w}_OVERLAP=1;${w}_BQ=64 ${w}_OVERLAP=1;${w}_WG2=1;${w}_WG2=kv;${w}_WG2=dq"
+    ENV_VARIANTS="$ENV_VARIANTS;${w}_BQ=128;${w}_BQ=128 ${w}_OVERLAP=bwd;${w}_WS=2;${w}_WS=3;${w}_WS_KV=2;${w}_WS_KV=3;${w}_WS_KV=2 ${w}_BQ=64;${w}_WS_KV=2 ${w}_OVERLAP=bwd;${w}_WS_KV=3 ${w}_OVERLAP=bwd;${w}_BQ=64;${w}_OVERLAP=1;${w}_BQ=64 ${w}_OVERLAP=1;${w}_WG2=1;${w}_WG2=kv;${w}_WG2=dq"
     ENV_VARIANTS="$ENV_VARIANTS;${w}_WG2=1 ${w}_BQ=64;${w}_WG2=1 ${w}_OVERLAP=1;${w}_BK=128;${w}_BK=128 ${w}_WG2=fwd"
     ENV_VARIANTS="$ENV_VARIANTS;${w}_FWD_BLOCKS=4;${w}_RS=1;${w}_RS=1 ${w}_BQ=64;${w}_DS_STAGE=0;$w=0"
   fi

@@ -49,8 +49,8 @@
 # stored from its fragments as before it was staged, GPT_ATTENTION_WGMMA_DS_STAGE=0; the qkv bias gradient by
 # bias_backward as before the wgmma backward summed it, GPT_ATTENTION_WGMMA_BIAS=0; the weight gradients on their own
 # stream, GPT_GEMM_WGRAD_STREAM=1; the fc bias gradient from the DGELU GEMM's epilogue, GPT_GEMM_DGELU_BGRAD=1; the
-# warp-specialised dK/dV kernel at 128 queries per step, GPT_ATTENTION_WGMMA_BQ=128; the warp-specialised kernels,
-# GPT_ATTENTION_WGMMA_WS=2, =3, _WS_KV=2, =3, overlapped;
+# warp-specialised dK/dV kernel at 128 queries per step, GPT_ATTENTION_WGMMA_BQ=128, overlapped; the
+# warp-specialised kernels, GPT_ATTENTION_WGMMA_WS=2, =3, _WS_KV=2, =3, overlapped;
 # the tiles every product of a block multiplies held in registers, GPT_ATTENTION_WGMMA_RS=1; the wgmma dK/dV kernel at 64 queries per step, GPT_ATTENTION_WGMMA_BQ=64;
 # the kernels with their element-wise work
 # overlapping their products, GPT_ATTENTION_WGMMA_OVERLAP=1; blocks of two warpgroups, GPT_ATTENTION_WGMMA_WG2=1;
@@ -189,7 +189,8 @@ if [[ -z ${VARIANTS+set} ]]; then
     # runs the first few.
     VARIANTS="GPT_ATTENTION_ORDER=head;GPT_ATTENTION_WGMMA_DS_STAGE=0;GPT_ATTENTION_WGMMA_BIAS=0"
     VARIANTS="$VARIANTS;GPT_GEMM_WGRAD_STREAM=1;GPT_GEMM_DGELU_BGRAD=1"
-    VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=128;GPT_ATTENTION_WGMMA_WS=2;GPT_ATTENTION_WGMMA_WS=3"
+    VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_BQ=128;GPT_ATTENTION_WGMMA_BQ=128 GPT_ATTENTION_WGMMA_OVERLAP=bwd"
+    VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_WS=2;GPT_ATTENTION_WGMMA_WS=3"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_WS_KV=2"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_WS_KV=3;GPT_ATTENTION_WGMMA_WS_KV=2 GPT_ATTENTION_WGMMA_OVERLAP=bwd"
     VARIANTS="$VARIANTS;GPT_ATTENTION_WGMMA_RS=1;GPT_ATTENTION_WGMMA_BQ=64"

@@ -1209,7 +1209,8 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
 // scripts/gpu/check.sh runs apart: a hang there leaves the other cases' results whole), warp-specialised
 // (GPT_ATTENTION_WGMMA_WS_KV=2: a producer warp and two consumer warpgroups; with K and V in registers too; and with
 // OVERLAP=1, its overlapped form, over WG2 and DS_STAGE=0, which it takes precedence over; =3: three consumer
-// warpgroups, alone and overlapped; and GPT_ATTENTION_WGMMA_BQ=128, 128 queries per step at two consumers, against
+// warpgroups, alone and overlapped; and GPT_ATTENTION_WGMMA_BQ=128, 128 queries per step at two consumers (alone and
+// overlapped), against
 // both 32's and 64's results: at T 64, 192 and 217 a tile's last queries lie past dS^T's rows). Where the wgmma
 // kernels do not run (not sm_90, not the emulator) every side is the mma.sync kernels'. The qkv bias gradient they
 // sum as they store dqkv (added to 10 + noise): the CPU's column sums of the dqkv written within the reduction bound
@@ -1298,7 +1299,8 @@ TEST_CASE("parity: the warp-specialised wgmma dK/dV kernel gives the default ker
                                                                {"1", "1", "5", "0", "0", "2"},
                                                                {"0", "0", "5", "0", "1", "3"},
                                                                {"1", "0", "5", "0", "1", "3"},
-                                                               {"0", "0", "5", "0", "1", "0", "128"}});
+                                                               {"0", "0", "5", "0", "1", "0", "128"},
+                                                               {"1", "0", "5", "0", "1", "0", "128"}});
 }
 
 // The warp-specialised forward (GPT_ATTENTION_WGMMA_WS=2, 3: a producer warp, 2 or 3 consumer warpgroups, key tiles
