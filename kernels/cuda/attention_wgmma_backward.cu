@@ -33,7 +33,7 @@ using namespace attention_wgmma_detail;
 // kWG warpgroups per block (GPT_ATTENTION_WGMMA_WG2 kv: 2), each with its own 64 keys, sharing the Q and dO tiles; a
 // warpgroup starts at the query tile of its first key (the block's first ones are past its keys at 2).
 // At 32 queries per step (not overlapped) four warpgroups per SM: at most 128 registers (ptxas: 128 with one
-// warpgroup, and 8 bytes of spills with two).
+// warpgroup, and 52 bytes of spills with two).
 // kKVRegs (GPT_ATTENTION_WGMMA_RS kv): S^T's and dP^T's A, the warpgroup's K and V rows, from registers
 // (load_a_sw128 once, at the first query tile) instead of from shared memory at every product; three blocks per SM.
 // kStageDs: each warp's dS^T block (16 keys x BQ queries) goes through its shared staging rows, then to global memory
