@@ -165,17 +165,16 @@ class Matmul {
   static size_t backward_dgelu_scratch_bytes(int64_t N, int C, int OC);
 
  private:
-  // The epilogue's activation part; aux: the GELU input (ld = ldc). kBGradB: `bias` is an output instead, fp32 (n
-  // elements, 16-byte aligned): the column sums of op(B) over k, cuBLASLt's BGRADB (bf16 A and B, fp32 C only).
-  // kDGeluBGrad: kDGelu, and `bias` an output, fp32 (m elements, 16-byte aligned): C's row sums (DGELU_BGRAD).
-  enum class Act { kNone, kGeluAux, kDGelu, kBGradB, kDGeluBGrad };
+  // The epilogue's activation part; aux: the GELU input (ld = ldc). kDGeluBGrad: kDGelu, and `bias` an output instead,
+  // fp32 (m elements, 16-byte aligned): C's row sums (DGELU_BGRAD). The values are part of GPT_GEMM_ALGO_CACHE's keys
+  // (3 was the weight gradients' BGRADB experiment, removed).
+  enum class Act { kNone = 0, kGeluAux = 1, kDGelu = 2, kDGeluBGrad = 4 };
   // A stream and the cuBLASLt workspace (kWorkspaceBytes of device memory, the owner's) its GEMMs use.
   struct Lane {
     cudaStream_t stream = nullptr;
     void* workspace = nullptr;
   };
-  // Returns false only for kBGradB and kDGeluBGrad when cuBLASLt has no algorithm for them (then nothing ran); true
-  // otherwise.
+  // Returns false only for kDGeluBGrad when cuBLASLt has no algorithm for it (then nothing ran); true otherwise.
   bool gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
             const void* b, int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc, float beta, const void* bias,
             Act act = Act::kNone, const void* aux = nullptr);

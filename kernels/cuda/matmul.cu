@@ -8,8 +8,7 @@
 // inputs (the mixed-precision policy) A and B are bf16 and the tensor cores multiply them, still
 // accumulating and writing fp32 (or, for the forward and the input gradient, a bf16 output rounded once); the only
 // difference from fp32 is the rounding of the inputs. dbias gets a deterministic fp32 column sum of dout as the GEMMs
-// take it (partials over fixed row chunks, then added in chunk order). GPT_GEMM_BGRAD=1 (an experiment) sums it in
-// the weight-gradient GEMM instead, with cuBLASLt's BGRADB epilogue.
+// take it (partials over fixed row chunks, then added in chunk order).
 #include <cublasLt.h>
 #include <unistd.h>
 
@@ -57,19 +56,8 @@ int gemm_algos_to_time() {
   const int n = std::atoi(v);
   return n >= 2 && n <= 16 ? n : 1;
 }
-// GPT_GEMM_SPLITK=S (2..16): an experiment for a GPU session: the weight-gradient GEMMs (beta 1) take the heuristic's
-// algorithm with S k-splits, reduced in fp32 in a separate deterministic step (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE),
-// where cuBLASLt's check accepts that configuration (else the heuristic's as it is, logged). Their outputs are small
-// (768 x 768 for the attention projection: 36 tiles of 128 x 128 for 132 SMs) and their k long (the B*T rows). Under
-// GPT_GEMM_ALGOS too, the timing then chooses among the heuristic's own algorithms (without the k-splits).
-int gemm_splitk() {
-  const char* v = std::getenv("GPT_GEMM_SPLITK");
-  if (v == nullptr) return 1;
-  const int n = std::atoi(v);
-  return n >= 2 && n <= 16 ? n : 1;
-}
 // GPT_GEMM_ALGO_CACHE=FILE: the algorithm per GEMM shape kept in FILE, as PyTorch's TunableOp keeps its results
-// file. A shape FILE holds takes its algorithm from there, before GPT_GEMM_SPLITK and GPT_GEMM_ALGOS (cuBLASLt must
+// file. A shape FILE holds takes its algorithm from there, before GPT_GEMM_ALGOS (cuBLASLt must
 // accept it: cublasLtMatmulAlgoCheck); a shape it does not hold, timed under GPT_GEMM_ALGOS, is added to it (the file
 // rewritten whole, atomically; a run that will time writes it at its start, so that one that cannot stops before its
 // timings are lost); otherwise the heuristic's. So one run with GPT_GEMM_ALGOS=8 chooses by timing and every later
@@ -228,19 +216,14 @@ __global__ void bias_sum_kernel(float* dbias, const float* partial, int64_t chun
   dbias[oc] += s;
 }
 
-// GPT_GEMM_BGRAD=1 (read at each call): with bf16 inputs and a weight gradient to compute, cuBLASLt's BGRADB epilogue
-// sums the bias gradient inside the weight-gradient GEMM (which reads dout anyway) into scratch, then one small kernel
-// adds that to dbias (the epilogue overwrites; dbias accumulates across micro-batches); where cuBLASLt has no BGRADB
-// algorithm for the shape, the kernels as without it. Off by default: on an H200 at GPT-2 124M's shapes the epilogue
-// made each weight-gradient GEMM slower by more than the kernel it saves (the qkv's 85 -> 119 us against a 25 us
-// kernel; the fc's 111 -> 152 against 46). The sums differ from the kernels' in order, so in the last bits.
-bool bgrad_epilogue_enabled() { return env_is("GPT_GEMM_BGRAD", "1"); }
 // GPT_GEMM_DGELU_BGRAD=1 (read at each call; an experiment not yet measured on a GPU): the fc bias's gradient from the
 // DGELU GEMM's own epilogue (DGELU_BGRAD: the row sums of what it stores, in fp32 before the bf16 rounding) instead
 // of bias_backward's pass over dpre (100 MB per layer at GPT-2 124M's batch 16: 46 us on the H200), where cuBLASLt
-// has such an algorithm; the sums differ from the kernel's in order and by the rounding, in the last bits. BGRADB
-// made the weight-gradient GEMMs slower than the kernel it saved (above); this says whether the DGELU GEMM, already
-// off cuBLASLt's fastest kernels (140 us where its shape runs in 100 without the epilogue), pays as much.
+// has such an algorithm; the sums differ from the kernel's in order and by the rounding, in the last bits. The
+// weight-gradient GEMMs' BGRADB epilogue, tried on an H200 (an experiment since removed), made each of them slower
+// than the kernel it saved (the qkv's 85 -> 119 us against a 25 us kernel; the fc's 111 -> 152 against 46); this says
+// whether the DGELU GEMM, already off cuBLASLt's fastest kernels (140 us where its shape runs in 100 without the
+// epilogue), pays as much.
 bool dgelu_bgrad_enabled() { return env_is("GPT_GEMM_DGELU_BGRAD", "1"); }
 
 cublasLtHandle_t lt(void* h) { return static_cast<cublasLtHandle_t>(h); }
@@ -271,7 +254,7 @@ struct Matmul::AlgoCache {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
     cublasLtMatmulAlgo_t algo{};
-    bool usable = true;  // false: kBGradB with no algorithm (gemm returns false)
+    bool usable = true;  // false: kDGeluBGrad with no algorithm (gemm returns false)
   };
   std::map<std::array<int64_t, 16>, Plan> plans;
   std::optional<AlgoFile> file;  // GPT_GEMM_ALGO_CACHE's
@@ -378,21 +361,19 @@ void Matmul::join_gradients(const Lane& lane) {
 // Column-major C(m,n) = op(A) op(B) + beta C [+ bias(m) broadcast over columns]; C fp32, or bf16 (beta 0, and a bias
 // only through the epilogue: the bf16 result is rounded once, from the fp32 sum with the bias). act kGeluAux: C =
 // GELU(sum) and aux (m, n; ld ldc, C's type) = the sum; kDGelu: C = GELU'(aux) * sum (aux read); both bf16 only.
-// kBGradB, kDGeluBGrad: `bias` is an output (kernels.h); false then where cuBLASLt has no algorithm for it (nothing
+// kDGeluBGrad: `bias` is an output (kernels.h); false then where cuBLASLt has no algorithm for it (nothing
 // ran).
 bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                   int64_t lda, const void* b, int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc,
                   float beta, const void* bias, Act act, const void* aux) {
-  const bool bgrad = act == Act::kBGradB, dgelu_bgrad = act == Act::kDGeluBGrad;
-  const bool bias_out = bgrad || dgelu_bgrad;  // `bias` is the epilogue's output
+  const bool dgelu_bgrad = act == Act::kDGeluBGrad, bias_out = dgelu_bgrad;  // bias_out: `bias` is its output
   // The bias epilogue wants a 16-byte aligned vector; parameters sit at any float offset in their unit's flat
   // buffer, so an unaligned fp32 bias is added by a kernel after the GEMM instead.
   const bool bias_epilogue = !bias_out && bias != nullptr && alignment(bias) >= 16;
   const bool c_bf16 = c_type == DType::kBF16;
   GPT_CHECK(!c_bf16 || (ab_type == DType::kBF16 && beta == 0.0f && (bias == nullptr || bias_epilogue || dgelu_bgrad)));
-  GPT_CHECK(act == Act::kNone || bgrad ||
+  GPT_CHECK(act == Act::kNone ||
             (c_bf16 && aux != nullptr && ldc % 8 == 0 && (act == Act::kGeluAux || dgelu_bgrad || !bias)));
-  GPT_CHECK(!bgrad || (ab_type == DType::kBF16 && !c_bf16 && bias != nullptr && alignment(bias) >= 16));
   GPT_CHECK(!dgelu_bgrad || (bias != nullptr && alignment(bias) >= 16));
   // cuBLASLt assumes 256-byte aligned matrices unless told otherwise; ours are offsets into flat buffers. The
   // bias's and the GELU input's alignments it reads off the pointers the heuristic is given (cublasLt.h: routines
@@ -418,7 +399,6 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
     cublasLtEpilogue_t epi = bias_epilogue ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     if (act == Act::kGeluAux) epi = bias_epilogue ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     if (act == Act::kDGelu) epi = CUBLASLT_EPILOGUE_DGELU;
-    if (bgrad) epi = CUBLASLT_EPILOGUE_BGRADB;  // into `bias`, C's type (fp32): cuBLASLt's default
     if (dgelu_bgrad) {  // into `bias` in fp32, where C is bf16 (cuBLASLt's default would be C's type)
       epi = CUBLASLT_EPILOGUE_DGELU_BGRAD;
       const cudaDataType_t bias_type = CUDA_R_32F;
@@ -469,9 +449,8 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
     const bool usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && heuristic.state == CUBLAS_STATUS_SUCCESS;
     if (bias_out && !usable) {  // the caller sums the bias gradient itself; the plan remembers, so asked once
       it->second.usable = false;
-      log_info(std::string("cuBLASLt has no ") + (bgrad ? "BGRADB" : "DGELU_BGRAD") + " algorithm for the GEMM m " +
-               std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
-               ": its bias gradient is summed by a kernel");
+      log_info(std::string("cuBLASLt has no DGELU_BGRAD algorithm for the GEMM m ") + std::to_string(m) + " n " +
+               std::to_string(n) + " k " + std::to_string(k) + ": its bias gradient is summed by a kernel");
       return false;
     }
     GPT_CHECK_MSG(act == Act::kNone || usable,
@@ -493,24 +472,6 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
                      " (delete the file to choose again)")
                         .c_str());
       it->second.algo = kept;
-    } else if (beta != 0.0f && gemm_splitk() > 1) {
-      cublasLtMatmulAlgo_t split = heuristic.algo;
-      const int32_t splits = gemm_splitk();
-      const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-      cublasLtMatmulHeuristicResult_t checked{};
-      const bool ok = cublasLtMatmulAlgoConfigSetAttribute(&split, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
-                                                           sizeof(splits)) == CUBLAS_STATUS_SUCCESS &&
-                      cublasLtMatmulAlgoConfigSetAttribute(&split, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                                           sizeof(scheme)) == CUBLAS_STATUS_SUCCESS &&
-                      cublasLtMatmulAlgoCheck(lt(handle_), p.op, p.la, p.lb, p.lc, p.lc, &split, &checked) ==
-                          CUBLAS_STATUS_SUCCESS &&
-                      checked.workspaceSize <= kWorkspaceBytes;
-      log_info("GPT_GEMM_SPLITK: GEMM m " + std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
-               (ok ? ": " + std::to_string(splits) + " k-splits (" + algo_config(split) + ", workspace " +
-                         std::to_string(checked.workspaceSize) + " B)"
-                   : ": cuBLASLt refuses " + std::to_string(splits) + " k-splits on the heuristic's algorithm (" +
-                         algo_config(heuristic.algo) + "); kept as it is"));
-      if (ok) it->second.algo = split;
     }
     if (!in_file && asked > 1) {
       const AlgoCache::Plan& q = it->second;
@@ -534,7 +495,6 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
                                 (bias_epilogue ? " +bias" : "") + (beta != 0.0f ? " beta 1" : "") +
                                 (act == Act::kGeluAux ? " +gelu"
                                  : act == Act::kDGelu ? " +dgelu"
-                                 : bgrad              ? " +bgradb"
                                  : dgelu_bgrad        ? " +dgelu +bgrad"
                                                       : "");
       it->second.algo = fastest_algo(results.data(), found, run, lane.stream, shape);
@@ -627,16 +587,7 @@ bool Matmul::backward_dgelu(bf16* dpre, const bf16* pre, float* dpre_bias, float
 
 void Matmul::dweight_dbias(const Lane& lane, float* dweight, float* dbias, const void* dout, const void* inp,
                            DType type, int64_t N, int C, int OC, int64_t ld, void* scratch) {
-  // dweight^T(C, OC) += inp^T(C, N) dout(N, OC): op(B) is dout, k the rows, so BGRADB's column sums are dbias's.
-  if (dweight != nullptr && dbias != nullptr && type == DType::kBF16 && scratch != nullptr &&
-      alignment(scratch) >= 16 && bgrad_epilogue_enabled()) {
-    auto* sums = static_cast<float*>(scratch);  // OC floats of bias_backward_scratch_bytes(N, OC)
-    if (gemm(lane, false, true, C, OC, N, inp, C, dout, ld, type, dweight, DType::kF32, C, 1.0f, sums, Act::kBGradB)) {
-      bias_sum_kernel<<<static_cast<unsigned>(ceil_div(OC, kWarp)), kWarp, 0, lane.stream>>>(dbias, sums, 1, OC);
-      GPT_CUDA_CHECK_LAUNCH();
-      return;
-    }
-  }
+  // dweight^T(C, OC) += inp^T(C, N) dout(N, OC).
   if (dweight != nullptr) {
     gemm(lane, false, true, C, OC, N, inp, C, dout, ld, type, dweight, DType::kF32, C, 1.0f, nullptr);
   }

@@ -69,10 +69,10 @@
 # prints both sides' device time per step by kind: GEMMs, attention, cross-entropy, optimizer, the rest),
 # GPT_TRAIN_CUDA_PROFILE (passed
 # through; when 1 the whole gpt-train log, with its per-op table, is printed), KEEP=1 keeps the temp dir.
-# GPT_GEMM_ALGOS=N, GPT_GEMM_ALGO_CACHE=FILE, GPT_GEMM_BGRAD=1, GPT_GEMM_DGELU_BGRAD=1, GPT_GEMM_SPLITK=S,
+# GPT_GEMM_ALGOS=N, GPT_GEMM_ALGO_CACHE=FILE, GPT_GEMM_DGELU_BGRAD=1,
 # GPT_GEMM_WGRAD_STREAM=1, GPT_ATTENTION_FWD_ROWS=32, GPT_ATTENTION_BWD_BLOCKS=2, GPT_ATTENTION_DQ=recompute, GPT_ATTENTION_ORDER=head and
 # GPT_ATTENTION_WGMMA* (the CUDA switches in kernels/cuda/switches.h) pass through to gpt-train too; under
-# GPT_GEMM_ALGOS (and GPT_GEMM_SPLITK) its per-shape timings are printed after its log's last lines.
+# GPT_GEMM_ALGOS its per-shape timings are printed after its log's last lines.
 # Budget: under 4 minutes on one H200 with the defaults before the variants (the two timeouts sum to 210 s), each
 # variant at most VARIANT_TIMEOUT more. Exit status: 0; 1 when a side failed or timed out (after all the output);
 # 2 for a bad setting.
@@ -269,7 +269,7 @@ elif ((GPT_OK)); then
   echo "--- gpt-train log, last 8 lines ($GPT_WALL s) ---"
   tail -n 8 "$TMP/gpt.log"
   # GPT_GEMM_ALGOS=N (kernels/cuda/matmul.cu): each GEMM shape's timed algorithms and the one chosen.
-  grep -h 'GPT_GEMM_ALGOS:\|GPT_GEMM_SPLITK:' "$TMP/gpt.log" | sed 's/^.*GPT_GEMM_\(ALGOS\|SPLITK\): /  gemm algorithms: /' |
+  grep -h 'GPT_GEMM_ALGOS:' "$TMP/gpt.log" | sed 's/^.*GPT_GEMM_ALGOS: /  gemm algorithms: /' |
     cut -c1-2000 || true
 else
   echo "--- gpt-train FAILED: $(why "$GPT_RC" "$GPT_TIMEOUT") after $GPT_WALL s; last 30 lines of its log ---"
@@ -490,8 +490,8 @@ print(f"  [{variant}] {tok:,.0f} tokens/s, {ms:.1f} ms/step, MFU {100 * tok * re
       f" {vs(ref['gpt_tok'])} the run above, {vs(ref['torch_tok'])} PyTorch, peak {mem / 2**30:.2f} GiB ({wall} s)")
 EOF
   then :; else echo "  [$variant] ran, but its metrics.jsonl could not be read"; fi
-  grep -h 'GPT_GEMM_ALGOS:\|GPT_GEMM_SPLITK:' "$TMP/variant.log" |
-    sed 's/^.*GPT_GEMM_\(ALGOS\|SPLITK\): /    gemm algorithms: /' | cut -c1-2000 || true
+  grep -h 'GPT_GEMM_ALGOS:' "$TMP/variant.log" |
+    sed 's/^.*GPT_GEMM_ALGOS: /    gemm algorithms: /' | cut -c1-2000 || true
 done
 # Exit status 1 when a side failed (its table cell says "failed"), after everything above has been printed.
 ((GPT_OK && TORCH_OK)) || exit 1

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "cublasLt.h"  // the emulated one (shim/): emu_lt_no_bgradb
 #include "emu_util.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/kernels.h"
@@ -748,29 +747,6 @@ void run_matmul(int64_t N, int C, int OC, size_t off, bool bf16_inputs, int64_t 
   CHECK(ei.rel() < 1e-5);
   CHECK(ew.rel() < 1e-5);
   CHECK(eb.rel() < 1e-5);
-  if (bf16_inputs) {
-    // GPT_GEMM_BGRAD=1: dbias from the weight-gradient GEMM's BGRADB epilogue, the same sums as the kernels' (in
-    // another order); and where cuBLASLt has no BGRADB algorithm (a new Matmul each: plans are cached), the kernels'.
-    // dweight is the same GEMM either way.
-    for (const bool no_algo : {false, true}) {
-      CAPTURE(no_algo);
-      emu_lt_no_bgradb = no_algo;
-      ::setenv("GPT_GEMM_BGRAD", "1", 1);
-      emu::Matmul mm2(nullptr, cublas_ws.p);
-      Buf<float> scratch(emu::bias_backward_scratch_bytes(N, OC) / sizeof(float)), dinp2(inp.n, off), dw2(w.n, off),
-          db2(OC, off);
-      dw2.copy_from(dw0), db2.copy_from(db0);
-      mm2.backward(dinp2.p, dw2.p, db2.p, dout_in, inp_in, w_in, type, N, C, OC, ld, scratch.p);
-      emu_lt_no_bgradb = false;
-      ::unsetenv("GPT_GEMM_BGRAD");
-      CHECK(dinp2.same(dinp[0]));
-      CHECK(dw2.same(dw[0]));
-      const Cmp e2 = compare(db2.p, cdb_only.p, OC);
-      CHECK(e2.nonfinite == 0);
-      CHECK(e2.rel() < 1e-5);
-      if (no_algo) CHECK(db2.same(db[0]));  // the kernels' sums, as without the variable
-    }
-  }
 }
 
 }  // namespace

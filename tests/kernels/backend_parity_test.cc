@@ -383,10 +383,9 @@ TEST_CASE("parity: bf16 matmul equals the fp32 matmul of bf16-rounded inputs", "
 // heuristic's algorithms at each shape's first call and runs the fastest: the output with its bias, the input gradient
 // and the weight and bias gradients stay within the fp32 reduction bound of the CPU's. The weight gradient accumulates
 // into values there before (each timed call adds to it again: saved before the timing and put back after it, else it
-// would be several gradients off). And GPT_GEMM_SPLITK=2, the weight gradients' k-split experiment, likewise (where
-// cuBLASLt refuses it, as the emulator's does, the heuristic's algorithm runs). (The emulator's cuBLASLt offers one
-// algorithm; a GPU more. Every [cuda] case also passes with GPT_GEMM_ALGOS=4 set, checked by hand in the emulator.)
-TEST_CASE("parity: GEMMs under GPT_GEMM_ALGOS=4 and GPT_GEMM_SPLITK=2", "[cuda]") {
+// would be several gradients off). (The emulator's cuBLASLt offers one algorithm; a GPU more. Every [cuda] case also
+// passes with GPT_GEMM_ALGOS=4 set, checked by hand in the emulator.)
+TEST_CASE("parity: GEMMs under GPT_GEMM_ALGOS=4", "[cuda]") {
   if (!cuda_or_skip("GEMM algorithm timing")) return;
   const int64_t N = 64;
   const int C = 32, OC = 48;
@@ -396,28 +395,23 @@ TEST_CASE("parity: GEMMs under GPT_GEMM_ALGOS=4 and GPT_GEMM_SPLITK=2", "[cuda]"
   std::vector<float> out(N * OC), dinp(N * C), dw = dw0, db = db0;
   cpu().matmul_forward(out.data(), inp.data(), w.data(), b.data(), N, C, OC);
   cpu().matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C, OC);
-  for (const char* var : {"GPT_GEMM_ALGOS", "GPT_GEMM_SPLITK"}) {
-    CAPTURE(var);
-    const char* value = std::string_view(var) == "GPT_GEMM_ALGOS" ? "4" : "2";
-    ::setenv(var, value, 1);
-    auto made = make_gpu();
-    ::unsetenv(var);
-    REQUIRE(made.has_value());
-    Backend& gpu = **made;
-    gpu.set_compute_dtype(DType::kBF16);
-    Dev<float> g_inp(gpu, inp), g_w(gpu, w), g_b(gpu, b), g_dout(gpu, dout), g_out(gpu, out.size());
-    Dev<float> g_dinp(gpu, dinp.size()), g_dw(gpu, dw0), g_db(gpu, db0);
-    ::setenv(var, value, 1);       // read when a shape is first seen
-    for (int i = 0; i < 2; ++i) {  // the first call times, the second reuses the choice
-      gpu.matmul_forward(g_out.p(), g_inp.p(), g_w.p(), g_b.p(), N, C, OC);
-      expect_close("timed matmul out", out, g_out.read(), kReduction);
-    }
-    gpu.matmul_backward(g_dinp.p(), g_dw.p(), g_db.p(), g_dout.p(), g_inp.p(), g_w.p(), N, C, OC);
-    ::unsetenv(var);
-    expect_close("timed matmul dinp", dinp, g_dinp.read(), kReduction);
-    expect_close("timed matmul dweight (accumulated into the values before)", dw, g_dw.read(), kReduction);
-    expect_close("timed matmul dbias (accumulated into the values before)", db, g_db.read(), kReduction);
+  ::setenv("GPT_GEMM_ALGOS", "4", 1);
+  auto made = make_gpu();
+  ::unsetenv("GPT_GEMM_ALGOS");
+  REQUIRE(made.has_value());
+  Backend& gpu = **made;
+  gpu.set_compute_dtype(DType::kBF16);
+  Dev<float> g_inp(gpu, inp), g_w(gpu, w), g_b(gpu, b), g_dout(gpu, dout), g_out(gpu, out.size());
+  Dev<float> g_dinp(gpu, dinp.size()), g_dw(gpu, dw0), g_db(gpu, db0);
+  const testing::ScopedEnv algos("GPT_GEMM_ALGOS", "4");  // read when a shape is first seen
+  for (int i = 0; i < 2; ++i) {                           // the first call times, the second reuses the choice
+    gpu.matmul_forward(g_out.p(), g_inp.p(), g_w.p(), g_b.p(), N, C, OC);
+    expect_close("timed matmul out", out, g_out.read(), kReduction);
   }
+  gpu.matmul_backward(g_dinp.p(), g_dw.p(), g_db.p(), g_dout.p(), g_inp.p(), g_w.p(), N, C, OC);
+  expect_close("timed matmul dinp", dinp, g_dinp.read(), kReduction);
+  expect_close("timed matmul dweight (accumulated into the values before)", dw, g_dw.read(), kReduction);
+  expect_close("timed matmul dbias (accumulated into the values before)", db, g_db.read(), kReduction);
 }
 
 // GPT_GEMM_ALGO_CACHE: a backend that times its algorithms (GPT_GEMM_ALGOS=4) writes each timed shape's choice to the
@@ -430,7 +424,6 @@ TEST_CASE("parity: GPT_GEMM_ALGO_CACHE keeps the timed algorithms for the next b
   const testing::TempDir dir;
   const std::string path = dir.file("algos.txt");
   testing::ScopedEnv cache("GPT_GEMM_ALGO_CACHE", path.c_str()), algos("GPT_GEMM_ALGOS", "4");
-  const testing::ScopedEnv no_bgrad("GPT_GEMM_BGRAD", nullptr), no_splitk("GPT_GEMM_SPLITK", nullptr);
   const int64_t N = 64;
   const int C = 32, OC = 48;
   const auto inp = rounded(randn(N * C, 96)), w = rounded(randn(int64_t{OC} * C, 97)), b = randn(OC, 98);

@@ -66,7 +66,7 @@ TEST_CASE("CUDA switches: a value no switch takes is named with what it takes", 
   {
     ScopedEnv v("GPT_ATTENTION_WGMMA_BQ", "48");
     CHECK(cuda_switches::first_error() ==
-          "GPT_ATTENTION_WGMMA_BQ=48 (the wgmma dK/dV kernel's queries per step): expected 32 or 64");
+          "GPT_ATTENTION_WGMMA_BQ=48 (the wgmma dK/dV kernel's queries per step): expected 32, 64 or 128");
   }
   {
     ScopedEnv v("GPT_ATTENTION_WGMMA_OVERLAP", "bwd");

@@ -6,9 +6,9 @@
 // matmul.cu's row-major <-> column-major mapping, its transposes, leading dimensions and bias handling. The GELU
 // epilogues (GELU_AUX, GELU_AUX_BIAS: D = GELU(sum), aux = the sum; DGELU: D = GELU'(aux) * sum), bf16 D and aux,
 // check the aux pointer and leading dimension as cuBLASLt documents them (ld >= rows, a multiple of 8; aligned
-// as the pointer given to the heuristic was). BGRADB (fp32 D only, as matmul.cu uses it): the bias pointer is an
-// output, fp32 (D's type, cuBLASLt's default), n elements: the column sums of op(B) over k, in double here; with
-// emu_lt_no_bgradb set (tests) the heuristic finds no algorithm for it, as a real cuBLASLt may at some shapes.
+// as the pointer given to the heuristic was). DGELU_BGRAD: DGELU, and the bias pointer an output, fp32, m elements:
+// D's row sums (before its rounding), in double here; with emu_lt_no_dgelu_bgrad set (tests) the heuristic finds no
+// algorithm for it, as a real cuBLASLt may at some shapes.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -29,11 +29,9 @@ enum cublasLtEpilogue_t {
   CUBLASLT_EPILOGUE_GELU_AUX,
   CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
   CUBLASLT_EPILOGUE_DGELU,
-  CUBLASLT_EPILOGUE_BGRADB,
   CUBLASLT_EPILOGUE_DGELU_BGRAD
 };
-inline bool emu_lt_no_bgradb = false;       // tests: the heuristic has no BGRADB algorithm
-inline bool emu_lt_no_dgelu_bgrad = false;  // tests: nor a DGELU_BGRAD one
+inline bool emu_lt_no_dgelu_bgrad = false;  // tests: the heuristic has no DGELU_BGRAD algorithm
 enum cublasLtMatmulDescAttributes_t {
   CUBLASLT_MATMUL_DESC_TRANSA,
   CUBLASLT_MATMUL_DESC_TRANSB,
@@ -80,8 +78,7 @@ struct cublasLtMatmulHeuristicResult_t {
   int state = 0;  // CUBLAS_STATUS_SUCCESS
   float wavesCount = 1.0f;
 };
-// The algorithm configuration matmul.cu's GPU experiments read and set (GPT_GEMM_ALGOS, GPT_GEMM_SPLITK): reads and
-// sets fail, so the logs say "?" and the heuristic's algorithm stays; the check accepts an algorithm as it is (one
+// The algorithm configuration matmul.cu's GPU experiment reads (GPT_GEMM_ALGOS): reads fail, so the logs say "?" and the heuristic's algorithm stays; the check accepts an algorithm as it is (one
 // GPT_GEMM_ALGO_CACHE kept: cublasLtMatmul still checks the matrices against the alignments it carries).
 enum cublasLtMatmulAlgoConfigAttributes_t {
   CUBLASLT_ALGO_CONFIG_ID,
@@ -91,14 +88,9 @@ enum cublasLtMatmulAlgoConfigAttributes_t {
   CUBLASLT_ALGO_CONFIG_STAGES_ID = 6,
   CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID = 8
 };
-constexpr uint32_t CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE = 2;
 constexpr int CUBLAS_STATUS_NOT_SUPPORTED = 15;
 inline int cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t*, cublasLtMatmulAlgoConfigAttributes_t,
                                                 void*, size_t, size_t*) {
-  return CUBLAS_STATUS_NOT_SUPPORTED;
-}
-inline int cublasLtMatmulAlgoConfigSetAttribute(cublasLtMatmulAlgo_t*, cublasLtMatmulAlgoConfigAttributes_t,
-                                                const void*, size_t) {
   return CUBLAS_STATUS_NOT_SUPPORTED;
 }
 inline int cublasLtMatmulAlgoCheck(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
@@ -201,8 +193,7 @@ inline uint32_t emu_lt_alignment(const void* p) {
   return a;
 }
 inline bool emu_lt_has_bias(cublasLtEpilogue_t e) {
-  return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_BGRADB ||
-         e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
 }
 inline bool emu_lt_gelu(cublasLtEpilogue_t e) {
   return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU ||
@@ -219,8 +210,7 @@ inline int cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t
   r->algo.align[5] = emu_lt_has_bias(d->epi) ? emu_lt_alignment(d->bias) : 1;
   r->state = 0;
   *found = 1;
-  if (d->epi == CUBLASLT_EPILOGUE_BGRADB && emu_lt_no_bgradb) *found = 0;  // CUBLAS_STATUS_NOT_SUPPORTED's way too
-  if (d->epi == CUBLASLT_EPILOGUE_DGELU_BGRAD && emu_lt_no_dgelu_bgrad) *found = 0;
+  if (d->epi == CUBLASLT_EPILOGUE_DGELU_BGRAD && emu_lt_no_dgelu_bgrad) *found = 0;  // NOT_SUPPORTED's way too
   return 0;
 }
 inline float emu_lt_load(const void* p, cudaDataType_t t, int64_t i) {
@@ -262,7 +252,6 @@ inline int cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* 
   }
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);  // host scalars: now
   if (d_bf16 && be != 0.0f) emu_fail("cublasLt: emulated bf16 D only with beta 0");
-  if (d->epi == CUBLASLT_EPILOGUE_BGRADB && d_bf16) emu_fail("cublasLt: BGRADB is emulated for an fp32 D only");
   if (d->epi == CUBLASLT_EPILOGUE_DGELU_BGRAD && d->bias_type != CUDA_R_32F)
     emu_fail("cublasLt: DGELU_BGRAD is emulated with an fp32 bias gradient (BIAS_DATA_TYPE) only");
   // The product when the stream gets to it, from the descriptors as they are now (the caller may reuse them).
@@ -288,7 +277,7 @@ inline void emu_lt_compute(const EmuLtDesc* d, const EmuLtLayout* la,
       }
       double r = al * s;
       if (be != 0.0f) r += static_cast<double>(be) * out[i + j * ld->ld];
-      if (emu_lt_has_bias(d->epi) && d->epi != CUBLASLT_EPILOGUE_BGRADB && d->epi != CUBLASLT_EPILOGUE_DGELU_BGRAD)
+      if (emu_lt_has_bias(d->epi) && d->epi != CUBLASLT_EPILOGUE_DGELU_BGRAD)
         r += emu_lt_load(d->bias, lc->type, i);  // the bias has D's type
       // GELU, tanh form, on the fp32 sum (in double here: an implementation other than gelu.cu's)
       const double kS = 0.7978845608028654, kA = 0.044715;
@@ -310,13 +299,5 @@ inline void emu_lt_compute(const EmuLtDesc* d, const EmuLtLayout* la,
     }
   if (d->epi == CUBLASLT_EPILOGUE_DGELU_BGRAD) {  // D's row sums (the fp32 values before D's rounding), overwriting
     for (int64_t i = 0; i < m; ++i) static_cast<float*>(const_cast<void*>(d->bias))[i] = static_cast<float>(row_sums[i]);
-  }
-  if (d->epi == CUBLASLT_EPILOGUE_BGRADB) {  // op(B)'s column sums over k, overwriting (beta plays no part)
-    for (int64_t j = 0; j < n; ++j) {
-      double s = 0;
-      for (int64_t p = 0; p < k; ++p)
-        s += emu_lt_load(b, lb->type, d->tb == CUBLAS_OP_N ? p + j * lb->ld : j + p * lb->ld);
-      static_cast<float*>(const_cast<void*>(d->bias))[j] = static_cast<float>(s);
-    }
   }
 }
