@@ -229,7 +229,7 @@ __device__ __forceinline__ void finish_forward(bf16* out, float* lse, const floa
 
 // The warp-specialised forward (attention_wgmma_ws.cu, GPT_ATTENTION_WGMMA_WS): its launch at 2 or 3 consumer
 // warpgroups (attention_forward_wgmma's arguments). Its shared memory (up to 125 KB) and the warp-specialised dK/dV
-// kernel's (up to 134 KB) are not in attention_wgmma_smem_bytes: sm_90 alone runs them, which has 227 KB per block.
+// kernel's (up to 170 KB) are not in attention_wgmma_smem_bytes: sm_90 alone runs them, which has 227 KB per block.
 void forward_ws(int consumers, bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, float scale_log2,
                 cudaStream_t stream);
 

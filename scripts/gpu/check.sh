@@ -159,19 +159,22 @@ for n in names:
     if any(h.startswith(squash(n)) for h in heads):
         print(re.sub(r"([\\,\[*])", r"\\\1", n))' "$1"
 }
-# parity_bisect: after a failed parity step (its output in $OUTF), its failed cases again under each switch that
-# undoes a default changed since the last GPU run, each a line of the summary: "passes with S" names the change S
-# undoes as the suspect; failing under all of them points at the changes that have no switch (see README's "GPUs").
+# parity_bisect SPEC: after a failed parity step, its failed cases (SPEC, from failed_cases) again under each switch
+# that undoes a default changed since the last GPU run, each a line of the summary, within PARITY_BISECT_S (120 s) in
+# all: "passes with S" names the change S undoes as the suspect; failing under all of them points at the changes that
+# have no switch (see README's "GPUs"). A case that sets S itself (the wgmma variants case sets FWD_BLOCKS and BIAS
+# in its own scopes) sees it only in part: its line says less.
 PARITY_BISECT=${PARITY_BISECT:-GPT_ATTENTION_WGMMA_BIAS=0 GPT_ATTENTION_WGMMA_DS_STAGE=0 GPT_ATTENTION_ORDER=head \
   GPT_ATTENTION_WGMMA_FWD_BLOCKS=4 GPT_ATTENTION_WGMMA=fwd GPT_ATTENTION_WGMMA=0}
 parity_bisect() {
-  local spec=$WORK/parity_failed.txt sw n
-  failed_cases "$OUTF" > "$spec"
+  local spec=$1 sw n stop=$((SECONDS + ${PARITY_BISECT_S:-120})) limit
   n=$(wc -l < "$spec")
   if [ "$n" = 0 ]; then record INFO "parity bisect" 0 "no failed case found in the parity output"; return; fi
   sed 's/^/      failed: /' "$spec" | tee -a "$LOG"
   for sw in $PARITY_BISECT; do
-    run_step "parity with $sw" 45 env "$sw" "$GPT_TESTS" -f "$spec"
+    limit=$((stop - SECONDS)); [ "$limit" -gt 45 ] && limit=45
+    if [ "$limit" -lt 10 ]; then record SKIP "parity with $sw" 0 "the bisect's time (PARITY_BISECT_S) is spent"; continue; fi
+    run_step "parity with $sw" "$limit" env "$sw" "$GPT_TESTS" -f "$spec"
     if [ "$RC" = 200 ]; then record SKIP "parity with $sw" 0 "no time left in the budget"
     elif [ "$RC" = 0 ] && grep -q 'All tests passed' "$OUTF"; then
       record INFO "parity with $sw" "$T" "the $n failed case(s) pass: the change it undoes is the suspect"
@@ -186,10 +189,12 @@ if wanted parity; then
   run_step "ptx probe" 30 "$GPT_TESTS" "PTX probe*"; judge "PTX probe (mma/ldmatrix)"
   grep -h "^PTX probe:" "$OUTF" | head -6 | cut -c1-200 | sed 's/^/      | /' | tee -a "$LOG"
   run_step "parity" 120 "$GPT_TESTS" "[cuda]~[ws]"; judge "parity [cuda]"
-  case $RC in 0 | 124 | 137 | 200) ;; *) [ "$gpus" -gt 0 ] && parity_bisect ;; esac
+  bisect=""
+  case $RC in 0 | 124 | 137 | 200) ;; *) [ "$gpus" -gt 0 ] && bisect=$WORK/parity_failed.txt && failed_cases "$OUTF" > "$bisect" ;; esac
   # The warp-specialised kernels' cases (experiments; their mbarrier waits could hang where the emulator has not
-  # seen it): apart, so that a hang costs only this step.
+  # seen it): apart, so that a hang costs only this step. Then the bisect of a failed parity step.
   run_step "parity ws" 60 "$GPT_TESTS" "[ws]"; judge "parity warp-specialised [ws]"
+  [ -n "$bisect" ] && parity_bisect "$bisect"
 fi
 
 # --- c. NCCL at one rank: a singleton (no mpirun in the bundle); more ranks where there are GPUs and mpirun

@@ -1204,7 +1204,7 @@ TEST_CASE("parity: tensor-core attention's other configurations (2 blocks, dQ re
 // OVERLAP=1, its overlapped form, over WG2 and DS_STAGE=0, which it takes precedence over; =3: three consumer
 // warpgroups, alone and overlapped; and GPT_ATTENTION_WGMMA_BQ=128, 128 queries per step at two consumers (alone and
 // overlapped), against
-// both 32's and 64's results: at T 64, 192 and 217 a tile's last queries lie past dS^T's rows). Where the wgmma
+// both 32's and 64's results: at T 64 and 192 a tile's last queries lie past dS^T's rows). Where the wgmma
 // kernels do not run (not sm_90, not the emulator) every side is the mma.sync kernels'. The qkv bias gradient they
 // sum as they store dqkv (added to 10 + noise): the CPU's column sums of the dqkv written within the reduction bound
 // (once: not twice), the same bits in every variant, and under GPT_ATTENTION_WGMMA_BIAS=0 bias_backward's bit for bit.

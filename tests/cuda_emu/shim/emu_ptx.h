@@ -360,6 +360,7 @@ inline float emu_sw128_load(uint32_t addr, bool at_issue) {
   std::memcpy(&bits, base + addr, 2);
   if (at_issue) {
     EmuTsanIgnore ignore;
+    if (addr + 2 > emu_block->dynamic_bytes) emu_fail("wgmma operand outside the block's dynamic shared memory");
     if (std::memcmp(emu_block->async_view.data() + addr, &bits, 2) != 0) {
       emu_fail("wgmma reads shared memory written (a store, or a cp.async that landed) after the last "
                "fence_proxy_async: the async proxy may not see it");
