@@ -366,10 +366,10 @@ void Matmul::join_gradients(const Lane& lane) {
 bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
                   int64_t lda, const void* b, int64_t ldb, DType ab_type, void* c, DType c_type, int64_t ldc,
                   float beta, const void* bias, Act act, const void* aux) {
-  const bool dgelu_bgrad = act == Act::kDGeluBGrad, bias_out = dgelu_bgrad;  // bias_out: `bias` is its output
+  const bool dgelu_bgrad = act == Act::kDGeluBGrad;  // then `bias` is the epilogue's output
   // The bias epilogue wants a 16-byte aligned vector; parameters sit at any float offset in their unit's flat
   // buffer, so an unaligned fp32 bias is added by a kernel after the GEMM instead.
-  const bool bias_epilogue = !bias_out && bias != nullptr && alignment(bias) >= 16;
+  const bool bias_epilogue = !dgelu_bgrad && bias != nullptr && alignment(bias) >= 16;
   const bool c_bf16 = c_type == DType::kBF16;
   GPT_CHECK(!c_bf16 || (ab_type == DType::kBF16 && beta == 0.0f && (bias == nullptr || bias_epilogue || dgelu_bgrad)));
   GPT_CHECK(act == Act::kNone ||
@@ -379,7 +379,7 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
   // bias's and the GELU input's alignments it reads off the pointers the heuristic is given (cublasLt.h: routines
   // that do not dereference them "depend on its value to determine expected pointer alignment").
   const uint32_t align_a = alignment(a), align_b = alignment(b), align_c = alignment(c);
-  const uint32_t align_bias = bias_epilogue || bias_out ? alignment(bias) : 0;  // 0: no bias epilogue
+  const uint32_t align_bias = bias_epilogue || dgelu_bgrad ? alignment(bias) : 0;  // 0: no bias epilogue
   const uint32_t align_aux = aux != nullptr ? alignment(aux) : 0;
   // Every input of the heuristic: transposes, sizes, leading dimensions, input and output types, epilogue and
   // alignments.
@@ -408,7 +408,7 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
     if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
       GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     }
-    if (bias_epilogue || bias_out) {
+    if (bias_epilogue || dgelu_bgrad) {
       GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
     // The GELU input: C's type (cuBLASLt's default), C's leading dimension.
@@ -447,7 +447,7 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
     // An epilogue this cuBLASLt (or GPU) has no kernel for at this shape is the user's choice to undo.
     // The result's fields are valid only where its state is success (cublasLt.h).
     const bool usable = st == CUBLAS_STATUS_SUCCESS && found > 0 && heuristic.state == CUBLAS_STATUS_SUCCESS;
-    if (bias_out && !usable) {  // the caller sums the bias gradient itself; the plan remembers, so asked once
+    if (dgelu_bgrad && !usable) {  // the caller sums the bias gradient itself; the plan remembers, so asked once
       it->second.usable = false;
       log_info(std::string("cuBLASLt has no DGELU_BGRAD algorithm for the GEMM m ") + std::to_string(m) + " n " +
                std::to_string(n) + " k " + std::to_string(k) + ": its bias gradient is summed by a kernel");
@@ -510,7 +510,7 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
     }
   } else {
     if (!it->second.usable) return false;
-    if (bias_epilogue || bias_out) {
+    if (bias_epilogue || dgelu_bgrad) {
       GPT_CUBLAS_CHECK(
           cublasLtMatmulDescSetAttribute(it->second.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
@@ -523,7 +523,7 @@ bool Matmul::gemm(const Lane& lane, bool trans_a, bool trans_b, int64_t m, int64
   const float alpha = 1.0f;
   GPT_CUBLAS_CHECK(cublasLtMatmul(lt(handle_), p.op, &alpha, a, p.la, b, p.lb, &beta, c, p.lc, c, p.lc, &p.algo,
                                   lane.workspace, kWorkspaceBytes, lane.stream));
-  if (bias != nullptr && !bias_epilogue && !bias_out) {
+  if (bias != nullptr && !bias_epilogue && !dgelu_bgrad) {
     add_bias_kernel<<<grid_for(m * n, 256), 256, 0, lane.stream>>>(static_cast<float*>(c),
                                                                    static_cast<const float*>(bias), m, n, ldc);
     GPT_CUDA_CHECK_LAUNCH();
