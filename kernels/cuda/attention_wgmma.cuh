@@ -174,10 +174,25 @@ __device__ __forceinline__ void rescale_rows(float (&o)[32], const float (&alpha
 
 // The forward's S = Q K^T for one key tile of 64 kParts keys (part j: the m64n64 product of the tile's keys 64 j..,
 // into sc[32 j..]), 4 k-steps each: Q's A from its swizzled tile (q_desc) or, with kQRegs, from qa (load_a_sw128's
-// fragments); K from its tile (k_desc), K-major. Issued only: the caller fences, commits and waits.
+// fragments); K from its tile (k_desc), K-major. At kParts 2 one m64n128k16 per k-step instead: its accumulators are
+// the two parts' side by side and the parts' K tiles lie one after the other (8-row groups 1024 bytes apart
+// throughout), so the same values, with half the instructions and Q's A read once (from shared memory, without
+// kQRegs) instead of twice. Issued only: the caller fences, commits and waits.
 template <int kParts, bool kQRegs, int NQ>
 __device__ __forceinline__ void issue_scores(float (&sc)[32 * kParts], const uint32_t (&qa)[NQ][4], uint64_t q_desc,
                                              uint64_t k_desc) {
+  static_assert(kTile == 8 * 1024);  // part 1's K rows 64.. where one descriptor of 128 rows puts them
+  if constexpr (kParts == 2) {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      if constexpr (kQRegs) {
+        wgmma_rs<128, 0>(sc, qa[kk], desc_advance(k_desc, 32 * kk), kk > 0);
+      } else {
+        wgmma_ss<128>(sc, desc_advance(q_desc, 32 * kk), desc_advance(k_desc, 32 * kk), kk > 0);
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < kParts; ++j) {
     float(&part)[32] = *reinterpret_cast<float(*)[32]>(sc + 32 * j);
