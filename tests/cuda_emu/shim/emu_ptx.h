@@ -355,12 +355,11 @@ inline void emu_fence_proxy_async() {
 inline float emu_sw128_load(uint32_t addr, bool at_issue) {
   addr ^= ((addr >> 7) & 7) << 4;
   const auto* base = reinterpret_cast<const unsigned char*>(emu_smem);
-  if (!emu_in_shared(base + addr, 2)) emu_fail("wgmma operand outside the block's dynamic shared memory");
+  if (addr + 2 > emu_block->dynamic_bytes) emu_fail("wgmma operand outside the block's dynamic shared memory");
   uint16_t bits;
   std::memcpy(&bits, base + addr, 2);
   if (at_issue) {
     EmuTsanIgnore ignore;
-    if (addr + 2 > emu_block->dynamic_bytes) emu_fail("wgmma operand outside the block's dynamic shared memory");
     if (std::memcmp(emu_block->async_view.data() + addr, &bits, 2) != 0) {
       emu_fail("wgmma reads shared memory written (a store, or a cp.async that landed) after the last "
                "fence_proxy_async: the async proxy may not see it");
@@ -376,8 +375,8 @@ inline float emu_mnmajor(const EmuSw128Desc& d, int k, int n, bool at_issue) {
   if (d.lbo != d.sbo) emu_fail("wgmma MN-major descriptor with LBO != SBO (not a layout wgmma_ptx.cuh writes)");
   return emu_sw128_load(d.start + (k / 8) * d.sbo + (k % 8) * 128 + 2 * n, at_issue);
 }
-// One product m64nNk16 .f32.bf16.bf16 (N = 32, 64 or 128; MN-major B at N <= 64) for this lane: out[i] = (accumulate ? in[i] : 0) + (A B)[its
-// element i]; A from registers `a` (its layout in wgmma_ptx.cuh; a warp exchange) or, when a is null, from desc_a
+// One product m64nNk16 .f32.bf16.bf16 (N = 32, 64 or 128; MN-major B at N <= 64) for this lane: out[i] =
+// (accumulate ? in[i] : 0) + (A B)[its element i]; A from registers `a` (its layout in wgmma_ptx.cuh; a warp exchange) or, when a is null, from desc_a
 // (K-major, or MN-major with a_mn: the transpose flag); B from desc_b, K-major or (b_mn) MN-major. at_issue: the
 // shared-memory operands also checked against the async proxy's view (emu_sw128_load).
 inline void emu_wgmma_product(float* out, int N, const uint32_t* a, uint64_t desc_a, bool a_mn, uint64_t desc_b,
