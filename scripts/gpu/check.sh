@@ -182,7 +182,7 @@ parity_bisect() {
   done
 }
 
-# --- b. CUDA backend parity (tests/kernels/backend_parity_test.cc)
+# --- b. CUDA backend parity (tests/kernels/parity_*_test.cc)
 # First the PTX probe alone (its own line: whether mma.sync, ldmatrix, cvt and cp.async have the layouts the
 # attention kernels assume, apart from the kernels), then every [cuda] case, the warp-specialised ones ([ws]) last.
 if wanted parity; then
