@@ -162,8 +162,8 @@ for n in names:
 # parity_bisect SPEC: after a failed parity step, its failed cases (SPEC, from failed_cases) again under each switch
 # that undoes a default changed since the last GPU run, each a line of the summary, within PARITY_BISECT_S (120 s) in
 # all: "passes with S" names the change S undoes as the suspect; failing under all of them points at the changes that
-# have no switch (see README's "GPUs"). A case that sets S itself (the wgmma variants case sets FWD_BLOCKS and BIAS
-# in its own scopes) sees it only in part: its line says less.
+# have no switch (kernels/cuda/README.md, "Changed since"). A case that sets S itself (the wgmma variants case sets
+# FWD_BLOCKS and BIAS in its own scopes) sees it only in part: its line says less.
 PARITY_BISECT=${PARITY_BISECT:-GPT_ATTENTION_WGMMA_BIAS=0 GPT_ATTENTION_WGMMA_DS_STAGE=0 GPT_ATTENTION_ORDER=head \
   GPT_ATTENTION_WGMMA_FWD_BLOCKS=4 GPT_ATTENTION_WGMMA=fwd GPT_ATTENTION_WGMMA=0}
 parity_bisect() {
