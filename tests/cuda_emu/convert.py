@@ -29,10 +29,10 @@ def fail(msg):
     sys.exit('convert.py: %s: %s' % (sys.argv[1], msg))
 
 
-# The CUDA backend's host code (cuda_backend.{h,cu}) lives in namespace gpt and calls the kernels as cuda::...:
+# The CUDA backend's host code (cuda_backend.h, cuda_backend.cu, cuda_backend_ops.cu) lives in namespace gpt and calls the kernels as cuda::...:
 # its class and factory are renamed (no clash with the real ones in gpt_engine) and its cuda:: names point at
 # the emulated kernels.
-BACKEND_FILES = ('cuda_backend.cu', 'cuda_backend.h')
+BACKEND_FILES = ('cuda_backend.cu', 'cuda_backend_ops.cu', 'cuda_backend.h')
 
 
 def convert_backend(s):

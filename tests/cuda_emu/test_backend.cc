@@ -1,4 +1,4 @@
-// The CUDA backend's host code (kernels/cuda/cuda_backend.cu, converted like the kernels: the dispatch to the
+// The CUDA backend's host code (kernels/cuda/cuda_backend{,_ops}.cu, converted like the kernels: the dispatch to the
 // kernels, the bf16 cast areas, the tensor-core attention choice, reserve) over the emulated kernels and
 // cuBLASLt, driving the whole model as the trainer does, against the CPU backend. What the [cuda] tests check
 // on a GPU, here without one (the emulator's limits in README.md apply: no GPU numerics or memory model).
