@@ -4,7 +4,7 @@
 //   hang_during_save:<rank>:<step>   checkpoint_writer.cc    stop:<rank>:<step>       trainer.cc
 //   file_size_limit:<bytes>          checkpoint_writer.cc    hang:<rank>:<step>       trainer.cc
 //   skip_collective:<rank>:<seq>     comm_stream.cc          slow_start:<ms>          apps/cmd_train.cc
-//   fake_nodes:<n>                   trainer.cc (rank r on node r % n)
+//   fake_nodes:<n>                   trainer_setup.cc (rank r on node r % n)
 //   attention_bench_wrong            scripts/bench/attention_bench.cc (the benchmark's correctness column)
 #pragma once
 

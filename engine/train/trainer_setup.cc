@@ -1,5 +1,7 @@
 // Trainer construction: the config checked across ranks, the data and tokenizer, the plan held to the device's
 // free memory, the model, parameters and optimizer built, and the state initialised (trainer.cc runs the steps).
+#include "train/trainer.h"
+
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -20,7 +22,6 @@
 #include "core/stop_signal.h"
 #include "core/test_fault.h"
 #include "train/metrics.h"
-#include "train/trainer.h"
 
 namespace gpt {
 

@@ -13,8 +13,9 @@ kernel that the emulator cannot follow breaks the build instead of silently test
   - a kernel with `__launch_bounds__(N[, M])` gets `emu_check_launch_bounds(N);` first in its body (a GPU refuses
     a launch of more threads per block than N);
   - common.cuh: grid_for's cap becomes emu_grid_cap (a test lowers it to exercise the grid-stride loops);
-  - cuda_backend.{h,cu}: CudaBackend -> CudaEmuBackend, make_cuda_backend -> make_cuda_emu_backend, and
-    their cuda:: names -> cuda_emu::, so the backend's host code runs over the emulated kernels;
+  - cuda_backend.h, cuda_backend.cu, cuda_backend_ops.cu: CudaBackend -> CudaEmuBackend, make_cuda_backend ->
+    make_cuda_emu_backend, and their cuda:: names -> cuda_emu::, so the backend's host code runs over the emulated
+    kernels;
   - engine/comm/nccl_communicator.{h,cc} and tests/comm/nccl_communicator_test.cc: make_nccl_communicator ->
     make_nccl_emu_communicator, cuda_device_count -> cuda_emu_device_count (no clash with gpt_engine's), so
     the NCCL Communicator and its tests run over the NCCL shim (shim/nccl.h, nccl_emu.cc).
@@ -29,9 +30,9 @@ def fail(msg):
     sys.exit('convert.py: %s: %s' % (sys.argv[1], msg))
 
 
-# The CUDA backend's host code (cuda_backend.h, cuda_backend.cu, cuda_backend_ops.cu) lives in namespace gpt and calls the kernels as cuda::...:
-# its class and factory are renamed (no clash with the real ones in gpt_engine) and its cuda:: names point at
-# the emulated kernels.
+# The CUDA backend's host code (cuda_backend.h, cuda_backend.cu, cuda_backend_ops.cu) lives in namespace gpt and
+# calls the kernels as cuda::...: its class and factory are renamed (no clash with the real ones in gpt_engine) and
+# its cuda:: names point at the emulated kernels.
 BACKEND_FILES = ('cuda_backend.cu', 'cuda_backend_ops.cu', 'cuda_backend.h')
 
 

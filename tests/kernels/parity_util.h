@@ -1,8 +1,8 @@
 // Backend parity (in the spirit of ggml's test-backend-ops), the helpers of tests/kernels/parity_*_test.cc: every
 // Backend op runs on the CPU backend and on the CUDA backend with the same random inputs, and the results are compared;
 // then a whole GPT forward and backward. Without a CUDA build or a visible GPU every case prints why it is skipped and
-// passes. The CUDA emulator's test binary (tests/cuda_emu) compiles this file too, with GPT_PARITY_EMULATED: there the
-// "GPU" is CudaEmuBackend (the same kernels and host code, converted), so these cases run in CPU-only CI as well.
+// passes. The CUDA emulator's test binary (tests/cuda_emu) compiles those files too, with GPT_PARITY_EMULATED: there
+// the "GPU" is CudaEmuBackend (the same kernels and host code, converted), so these cases run in CPU-only CI as well.
 //
 // Tolerances (fp32 everywhere): errors are measured as max|cuda - cpu| / max|cpu| over the tensor (an
 // element-wise relative error is meaningless for values that cancel to ~0). Element-wise ops and casts

@@ -1,4 +1,4 @@
-// CPU emulation of the CUDA execution model, enough for kernels/cuda/*.cu and cuda_backend.cu (README.md):
+// CPU emulation of the CUDA execution model, enough for kernels/cuda/*.cu and the backend (README.md):
 // the threads of a block are fibers on one OS thread (emu_fiber.h), switching only at barriers: an EmuBarrier
 // for __syncthreads, a per-warp exchange for shuffles and __syncwarp (all 32 lanes must arrive: divergent or
 // out-of-step lanes abort; a barrier no live thread can pass aborts as a deadlock), static and dynamic shared
@@ -6,7 +6,7 @@
 // ASan sees out-of-bounds), 3D grids and blocks. Blocks run one after another by default; EMU_CONC=n in the
 // environment runs n blocks at once on n OS threads, so TSan can see races between blocks (manual sanitizer
 // runs only). Everything here is host code; a launch runs inside emulate_launch on the legacy stream and when
-// its stream is needed on a created one (see "Streams" below).
+// its stream is needed on a created one (see "Streams" in emu_runtime_api.h).
 #pragma once
 #include <algorithm>
 #include <array>
