@@ -67,6 +67,19 @@ Expected<CheckpointReader> CheckpointReader::open(const std::string& dir) {
                                 std::to_string(want) + (size < want ? " (truncated)" : ""));
     }
   }
+  // The tokenizer and config (small files, read whole): a hand-edited or damaged one would otherwise decode a
+  // model's ids into the wrong symbols, or resume under another config, without a word.
+  for (const auto& [name, crc] : {std::pair{r.manifest_.tokenizer, r.manifest_.tokenizer_crc},
+                                  std::pair{r.manifest_.config, r.manifest_.config_crc}}) {
+    const std::string path = r.file_path(name);
+    if (!crc || !fs::exists(path, ec)) continue;  // a missing one: the caller that needs it says so
+    std::string bytes;
+    GPT_RETURN_IF_ERROR(read_file(path, &bytes));
+    if (const uint32_t got = crc32c(bytes.data(), bytes.size()); got != *crc) {
+      return Status::corruption(path + ": checksum mismatch (crc32c " + hex32(got) + ", the manifest " + mpath +
+                                " says " + hex32(*crc) + ")");
+    }
+  }
   if (r.manifest_.version == 1) GPT_RETURN_IF_ERROR(r.verify());  // one CRC over the whole file
   return r;
 }

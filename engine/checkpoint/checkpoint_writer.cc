@@ -218,7 +218,15 @@ Status save_checkpoint(Communicator& world, const std::string& root_dir, const s
     if (!st.is_ok()) st = st.with_context(what);
   }
   if (st.is_ok()) maybe_inject_kill(fault, rank, req.manifest.step);
-  GPT_RETURN_IF_ERROR(agree(world, st, what));
+  // A save that fails after the temporary directory exists leaves nothing behind: once every rank has agreed on the
+  // failure (so none is still writing into it), rank 0 removes it (a full disk would otherwise keep the partial
+  // shards until the next save).
+  const auto discard = [&](Status failed) {
+    std::error_code ec;
+    if (rank == 0) fs::remove_all(tmp, ec);  // best effort: the error reported is the save's
+    return failed;
+  };
+  if (Status agreed = agree(world, st, what); !agreed.is_ok()) return discard(agreed);
 
   // Where every rank's slices went: per unit, (begin, length) as int64 halves and one CRC per section.
   const int n_units = static_cast<int>(ModelLayout::build(req.manifest.shape).units.size());
@@ -239,8 +247,14 @@ Status save_checkpoint(Communicator& world, const std::string& root_dir, const s
   if (rank == 0) {
     Manifest m = req.manifest;
     m.shards.clear();
-    if (!req.tokenizer_json.empty()) m.tokenizer = "tokenizer.json";
-    if (!req.config_yaml.empty()) m.config = "config.yaml";
+    if (!req.tokenizer_json.empty()) {
+      m.tokenizer = "tokenizer.json";
+      m.tokenizer_crc = crc32c(req.tokenizer_json.data(), req.tokenizer_json.size());
+    }
+    if (!req.config_yaml.empty()) {
+      m.config = "config.yaml";
+      m.config_crc = crc32c(req.config_yaml.data(), req.config_yaml.size());
+    }
     for (int r = 0; r < world.size(); ++r) {
       ShardFile f;
       std::snprintf(file, sizeof(file), "shard_%05d.bin", r);
@@ -262,7 +276,8 @@ Status save_checkpoint(Communicator& world, const std::string& root_dir, const s
     st = finish(root, tmp, name, req, m);
     if (!st.is_ok()) st = st.with_context(what);
   }
-  return agree(world, st, what);
+  Status agreed = agree(world, st, what);
+  return agreed.is_ok() ? agreed : discard(agreed);  // a finished save's rename took tmp away already
 }
 
 }  // namespace gpt

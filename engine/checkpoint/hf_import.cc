@@ -197,6 +197,11 @@ bool skipped(const std::string& name) {
 
 Expected<HfGpt2> read_hf_gpt2(const std::string& path) {
   std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    return Status::not_found(path + ": no such file or directory (expected a Hugging Face GPT-2 directory with "
+                                    "config.json and model.safetensors, or a .safetensors file with config.json "
+                                    "beside it)");
+  }
   const bool dir = fs::is_directory(path, ec);
   const std::string file = dir ? (fs::path(path) / "model.safetensors").string() : path;
   const std::string config = (dir ? fs::path(path) : fs::path(path).parent_path()) / "config.json";

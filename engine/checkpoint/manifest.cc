@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 #include "checkpoint/json_text.h"
 
@@ -23,6 +25,25 @@ uint32_t parse_crc(const YAML::Node& n) {
       !digits.empty() && digits.size() <= 8 && digits.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos;
   if (!hex) throw std::runtime_error("crc32c '" + text + "' is not a 32-bit hex number");
   return static_cast<uint32_t>(std::stoul(digits, nullptr, 16));
+}
+
+// The value of field `key` (its dotted name, for the message) as a T. A field that is there but not a T (a number
+// written as a word, a float where an integer belongs, one out of T's range) throws, naming the field; a missing
+// one throws too, unless `absent` gives its value (a field older manifests lack). yaml-cpp's as<T>(fallback) would
+// read both as the fallback.
+template <typename T>
+T get(const YAML::Node& n, const char* key, std::optional<T> absent = std::nullopt) {
+  if (!n || n.IsNull()) {
+    if (absent) return *absent;
+    throw std::runtime_error(std::string("\"") + key + "\" is missing");
+  }
+  try {
+    return n.as<T>();
+  } catch (const YAML::Exception&) {
+    const std::string text = n.IsScalar() ? "'" + n.Scalar() + "'" : std::string("not a single value");
+    const char* kind = std::is_floating_point_v<T> ? "a number" : std::is_integral_v<T> ? "an integer" : "a string";
+    throw std::runtime_error(std::string("\"") + key + "\" is " + text + ", expected " + kind);
+  }
 }
 
 }  // namespace
@@ -91,8 +112,11 @@ std::string manifest_to_json(const Manifest& m) {
     }
     o << "]}" << (f + 1 < m.shards.size() ? "," : "") << "\n";
   }
-  o << "  ],\n  \"tokenizer\": " << (m.tokenizer.empty() ? "null" : json_string(m.tokenizer))
-    << ",\n  \"config\": " << (m.config.empty() ? "null" : json_string(m.config)) << "\n}\n";
+  o << "  ],\n  \"tokenizer\": " << (m.tokenizer.empty() ? "null" : json_string(m.tokenizer));
+  if (m.tokenizer_crc) o << ",\n  \"tokenizer_crc32c\": " << json_string(hex32(*m.tokenizer_crc));
+  o << ",\n  \"config\": " << (m.config.empty() ? "null" : json_string(m.config));
+  if (m.config_crc) o << ",\n  \"config_crc32c\": " << json_string(hex32(*m.config_crc));
+  o << "\n}\n";
   return o.str();
 }
 
@@ -104,23 +128,32 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
       return Status::corruption(path +
                                 ": not a gpt-train checkpoint manifest (no \"format\": \"gpt-train checkpoint\")");
     }
-    m.version = j["version"].as<int>(0);
+    m.version = get<int>(j["version"], "version");
     if (m.version != 1 && m.version != kCheckpointVersion) {
       return Status::failed_precondition(path + ": manifest version " + std::to_string(m.version) +
                                          "; this build reads versions 1 and " + std::to_string(kCheckpointVersion));
     }
     const YAML::Node model = j["model"];
-    m.shape.n_layer = model["n_layer"].as<int>();
-    m.shape.n_head = model["n_head"].as<int>();
-    m.shape.n_embd = model["n_embd"].as<int>();
-    m.shape.block_size = model["block_size"].as<int>();
-    m.shape.vocab_size = model["vocab_size"].as<int>();
-    m.shape.dropout = model["dropout"].as<float>(0.0f);
-    m.step = j["step"].as<int64_t>(0);
+    m.shape.n_layer = get<int>(model["n_layer"], "model.n_layer");
+    m.shape.n_head = get<int>(model["n_head"], "model.n_head");
+    m.shape.n_embd = get<int>(model["n_embd"], "model.n_embd");
+    m.shape.block_size = get<int>(model["block_size"], "model.block_size");
+    m.shape.vocab_size = get<int>(model["vocab_size"], "model.vocab_size");
+    m.shape.dropout = get<float>(model["dropout"], "model.dropout", 0.0f);
+    m.step = get<int64_t>(j["step"], "step", int64_t{0});  // version 1 model directories have none
     const GptShape& s = m.shape;
-    if (s.n_layer < 1 || s.n_head < 1 || s.n_embd < 1 || s.n_embd % s.n_head != 0 || s.block_size < 1 ||
-        s.vocab_size < 1 || s.n_layer > 4096 || s.n_embd > (1 << 20) || s.vocab_size > (1 << 24)) {
-      return Status::corruption(path + ": impossible model shape");
+    const auto impossible = [&](const char* key, int value, const std::string& expected) {
+      return Status::corruption(path + ": impossible model shape: \"" + key + "\" is " + std::to_string(value) +
+                                ", expected " + expected);
+    };
+    if (s.n_layer < 1 || s.n_layer > 4096) return impossible("model.n_layer", s.n_layer, "in [1, 4096]");
+    if (s.n_embd < 1 || s.n_embd > (1 << 20)) return impossible("model.n_embd", s.n_embd, "in [1, 2^20]");
+    if (s.n_head < 1 || s.n_embd % s.n_head != 0) {
+      return impossible("model.n_head", s.n_head, "a divisor of model.n_embd " + std::to_string(s.n_embd));
+    }
+    if (s.block_size < 1) return impossible("model.block_size", s.block_size, ">= 1");
+    if (s.vocab_size < 1 || s.vocab_size > (1 << 24)) {
+      return impossible("model.vocab_size", s.vocab_size, "in [1, 2^24]");
     }
     const ModelLayout layout = ModelLayout::build(s);
     const YAML::Node units = j["units"];
@@ -128,11 +161,40 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
       return Status::corruption(path + ": the unit list does not match the model shape (" +
                                 std::to_string(layout.units.size()) + " units expected)");
     }
+    int64_t unit_offset = 0;
     for (size_t u = 0; u < layout.units.size(); ++u) {
-      if (units[u]["name"].as<std::string>() != layout.units[u].name ||
-          units[u]["numel"].as<int64_t>() != layout.units[u].numel) {
-        return Status::corruption(path + ": unit " + std::to_string(u) + " ('" + units[u]["name"].as<std::string>() +
-                                  "') does not match the layout of this model shape");
+      const UnitLayout& want = layout.units[u];
+      const std::string name = get<std::string>(units[u]["name"], "units[].name");
+      const auto mismatch = [&](const std::string& what) {
+        return Status::corruption(path + ": unit " + std::to_string(u) + " ('" + name + "') does not match the " +
+                                  "layout of this model shape: " + what);
+      };
+      if (name != want.name) return mismatch("expected the name '" + want.name + "'");
+      if (get<int64_t>(units[u]["numel"], "units[].numel") != want.numel) {
+        return mismatch("expected \"numel\" " + std::to_string(want.numel));
+      }
+      // What the manifest describes besides (for other readers: the loaders take the layout from the shape), held to
+      // the layout where it is there, so that `checkpoint verify` passes only a manifest that is right throughout.
+      if (units[u]["offset"] && get<int64_t>(units[u]["offset"], "units[].offset") != unit_offset) {
+        return mismatch("expected \"offset\" " + std::to_string(unit_offset));
+      }
+      unit_offset += want.numel;
+      const YAML::Node params = units[u]["params"];
+      if (!params) continue;
+      if (!params.IsSequence() || params.size() != want.params.size()) {
+        return mismatch("expected " + std::to_string(want.params.size()) + " params");
+      }
+      for (size_t i = 0; i < want.params.size(); ++i) {
+        const ParamSpec& ps = want.params[i];
+        const YAML::Node p = params[i];
+        if (get<std::string>(p["name"], "units[].params[].name") != ps.name ||
+            get<int64_t>(p["offset"], "units[].params[].offset") != ps.offset ||
+            get<int64_t>(p["numel"], "units[].params[].numel") != ps.numel ||
+            get<std::vector<int64_t>>(p["shape"], "units[].params[].shape") !=
+                std::vector<int64_t>(ps.shape.begin(), ps.shape.end())) {
+          return mismatch("param " + std::to_string(i) + " should be '" + ps.name + "' at offset " +
+                          std::to_string(ps.offset) + ", " + std::to_string(ps.numel) + " elements");
+        }
       }
     }
     // Names of files in the directory: plain names only, so a crafted manifest cannot point elsewhere.
@@ -149,7 +211,7 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
       m.kind = "model";
       const YAML::Node sh = j["shards"][0];
       ShardFile f;
-      f.file = sh["file"].as<std::string>();
+      f.file = get<std::string>(sh["file"], "shards[].file");
       f.file_crc = parse_crc(sh["crc32c"]);
       for (size_t u = 0; u < layout.units.size(); ++u) {
         f.slices.push_back({static_cast<int>(u), 0, layout.units[u].numel, {}});
@@ -157,37 +219,39 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
       m.shards.push_back(std::move(f));
       return m;
     }
-    m.kind = j["kind"].as<std::string>();
+    m.kind = get<std::string>(j["kind"], "kind");
     if (m.kind != "checkpoint" && m.kind != "model") {
       return Status::corruption(path + ": kind '" + m.kind + "', expected checkpoint or model");
     }
-    m.tokens_seen = j["tokens_seen"].as<int64_t>(0);
+    m.tokens_seen = get<int64_t>(j["tokens_seen"], "tokens_seen");
     if (m.step < 0 || m.tokens_seen < 0) {
       return Status::corruption(path + ": \"step\" " + std::to_string(m.step) + " or \"tokens_seen\" " +
                                 std::to_string(m.tokens_seen) + " is negative");
     }
     m.sections.clear();
-    for (const auto& sec : j["sections"]) m.sections.push_back(sec.as<std::string>());
+    for (const auto& sec : j["sections"]) m.sections.push_back(get<std::string>(sec, "sections[]"));
     if (m.sections.empty() || m.sections[0] != "master") {
       return Status::corruption(path + ": sections must start with \"master\"");
     }
     GPT_ASSIGN_OR_RETURN(m.config, plain_name("config"));
+    if (j["tokenizer_crc32c"] && !m.tokenizer.empty()) m.tokenizer_crc = parse_crc(j["tokenizer_crc32c"]);
+    if (j["config_crc32c"] && !m.config.empty()) m.config_crc = parse_crc(j["config_crc32c"]);
     if (m.kind == "checkpoint") {
       const YAML::Node dl = j["data_loader"], opt = j["optimizer"], par = j["parallel"];
-      m.loader_batch_index = dl["batch_index"].as<uint64_t>();
-      m.global_batch = dl["global_batch"].as<int64_t>();
-      m.sampling = dl["sampling"].as<std::string>();
-      m.seed = j["rng"]["seed"].as<uint64_t>();
-      m.adam_steps = opt["steps_taken"].as<int64_t>();
-      m.beta1 = opt["beta1"].as<float>();
-      m.beta2 = opt["beta2"].as<float>();
-      m.eps = opt["eps"].as<float>();
-      m.weight_decay = opt["weight_decay"].as<float>();
-      m.strategy = par["strategy"].as<std::string>();
-      m.world_size = par["world_size"].as<int>();
-      m.shard_group_size = par["shard_group_size"].as<int>();
-      m.param_dtype = par["param_dtype"].as<std::string>();
-      m.reduce_dtype = par["reduce_dtype"].as<std::string>();
+      m.loader_batch_index = get<uint64_t>(dl["batch_index"], "data_loader.batch_index");
+      m.global_batch = get<int64_t>(dl["global_batch"], "data_loader.global_batch");
+      m.sampling = get<std::string>(dl["sampling"], "data_loader.sampling");
+      m.seed = get<uint64_t>(j["rng"]["seed"], "rng.seed");
+      m.adam_steps = get<int64_t>(opt["steps_taken"], "optimizer.steps_taken");
+      m.beta1 = get<float>(opt["beta1"], "optimizer.beta1");
+      m.beta2 = get<float>(opt["beta2"], "optimizer.beta2");
+      m.eps = get<float>(opt["eps"], "optimizer.eps");
+      m.weight_decay = get<float>(opt["weight_decay"], "optimizer.weight_decay");
+      m.strategy = get<std::string>(par["strategy"], "parallel.strategy");
+      m.world_size = get<int>(par["world_size"], "parallel.world_size");
+      m.shard_group_size = get<int>(par["shard_group_size"], "parallel.shard_group_size");
+      m.param_dtype = get<std::string>(par["param_dtype"], "parallel.param_dtype");
+      m.reduce_dtype = get<std::string>(par["reduce_dtype"], "parallel.reduce_dtype");
       if (m.section_index("adam_m") < 0 || m.section_index("adam_v") < 0) {
         return Status::corruption(path + ": a checkpoint needs sections adam_m and adam_v");
       }
@@ -211,15 +275,29 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
         return field("parallel.shard_group_size", std::to_string(m.shard_group_size), "in [1, world_size]");
       }
     }
+    std::vector<int> ranks;
     for (const auto& sh : j["shards"]) {
       ShardFile f;
-      f.file = sh["file"].as<std::string>();
-      f.rank = sh["rank"].as<int>();
+      f.file = get<std::string>(sh["file"], "shards[].file");
+      f.rank = get<int>(sh["rank"], "shards[].rank");
       if (f.file.empty() || f.file.find('/') != std::string::npos || f.file[0] == '.') {
         return Status::corruption(path + ": shard file name '" + f.file + "' must be a plain file name");
       }
+      // One shard per saving rank (a rank that holds nothing writes none), each rank one of the saving world's.
+      const bool in_world = f.rank >= 0 && (m.kind != "checkpoint" || f.rank < m.world_size);
+      if (!in_world || std::find(ranks.begin(), ranks.end(), f.rank) != ranks.end()) {
+        return Status::corruption(path + ": shard '" + f.file + "' has \"rank\" " + std::to_string(f.rank) + ", " +
+                                  (in_world ? "which another shard has too"
+                                            : m.kind == "checkpoint"
+                                                  ? "expected in [0, parallel.world_size " +
+                                                        std::to_string(m.world_size) + ")"
+                                                  : std::string("expected >= 0")));
+      }
+      ranks.push_back(f.rank);
       for (const auto& sl : sh["slices"]) {
-        ShardSlice slice{sl["unit"].as<int>(), sl["begin"].as<int64_t>(), sl["length"].as<int64_t>(), {}};
+        ShardSlice slice{get<int>(sl["unit"], "shards[].slices[].unit"),
+                         get<int64_t>(sl["begin"], "shards[].slices[].begin"),
+                         get<int64_t>(sl["length"], "shards[].slices[].length"), {}};
         for (const auto& c : sl["crc32c"]) slice.crc.push_back(parse_crc(c));
         if (slice.unit < 0 || slice.unit >= static_cast<int>(layout.units.size()) || slice.begin < 0 ||
             slice.length < 1 || slice.begin + slice.length > layout.units[slice.unit].numel ||
@@ -229,7 +307,7 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
         }
         f.slices.push_back(std::move(slice));
       }
-      if (sh["bytes"].as<int64_t>() != f.bytes(m.sections.size())) {
+      if (get<int64_t>(sh["bytes"], "shards[].bytes") != f.bytes(m.sections.size())) {
         return Status::corruption(path + ": shard '" + f.file + "' bytes do not match its slices");
       }
       m.shards.push_back(std::move(f));

@@ -56,6 +56,8 @@ struct Manifest {
   std::vector<ShardFile> shards;
   std::string tokenizer;  // file name in the directory, or "" when none was saved
   std::string config;     // the run's resolved config file name, or ""
+  // CRC-32C of those files' bytes (manifests written before them have none): CheckpointReader::open checks them.
+  std::optional<uint32_t> tokenizer_crc, config_crc;
 
   int section_index(const std::string& name) const;  // -1 if absent
 };

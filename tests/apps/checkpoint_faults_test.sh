@@ -54,6 +54,7 @@ check "a failed write stops the run (exit $code)" test "$code" -ne 0
 check "the error names the file and the cause" grep -q "shard_00000.bin.tmp: write failed: File too large" <<< "$out"
 check "latest still names step 6" test "$(cat "$ck/latest")" = step_00000006
 check "no step 8" test ! -e "$ck/step_00000008"
+check "nor its temporary directory" test ! -e "$ck/.tmp-step_00000008"
 check "step 6 verifies" "$gpt_train" checkpoint verify "$ck/step_00000006"
 
 # 3. Bad resumes write nothing.

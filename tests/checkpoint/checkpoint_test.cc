@@ -270,6 +270,59 @@ TEST_CASE("Damaged checkpoints give errors naming the file and the problem", "[c
     std::ofstream(dir + "/manifest.json") << text;
     CHECK(error_of().find("manifest.json: manifest version 9; this build reads versions 1 and 2") != std::string::npos);
   }
+  // Hand edits of the manifest's text: each names the field and what it should be, and `verify` never passes.
+  auto edited = [&](const std::string& from, const std::string& to) {
+    fresh();
+    std::ifstream in(dir + "/manifest.json");
+    std::string text(std::istreambuf_iterator<char>(in), {});
+    const size_t at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+    std::ofstream(dir + "/manifest.json") << text;
+    return error_of();
+  };
+  SECTION("a manifest field that is not a number, or not an integer") {
+    CHECK(edited("\"step\": 5", "\"step\": \"four\"").find("\"step\" is 'four', expected an integer") !=
+          std::string::npos);
+    CHECK(edited("\"step\": 5", "\"step\": 1e30").find("\"step\" is '1e30', expected an integer") != std::string::npos);
+    CHECK(edited("\"tokens_seen\": ", "\"tokens_seen\": \"x\", \"was\": ").find("\"tokens_seen\" is 'x'") !=
+          std::string::npos);
+    CHECK(edited("\"tokens_seen\": ", "\"no_tokens\": ").find("\"tokens_seen\" is missing") != std::string::npos);
+  }
+  SECTION("a manifest of an impossible shape names the field") {
+    CHECK(edited("\"n_head\": 2", "\"n_head\": 3")
+              .find("impossible model shape: \"model.n_head\" is 3, expected a divisor of model.n_embd 8") !=
+          std::string::npos);
+  }
+  SECTION("a manifest whose unit or parameter description disagrees with the layout") {
+    CHECK(edited("\"offset\": 0, \"numel\"", "\"offset\": -5, \"numel\"")
+              .find("unit 0 ('embed') does not match the layout of this model shape: expected \"offset\" 0") !=
+          std::string::npos);
+    CHECK(edited("\"shape\": [24, 8]", "\"shape\": [8, 24]").find("param 2 should be 'attn.qkv.weight'") !=
+          std::string::npos);
+  }
+  SECTION("a manifest whose shards' ranks repeat or lie outside the saving world") {
+    CHECK(edited("\"rank\": 0", "\"rank\": 1").find("has \"rank\" 1, expected in [0, parallel.world_size 1)") !=
+          std::string::npos);
+  }
+  SECTION("an edited tokenizer or config: their checksums are in the manifest") {
+    for (const char* name : {"tokenizer.json", "config.yaml"}) {
+      fs::remove_all(tmp.file("ck"));
+      SaveRequest req = fx.request(5, 1);
+      req.tokenizer_json = R"({"type":"char","vocab":["a","b","c"]})";
+      req.config_yaml = "model:\n  n_layer: 2\n";
+      REQUIRE(save_checkpoint(*one, tmp.file("ck"), "step_00000005", req).is_ok());
+      REQUIRE(error_of().empty());
+      {
+        std::ifstream in(dir + "/" + name);
+        std::string text(std::istreambuf_iterator<char>(in), {});
+        text[text.size() / 2] ^= 1;
+        std::ofstream(dir + "/" + name) << text;
+      }
+      INFO(name);
+      CHECK(error_of().find(dir + "/" + name + ": checksum mismatch") != std::string::npos);
+    }
+  }
   SECTION("a manifest naming a file outside the directory") {
     fresh();
     Manifest m = CheckpointReader::open(dir)->manifest();
@@ -280,9 +333,14 @@ TEST_CASE("Damaged checkpoints give errors naming the file and the problem", "[c
   SECTION("a manifest listing a slice twice") {
     fresh();
     Manifest m = CheckpointReader::open(dir)->manifest();
-    m.shards.push_back(m.shards[0]);
+    m.shards.push_back(m.shards[0]);  // as from a second rank
+    m.shards.back().rank = 1;
+    m.world_size = 2;
     std::ofstream(dir + "/manifest.json") << manifest_to_json(m);
     CHECK(error_of().find("do not cover unit 'embed' exactly once") != std::string::npos);
+    m.shards.back().rank = 0;  // or a second shard of the same rank
+    std::ofstream(dir + "/manifest.json") << manifest_to_json(m);
+    CHECK(error_of().find("has \"rank\" 0, which another shard has too") != std::string::npos);
   }
   SECTION("no manifest: a save that never finished") {
     fresh();
