@@ -50,11 +50,11 @@ Command add_plan_command(CLI::App& app) {
       ->type_name("KEY=VALUE");
   app.add_option("--world-size,-n", args->world_size, "Ranks in the data-parallel group")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 24));  // not PositiveNumber: its message prints DBL_MAX in full
   app.add_option("--ranks-per-node", args->ranks_per_node,
                  "Ranks sharing one node: the per-node total, and hybrid's shard group unless "
                  "parallel.shard_group_size is set (default: all on one node)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 24));  // not PositiveNumber: its message prints DBL_MAX in full
   app.add_option("--device-memory-gb", args->device_memory_gb,
                  "Memory per rank in GB (1e9 bytes) for choosing `auto` (default: unlimited)")
       ->check(kFinitePositive);

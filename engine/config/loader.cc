@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -215,6 +216,19 @@ Expected<RunConfig> load_run_config_file(const std::string& path, const std::vec
   size_t n;
   while ((n = std::fread(buf, 1, sizeof(buf), f.get())) > 0) text.append(buf, n);
   if (std::ferror(f.get())) return invalid("cannot read config file '" + path + "': " + std::strerror(errno));
+  // A file given on purpose that holds no keys (empty, truncated, or only comments) would run every key at its
+  // default, which is not what anyone who wrote a file meant.
+  bool has_content = false;
+  for (size_t at = 0; at < text.size() && !has_content;) {
+    const size_t end = std::min(text.find('\n', at), text.size());
+    const size_t first = text.find_first_not_of(" \t\r", at);
+    has_content = first < end && text[first] != '#' && text.compare(first, 3, "---") != 0;
+    at = end + 1;
+  }
+  if (!has_content) {
+    return invalid(path + ": the config file holds no keys (it is empty, or only comments): write the run's keys " +
+                   "there, or leave out --config for the built-in configs/quickstart.yaml");
+  }
   return load_run_config_text(text, path, overrides);
 }
 

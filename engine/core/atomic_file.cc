@@ -101,7 +101,7 @@ Status write_file_atomically(const std::string& to, std::span<const std::span<co
 Status read_file(const std::string& path, std::string* out) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return Status::not_found(path + ": no such file");
-  if (std::filesystem::is_directory(path, ec)) return Status::io_error(path + ": is a directory, not a file");
+  if (std::filesystem::is_directory(path, ec)) return Status::invalid_argument(path + ": is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) return errno_status("open for reading", path);
   std::ostringstream buf;

@@ -6,6 +6,7 @@
 #include "core/atomic_file.h"
 #include "data/token_shard.h"
 #include "data/tokenizer.h"
+#include "data/utf8.h"
 
 namespace gpt::data {
 
@@ -24,6 +25,16 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
   for (const std::string& input : options.inputs) {
     std::string content;
     GPT_RETURN_IF_ERROR(read_file(input, &content).with_context("prepare: input file"));
+    if (options.tokenizer == "char") {  // checked file by file, so that the error names the file and its offset
+      char32_t cp = 0;
+      for (size_t pos = 0; pos < content.size();) {
+        if (!decode_utf8(content, &pos, &cp)) {
+          return Status::invalid_argument("prepare: " + input + ": invalid UTF-8 at byte offset " +
+                                          std::to_string(pos) +
+                                          ": the char tokenizer reads UTF-8 text (--tokenizer byte takes any bytes)");
+        }
+      }
+    }
     text += content;
   }
   if (text.empty()) return Status::invalid_argument("prepare: the input files are empty");
@@ -61,6 +72,9 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
     }
   }
   std::error_code ec;
+  if (std::filesystem::exists(options.out_dir, ec) && !std::filesystem::is_directory(options.out_dir, ec)) {
+    return Status::invalid_argument("prepare: --out " + options.out_dir + " is a file; expected a directory");
+  }
   std::filesystem::create_directories(options.out_dir, ec);
   if (ec) return Status::io_error("prepare: cannot create directory " + options.out_dir + ": " + ec.message());
   GPT_RETURN_IF_ERROR(write_token_shard(report.train_path, all.first(static_cast<size_t>(n_train))));

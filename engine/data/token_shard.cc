@@ -41,9 +41,14 @@ Expected<TokenShard> TokenShard::open(const std::string& path) {
     return err == ENOENT ? Status::not_found(msg) : Status::io_error(msg);
   }
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
     ::close(fd);
-    return Status::io_error("token shard " + path + ": not a regular file");
+    return Status::io_error("token shard " + path + ": cannot stat: " + std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {  // a directory or a device given as data: bad input, not an I/O failure
+    ::close(fd);
+    return Status::invalid_argument("token shard " + path + ": not a regular file");
   }
   const size_t file_bytes = static_cast<size_t>(st.st_size);
   if (file_bytes < kShardHeaderBytes) {

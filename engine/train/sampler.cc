@@ -68,6 +68,11 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
           "tiktoken's gpt2 encoding makes and reads them)");
     }
     GPT_ASSIGN_OR_RETURN(data::Tokenizer loaded, data::Tokenizer::load(saved.tokenizer_path));
+    if (loaded.vocab_size() > saved.shape.vocab_size) {  // the model was trained with at least its symbols
+      return Status::corruption(saved.tokenizer_path + ": " + std::to_string(loaded.vocab_size()) +
+                                " symbols, more than the model's vocabulary of " +
+                                std::to_string(saved.shape.vocab_size) + ": not the tokenizer it was trained with");
+    }
     tok.emplace(std::move(loaded));
   }
   std::vector<int32_t> ids = o.prompt_ids;

@@ -295,6 +295,10 @@ Expected<TrainSummary> Trainer::run_steps() {
   std::optional<MetricsWriter> metrics;
   if (writer) {
     std::error_code ec;
+    if (fs::exists(out_dir, ec) && !fs::is_directory(out_dir, ec)) {
+      return Status::invalid_argument(config_.where("run.out_dir") + ": run.out_dir '" + out_dir.string() +
+                                      "' is a file; expected a directory");
+    }
     fs::create_directories(out_dir, ec);
     if (ec) {
       return Status::io_error(config_.where("run.out_dir") + ": cannot create run.out_dir '" + out_dir.string() +

@@ -187,6 +187,12 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
         "parallel.strategy is {}",
         cfg.where("parallel.shard_group_size"), cfg.parallel.shard_group_size, cfg.parallel.strategy);
   }
+  if (hybrid && shard_group_size == world.size() && world.rank() == 0) {  // what it runs as, said once
+    spdlog::warn(
+        "{}: parallel.strategy hybrid with one shard group of all {} rank(s) runs as plain {} (no replicas across "
+        "groups); parallel.shard_group_size (or the ranks per node) sets smaller groups",
+        cfg.where("parallel.strategy"), world.size(), cfg.parallel.hybrid_inner);
+  }
   if (strategy == Strategy::kSingle && world.size() > 1) {
     return Status::invalid_argument(cfg.where("parallel.strategy") + ": parallel.strategy: single runs on one " +
                                     "process, but this job has " + std::to_string(world.size()) +
@@ -208,6 +214,14 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   shape.block_size = cfg.model.block_size;
   shape.dropout = cfg.model.dropout;
   const int32_t max_token = std::max(train.max_token(), val.max_token());
+  if (tokenizer && max_token >= tokenizer->vocab_size()) {  // before the vocab_size checks, which would blame it
+    const std::string which = cfg.data.tokenizer.empty() ? "tokenizer.json beside the shards" : cfg.data.tokenizer;
+    return Status::invalid_argument(
+        cfg.where(cfg.data.tokenizer.empty() ? "data.train" : "data.tokenizer") + ": the data ('" + cfg.data.train +
+        "', '" + cfg.data.val + "') has token id " + std::to_string(max_token) + ", outside the tokenizer's " +
+        std::to_string(tokenizer->vocab_size()) + " symbols (" + which +
+        "): shards tokenized with another vocabulary, or damaged ones");
+  }
   shape.vocab_size = cfg.model.vocab_size;
   if (shape.vocab_size == 0) shape.vocab_size = tokenizer ? tokenizer->vocab_size() : max_token + 1;
   if (max_token >= shape.vocab_size) {
@@ -217,9 +231,10 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
                                     ", so it must be at least " + std::to_string(max_token + 1));
   }
   if (tokenizer && tokenizer->vocab_size() > shape.vocab_size) {
-    return Status::invalid_argument(cfg.where("model.vocab_size") + ": model.vocab_size " +
-                                    std::to_string(shape.vocab_size) + " is smaller than the tokenizer's " +
-                                    std::to_string(tokenizer->vocab_size()) + " symbols");
+    return Status::invalid_argument(
+        cfg.where("model.vocab_size") + ": model.vocab_size " + std::to_string(shape.vocab_size) +
+        " is smaller than the tokenizer's " + std::to_string(tokenizer->vocab_size()) + " symbols (" +
+        (cfg.data.tokenizer.empty() ? "tokenizer.json beside the shards" : cfg.data.tokenizer) + ")");
   }
   if (!cfg.model.tied_embeddings) {
     return Status::invalid_argument(cfg.where("model.tied_embeddings") +

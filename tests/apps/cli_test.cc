@@ -135,6 +135,7 @@ TEST_CASE("bad input: a clear message naming the place, exit code 2, nothing wri
   TempDir dir;
   const std::string data = prepare_corpus(dir);
   const std::string out = dir.file("never");
+  const std::string small_tokenizer = dir.write("small.json", R"({"type":"char","vocab":["a","b"]})");
   const std::vector<BadCase> cases = {
       {"unknown key", "  n_hed: 4\n", "", "unknown key 'training.n_hed'", "run.yaml:"},
       {"unknown key via --set", "", "model.n_hed=4", "model.n_hed", "did you mean 'model.n_head'"},
@@ -143,6 +144,10 @@ TEST_CASE("bad input: a clear message naming the place, exit code 2, nothing wri
       {"heads do not divide width", "", "model.n_head=5", "model.n_embd", "model.n_head"},
       {"block size longer than the data", "", "model.block_size=4096", "model.block_size", "4096"},
       {"vocab smaller than the data", "", "model.vocab_size=5", "model.vocab_size", "at least"},
+      {"data ids outside the tokenizer", "", "data.tokenizer=" + small_tokenizer, "outside the tokenizer's 2 symbols",
+       small_tokenizer},
+      {"data that is a directory", "", "data.train=" + data, data, "not a regular file"},
+      {"run.out_dir that is a file", "", "run.out_dir=" + small_tokenizer, "run.out_dir", "is a file"},
       {"missing data", "", "data.train=" + dir.file("nope/train.bin"), "data.train", "nope/train.bin"},
       {"unknown device", "", "run.device=tpu", "run.device", "tpu"},
       // OpenMP's runtime crashed (a segfault) making a pool of 65536 threads.
@@ -297,6 +302,25 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
         2, {"were prepared with different tokenizers", dir.file("bytes/tokenizer.json")});
     CHECK_FALSE(fs::exists(dir.file("mixed")));
   }
+  SECTION("sample: a model's tokenizer edited (its checksum), or one with more symbols than the model") {
+    const std::string tok = out + "/model/tokenizer.json";
+    std::ifstream in(tok);
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    const size_t close = text.rfind(']');
+    REQUIRE(close != std::string::npos);
+    text.insert(close, R"(,"\u00e9","\u00ea")");  // two symbols more than the model was trained with
+    std::ofstream(tok, std::ios::trunc) << text;
+    const std::string sample = gpt_train() + " sample --run " + out + " --tokens 3";
+    expect(run_command(sample), 2, {tok + ": checksum mismatch"});
+    // A manifest of before the checksums: the symbols are counted against the model's vocabulary instead.
+    std::ifstream min(out + "/model/manifest.json");
+    std::string m((std::istreambuf_iterator<char>(min)), {});
+    const size_t at = m.find(",\n  \"tokenizer_crc32c\"");
+    REQUIRE(at != std::string::npos);
+    m.erase(at, m.find(',', at + 1) - at);  // the field and the comma before it
+    std::ofstream(out + "/model/manifest.json", std::ios::trunc) << m;
+    expect(run_command(sample), 2, {tok + ": ", "symbols, more than the model's vocabulary of", "not the tokenizer"});
+  }
   SECTION("a manifest whose numbers are out of range is corrupt") {
     std::ifstream in(step2 + "/manifest.json");
     std::string m((std::istreambuf_iterator<char>(in)), {});
@@ -339,12 +363,28 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
     const std::string plan = gpt_train() + " plan -c " + cfg + " -n 1 ";
     expect(run_command(plan + "--device-memory-gb nan"), 2, {"expected a finite number > 0"});
     expect(run_command(plan + "--vocab-size 1000000"), 2, {"--vocab-size"});
+    expect(run_command(gpt_train() + " plan -c " + cfg + " -n 0"), 2, {"--world-size", "not in range 1 to 16777216"});
   }
   SECTION("prepare: a split left empty") {
     expect(run_command(gpt_train() + " prepare --input " + dir.file("corpus.txt") + " --val-fraction 0.99999 --out " +
                        dir.file("empty")),
            2, {"leaves the train split empty; nothing written"});
     CHECK_FALSE(fs::exists(dir.file("empty")));
+  }
+  SECTION("prepare: bytes that are not UTF-8 in the second input, named with their offset in it") {
+    const std::string bad = dir.write("latin1.txt", "caf\xe9 au lait\n");
+    expect(run_command(gpt_train() + " prepare --input " + dir.file("corpus.txt") + " --input " + bad + " --out " +
+                       dir.file("mixed")),
+           2, {"prepare: " + bad + ": invalid UTF-8 at byte offset 3", "--tokenizer byte"});
+    CHECK_FALSE(fs::exists(dir.file("mixed")));
+    expect(run_command(gpt_train() + " prepare --input " + bad + " --out " + dir.file("corpus.txt")), 2,
+           {"--tokenizer byte"});  // the input is checked first
+    expect(run_command(gpt_train() + " prepare --input " + dir.file("corpus.txt") + " --out " + dir.file("corpus.txt")),
+           2, {"--out " + dir.file("corpus.txt") + " is a file; expected a directory"});
+  }
+  SECTION("checkpoint import: a path that does not exist is named") {
+    expect(run_command(gpt_train() + " checkpoint import " + dir.file("nope") + " --out " + dir.file("imported")), 2,
+           {dir.file("nope") + ": no such file or directory"});
   }
 }
 

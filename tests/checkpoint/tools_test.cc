@@ -499,6 +499,11 @@ TEST_CASE("checkpoint import reads Hugging Face GPT-2 weights into a model direc
   CHECK(contains(r.output, "the weights are sharded (model.safetensors.index.json)"));
   r = tool("import " + tmp.file("nowhere") + " --out " + tmp.file("m3"));
   CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, tmp.file("nowhere") + ": no such file or directory"));
+  TempDir no_config;  // a directory without config.json
+  no_config.write("model.safetensors", "");
+  r = tool("import " + no_config.file("") + " --out " + tmp.file("m3"));
+  CHECK(r.exit_code == 2);
   CHECK(contains(r.output, "config.json: missing"));
 }
 

@@ -203,6 +203,12 @@ TEST_CASE("Loading a file: positions use the path, a missing file is named", "[c
   auto directory = load_run_config_file(dir.string(), {});
   REQUIRE_FALSE(directory.has_value());
   CHECK(directory.status().message() == "cannot open config file '" + dir.string() + "': Is a directory");
+  for (const char* text : {"", "\n  \n", "# a comment\n---\n"}) {  // a file given on purpose but holding no keys
+    std::ofstream(path, std::ios::trunc) << text;
+    auto empty = load_run_config_file(path, {});
+    REQUIRE_FALSE(empty.has_value());
+    CHECK(empty.status().message().find(path + ": the config file holds no keys") != std::string::npos);
+  }
   std::filesystem::remove_all(dir);
 }
 
