@@ -382,6 +382,10 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
     expect(run_command(gpt_train() + " prepare --input " + dir.file("corpus.txt") + " --out " + dir.file("corpus.txt")),
            2, {"--out " + dir.file("corpus.txt") + " is a file; expected a directory"});
   }
+  SECTION("hybrid with one shard group says what it runs as") {
+    expect(run_command(train + " --set parallel.strategy=hybrid --set run.out_dir=" + dir.file("hybrid")), 0,
+           {"parallel.strategy hybrid with one shard group of all 1 rank(s) runs as plain zero3"});
+  }
   SECTION("checkpoint import: a path that does not exist is named") {
     expect(run_command(gpt_train() + " checkpoint import " + dir.file("nope") + " --out " + dir.file("imported")), 2,
            {dir.file("nope") + ": no such file or directory"});
