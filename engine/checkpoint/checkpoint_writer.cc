@@ -220,10 +220,11 @@ Status save_checkpoint(Communicator& world, const std::string& root_dir, const s
   if (st.is_ok()) maybe_inject_kill(fault, rank, req.manifest.step);
   // A save that fails after the temporary directory exists leaves nothing behind: once every rank has agreed on the
   // failure (so none is still writing into it), rank 0 removes it (a full disk would otherwise keep the partial
-  // shards until the next save).
+  // shards until the next save). Not once it holds its manifest: it is complete then, and finish() may already have
+  // removed the step it was to replace (a rename that failed after), so it is the one copy to recover by hand.
   const auto discard = [&](Status failed) {
     std::error_code ec;
-    if (rank == 0) fs::remove_all(tmp, ec);  // best effort: the error reported is the save's
+    if (rank == 0 && !fs::exists(tmp / "manifest.json", ec)) fs::remove_all(tmp, ec);  // best effort
     return failed;
   };
   if (Status agreed = agree(world, st, what); !agreed.is_ok()) return discard(agreed);

@@ -198,6 +198,7 @@ bool skipped(const std::string& name) {
 Expected<HfGpt2> read_hf_gpt2(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
+    if (ec) return Status::io_error(path + ": " + ec.message());  // e.g. a directory it may not enter
     return Status::not_found(path + ": no such file or directory (expected a Hugging Face GPT-2 directory with "
                                     "config.json and model.safetensors, or a .safetensors file with config.json "
                                     "beside it)");

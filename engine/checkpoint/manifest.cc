@@ -18,12 +18,12 @@ namespace {
 
 // "0x" and up to 8 hex digits (hex32's form); anything else throws, naming the field (the caller reports a malformed
 // manifest).
-uint32_t parse_crc(const YAML::Node& n) {
-  const std::string text = n.as<std::string>();
+uint32_t parse_crc(const YAML::Node& n, const char* key = "crc32c") {
+  const std::string text = n.IsScalar() ? n.Scalar() : std::string("(not a single value)");
   const std::string digits = text.starts_with("0x") ? text.substr(2) : text;
   const bool hex =
       !digits.empty() && digits.size() <= 8 && digits.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos;
-  if (!hex) throw std::runtime_error("crc32c '" + text + "' is not a 32-bit hex number");
+  if (!hex) throw std::runtime_error(std::string("\"") + key + "\" is '" + text + "', expected a 32-bit hex number");
   return static_cast<uint32_t>(std::stoul(digits, nullptr, 16));
 }
 
@@ -41,7 +41,14 @@ T get(const YAML::Node& n, const char* key, std::optional<T> absent = std::nullo
     return n.as<T>();
   } catch (const YAML::Exception&) {
     const std::string text = n.IsScalar() ? "'" + n.Scalar() + "'" : std::string("not a single value");
-    const char* kind = std::is_floating_point_v<T> ? "a number" : std::is_integral_v<T> ? "an integer" : "a string";
+    std::string kind = "a string";
+    if constexpr (std::is_floating_point_v<T>) {
+      kind = "a number in float range";
+    } else if constexpr (std::is_integral_v<T>) {
+      kind = std::string("an integer of ") + (std::is_signed_v<T> ? "int" : "uint") + std::to_string(8 * sizeof(T));
+    } else if constexpr (!std::is_same_v<T, std::string>) {
+      kind = "a list of integers";
+    }
     throw std::runtime_error(std::string("\"") + key + "\" is " + text + ", expected " + kind);
   }
 }
@@ -192,8 +199,10 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
             get<int64_t>(p["numel"], "units[].params[].numel") != ps.numel ||
             get<std::vector<int64_t>>(p["shape"], "units[].params[].shape") !=
                 std::vector<int64_t>(ps.shape.begin(), ps.shape.end())) {
-          return mismatch("param " + std::to_string(i) + " should be '" + ps.name + "' at offset " +
-                          std::to_string(ps.offset) + ", " + std::to_string(ps.numel) + " elements");
+          std::string shape;
+          for (const int64_t d : ps.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+          return mismatch("param " + std::to_string(i) + " should be '" + ps.name + "' of shape [" + shape +
+                          "] at offset " + std::to_string(ps.offset) + ", " + std::to_string(ps.numel) + " elements");
         }
       }
     }
@@ -234,8 +243,10 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
       return Status::corruption(path + ": sections must start with \"master\"");
     }
     GPT_ASSIGN_OR_RETURN(m.config, plain_name("config"));
-    if (j["tokenizer_crc32c"] && !m.tokenizer.empty()) m.tokenizer_crc = parse_crc(j["tokenizer_crc32c"]);
-    if (j["config_crc32c"] && !m.config.empty()) m.config_crc = parse_crc(j["config_crc32c"]);
+    if (j["tokenizer_crc32c"] && !m.tokenizer.empty()) {
+      m.tokenizer_crc = parse_crc(j["tokenizer_crc32c"], "tokenizer_crc32c");
+    }
+    if (j["config_crc32c"] && !m.config.empty()) m.config_crc = parse_crc(j["config_crc32c"], "config_crc32c");
     if (m.kind == "checkpoint") {
       const YAML::Node dl = j["data_loader"], opt = j["optimizer"], par = j["parallel"];
       m.loader_batch_index = get<uint64_t>(dl["batch_index"], "data_loader.batch_index");

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "config/schema.h"
 #include "config/validate.h"
@@ -216,14 +217,14 @@ Expected<RunConfig> load_run_config_file(const std::string& path, const std::vec
   size_t n;
   while ((n = std::fread(buf, 1, sizeof(buf), f.get())) > 0) text.append(buf, n);
   if (std::ferror(f.get())) return invalid("cannot read config file '" + path + "': " + std::strerror(errno));
-  // A file given on purpose that holds no keys (empty, truncated, or only comments) would run every key at its
-  // default, which is not what anyone who wrote a file meant.
-  bool has_content = false;
-  for (size_t at = 0; at < text.size() && !has_content;) {
-    const size_t end = std::min(text.find('\n', at), text.size());
-    const size_t first = text.find_first_not_of(" \t\r", at);
-    has_content = first < end && text[first] != '#' && text.compare(first, 3, "---") != 0;
-    at = end + 1;
+  // A file given on purpose that holds no document (empty, truncated, or only comments) would run every key at its
+  // default, which is not what anyone who wrote a file meant. (A parse error is left to load_run_config_text, which
+  // places it.)
+  bool has_content = true;
+  try {
+    const std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    has_content = std::any_of(docs.begin(), docs.end(), [](const YAML::Node& d) { return !d.IsNull(); });
+  } catch (const YAML::Exception&) {
   }
   if (!has_content) {
     return invalid(path + ": the config file holds no keys (it is empty, or only comments): write the run's keys " +

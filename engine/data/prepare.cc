@@ -1,5 +1,6 @@
 #include "data/prepare.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <span>
 
@@ -22,20 +23,22 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
   }
 
   std::string text;
+  std::vector<size_t> starts;  // where each input begins in `text`
   for (const std::string& input : options.inputs) {
     std::string content;
     GPT_RETURN_IF_ERROR(read_file(input, &content).with_context("prepare: input file"));
-    if (options.tokenizer == "char") {  // checked file by file, so that the error names the file and its offset
-      char32_t cp = 0;
-      for (size_t pos = 0; pos < content.size();) {
-        if (!decode_utf8(content, &pos, &cp)) {
-          return Status::invalid_argument("prepare: " + input + ": invalid UTF-8 at byte offset " +
-                                          std::to_string(pos) +
-                                          ": the char tokenizer reads UTF-8 text (--tokenizer byte takes any bytes)");
-        }
-      }
-    }
+    starts.push_back(text.size());
     text += content;
+  }
+  if (options.tokenizer == "char") {  // the inputs joined (a character may span two, as `split -b` cuts them)
+    char32_t cp = 0;
+    for (size_t pos = 0; pos < text.size();) {
+      if (decode_utf8(text, &pos, &cp)) continue;
+      const size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), pos) - starts.begin()) - 1;
+      return Status::invalid_argument("prepare: " + options.inputs[i] + ": invalid UTF-8 at byte offset " +
+                                      std::to_string(pos - starts[i]) +
+                                      ": the char tokenizer reads UTF-8 text (--tokenizer byte takes any bytes)");
+    }
   }
   if (text.empty()) return Status::invalid_argument("prepare: the input files are empty");
 

@@ -32,9 +32,11 @@ namespace {
 // The tokenizer named by data.tokenizer, else tokenizer.json beside the first train shard if present. Without
 // data.tokenizer, the tokenizer.json files beside the train and val shards must agree: shards `prepare`d with
 // different vocabularies would mix ids that mean different tokens.
+// `found` gets its path.
 Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, const data::DataLoader& train,
-                                                        const data::DataLoader& val) {
+                                                        const data::DataLoader& val, std::string* found) {
   std::string path = cfg.data.tokenizer;
+  *found = path;
   if (path.empty()) {
     std::optional<data::Tokenizer> first;
     std::string first_path;
@@ -53,6 +55,7 @@ Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, co
         if (!first) {
           first = std::move(*tok);
           first_path = beside.string();
+          *found = first_path;
         } else if (tok->to_json() != first->to_json()) {
           return Status::invalid_argument(
               cfg.where(key) + ": the shards of data.train ('" + cfg.data.train + "') and data.val ('" + cfg.data.val +
@@ -203,7 +206,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   GPT_ASSIGN_OR_RETURN(data::DataLoader train, open_split(cfg, "train", cfg.data.train, cfg.global_batch(), mode));
   GPT_ASSIGN_OR_RETURN(data::DataLoader val, open_split(cfg, "val", cfg.data.val, cfg.training.micro_batch_size,
                                                         data::SamplingMode::kRandom));
-  GPT_ASSIGN_OR_RETURN(std::optional<data::Tokenizer> tokenizer, find_tokenizer(cfg, train, val));
+  std::string tokenizer_path;
+  GPT_ASSIGN_OR_RETURN(std::optional<data::Tokenizer> tokenizer, find_tokenizer(cfg, train, val, &tokenizer_path));
   GPT_ASSIGN_OR_RETURN(ActivationCheckpointing ckpt,
                        ActivationCheckpointing::parse(cfg.training.activation_checkpointing));
 
@@ -215,11 +219,10 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   shape.dropout = cfg.model.dropout;
   const int32_t max_token = std::max(train.max_token(), val.max_token());
   if (tokenizer && max_token >= tokenizer->vocab_size()) {  // before the vocab_size checks, which would blame it
-    const std::string which = cfg.data.tokenizer.empty() ? "tokenizer.json beside the shards" : cfg.data.tokenizer;
     return Status::invalid_argument(
         cfg.where(cfg.data.tokenizer.empty() ? "data.train" : "data.tokenizer") + ": the data ('" + cfg.data.train +
         "', '" + cfg.data.val + "') has token id " + std::to_string(max_token) + ", outside the tokenizer's " +
-        std::to_string(tokenizer->vocab_size()) + " symbols (" + which +
+        std::to_string(tokenizer->vocab_size()) + " symbols (" + tokenizer_path +
         "): shards tokenized with another vocabulary, or damaged ones");
   }
   shape.vocab_size = cfg.model.vocab_size;
@@ -233,8 +236,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   if (tokenizer && tokenizer->vocab_size() > shape.vocab_size) {
     return Status::invalid_argument(
         cfg.where("model.vocab_size") + ": model.vocab_size " + std::to_string(shape.vocab_size) +
-        " is smaller than the tokenizer's " + std::to_string(tokenizer->vocab_size()) + " symbols (" +
-        (cfg.data.tokenizer.empty() ? "tokenizer.json beside the shards" : cfg.data.tokenizer) + ")");
+        " is smaller than the tokenizer's " + std::to_string(tokenizer->vocab_size()) + " symbols (" + tokenizer_path +
+        ")");
   }
   if (!cfg.model.tied_embeddings) {
     return Status::invalid_argument(cfg.where("model.tied_embeddings") +

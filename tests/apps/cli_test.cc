@@ -379,6 +379,11 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
     CHECK_FALSE(fs::exists(dir.file("mixed")));
     expect(run_command(gpt_train() + " prepare --input " + bad + " --out " + dir.file("corpus.txt")), 2,
            {"--tokenizer byte"});  // the input is checked first
+    // A character cut in two between inputs (as split -b cuts them) is whole in the text they make.
+    const std::string first = dir.write("part1.txt", "caf\xc3"), second = dir.write("part2.txt", "\xa9 au lait\n");
+    expect(run_command(gpt_train() + " prepare --input " + first + " --input " + second + " --val-fraction 0 --out " +
+                       dir.file("parts")),
+           0, {});
     expect(run_command(gpt_train() + " prepare --input " + dir.file("corpus.txt") + " --out " + dir.file("corpus.txt")),
            2, {"--out " + dir.file("corpus.txt") + " is a file; expected a directory"});
   }

@@ -203,12 +203,16 @@ TEST_CASE("Loading a file: positions use the path, a missing file is named", "[c
   auto directory = load_run_config_file(dir.string(), {});
   REQUIRE_FALSE(directory.has_value());
   CHECK(directory.status().message() == "cannot open config file '" + dir.string() + "': Is a directory");
-  for (const char* text : {"", "\n  \n", "# a comment\n---\n"}) {  // a file given on purpose but holding no keys
+  for (const char* text : {"", "\n  \n", "# a comment\n---\n", "\xef\xbb\xbf# a BOM and a comment\n"}) {  // no keys
     std::ofstream(path, std::ios::trunc) << text;
     auto empty = load_run_config_file(path, {});
     REQUIRE_FALSE(empty.has_value());
     CHECK(empty.status().message().find(path + ": the config file holds no keys") != std::string::npos);
   }
+  std::ofstream(path, std::ios::trunc) << "--- {training: {steps: 5}}\n";  // a document on its start line
+  auto one_line = load_run_config_file(path, {});
+  REQUIRE(one_line.has_value());
+  CHECK(one_line->training.steps == 5);
   std::filesystem::remove_all(dir);
 }
 
