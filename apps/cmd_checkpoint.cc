@@ -101,18 +101,26 @@ int inspect(const std::string& arg) {
   int64_t total = 0;
   for (const ShardFile& f : m.shards) total += f.bytes(m.sections.size());
   o << "  shard files:   " << m.shards.size() << ", " << bytes_text(total) << "\n";
+  int problems = 0;  // files missing or of the wrong size: shown, and the exit status says so
   for (const ShardFile& f : m.shards) {
     const int64_t bytes = f.bytes(m.sections.size());
     const std::string state = file_state(fs::path(dir) / f.file, bytes);
+    problems += state.empty() ? 0 : 1;
     o << "    " << f.file << "  rank " << f.rank << ", " << bytes << " bytes, " << f.slices.size()
       << (f.slices.size() == 1 ? " slice" : " slices") << (state.empty() ? "" : "  [" + state + "]") << "\n";
   }
   for (const auto& [what, name] :
        {std::pair<const char*, std::string>{"tokenizer", m.tokenizer}, {"config", m.config}}) {
     o << "  " << what << ":" << std::string(14 - std::string(what).size(), ' ');
-    o << (name.empty() ? "none saved" : name + " (" + file_state(fs::path(dir) / name, -1) + ")") << "\n";
+    const std::string state = name.empty() ? "" : file_state(fs::path(dir) / name, -1);
+    problems += state == "present" || state.empty() ? 0 : 1;
+    o << (name.empty() ? "none saved" : name + " (" + state + ")") << "\n";
   }
   std::cout << o.str() << std::flush;
+  if (problems > 0) {
+    return report_error(Status::corruption(dir + ": " + std::to_string(problems) +
+                                           " file(s) the manifest names are missing or the wrong size (flagged above)"));
+  }
   return 0;
 }
 

@@ -160,6 +160,15 @@ TEST_CASE("checkpoint inspect fails clearly on a missing directory or a bad mani
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK(contains(r.output, bad + "/manifest.json: malformed manifest"));
+  // A missing shard and a truncated tokenizer are shown, and the exit status says so.
+  const std::string damaged = copy_dir(run.step10, tmp, "damaged");
+  fs::remove(damaged + "/shard_00000.bin");
+  r = tool("inspect " + damaged);
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "shard_00000.bin  rank 0,"));
+  CHECK(contains(r.output, "[MISSING]"));
+  CHECK(contains(r.output, damaged + ": 1 file(s) the manifest names are missing or the wrong size"));
 }
 
 TEST_CASE("checkpoint verify passes a good checkpoint and names the shard with a flipped byte", "[checkpoint][tools]") {
