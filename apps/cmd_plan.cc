@@ -116,8 +116,15 @@ Command add_plan_command(CLI::App& app) {
       budget = DeviceBudget{std::llround(args->gpu_free_gb * 1e9), 0, device_memory_reserve_bytes(cfg->parallel),
                             "each GPU (--gpu-free-gb)"};
     }
-    Expected<AutoChoice> choice = choose_auto(plans, args->device_memory_gb, budget);
-    if (!choice) return report_error(choice.status());
+    // The memory `auto` fits: --device-memory-gb, else the config's parallel.device_memory_gb, as train reads it.
+    const bool flag_memory = args->device_memory_gb > 0;
+    const double memory_gb = flag_memory ? args->device_memory_gb : cfg->parallel.device_memory_gb;
+    Expected<AutoChoice> choice = choose_auto(plans, memory_gb, budget);
+    if (!choice) {
+      return report_error(choice.status().with_context(
+          flag_memory ? std::string("--device-memory-gb")
+                      : cfg->where("parallel.device_memory_gb") + ": parallel.device_memory_gb"));
+    }
     if (print) {
       std::cout << "auto: " << strategy_name(choice->strategy) << ": " << choice->reason << "\n";
       const std::string where = cfg->where("parallel.strategy");

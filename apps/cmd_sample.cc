@@ -63,8 +63,12 @@ Command add_sample_command(CLI::App& app) {
     args->opts.prompt_is_default = prompt->count() == 0 && args->opts.prompt_ids.empty();
     if (!args->run_dir.empty()) args->opts.model_dir = (std::filesystem::path(args->run_dir) / "model").string();
     if (!args->checkpoint_dir.empty()) args->opts.model_dir = resolve_checkpoint_dir(args->checkpoint_dir);
-    Status st = sample_text(args->opts, [](const std::string& piece) { std::cout << piece << std::flush; });
-    std::cout << std::endl;
+    bool emitted = false;  // an error before any text leaves stdout empty (it printed a lone newline)
+    Status st = sample_text(args->opts, [&emitted](const std::string& piece) {
+      emitted = true;
+      std::cout << piece << std::flush;
+    });
+    if (emitted || st.is_ok()) std::cout << std::endl;
     if (!st.is_ok()) return report_error(st);
     return 0;
   };

@@ -294,6 +294,11 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
     }
     GPT_RETURN_IF_ERROR(agree(world, same, "comparing the checkpoint's tokenizer"));
   }
+  if (resume && resume->manifest().sampling != "sequential" && resume->manifest().global_batch != cfg.global_batch() &&
+      world.rank() == 0) {  // allowed (random batches are drawn per step), but worth a line in the log
+    spdlog::info("{}: the global batch changes from the checkpoint's {} sequences to {}",
+                 cfg.where("training.global_batch_sequences"), resume->manifest().global_batch, cfg.global_batch());
+  }
   if (resume && resume->manifest().sampling == "sequential" && resume->manifest().global_batch != cfg.global_batch()) {
     return Status::invalid_argument(cfg.where("training.global_batch_sequences") + ": the checkpoint " + resume->dir() +
                                     " was saved with a global batch of " +

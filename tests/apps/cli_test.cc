@@ -253,6 +253,9 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
     expect(run_command(sample + "--temperature nan"), 2, {"--temperature must be a finite number > 0"});
     expect(run_command(sample + "--temperature inf"), 2, {"--temperature must be a finite number > 0"});
     expect(run_command(sample + "--top-k -5"), 2, {"--top-k must be >= 0"});
+    const auto quiet = run_command("(" + sample + "--top-k -5 2>/dev/null)");  // stdout alone: nothing, not a newline
+    CHECK(quiet.exit_code == 2);
+    CHECK(quiet.output.empty());
     expect(run_command(sample + "--threads 65536"), 2, {"--threads must be in [0, 4096]"});
     // A temperature so small that logits / temperature overflow is its limit, greedy (it picked the k-th token).
     auto ids = [](const std::string& output) {

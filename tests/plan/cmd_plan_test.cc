@@ -165,6 +165,11 @@ TEST_CASE("gpt-train plan: one rank, overrides, unknown vocabulary, nothing fits
     CHECK(r.exit_code == 2);
     CHECK(r.output.find("zero3") != std::string::npos);
     CHECK(r.output.find("no strategy fits in 0.5 GB per rank") != std::string::npos);
+    // The config's parallel.device_memory_gb, as train reads it (plan ignored it), named as the source.
+    const auto key = run_command(gpt_train() + " plan -c " + kConfig + " -n 8 --set parallel.device_memory_gb=0.5");
+    INFO(key.output);
+    CHECK(key.exit_code == 2);
+    CHECK(key.output.find("parallel.device_memory_gb: no strategy fits in 0.5 GB per rank") != std::string::npos);
   }
   SECTION("--help has examples") {
     const auto r = run_command(gpt_train() + " plan --help");
