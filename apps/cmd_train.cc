@@ -86,6 +86,7 @@ Command add_train_command(CLI::App& app) {
     if (!args->resume.empty()) overrides.push_back("checkpoint.resume=" + args->resume);
     Expected<RunConfig> cfg = load_config_arg(args->config, overrides);
     if (!cfg) return report_error(cfg.status());
+    if (!args->resume.empty()) cfg->origin["checkpoint.resume"] = "--resume " + args->resume;  // as the user wrote it
     init_logging(world().rank(), cfg->logging.level);
     spdlog::info("resolved config ({}):\n{}", args->config.empty() ? kEmbeddedConfigName : args->config, to_yaml(*cfg));
     start_comm_watchdog(cfg->comm.timeout_s, cfg->comm.save_timeout_s);

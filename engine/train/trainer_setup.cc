@@ -19,6 +19,7 @@
 
 #include "checkpoint/manifest.h"
 #include "config/loader.h"
+#include "core/atomic_file.h"
 #include "core/stop_signal.h"
 #include "core/test_fault.h"
 #include "train/metrics.h"
@@ -293,6 +294,24 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
       }
     }
     GPT_RETURN_IF_ERROR(agree(world, same, "comparing the checkpoint's tokenizer"));
+  }
+  if (resume && world.rank() == 0) {
+    // What may change on a resume but is rarely meant to: said in the log, against the checkpoint's config.yaml.
+    const std::string saved_path = resume->file_path(resume->manifest().config);
+    std::string text;
+    if (!saved_path.empty() && read_file(saved_path, &text).is_ok()) {
+      if (Expected<RunConfig> saved = load_run_config_text(text, saved_path, {}); saved) {
+        const std::pair<const char*, std::pair<std::string, std::string>> keys[] = {
+            {"data.train", {saved->data.train, cfg.data.train}},
+            {"data.val", {saved->data.val, cfg.data.val}},
+            {"model.dropout", {std::to_string(saved->model.dropout), std::to_string(cfg.model.dropout)}}};
+        for (const auto& [key, values] : keys) {
+          if (values.first == values.second) continue;
+          spdlog::warn("{}: {} is '{}' where the checkpoint's run had '{}' ({}): resuming with it", cfg.where(key), key,
+                       values.second, values.first, saved_path);
+        }
+      }
+    }
   }
   if (resume && resume->manifest().sampling != "sequential" && resume->manifest().global_batch != cfg.global_batch() &&
       world.rank() == 0) {  // allowed (random batches are drawn per step), but worth a line in the log

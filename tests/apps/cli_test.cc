@@ -390,6 +390,12 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
     expect(run_command(gpt_train() + " prepare --input " + dir.file("corpus.txt") + " --out " + dir.file("corpus.txt")),
            2, {"--out " + dir.file("corpus.txt") + " is a file; expected a directory"});
   }
+  SECTION("resume: a changed dropout is said in the log, and an error names --resume as given") {
+    expect(run_command(train + " --set training.steps=3 --resume auto --set model.dropout=0.25"), 0,
+           {"--set model.dropout=0.25: model.dropout is '0.250000' where the checkpoint's run had '0.000000'"});
+    expect(run_command(train + " --set training.steps=3 --resume " + dir.file("nope")), 2,
+           {"--resume " + dir.file("nope")});
+  }
   SECTION("hybrid with one shard group says what it runs as") {
     expect(run_command(train + " --set parallel.strategy=hybrid --set run.out_dir=" + dir.file("hybrid")), 0,
            {"parallel.strategy hybrid with one shard group of all 1 rank(s) runs as plain zero3"});
