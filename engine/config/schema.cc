@@ -163,7 +163,9 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(training, min_lr), at_least(0), "learning rate at the end of decay; <= lr"},
       {GPT_KEY(training, warmup_steps), at_least(0), "linear warmup steps from lr/(warmup+1) to lr"},
       {GPT_KEY(training, lr_schedule), one_of("cosine|linear|constant"), "decay from lr to min_lr after warmup"},
-      {GPT_KEY(training, decay_steps), at_least(0), "step at which decay reaches min_lr; 0 = steps"},
+      {GPT_KEY(training, decay_steps), at_least(0),
+       "steps over which lr decays to min_lr, counted from 0 as nanoGPT's get_lr does (so metrics step "
+       "decay_steps + 1 is the first at min_lr); 0 = training.steps"},
       {GPT_KEY(training, beta1), fraction(), "AdamW first-moment decay"},
       {GPT_KEY(training, beta2), fraction(), "AdamW second-moment decay"},
       {GPT_KEY(training, eps), above(0), "AdamW epsilon"},
@@ -172,7 +174,10 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(training, eval_interval), at_least(0), "steps between validation evals; 0 = only at the end"},
       {GPT_KEY(training, eval_batches), at_least(1), "micro-batches per validation eval (shared out over the ranks)"},
       {GPT_KEY(training, activation_checkpointing), checkpointing(),
-       "recompute activations in backward: none, full (every block), every:N (every Nth block), selective"},
+       "recompute activations in backward: none, full (every block), every:N (blocks 0, N, 2N, ...), selective "
+       "(LayerNorm and GELU outputs). A scratch holds one block's recomputed activations, so every:N saves memory "
+       "only where it recomputes two blocks or more, and selective only past a few layers; gpt-train plan shows "
+       "the bytes"},
       {GPT_KEY(training, nonfinite), one_of("stop|skip_step"),
        "a non-finite loss or gradient norm: stop the run naming the step and the first unit with a non-finite "
        "gradient, or skip that step's update (logged) and go on"},
@@ -237,7 +242,8 @@ std::span<const KeySpec> config_schema() {
        "little waits for the others' writes); 0 = never, under a watchdog that comm.timeout_s runs"},
 
       {GPT_KEY(logging, level), one_of("trace|debug|info|warn|error"), "log level"},
-      {GPT_KEY(logging, log_interval), at_least(1), "steps between plain progress lines when stdout is not a terminal"},
+      {GPT_KEY(logging, log_interval), at_least(1),
+       "steps between rank 0's progress lines (on stderr; on a terminal a status line is redrawn between them)"},
       {GPT_KEY(logging, metrics_file), out_file(), "metrics JSONL file name, inside run.out_dir"},
       {GPT_KEY(logging, peak_tflops), at_least(0),
        "dense bf16 peak TFLOP/s of one GPU, the denominator of MFU in progress lines and summary.json; 0 = known "

@@ -118,11 +118,12 @@ void Progress::update(const StepMetrics& m) {
 Status write_run_summary(const std::string& path, const RunSummary& s) {
   std::string j = fmt::format(
       "{{\n  \"steps_done\": {},\n  \"total_steps\": {},\n  \"steps_this_run\": {},\n  \"interrupted\": {},\n"
-      "  \"final_loss\": {},\n  \"final_val_loss\": {},\n  \"seconds\": {:.3f},\n  \"tokens_per_s\": {:.1f},\n"
+      "  \"final_loss\": {},\n  \"final_val_loss\": {},\n  \"seconds\": {:.3f},\n  \"train_seconds\": {:.3f},\n"
+      "  \"tokens_per_s\": {:.1f},\n"
       "  \"gflops\": {:.3f},\n  \"mfu\": {},\n  \"strategy\": \"{}\",\n  \"world_size\": {},\n  \"model_dir\": {},\n"
       "  \"latest_checkpoint\": {},\n  \"mem_peak_bytes\": ",
       s.steps_done, s.total_steps, s.steps_this_run, s.interrupted, num(s.final_loss, "{:.6f}"),
-      s.final_val_loss ? num(*s.final_val_loss, "{:.6f}") : "null", s.seconds, s.tokens_per_s, s.gflops,
+      s.final_val_loss ? num(*s.final_val_loss, "{:.6f}") : "null", s.seconds, s.train_seconds, s.tokens_per_s, s.gflops,
       s.mfu ? num(*s.mfu, "{:.4f}") : "null", s.strategy, s.world_size,
       s.model_dir.empty() ? "null" : "\"" + s.model_dir + "\"",
       s.latest_checkpoint.empty() ? "null" : "\"" + s.latest_checkpoint + "\"");

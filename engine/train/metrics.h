@@ -79,7 +79,7 @@ struct RunSummary {
   bool interrupted = false;  // stopped by a signal (a checkpoint was written)
   float final_loss = 0.0f;
   std::optional<float> final_val_loss;
-  double seconds = 0.0, tokens_per_s = 0.0, gflops = 0.0;
+  double seconds = 0.0, train_seconds = 0.0, tokens_per_s = 0.0, gflops = 0.0;  // rates over train_seconds
   std::optional<double> mfu;  // achieved / the devices' peak, when the peak is known (GPUs)
   std::string strategy;
   int world_size = 1;

@@ -204,6 +204,7 @@ Status Trainer::write_summary(const TrainSummary& summary, int64_t steps_done, c
   s.final_loss = summary.final_loss;
   s.final_val_loss = summary.final_val_loss;
   s.seconds = summary.seconds;
+  s.train_seconds = summary.train_seconds;
   s.tokens_per_s = summary.tokens_per_s;
   s.gflops = flops_per_token() * summary.tokens_per_s / 1e9;
   if (peak_flops() > 0) s.mfu = s.gflops * 1e9 / (peak_flops() * world_.size());
@@ -341,6 +342,7 @@ Expected<TrainSummary> Trainer::run_steps() {
     GPT_ASSIGN_OR_RETURN(const float loss, train_step(step));
     if (step == start_step_) allocations_at_first_step = MemTracker::instance().stats().allocations;
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    summary.train_seconds += step_s;
     summary.final_loss = loss;
     summary.losses.push_back(loss);
     if (step == start_step_) {
@@ -387,7 +389,7 @@ Expected<TrainSummary> Trainer::run_steps() {
       count_late_allocations();
       summary.steps = step + 1 - start_step_;
       summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      summary.tokens_per_s = tokens_per_step * static_cast<double>(summary.steps) / summary.seconds;
+      summary.tokens_per_s = tokens_per_step * static_cast<double>(summary.steps) / summary.train_seconds;
       GPT_RETURN_IF_ERROR(write_summary(summary, step + 1, ""));
       return summary;
     }
@@ -395,7 +397,7 @@ Expected<TrainSummary> Trainer::run_steps() {
   summary.steps = t.steps - start_step_;
   count_late_allocations();
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  summary.tokens_per_s = tokens_per_step * static_cast<double>(summary.steps) / summary.seconds;
+  summary.tokens_per_s = tokens_per_step * static_cast<double>(summary.steps) / summary.train_seconds;
   const std::string model_dir = (out_dir / "model").string();
   GPT_RETURN_IF_ERROR(wait_for_save());
   GPT_RETURN_IF_ERROR(save(t.steps, /*model_only=*/true));

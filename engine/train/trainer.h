@@ -40,8 +40,9 @@ struct TrainSummary {
   int64_t steps = 0;
   float final_loss = 0.0f;
   std::optional<float> final_val_loss;
-  double seconds = 0.0;
-  double tokens_per_s = 0.0;
+  double seconds = 0.0;        // wall time of the run's loop: steps, evaluations and saves
+  double train_seconds = 0.0;  // the training steps alone (the sum of metrics.jsonl's step_ms)
+  double tokens_per_s = 0.0;   // over train_seconds, as the per-step metrics count it
   std::vector<float> losses;  // per step, mean over the global batch
   bool interrupted = false;   // stopped early by a signal, after saving a checkpoint
   // Tracked allocations (host or device) after this run's first step, evaluations and saves included: 0 when

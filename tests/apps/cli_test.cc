@@ -57,6 +57,17 @@ TEST_CASE("prepare, train and sample end to end, resolved config and metrics are
     // What step 1 was planned to take, beside the measured peaks.
     REQUIRE(s.find("\"mem_planned_bytes\": {\"params\": ") != std::string::npos);
     REQUIRE(s.find("\"device_memory_bytes\": null") != std::string::npos);  // a CPU run: no driver's count
+    // Throughput over the training steps alone (train_seconds, the steps' step_ms summed), not the loop's wall time
+    // with its evaluations and saves (seconds).
+    auto number = [&s](const std::string& key) {
+      const size_t at = s.find("\"" + key + "\": ");
+      REQUIRE(at != std::string::npos);
+      return std::stod(s.substr(at + key.size() + 4));
+    };
+    CHECK(number("train_seconds") > 0.0);
+    CHECK(number("train_seconds") <= number("seconds"));
+    const double tokens = 60.0 * 16 * 32;  // tiny_config: steps x global batch x block size
+    CHECK(number("tokens_per_s") == Approx(tokens / number("train_seconds")).epsilon(0.01));
   }
   // With a stated peak, MFU = achieved FLOP/s / peak appears in the progress lines and the summary.
   const auto with_peak = run_command(gpt_train() + " train --config " + cfg + " --set run.threads=2" +
