@@ -1,16 +1,19 @@
 // `gpt-train plan`: what a run config needs per rank under every strategy (memory by category and
-// communication per step) and the strategy `auto` would pick, without allocating or reading data.
-// A config whose model.vocab_size is 0 (taken from the data at train time) is planned with --vocab-size,
-// or else with GPT-2's 50257, an upper bound for the tokenizers we ship, and a printed note saying so.
+// communication per step) and the strategy `auto` would pick, without allocating or reading data (the one
+// file read besides the config is the tokenizer below). A config whose model.vocab_size is 0 (taken from the data
+// at train time) is planned with --vocab-size, else the size of the tokenizer train would take where it is found,
+// else GPT-2's 50257, an upper bound for the tokenizers we ship; a printed note says which.
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
 
 #include "apps/commands.h"
 #include "comm/communicator.h"
+#include "data/tokenizer.h"
 #include "plan/planner.h"
 #include "plan/report.h"
 
@@ -64,7 +67,8 @@ Command add_plan_command(CLI::App& app) {
                  "the configured strategy is checked against that as train does (exit 2 if it does not fit)")
       ->check(kFinitePositive);
   app.add_option("--vocab-size", args->vocab_size,
-                 "Vocabulary size when the config's model.vocab_size is 0 (default: 50257, GPT-2's)")
+                 "Vocabulary size when the config's model.vocab_size is 0 (default: the size of the tokenizer training "
+                 "would take, data.tokenizer or tokenizer.json beside data.train, else 50257, GPT-2's)")
       ->check(CLI::Range(1, 65536));  // as model.vocab_size: token ids are uint16 in the shards
   app.footer(
       "Prints bytes per rank for params, grads, master weights, optimizer state, activations, workspace and\n"
@@ -90,8 +94,27 @@ Command add_plan_command(CLI::App& app) {
     shape.block_size = cfg->model.block_size;
     shape.vocab_size = cfg->model.vocab_size;
     shape.dropout = cfg->model.dropout;
+    // model.vocab_size 0: the data's tokenizer decides when training. Where it is found as train looks for it
+    // (data.tokenizer, else tokenizer.json beside data.train's shards) the plan takes its size too.
+    std::string tokenizer_path = cfg->data.tokenizer;
+    if (tokenizer_path.empty() && cfg->data.train.find_first_of("*?[") == std::string::npos) {
+      tokenizer_path = (std::filesystem::path(cfg->data.train).parent_path() / "tokenizer.json").string();
+    }
+    std::error_code ec;
+    std::optional<data::Tokenizer> tokenizer;
+    if (args->vocab_size == 0 && shape.vocab_size == 0 && std::filesystem::is_regular_file(tokenizer_path, ec)) {
+      auto loaded = data::Tokenizer::load(tokenizer_path);
+      if (!loaded) return report_error(loaded.status().with_context("the tokenizer for model.vocab_size 0"));
+      tokenizer.emplace(std::move(*loaded));
+    }
     if (args->vocab_size > 0) {
       shape.vocab_size = args->vocab_size;
+    } else if (shape.vocab_size == 0 && tokenizer) {
+      shape.vocab_size = tokenizer->vocab_size();
+      if (print) {
+        std::cout << "note: model.vocab_size is 0: planning with " << shape.vocab_size << ", the symbols of "
+                  << tokenizer_path << " (as training takes it)\n";
+      }
     } else if (shape.vocab_size == 0) {
       shape.vocab_size = kDefaultVocab;
       if (print) {
@@ -121,9 +144,9 @@ Command add_plan_command(CLI::App& app) {
     const double memory_gb = flag_memory ? args->device_memory_gb : cfg->parallel.device_memory_gb;
     Expected<AutoChoice> choice = choose_auto(plans, memory_gb, budget);
     if (!choice) {
-      return report_error(choice.status().with_context(
-          flag_memory ? std::string("--device-memory-gb")
-                      : cfg->where("parallel.device_memory_gb") + ": parallel.device_memory_gb"));
+      return report_error(choice.status().with_context(flag_memory ? std::string("--device-memory-gb")
+                                                                   : cfg->where("parallel.device_memory_gb") +
+                                                                         ": parallel.device_memory_gb"));
     }
     if (print) {
       std::cout << "auto: " << strategy_name(choice->strategy) << ": " << choice->reason << "\n";

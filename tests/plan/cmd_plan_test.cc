@@ -1,6 +1,7 @@
 // End-to-end: `gpt-train plan` on the shipped GPT-2 124M config prints every strategy's table and the
 // choice of `auto`; bad input ends in a clear message and exit code 2.
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <string>
 
 #include "testing/run_command.h"
@@ -108,6 +109,17 @@ TEST_CASE("gpt-train plan: one rank, overrides, unknown vocabulary, nothing fits
     CHECK(v.exit_code == 0);
     CHECK(v.output.find("vocab 65") != std::string::npos);
     CHECK(v.output.find("note: ") == std::string::npos);
+    // A tokenizer where training would find it (beside data.train's shards): its size.
+    std::filesystem::create_directories(dir.file("data"));
+    dir.write("data/tokenizer.json", R"({"type":"char","vocab":["a","b","c"]})");
+    const std::string beside = dir.write("b.yaml", "data: {train: " + dir.file("data/train.bin") +
+                                                       "}\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16}\n"
+                                                       "training: {micro_batch_size: 2, global_batch_sequences: 8}\n");
+    const auto t = run_command(gpt_train() + " plan -c " + beside + " -n 2");
+    INFO(t.output);
+    CHECK(t.exit_code == 0);
+    CHECK(t.output.find("vocab 3") != std::string::npos);
+    CHECK(t.output.find("planning with 3, the symbols of " + dir.file("data/tokenizer.json")) != std::string::npos);
   }
   SECTION("several nodes add hybrid plans; parallel.* keys apply") {
     const auto r = run_command(gpt_train() + " plan -c " + kConfig +
