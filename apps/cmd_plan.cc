@@ -13,6 +13,7 @@
 
 #include "apps/commands.h"
 #include "comm/communicator.h"
+#include "data/loader.h"
 #include "data/tokenizer.h"
 #include "plan/planner.h"
 #include "plan/report.h"
@@ -95,10 +96,12 @@ Command add_plan_command(CLI::App& app) {
     shape.vocab_size = cfg->model.vocab_size;
     shape.dropout = cfg->model.dropout;
     // model.vocab_size 0: the data's tokenizer decides when training. Where it is found as train looks for it
-    // (data.tokenizer, else tokenizer.json beside data.train's shards) the plan takes its size too.
+    // (data.tokenizer, else tokenizer.json beside data.train's first shard) the plan takes its size too.
     std::string tokenizer_path = cfg->data.tokenizer;
-    if (tokenizer_path.empty() && cfg->data.train.find_first_of("*?[") == std::string::npos) {
-      tokenizer_path = (std::filesystem::path(cfg->data.train).parent_path() / "tokenizer.json").string();
+    if (tokenizer_path.empty()) {
+      auto shards = data::expand_pattern(cfg->data.train);  // a path not there yet is taken as it reads
+      const std::string first = shards && !shards->empty() ? shards->front() : cfg->data.train;
+      tokenizer_path = (std::filesystem::path(first).parent_path() / "tokenizer.json").string();
     }
     std::error_code ec;
     std::optional<data::Tokenizer> tokenizer;

@@ -32,25 +32,33 @@ uint32_t parse_crc(const YAML::Node& n, const char* key = "crc32c") {
 // one throws too, unless `absent` gives its value (a field older manifests lack). yaml-cpp's as<T>(fallback) would
 // read both as the fallback.
 template <typename T>
-T get(const YAML::Node& n, const char* key, std::optional<T> absent = std::nullopt) {
-  if (!n || n.IsNull()) {
+T get(const YAML::Node& n, const std::string& key, std::optional<T> absent = std::nullopt) {
+  if (!n) {
     if (absent) return *absent;
-    throw std::runtime_error(std::string("\"") + key + "\" is missing");
+    throw std::runtime_error("\"" + key + "\" is missing");
   }
+  std::string kind = "a string";
+  if constexpr (std::is_floating_point_v<T>) {
+    kind = "a number in float range";
+  } else if constexpr (std::is_integral_v<T>) {
+    kind = std::string("an integer of ") + (std::is_signed_v<T> ? "int" : "uint") + std::to_string(8 * sizeof(T));
+  } else if constexpr (!std::is_same_v<T, std::string>) {
+    kind = "a list of integers";
+  }
+  // null is there but no value (yaml-cpp would read it as the fallback, or a string as "null"); the writer writes
+  // null only for the fields read by name elsewhere (tokenizer, config).
+  if (n.IsNull()) throw std::runtime_error("\"" + key + "\" is null, expected " + kind);
   try {
     return n.as<T>();
   } catch (const YAML::Exception&) {
     const std::string text = n.IsScalar() ? "'" + n.Scalar() + "'" : std::string("not a single value");
-    std::string kind = "a string";
-    if constexpr (std::is_floating_point_v<T>) {
-      kind = "a number in float range";
-    } else if constexpr (std::is_integral_v<T>) {
-      kind = std::string("an integer of ") + (std::is_signed_v<T> ? "int" : "uint") + std::to_string(8 * sizeof(T));
-    } else if constexpr (!std::is_same_v<T, std::string>) {
-      kind = "a list of integers";
-    }
-    throw std::runtime_error(std::string("\"") + key + "\" is " + text + ", expected " + kind);
+    throw std::runtime_error("\"" + key + "\" is " + text + ", expected " + kind);
   }
+}
+
+// "units[3].numel": a list entry's field, named with its index.
+std::string at(const char* list, size_t i, const std::string& field) {
+  return std::string(list) + "[" + std::to_string(i) + "]" + field;
 }
 
 }  // namespace
@@ -171,18 +179,18 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
     int64_t unit_offset = 0;
     for (size_t u = 0; u < layout.units.size(); ++u) {
       const UnitLayout& want = layout.units[u];
-      const std::string name = get<std::string>(units[u]["name"], "units[].name");
+      const std::string name = get<std::string>(units[u]["name"], at("units", u, ".name"));
       const auto mismatch = [&](const std::string& what) {
         return Status::corruption(path + ": unit " + std::to_string(u) + " ('" + name + "') does not match the " +
                                   "layout of this model shape: " + what);
       };
       if (name != want.name) return mismatch("expected the name '" + want.name + "'");
-      if (get<int64_t>(units[u]["numel"], "units[].numel") != want.numel) {
+      if (get<int64_t>(units[u]["numel"], at("units", u, ".numel")) != want.numel) {
         return mismatch("expected \"numel\" " + std::to_string(want.numel));
       }
       // What the manifest describes besides (for other readers: the loaders take the layout from the shape), held to
       // the layout where it is there, so that `checkpoint verify` passes only a manifest that is right throughout.
-      if (units[u]["offset"] && get<int64_t>(units[u]["offset"], "units[].offset") != unit_offset) {
+      if (units[u]["offset"] && get<int64_t>(units[u]["offset"], at("units", u, ".offset")) != unit_offset) {
         return mismatch("expected \"offset\" " + std::to_string(unit_offset));
       }
       unit_offset += want.numel;
@@ -194,10 +202,10 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
       for (size_t i = 0; i < want.params.size(); ++i) {
         const ParamSpec& ps = want.params[i];
         const YAML::Node p = params[i];
-        if (get<std::string>(p["name"], "units[].params[].name") != ps.name ||
-            get<int64_t>(p["offset"], "units[].params[].offset") != ps.offset ||
-            get<int64_t>(p["numel"], "units[].params[].numel") != ps.numel ||
-            get<std::vector<int64_t>>(p["shape"], "units[].params[].shape") !=
+        if (get<std::string>(p["name"], at("units", u, ".params[" + std::to_string(i) + "].name")) != ps.name ||
+            get<int64_t>(p["offset"], at("units", u, ".params[" + std::to_string(i) + "].offset")) != ps.offset ||
+            get<int64_t>(p["numel"], at("units", u, ".params[" + std::to_string(i) + "].numel")) != ps.numel ||
+            get<std::vector<int64_t>>(p["shape"], at("units", u, ".params[" + std::to_string(i) + "].shape")) !=
                 std::vector<int64_t>(ps.shape.begin(), ps.shape.end())) {
           std::string shape;
           for (const int64_t d : ps.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
@@ -220,7 +228,7 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
       m.kind = "model";
       const YAML::Node sh = j["shards"][0];
       ShardFile f;
-      f.file = get<std::string>(sh["file"], "shards[].file");
+      f.file = get<std::string>(sh["file"], "shards[0].file");
       f.file_crc = parse_crc(sh["crc32c"]);
       for (size_t u = 0; u < layout.units.size(); ++u) {
         f.slices.push_back({static_cast<int>(u), 0, layout.units[u].numel, {}});
@@ -238,7 +246,9 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
                                 std::to_string(m.tokens_seen) + " is negative");
     }
     m.sections.clear();
-    for (const auto& sec : j["sections"]) m.sections.push_back(get<std::string>(sec, "sections[]"));
+    const YAML::Node sections = j["sections"];
+    for (size_t i = 0; i < sections.size(); ++i)
+      m.sections.push_back(get<std::string>(sections[i], at("sections", i, "")));
     if (m.sections.empty() || m.sections[0] != "master") {
       return Status::corruption(path + ": sections must start with \"master\"");
     }
@@ -287,10 +297,12 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
       }
     }
     std::vector<int> ranks;
-    for (const auto& sh : j["shards"]) {
+    const YAML::Node shards = j["shards"];
+    for (size_t s_i = 0; s_i < shards.size(); ++s_i) {
+      const YAML::Node sh = shards[s_i];
       ShardFile f;
-      f.file = get<std::string>(sh["file"], "shards[].file");
-      f.rank = get<int>(sh["rank"], "shards[].rank");
+      f.file = get<std::string>(sh["file"], at("shards", s_i, ".file"));
+      f.rank = get<int>(sh["rank"], at("shards", s_i, ".rank"));
       if (f.file.empty() || f.file.find('/') != std::string::npos || f.file[0] == '.') {
         return Status::corruption(path + ": shard file name '" + f.file + "' must be a plain file name");
       }
@@ -299,16 +311,19 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
       if (!in_world || std::find(ranks.begin(), ranks.end(), f.rank) != ranks.end()) {
         return Status::corruption(path + ": shard '" + f.file + "' has \"rank\" " + std::to_string(f.rank) + ", " +
                                   (in_world ? "which another shard has too"
-                                            : m.kind == "checkpoint"
-                                                  ? "expected in [0, parallel.world_size " +
-                                                        std::to_string(m.world_size) + ")"
-                                                  : std::string("expected >= 0")));
+                                   : m.kind == "checkpoint"
+                                       ? "expected in [0, parallel.world_size " + std::to_string(m.world_size) + ")"
+                                       : std::string("expected >= 0")));
       }
       ranks.push_back(f.rank);
-      for (const auto& sl : sh["slices"]) {
-        ShardSlice slice{get<int>(sl["unit"], "shards[].slices[].unit"),
-                         get<int64_t>(sl["begin"], "shards[].slices[].begin"),
-                         get<int64_t>(sl["length"], "shards[].slices[].length"), {}};
+      const YAML::Node slices = sh["slices"];
+      for (size_t l = 0; l < slices.size(); ++l) {
+        const YAML::Node sl = slices[l];
+        const std::string name = at("shards", s_i, ".slices[" + std::to_string(l) + "]");
+        ShardSlice slice{get<int>(sl["unit"], name + ".unit"),
+                         get<int64_t>(sl["begin"], name + ".begin"),
+                         get<int64_t>(sl["length"], name + ".length"),
+                         {}};
         for (const auto& c : sl["crc32c"]) slice.crc.push_back(parse_crc(c));
         if (slice.unit < 0 || slice.unit >= static_cast<int>(layout.units.size()) || slice.begin < 0 ||
             slice.length < 1 || slice.begin + slice.length > layout.units[slice.unit].numel ||
@@ -318,7 +333,7 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
         }
         f.slices.push_back(std::move(slice));
       }
-      if (get<int64_t>(sh["bytes"], "shards[].bytes") != f.bytes(m.sections.size())) {
+      if (get<int64_t>(sh["bytes"], at("shards", s_i, ".bytes")) != f.bytes(m.sections.size())) {
         return Status::corruption(path + ": shard '" + f.file + "' bytes do not match its slices");
       }
       m.shards.push_back(std::move(f));

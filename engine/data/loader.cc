@@ -10,9 +10,7 @@
 #include "core/rng.h"
 
 namespace gpt::data {
-namespace {
 
-// Sorted byte-wise (not by locale) so every machine reads the shards in the same order.
 Expected<std::vector<std::string>> expand_pattern(const std::string& pattern) {
   glob_t g{};
   const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
@@ -29,8 +27,6 @@ Expected<std::vector<std::string>> expand_pattern(const std::string& pattern) {
   std::sort(paths.begin(), paths.end());
   return paths;
 }
-
-}  // namespace
 
 Expected<SamplingMode> parse_sampling_mode(std::string_view name) {
   if (name == "random") return SamplingMode::kRandom;

@@ -25,6 +25,10 @@ enum class SamplingMode { kRandom, kSequential };
 // "random" | "sequential".
 Expected<SamplingMode> parse_sampling_mode(std::string_view name);
 
+// The files a shard path or glob pattern names, sorted byte-wise (not by locale) so every machine reads them in the
+// same order. A literal path with glob characters ("[1]") names its file; no match is kNotFound.
+Expected<std::vector<std::string>> expand_pattern(const std::string& pattern);
+
 struct LoaderOptions {
   // A shard path or a glob pattern ("data/fineweb_train_*.bin"); matches are read in name order.
   std::string pattern;

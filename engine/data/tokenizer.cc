@@ -23,13 +23,27 @@ Status invalid_utf8(size_t offset) {
 void append_json_string(char32_t cp, std::string* out) {
   out->push_back('"');
   switch (cp) {
-    case '"': *out += "\\\""; break;
-    case '\\': *out += "\\\\"; break;
-    case '\n': *out += "\\n"; break;
-    case '\r': *out += "\\r"; break;
-    case '\t': *out += "\\t"; break;
-    case '\b': *out += "\\b"; break;
-    case '\f': *out += "\\f"; break;
+    case '"':
+      *out += "\\\"";
+      break;
+    case '\\':
+      *out += "\\\\";
+      break;
+    case '\n':
+      *out += "\\n";
+      break;
+    case '\r':
+      *out += "\\r";
+      break;
+    case '\t':
+      *out += "\\t";
+      break;
+    case '\b':
+      *out += "\\b";
+      break;
+    case '\f':
+      *out += "\\f";
+      break;
     default:
       if (cp < 0x20 || (cp >= 0x7F && cp < 0xA0) || cp == 0x2028 || cp == 0x2029 || cp == 0xFEFF) {
         char buf[8];
@@ -56,7 +70,12 @@ Expected<Tokenizer> parse_tokenizer_json(const YAML::Node& root) {
   std::string all;
   std::vector<char32_t> listed;
   for (size_t i = 0; i < vocab.size(); ++i) {
-    const std::string s = vocab[i].as<std::string>();
+    // JSON strings only: yaml-cpp reads 1 or true as the text "1" or "true", and its tag tells them apart
+    // ("!" is a quoted scalar's, "?" a plain one's).
+    if (!vocab[i].IsScalar() || vocab[i].Tag() != "!") {
+      return Status::corruption("vocab entry " + std::to_string(i) + " is not a string");
+    }
+    const std::string s = vocab[i].Scalar();
     size_t pos = 0;
     char32_t cp = 0;
     if (s.empty() || !decode_utf8(s, &pos, &cp) || pos != s.size()) {

@@ -88,6 +88,8 @@ TEST_CASE("tokenizer.json errors name the file", "[data]") {
       {"{\"type\":\"char\",\"vocab\":[\"ab\"]}", "vocab entry 0"},
       {"{\"type\":\"char\",\"vocab\":[\"b\",\"a\"]}", "ascending"},
       {"{\"type\":\"char\",\"vocab\":[\"a\",\"a\"]}", "distinct"},
+      {"{\"type\":\"char\",\"vocab\":[1,2]}", "vocab entry 0 is not a string"},
+      {"{\"type\":\"char\",\"vocab\":[\"a\",true]}", "vocab entry 1 is not a string"},
       {"{\"type\":\"char\"", "not valid JSON"},
   };
   for (const auto& [json, problem] : cases) {

@@ -120,6 +120,17 @@ TEST_CASE("gpt-train plan: one rank, overrides, unknown vocabulary, nothing fits
     CHECK(t.exit_code == 0);
     CHECK(t.output.find("vocab 3") != std::string::npos);
     CHECK(t.output.find("planning with 3, the symbols of " + dir.file("data/tokenizer.json")) != std::string::npos);
+    // data.train as a glob: beside its first match, as training looks.
+    std::filesystem::create_directories(dir.file("sharded"));
+    dir.write("sharded/train_000001.bin", "");
+    dir.write("sharded/tokenizer.json", R"({"type":"char","vocab":["a","b","c","d"]})");
+    const std::string glob = dir.write("g.yaml", "data: {train: '" + dir.file("sharded/train_*.bin") +
+                                                     "'}\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16}\n"
+                                                     "training: {micro_batch_size: 2, global_batch_sequences: 8}\n");
+    const auto g = run_command(gpt_train() + " plan -c " + glob + " -n 2");
+    INFO(g.output);
+    CHECK(g.exit_code == 0);
+    CHECK(g.output.find("planning with 4, the symbols of " + dir.file("sharded/tokenizer.json")) != std::string::npos);
   }
   SECTION("several nodes add hybrid plans; parallel.* keys apply") {
     const auto r = run_command(gpt_train() + " plan -c " + kConfig +
