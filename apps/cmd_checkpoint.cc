@@ -15,6 +15,7 @@
 #include "checkpoint/model_file.h"
 #include "checkpoint/safetensors.h"
 #include "core/atomic_file.h"
+#include "data/tokenizer.h"
 
 namespace gpt {
 
@@ -25,6 +26,7 @@ namespace {
 struct CheckpointArgs {
   std::string dir;
   std::string out;
+  bool no_tokenizer = false;
 };
 
 // "123456789 bytes (123.5 MB)".
@@ -118,8 +120,9 @@ int inspect(const std::string& arg) {
   }
   std::cout << o.str() << std::flush;
   if (problems > 0) {
-    return report_error(Status::corruption(dir + ": " + std::to_string(problems) +
-                                           " file(s) the manifest names are missing or the wrong size (flagged above)"));
+    return report_error(
+        Status::corruption(dir + ": " + std::to_string(problems) +
+                           " file(s) the manifest names are missing or the wrong size (flagged above)"));
   }
   return 0;
 }
@@ -184,7 +187,7 @@ int consolidate(const std::string& arg, const std::string& out) {
   return 0;
 }
 
-int import_hf(const std::string& src, const std::string& out) {
+int import_hf(const std::string& src, const std::string& out, bool no_tokenizer) {
   std::error_code ec;
   if (fs::exists(out, ec)) {
     return report_error(Status::invalid_argument("--out: '" + out +
@@ -193,13 +196,33 @@ int import_hf(const std::string& src, const std::string& out) {
   }
   Expected<HfGpt2> hf = read_hf_gpt2(src);
   if (!hf) return report_error(hf.status());
-  const Status st = save_model(out, hf->shape, hf->weights.data(), 0, "");
-  if (!st.is_ok()) return report_error(st);
   const GptShape& s = hf->shape;
+  // The tokenizer published beside the weights (Hugging Face's tokenizer.json, or vocab.json and merges.txt), so
+  // that `sample` takes text; files there that do not read as GPT-2's BPE stop the import (--no-tokenizer skips them).
+  const fs::path dir = fs::is_directory(src, ec) ? fs::path(src) : fs::path(src).parent_path();
+  const bool has_tokenizer = fs::exists(dir / "tokenizer.json", ec) ||
+                             (fs::exists(dir / "vocab.json", ec) && fs::exists(dir / "merges.txt", ec));
+  std::string tokenizer_json;
+  if (has_tokenizer && !no_tokenizer) {
+    auto tok = data::Tokenizer::load(dir.string());
+    if (!tok) {
+      return report_error(
+          Status::invalid_argument(tok.status().message() + " (--no-tokenizer imports the weights without it)"));
+    }
+    if (tok->vocab_size() > s.vocab_size) {
+      return report_error(Status::invalid_argument(
+          dir.string() + ": the tokenizer has " + std::to_string(tok->vocab_size()) + " tokens, the model's " +
+          "vocabulary " + std::to_string(s.vocab_size) + " (--no-tokenizer imports the weights without it)"));
+    }
+    tokenizer_json = tok->to_json();
+  }
+  const Status st = save_model(out, hf->shape, hf->weights.data(), 0, tokenizer_json);
+  if (!st.is_ok()) return report_error(st);
   std::cout << "wrote " << out << ": a model directory of " << s.num_params() << " parameters (n_layer " << s.n_layer
             << ", n_head " << s.n_head << ", n_embd " << s.n_embd << ", block_size " << s.block_size << ", vocab_size "
-            << s.vocab_size << ") from " << src
-            << "; fine-tune it with checkpoint.init_from (model.* as above), sample it with --prompt-ids/--ids"
+            << s.vocab_size << ") from " << src << "; fine-tune it with checkpoint.init_from (model.* as above), "
+            << (tokenizer_json.empty() ? "sample it with --prompt-ids/--ids (no tokenizer beside the weights)"
+                                       : "sample it with --prompt (its tokenizer came with it)")
             << std::endl;
   return 0;
 }
@@ -223,13 +246,18 @@ Command add_checkpoint_command(CLI::App& app) {
                    "write model.safetensors and Hugging Face's config.json into")
       ->required();
   CLI::App* import_cmd = app.add_subcommand(
-      "import", "Read Hugging Face GPT-2 weights (config.json + model.safetensors) into a new model directory");
+      "import",
+      "Read Hugging Face GPT-2 weights (config.json + model.safetensors, and the tokenizer's files where they are) "
+      "into a new model directory");
   import_cmd
       ->add_option("src", args->dir,
                    "A directory with config.json and model.safetensors (as save_pretrained writes them, e.g. "
                    "OpenAI's GPT-2), or a .safetensors file with config.json beside it")
       ->required();
   import_cmd->add_option("--out,-o", args->out, "The model directory to write (must not exist)")->required();
+  import_cmd->add_flag("--no-tokenizer", args->no_tokenizer,
+                       "Leave out the tokenizer found beside the weights (tokenizer.json, or vocab.json and "
+                       "merges.txt), which is otherwise read as GPT-2's BPE and saved with the model");
   app.footer(
       "Examples:\n"
       "  gpt-train checkpoint inspect runs/shakespeare-char/checkpoints/step_00001000\n"
@@ -264,7 +292,7 @@ Command add_checkpoint_command(CLI::App& app) {
     if (inspect_cmd->parsed()) return inspect(args->dir);
     if (verify_cmd->parsed()) return verify(args->dir);
     if (consolidate_cmd->parsed()) return consolidate(args->dir, args->out);
-    if (import_cmd->parsed()) return import_hf(args->dir, args->out);
+    if (import_cmd->parsed()) return import_hf(args->dir, args->out, args->no_tokenizer);
     return report_error(
         Status::invalid_argument("checkpoint needs a subcommand: inspect, verify, consolidate or import"));
   };

@@ -150,7 +150,8 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(data, train), non_empty(), "training token shard file or glob (llm.c layout)"},
       {GPT_KEY(data, val), anything(), "validation token shard file or glob"},
       {GPT_KEY(data, tokenizer), anything(),
-       "tokenizer.json written by `prepare`; \"\" = next to the train shard if present"},
+       "tokenizer.json written by `prepare`, or GPT-2's BPE files as Hugging Face publishes them (tokenizer.json, or "
+       "a directory with vocab.json and merges.txt); \"\" = tokenizer.json next to the train shard if present"},
       {GPT_KEY(data, sampling), one_of("random|sequential"), "how training windows are drawn from the shards"},
 
       {GPT_KEY(training, steps), at_least(1), "optimizer steps to run"},

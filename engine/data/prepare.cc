@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <span>
 
 #include "core/atomic_file.h"
@@ -18,9 +19,20 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
                                     std::to_string(options.val_fraction));
   }
   if (options.out_dir.empty()) return Status::invalid_argument("prepare: no output directory given");
+  // char and byte are built here; anything else names a tokenizer's file or directory (GPT-2's BPE as published,
+  // or another data set's tokenizer.json).
+  std::optional<Tokenizer> given;
   if (options.tokenizer != "char" && options.tokenizer != "byte") {
-    return Status::invalid_argument("prepare: unknown tokenizer \"" + options.tokenizer + "\", expected char or byte");
+    std::error_code ec;
+    if (!std::filesystem::exists(options.tokenizer, ec)) {
+      return Status::invalid_argument("prepare: --tokenizer " + options.tokenizer +
+                                      ": expected char, byte, or a tokenizer file or directory (none is there)");
+    }
+    Expected<Tokenizer> loaded = Tokenizer::load(options.tokenizer);
+    if (!loaded) return loaded.status().with_context("prepare: --tokenizer");
+    given.emplace(std::move(*loaded));
   }
+  const bool utf8 = options.tokenizer != "byte" && !(given && given->kind() == TokenizerKind::kByte);
 
   std::string text;
   std::vector<size_t> starts;  // where each input begins in `text`
@@ -30,21 +42,37 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
     starts.push_back(text.size());
     text += content;
   }
-  if (options.tokenizer == "char") {  // the inputs joined (a character may span two, as `split -b` cuts them)
+  if (utf8) {  // the inputs joined (a character may span two, as `split -b` cuts them)
     char32_t cp = 0;
     for (size_t pos = 0; pos < text.size();) {
       if (decode_utf8(text, &pos, &cp)) continue;
       const size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), pos) - starts.begin()) - 1;
       return Status::invalid_argument("prepare: " + options.inputs[i] + ": invalid UTF-8 at byte offset " +
-                                      std::to_string(pos - starts[i]) +
-                                      ": the char tokenizer reads UTF-8 text (--tokenizer byte takes any bytes)");
+                                      std::to_string(pos - starts[i]) + ": the " +
+                                      std::string(given ? given->kind_name() : "char") +
+                                      " tokenizer reads UTF-8 text (--tokenizer byte takes any bytes)");
     }
   }
   if (text.empty()) return Status::invalid_argument("prepare: the input files are empty");
 
-  Expected<Tokenizer> tokenizer = Tokenizer::build(options.tokenizer, text);
+  Expected<Tokenizer> tokenizer =
+      given ? Expected<Tokenizer>(std::move(*given)) : Tokenizer::build(options.tokenizer, text);
   if (!tokenizer) return tokenizer.status().with_context("prepare: building the tokenizer");
-  Expected<std::vector<uint16_t>> tokens = tokenizer->encode(text);
+  Expected<std::vector<uint16_t>> tokens = std::vector<uint16_t>();
+  if (const int32_t eot = tokenizer->end_of_text(); eot >= 0) {
+    // GPT-2's documents: each input is one, after <|endoftext|> (as llm.c's fineweb.py writes them), and encoded
+    // on its own, so that no piece spans two.
+    starts.push_back(text.size());
+    for (size_t i = 0; i < options.inputs.size() && tokens; ++i) {
+      tokens->push_back(static_cast<uint16_t>(eot));
+      Expected<std::vector<uint16_t>> doc =
+          tokenizer->encode(std::string_view(text).substr(starts[i], starts[i + 1] - starts[i]));
+      if (!doc) return doc.status().with_context("prepare: encoding " + options.inputs[i]);
+      tokens->insert(tokens->end(), doc->begin(), doc->end());
+    }
+  } else {
+    tokens = tokenizer->encode(text);
+  }
   if (!tokens) return tokens.status().with_context("prepare: encoding");
 
   // int(n * (1 - f)) as in nanoGPT: truncation toward zero, in double precision.

@@ -1,6 +1,7 @@
 // `prepare`: turns text files into a training data set, as nanoGPT's data/shakespeare_char/prepare.py does.
-// The inputs are concatenated in the order given; the tokenizer is built from the whole text; the token
-// sequence is split into train = the first int(n * (1 - val_fraction)) tokens and val = the rest. Writes
+// The inputs are concatenated in the order given; the tokenizer is built from the whole text (or read from a file);
+// the token sequence is split into train = the first int(n * (1 - val_fraction)) tokens and val = the rest. A
+// tokenizer with GPT-2's <|endoftext|> takes each input as a document: that token, then the input's. Writes
 //   out_dir/train.bin, out_dir/val.bin   (token shards, see token_shard.h)
 //   out_dir/tokenizer.json               (see tokenizer.h)
 // creating out_dir if needed. Each file is written atomically, so a failed run leaves no partial file.
@@ -17,7 +18,9 @@ namespace gpt::data {
 struct PrepareOptions {
   // Text files to read, concatenated in this order. At least one; together not empty.
   std::vector<std::string> inputs;
-  // "char" (vocabulary = the distinct characters of the inputs) or "byte" (256 ids).
+  // "char" (vocabulary = the distinct characters of the inputs), "byte" (256 ids), or a path that Tokenizer::load
+  // reads: GPT-2's BPE files (Hugging Face's tokenizer.json, a directory with vocab.json and merges.txt), or a
+  // tokenizer.json of another data set, whose vocabulary this one then shares.
   std::string tokenizer = "char";
   // Fraction of tokens that go to val.bin, taken from the end; in [0, 1).
   double val_fraction = 0.1;

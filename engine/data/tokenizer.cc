@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "core/atomic_file.h"
 #include "data/utf8.h"
@@ -18,49 +19,136 @@ Status invalid_utf8(size_t offset) {
   return Status::invalid_argument("invalid UTF-8 at byte offset " + std::to_string(offset));
 }
 
-// Control characters are escaped; so are the ones YAML 1.1 treats as line breaks or BOM (C1 controls incl.
-// NEL, U+2028, U+2029, U+FEFF), because load() parses with yaml-cpp.
 void append_json_string(char32_t cp, std::string* out) {
   out->push_back('"');
-  switch (cp) {
-    case '"':
-      *out += "\\\"";
-      break;
-    case '\\':
-      *out += "\\\\";
-      break;
-    case '\n':
-      *out += "\\n";
-      break;
-    case '\r':
-      *out += "\\r";
-      break;
-    case '\t':
-      *out += "\\t";
-      break;
-    case '\b':
-      *out += "\\b";
-      break;
-    case '\f':
-      *out += "\\f";
-      break;
-    default:
-      if (cp < 0x20 || (cp >= 0x7F && cp < 0xA0) || cp == 0x2028 || cp == 0x2029 || cp == 0xFEFF) {
-        char buf[8];
-        std::snprintf(buf, sizeof(buf), "\\u%04X", static_cast<unsigned>(cp));
-        *out += buf;
-      } else {
-        append_utf8(cp, out);
-      }
-  }
+  append_json_escaped(cp, out);
   out->push_back('"');
 }
 
+// A JSON string (yaml-cpp reads 1 or true as the text "1" or "true"; its tag tells them apart: "!" is a quoted
+// scalar's, "?" a plain one's).
+bool is_string(const YAML::Node& n) { return n.IsScalar() && n.Tag() == "!"; }
+
+// "left right" -> the pair (byte-level tokens hold no space: U+0020 writes no byte).
+Expected<std::pair<std::string, std::string>> split_merge(const std::string& line, const std::string& where) {
+  const size_t space = line.find(' ');
+  if (space == std::string::npos || space == 0 || space + 1 == line.size() ||
+      line.find(' ', space + 1) != std::string::npos) {
+    return Status::corruption(where + " is '" + line + "', expected two tokens separated by one space");
+  }
+  return std::make_pair(line.substr(0, space), line.substr(space + 1));
+}
+
+// A merges list as tokenizer.json files hold it: "a b" strings, or (newer Hugging Face files) ["a", "b"] pairs.
+Expected<std::vector<std::pair<std::string, std::string>>> read_merges(const YAML::Node& list, const char* key) {
+  if (!list || !list.IsSequence()) return Status::corruption(std::string("expected a \"") + key + "\" list");
+  std::vector<std::pair<std::string, std::string>> merges;
+  merges.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node m = list[i];
+    const std::string where = std::string(key) + "[" + std::to_string(i) + "]";
+    if (is_string(m)) {
+      GPT_ASSIGN_OR_RETURN(auto pair, split_merge(m.Scalar(), where));
+      merges.push_back(std::move(pair));
+    } else if (m.IsSequence() && m.size() == 2 && is_string(m[0]) && is_string(m[1])) {
+      merges.emplace_back(m[0].Scalar(), m[1].Scalar());
+    } else {
+      return Status::corruption(where + " is not a \"a b\" string or a pair of strings");
+    }
+  }
+  return merges;
+}
+
+// A {token: id} map (vocab.json, a Hugging Face model's "vocab") plus `added` ({id, content} entries that may be
+// missing from it) -> the tokens by id; the ids must be 0..n-1, each once.
+Expected<std::vector<std::string>> tokens_by_id(const YAML::Node& map, const YAML::Node& added, const char* key) {
+  if (!map || !map.IsMap() || map.size() == 0) return Status::corruption(std::string("expected a \"") + key + "\" map");
+  std::vector<std::pair<int64_t, std::string>> entries;
+  const auto take = [&](const YAML::Node& token, const YAML::Node& id, const std::string& where) -> Status {
+    int64_t value = -1;
+    try {
+      if (!id.IsScalar() || id.Tag() != "?") throw YAML::Exception(YAML::Mark(), "");
+      value = id.as<int64_t>();
+    } catch (const YAML::Exception&) {
+      return Status::corruption(where + ": the id is not an integer");
+    }
+    if (!is_string(token)) return Status::corruption(where + ": the token is not a string");
+    entries.emplace_back(value, token.Scalar());
+    return Status::ok();
+  };
+  for (const auto& kv : map) {
+    GPT_RETURN_IF_ERROR(take(kv.first, kv.second, std::string(key) + " entry '" + kv.first.Scalar() + "'"));
+  }
+  if (added && added.IsSequence()) {
+    for (size_t i = 0; i < added.size(); ++i) {
+      GPT_RETURN_IF_ERROR(take(added[i]["content"], added[i]["id"], "added_tokens[" + std::to_string(i) + "]"));
+    }
+  }
+  std::sort(entries.begin(), entries.end());
+  entries.erase(std::unique(entries.begin(), entries.end()), entries.end());  // an added token listed in both
+  std::vector<std::string> tokens;
+  tokens.reserve(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].first != static_cast<int64_t>(i)) {
+      return Status::corruption(
+          std::string(key) + ": ids must be 0 to " + std::to_string(entries.size() - 1) + " each once; " +
+          (entries[i].first < static_cast<int64_t>(i) ? "id " + std::to_string(entries[i].first) + " has two tokens"
+                                                      : "id " + std::to_string(i) + " has none"));
+    }
+    tokens.push_back(entries[i].second);
+  }
+  return tokens;
+}
+
+Expected<Tokenizer> make_bpe(const std::vector<std::string>& tokens,
+                             const std::vector<std::pair<std::string, std::string>>& merges) {
+  GPT_ASSIGN_OR_RETURN(BpeVocab vocab, BpeVocab::create(tokens, merges));
+  return Tokenizer::bpe(std::move(vocab));
+}
+
+// Hugging Face's tokenizer.json, held to what GPT-2's is: a BPE model under the byte-level pre-tokenizer, with no
+// normalizer and no prefix space (anything else would encode other ids than its own library does).
+Expected<Tokenizer> parse_hf_tokenizer(const YAML::Node& root) {
+  const YAML::Node model = root["model"];
+  if (!model.IsMap() || !is_string(model["type"]) || model["type"].Scalar() != "BPE") {
+    return Status::corruption("a Hugging Face tokenizer.json with a \"model\" of type \"BPE\" (GPT-2's) was expected");
+  }
+  const YAML::Node pre = root["pre_tokenizer"];
+  if (!pre.IsMap() || !pre["type"] || pre["type"].Scalar() != "ByteLevel" ||
+      (pre["add_prefix_space"] && pre["add_prefix_space"].Scalar() != "false") ||
+      (pre["use_regex"] && pre["use_regex"].Scalar() != "true")) {
+    return Status::corruption(
+        "\"pre_tokenizer\" must be GPT-2's: ByteLevel with add_prefix_space false and use_regex true");
+  }
+  if (root["normalizer"] && !root["normalizer"].IsNull()) {
+    return Status::corruption("\"normalizer\" must be null, as GPT-2's is");
+  }
+  GPT_ASSIGN_OR_RETURN(std::vector<std::string> tokens,
+                       tokens_by_id(model["vocab"], root["added_tokens"], "model.vocab"));
+  GPT_ASSIGN_OR_RETURN(auto merges, read_merges(model["merges"], "model.merges"));
+  return make_bpe(tokens, merges);
+}
+
 Expected<Tokenizer> parse_tokenizer_json(const YAML::Node& root) {
-  if (!root.IsMap() || !root["type"]) return Status::corruption("expected an object with a \"type\" field");
-  const std::string type = root["type"].as<std::string>();
+  if (root.IsMap() && root["model"] && !root["type"]) return parse_hf_tokenizer(root);
+  if (!root.IsMap() || !is_string(root["type"])) return Status::corruption("expected an object with a \"type\" field");
+  const std::string type = root["type"].Scalar();
   if (type == "byte") return Tokenizer::byte_level();
-  if (type != "char") return Status::corruption("unknown tokenizer type \"" + type + "\", expected char or byte");
+  if (type == "bpe") {
+    const YAML::Node vocab = root["vocab"];
+    if (!vocab || !vocab.IsSequence()) return Status::corruption("a bpe tokenizer needs a \"vocab\" list");
+    std::vector<std::string> tokens;
+    tokens.reserve(vocab.size());
+    for (size_t i = 0; i < vocab.size(); ++i) {
+      if (!is_string(vocab[i])) return Status::corruption("vocab entry " + std::to_string(i) + " is not a string");
+      tokens.push_back(vocab[i].Scalar());
+    }
+    GPT_ASSIGN_OR_RETURN(auto merges, read_merges(root["merges"], "merges"));
+    return make_bpe(tokens, merges);
+  }
+  if (type != "char") {
+    return Status::corruption("unknown tokenizer type \"" + type + "\", expected char, byte or bpe");
+  }
   const YAML::Node vocab = root["vocab"];
   if (!vocab || !vocab.IsSequence() || vocab.size() == 0) {
     return Status::corruption("a char tokenizer needs a non-empty \"vocab\" list");
@@ -70,9 +158,7 @@ Expected<Tokenizer> parse_tokenizer_json(const YAML::Node& root) {
   std::string all;
   std::vector<char32_t> listed;
   for (size_t i = 0; i < vocab.size(); ++i) {
-    // JSON strings only: yaml-cpp reads 1 or true as the text "1" or "true", and its tag tells them apart
-    // ("!" is a quoted scalar's, "?" a plain one's).
-    if (!vocab[i].IsScalar() || vocab[i].Tag() != "!") {
+    if (!is_string(vocab[i])) {
       return Status::corruption("vocab entry " + std::to_string(i) + " is not a string");
     }
     const std::string s = vocab[i].Scalar();
@@ -122,11 +208,69 @@ Expected<Tokenizer> Tokenizer::build(std::string_view kind, std::string_view tex
   return Status::invalid_argument("unknown tokenizer \"" + std::string(kind) + "\", expected char or byte");
 }
 
-Expected<Tokenizer> Tokenizer::load(const std::string& path) {
+Tokenizer Tokenizer::bpe(BpeVocab vocab) {
+  Tokenizer tok(TokenizerKind::kBpe, {});
+  tok.bpe_ = std::make_shared<const BpeVocab>(std::move(vocab));
+  return tok;
+}
+
+namespace {
+
+Expected<YAML::Node> read_json(const std::string& path) {
   std::string text;
   GPT_RETURN_IF_ERROR(read_file(path, &text).with_context("tokenizer file"));
   try {
-    Expected<Tokenizer> tok = parse_tokenizer_json(YAML::Load(text));
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return Status::corruption("tokenizer file " + path + ": not valid JSON: " + e.what());
+  }
+}
+
+// vocab.json + merges.txt (encoder.json + vocab.bpe: the same formats).
+Expected<Tokenizer> load_vocab_and_merges(const std::string& vocab_path, const std::string& merges_path) {
+  GPT_ASSIGN_OR_RETURN(YAML::Node vocab, read_json(vocab_path));
+  auto tokens = tokens_by_id(vocab, YAML::Node(), "the vocabulary");
+  if (!tokens) return tokens.status().with_context("tokenizer file " + vocab_path);
+  std::string text;
+  GPT_RETURN_IF_ERROR(read_file(merges_path, &text).with_context("tokenizer file"));
+  std::vector<std::pair<std::string, std::string>> merges;
+  size_t line_no = 0;
+  for (size_t begin = 0; begin < text.size();) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(begin, end - begin);
+    begin = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || (line_no == 1 && line.starts_with("#version"))) continue;
+    auto pair = split_merge(line, "line " + std::to_string(line_no));
+    if (!pair) return pair.status().with_context("tokenizer file " + merges_path);
+    merges.push_back(std::move(*pair));
+  }
+  auto tok = make_bpe(*tokens, merges);
+  if (!tok) return tok.status().with_context("tokenizer files " + vocab_path + " and " + merges_path);
+  return tok;
+}
+
+}  // namespace
+
+Expected<Tokenizer> Tokenizer::load(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    const std::filesystem::path dir(path);
+    const auto has = [&](const char* name) { return std::filesystem::is_regular_file(dir / name, ec); };
+    if (has("tokenizer.json")) return load((dir / "tokenizer.json").string());
+    for (const auto& [vocab, merges] :
+         {std::pair{"vocab.json", "merges.txt"}, std::pair{"encoder.json", "vocab.bpe"}}) {
+      if (has(vocab) && has(merges)) return load_vocab_and_merges((dir / vocab).string(), (dir / merges).string());
+    }
+    return Status::not_found("tokenizer directory " + path +
+                             ": expected tokenizer.json, vocab.json and merges.txt (Hugging Face's GPT-2), or "
+                             "encoder.json and vocab.bpe (OpenAI's) in it");
+  }
+  GPT_ASSIGN_OR_RETURN(YAML::Node root, read_json(path));
+  try {
+    Expected<Tokenizer> tok = parse_tokenizer_json(root);
     if (!tok) return tok.status().with_context("tokenizer file " + path);
     return tok;
   } catch (const YAML::Exception& e) {
@@ -141,6 +285,7 @@ Status Tokenizer::save(const std::string& path) const {
 
 std::string Tokenizer::to_json() const {
   if (kind_ == TokenizerKind::kByte) return "{\"type\":\"byte\"}\n";
+  if (kind_ == TokenizerKind::kBpe) return bpe_->to_json();
   std::string out = "{\"type\":\"char\",\"vocab\":[";
   for (size_t i = 0; i < symbols_.size(); ++i) {
     if (i > 0) out.push_back(',');
@@ -150,14 +295,26 @@ std::string Tokenizer::to_json() const {
 }
 
 int32_t Tokenizer::vocab_size() const {
+  if (kind_ == TokenizerKind::kBpe) return bpe_->size();
   return kind_ == TokenizerKind::kByte ? 256 : static_cast<int32_t>(symbols_.size());
 }
+
+int32_t Tokenizer::end_of_text() const { return kind_ == TokenizerKind::kBpe ? bpe_->find("<|endoftext|>") : -1; }
 
 Expected<std::vector<uint16_t>> Tokenizer::encode(std::string_view text) const {
   std::vector<uint16_t> ids;
   ids.reserve(text.size());
   if (kind_ == TokenizerKind::kByte) {
     for (char c : text) ids.push_back(static_cast<uint8_t>(c));
+    return ids;
+  }
+  if (kind_ == TokenizerKind::kBpe) {
+    char32_t cp = 0;
+    for (size_t pos = 0; pos < text.size();) {
+      if (!decode_utf8(text, &pos, &cp)) return invalid_utf8(pos);
+    }
+    ids.clear();
+    bpe_->encode(text, &ids);
     return ids;
   }
   size_t pos = 0;
@@ -184,6 +341,8 @@ std::string Tokenizer::decode_ids(std::span<const Id> ids) const {
     const bool known = static_cast<int64_t>(id) >= 0 && static_cast<int64_t>(id) < vocab;
     if (kind_ == TokenizerKind::kByte && known) {
       out.push_back(static_cast<char>(id));
+    } else if (kind_ == TokenizerKind::kBpe && known) {
+      out += bpe_->bytes(static_cast<int32_t>(id));
     } else {
       append_utf8(known ? symbols_[static_cast<size_t>(id)] : kReplacement, &out);
     }

@@ -3,22 +3,26 @@
 //         decoded as UTF-8); a symbol's id is its index in that sorted list. On tinyshakespeare this is
 //         nanoGPT's shakespeare_char vocabulary (65 symbols: '\n', ' ', '!', ...).
 //   byte: 256 ids, id = byte value; every text encodes.
-// Saved as tokenizer.json: {"type":"char","vocab":["\n"," ",...]} or {"type":"byte"}. Non-ASCII symbols
-// are written as raw UTF-8, control characters as JSON escapes.
+//   bpe:  GPT-2's byte-level BPE (bpe.h), read from Hugging Face's or OpenAI's files (load()).
+// Saved as tokenizer.json: {"type":"char","vocab":["\n"," ",...]}, {"type":"byte"} or
+// {"type":"bpe","vocab":[tokens by id],"merges":["a b",...]}. Non-ASCII symbols are written as raw UTF-8, control
+// characters as JSON escapes.
 // A Tokenizer is an immutable value; all methods are const and thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/status.h"
+#include "data/bpe.h"
 
 namespace gpt::data {
 
-enum class TokenizerKind { kChar, kByte };
+enum class TokenizerKind { kChar, kByte, kBpe };
 
 // Ids are uint16 (the shard format), so a vocabulary holds at most this many symbols.
 inline constexpr int32_t kMaxVocabSize = 65535;
@@ -31,22 +35,32 @@ class Tokenizer {
   static Expected<Tokenizer> char_level(std::string_view text);
   // `kind` is "char" or "byte"; `text` is only read for "char".
   static Expected<Tokenizer> build(std::string_view kind, std::string_view text);
-  // Reads a tokenizer.json written by save(); errors name the file.
+  // Reads a tokenizer.json written by save(), or GPT-2's BPE files as they are published: Hugging Face's
+  // tokenizer.json (a byte-level BPE model), or a directory holding tokenizer.json, vocab.json and merges.txt
+  // (Hugging Face) or encoder.json and vocab.bpe (OpenAI). Errors name the file.
   static Expected<Tokenizer> load(const std::string& path);
+  static Tokenizer bpe(BpeVocab vocab);
 
   // Writes to_json() to `path` (atomically: temporary file, fsync, rename).
   [[nodiscard]] Status save(const std::string& path) const;
   std::string to_json() const;
 
   TokenizerKind kind() const { return kind_; }
-  std::string_view kind_name() const { return kind_ == TokenizerKind::kChar ? "char" : "byte"; }
+  std::string_view kind_name() const {
+    return kind_ == TokenizerKind::kChar ? "char" : kind_ == TokenizerKind::kByte ? "byte" : "bpe";
+  }
   int32_t vocab_size() const;
   // The char vocabulary in id order; empty for byte.
   std::span<const char32_t> symbols() const { return symbols_; }
 
-  // char: errors on invalid UTF-8 or a symbol outside the vocabulary (naming it and its byte offset).
+  // The id of GPT-2's document separator <|endoftext|> in a bpe vocabulary that has it, else -1.
+  int32_t end_of_text() const;
+
+  // char, bpe: errors on invalid UTF-8 (naming its byte offset); char: on a symbol outside the vocabulary (naming
+  // it and its byte offset).
   Expected<std::vector<uint16_t>> encode(std::string_view text) const;
-  // Ids outside the vocabulary (e.g. a model's padded vocab) decode to U+FFFD.
+  // Ids outside the vocabulary (e.g. a model's padded vocab) decode to U+FFFD. bpe: the tokens' bytes as they are
+  // (a character split over two tokens is whole once both are appended).
   std::string decode(std::span<const int32_t> ids) const;
   std::string decode(std::span<const uint16_t> ids) const;
 
@@ -56,7 +70,8 @@ class Tokenizer {
   std::string decode_ids(std::span<const Id> ids) const;
 
   TokenizerKind kind_;
-  std::vector<char32_t> symbols_;  // (vocab_size,) sorted ascending; char kind only
+  std::vector<char32_t> symbols_;        // (vocab_size,) sorted ascending; char kind only
+  std::shared_ptr<const BpeVocab> bpe_;  // bpe kind only
 };
 
 }  // namespace gpt::data

@@ -62,4 +62,38 @@ std::string describe_code_point(char32_t cp) {
   return s + "' (" + hex + ")";
 }
 
+void append_json_escaped(char32_t cp, std::string* out) {
+  switch (cp) {
+    case '"':
+      *out += "\\\"";
+      break;
+    case '\\':
+      *out += "\\\\";
+      break;
+    case '\n':
+      *out += "\\n";
+      break;
+    case '\r':
+      *out += "\\r";
+      break;
+    case '\t':
+      *out += "\\t";
+      break;
+    case '\b':
+      *out += "\\b";
+      break;
+    case '\f':
+      *out += "\\f";
+      break;
+    default:
+      if (cp < 0x20 || (cp >= 0x7F && cp < 0xA0) || cp == 0x2028 || cp == 0x2029 || cp == 0xFEFF) {
+        char buf[8];
+        std::snprintf(buf, sizeof(buf), "\\u%04X", static_cast<unsigned>(cp));
+        *out += buf;
+      } else {
+        append_utf8(cp, out);
+      }
+  }
+}
+
 }  // namespace gpt::data

@@ -15,6 +15,11 @@ bool decode_utf8(std::string_view s, size_t* pos, char32_t* cp);
 // Appends the UTF-8 encoding of `cp`. REQUIRES: cp is a valid code point (not a surrogate, <= U+10FFFF).
 void append_utf8(char32_t cp, std::string* out);
 
+// Appends `cp` as it goes inside a JSON string literal: '"', '\\' and control characters escaped, and so are the
+// characters YAML 1.1 reads as line breaks or a BOM (C1 controls incl. NEL, U+2028, U+2029, U+FEFF), since the
+// tokenizer files are read with yaml-cpp.
+void append_json_escaped(char32_t cp, std::string* out);
+
 // "'a' (U+0061)", or "U+000A" alone for characters that do not print.
 std::string describe_code_point(char32_t cp);
 

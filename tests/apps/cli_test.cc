@@ -1,5 +1,6 @@
 // End-to-end tests of the gpt-train binary: prepare -> train -> sample on a small corpus, and every
 // class of bad input ending in a clear message, a non-zero exit code and nothing written.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -7,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "data/token_shard.h"
+#include "data/tokenizer.h"
 #include "testing/run_command.h"
 #include "testing/temp_dir.h"
 
@@ -208,6 +211,74 @@ TEST_CASE("bad input: corrupt shards and a missing config file", "[apps]") {
     REQUIRE(r.output.find("train.bin") != std::string::npos);
   }
   REQUIRE_FALSE(fs::exists(out));
+}
+
+// GPT-2's BPE as Hugging Face publishes it (the fixture's small vocabulary in those files): prepare encodes each input
+// as a document after <|endoftext|>, train takes the vocabulary's size, sample encodes the prompt and decodes text.
+TEST_CASE("prepare with GPT-2's BPE files, train and sample text", "[apps]") {
+  TempDir dir;
+  const std::string bpe = std::string(GPT_SOURCE_DIR) + "/tests/fixtures/bpe";
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "the cat sat on the mat. a dog ran to the cat.\n";
+  const std::string a = dir.write("a.txt", text), b = dir.write("b.txt", "Caf\xc3\xa9 au lait.\n" + text);
+  const auto p =
+      run_command(gpt_train() + " prepare -i " + a + " -i " + b + " --tokenizer " + bpe + " --out " + dir.file("data"));
+  INFO(p.output);
+  REQUIRE(p.exit_code == 0);
+  CHECK(p.output.find("vocab 857 (tokenizer " + bpe + ")") != std::string::npos);
+  auto train_shard = data::TokenShard::open(dir.file("data/train.bin"));
+  REQUIRE(train_shard.has_value());
+  auto tok = data::Tokenizer::load(dir.file("data/tokenizer.json"));
+  REQUIRE(tok.has_value());
+  CHECK(tok->kind() == data::TokenizerKind::kBpe);
+  const auto first = tok->encode(text);
+  REQUIRE(first.has_value());
+  CHECK(train_shard->tokens()[0] == 856);  // <|endoftext|>, then a.txt's ids, then another, then b.txt's
+  CHECK(std::equal(first->begin(), first->end(), train_shard->tokens().begin() + 1));
+  CHECK(train_shard->tokens()[1 + first->size()] == 856);
+
+  const std::string out = dir.file("run");
+  const std::string cfg = dir.write("run.yaml", tiny_config(dir.file("data"), out));
+  const auto r = run_command(gpt_train() + " train --config " + cfg + " --set training.steps=3 --set run.threads=2");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const auto s = run_command(gpt_train() + " sample --run " + out + " --threads 2 -n 8 --prompt 'the cat' 2>/dev/null");
+  INFO(s.output);
+  CHECK(s.exit_code == 0);
+  CHECK(s.output.starts_with("the cat"));
+  // Exported as Hugging Face's files with GPT-2's tokenizer files beside them, then imported: the model directory
+  // keeps the tokenizer, so it samples text too, the same text as the run's model.
+  REQUIRE(
+      run_command(gpt_train() + " checkpoint consolidate " + out + "/model --out " + dir.file("hf") + "/").exit_code ==
+      0);
+  fs::copy_file(bpe + "/vocab.json", dir.file("hf/vocab.json"));
+  fs::copy_file(bpe + "/merges.txt", dir.file("hf/merges.txt"));
+  const auto imported = run_command(gpt_train() + " checkpoint import " + dir.file("hf") + " --out " + dir.file("m"));
+  INFO(imported.output);
+  REQUIRE(imported.exit_code == 0);
+  CHECK(imported.output.find("sample it with --prompt (its tokenizer came with it)") != std::string::npos);
+  const auto s2 = run_command(gpt_train() + " sample --model " + dir.file("m") +
+                              " --threads 2 -n 8 --prompt 'the cat' 2>/dev/null");
+  CHECK(s2.exit_code == 0);
+  CHECK(s2.output == s.output);
+  // Tokenizer files that are not GPT-2's stop the import, naming them; --no-tokenizer imports the weights alone.
+  fs::remove(dir.file("hf/merges.txt"));
+  dir.write("hf/merges.txt", "#version: 0.2\nnot a merge line\n");
+  const auto bad = run_command(gpt_train() + " checkpoint import " + dir.file("hf") + " --out " + dir.file("m2"));
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find(dir.file("hf/merges.txt") + ": line 2 is 'not a merge line'") != std::string::npos);
+  CHECK(bad.output.find("--no-tokenizer") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir.file("m2")));
+  const auto bare =
+      run_command(gpt_train() + " checkpoint import " + dir.file("hf") + " --no-tokenizer --out " + dir.file("m2"));
+  CHECK(bare.exit_code == 0);
+  CHECK(bare.output.find("sample it with --prompt-ids/--ids") != std::string::npos);
+  // Not a tokenizer: named, nothing written.
+  const auto missing = run_command(gpt_train() + " prepare -i " + a + " --tokenizer gpt3 --out " + dir.file("none"));
+  CHECK(missing.exit_code == 2);
+  CHECK(missing.output.find("--tokenizer gpt3: expected char, byte, or a tokenizer file or directory") !=
+        std::string::npos);
+  CHECK_FALSE(fs::exists(dir.file("none")));
 }
 
 // A model trained on shards tokenized elsewhere (no tokenizer.json, as llm.c's GPT-2 BPE shards) samples in token

@@ -84,7 +84,7 @@ TEST_CASE("tokenizer.json save/load round trip", "[data]") {
 TEST_CASE("tokenizer.json errors name the file", "[data]") {
   TempDir dir;
   const std::string cases[][2] = {
-      {"{\"type\":\"bpe\"}", "unknown tokenizer type"},
+      {"{\"type\":\"wordpiece\"}", "unknown tokenizer type"},
       {"{\"type\":\"char\",\"vocab\":[\"ab\"]}", "vocab entry 0"},
       {"{\"type\":\"char\",\"vocab\":[\"b\",\"a\"]}", "ascending"},
       {"{\"type\":\"char\",\"vocab\":[\"a\",\"a\"]}", "distinct"},

@@ -1,0 +1,218 @@
+// GPT-2's byte-level BPE against OpenAI's encoder.py: tests/fixtures/bpe holds a vocabulary learned from
+// tinyshakespeare in GPT-2's file formats and the pieces and ids encoder.py gives for a set of texts and for the whole
+// of tinyshakespeare (scripts/reference/gpt2_bpe_fixture.py).
+#include "data/bpe.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/atomic_file.h"
+#include "data/tokenizer.h"
+#include "data/utf8.h"
+#include "testing/temp_dir.h"
+
+namespace gpt::data {
+namespace {
+
+namespace fs = std::filesystem;
+using gpt::testing::TempDir;
+
+const std::string kFixture = std::string(GPT_SOURCE_DIR) + "/tests/fixtures/bpe";
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+std::string unhex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+struct Case {
+  std::string text;
+  std::vector<std::string> pieces;
+  std::vector<uint16_t> ids;
+};
+
+std::vector<Case> cases() {
+  const YAML::Node root = YAML::LoadFile(kFixture + "/cases.json");
+  std::vector<Case> out;
+  for (const auto& c : root["cases"]) {
+    Case k{unhex(c["utf8"].as<std::string>()), {}, {}};
+    for (const auto& p : c["pieces"]) k.pieces.push_back(unhex(p.as<std::string>()));
+    for (const auto& id : c["ids"]) k.ids.push_back(id.as<uint16_t>());
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+
+Tokenizer load_ok(const std::string& path) {
+  Expected<Tokenizer> tok = Tokenizer::load(path);
+  INFO(path << ": " << (tok ? "" : tok.status().message()));
+  REQUIRE(tok.has_value());
+  return std::move(*tok);
+}
+
+void check_cases(const Tokenizer& tok) {
+  REQUIRE(tok.kind() == TokenizerKind::kBpe);
+  CHECK(tok.vocab_size() == 857);
+  CHECK(tok.end_of_text() == 856);
+  for (const Case& c : cases()) {
+    INFO("text: " << c.text);
+    std::vector<std::string> pieces;
+    for (const std::string_view p : gpt2_pieces(c.text)) pieces.emplace_back(p);
+    CHECK(pieces == c.pieces);
+    Expected<std::vector<uint16_t>> ids = tok.encode(c.text);
+    REQUIRE(ids.has_value());
+    CHECK(*ids == c.ids);
+    CHECK(tok.decode(std::span<const uint16_t>(*ids)) == c.text);
+  }
+}
+
+TEST_CASE("bpe: the pieces and ids of OpenAI's encoder.py, from each file format", "[data]") {
+  SECTION("Hugging Face's tokenizer.json (merges as pairs, \\u escapes, the special token in added_tokens)") {
+    check_cases(load_ok(kFixture + "/tokenizer.json"));
+  }
+  SECTION("a directory: its tokenizer.json first") { check_cases(load_ok(kFixture)); }
+  SECTION("a directory of vocab.json and merges.txt, or OpenAI's encoder.json and vocab.bpe") {
+    TempDir dir;
+    fs::create_directories(dir.file("hf"));
+    fs::create_directories(dir.file("openai"));
+    fs::copy_file(kFixture + "/vocab.json", dir.file("hf/vocab.json"));
+    fs::copy_file(kFixture + "/merges.txt", dir.file("hf/merges.txt"));
+    fs::copy_file(kFixture + "/vocab.json", dir.file("openai/encoder.json"));
+    fs::copy_file(kFixture + "/merges.txt", dir.file("openai/vocab.bpe"));
+    check_cases(load_ok(dir.file("hf")));
+    check_cases(load_ok(dir.file("openai")));
+  }
+  SECTION("gpt-train's own tokenizer.json, written and read back") {
+    const Tokenizer hf = load_ok(kFixture + "/tokenizer.json");
+    TempDir dir;
+    REQUIRE(hf.save(dir.file("tokenizer.json")).is_ok());
+    const Tokenizer ours = load_ok(dir.file("tokenizer.json"));
+    CHECK(ours.to_json() == hf.to_json());
+    CHECK(ours.to_json().starts_with("{\"type\":\"bpe\",\"vocab\":[\"!\",\"\\\"\",\"#\""));
+    check_cases(ours);
+  }
+}
+
+TEST_CASE("bpe: all of tinyshakespeare encodes to encoder.py's ids", "[data]") {
+  const std::string input = std::string(GPT_SHARED_DATA_DIR) + "/tinyshakespeare.txt";
+  if (!fs::exists(input)) {
+    WARN("skipped: " << input << " is absent");
+    return;
+  }
+  std::string text;
+  REQUIRE(read_file(input, &text).is_ok());
+  const Tokenizer tok = load_ok(kFixture);
+  Expected<std::vector<uint16_t>> ids = tok.encode(text);
+  REQUIRE(ids.has_value());
+  uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a over the ids' little-endian bytes, as the fixture script hashes
+  for (const uint16_t id : *ids) {
+    for (const uint8_t b : {static_cast<uint8_t>(id & 0xFF), static_cast<uint8_t>(id >> 8)}) {
+      h = (h ^ b) * 0x100000001B3ull;
+    }
+  }
+  const YAML::Node root = YAML::LoadFile(kFixture + "/cases.json");
+  CHECK(ids->size() == root["source_tokens"].as<size_t>());
+  CHECK(h == std::stoull(root["source_fnv1a64"].as<std::string>(), nullptr, 16));
+  CHECK(tok.decode(std::span<const uint16_t>(*ids)) == text);
+}
+
+TEST_CASE("bpe: a long piece merges in n log n, and any bytes decode back", "[data]") {
+  const Tokenizer tok = load_ok(kFixture);
+  // One piece of 200,000 characters: encoder.py's loop is quadratic in it, the heap is not.
+  const std::string run(200000, '-');
+  const auto t0 = std::chrono::steady_clock::now();
+  Expected<std::vector<uint16_t>> ids = tok.encode(run);
+  REQUIRE(ids.has_value());
+  CHECK(tok.decode(std::span<const uint16_t>(*ids)) == run);
+  CHECK(ids->size() < run.size());
+  INFO("seconds: " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  // Ids past the vocabulary (a model's padded rows) decode to U+FFFD; a token's bytes come out as they are.
+  const std::vector<int32_t> padded = {39, 857, 50303};
+  CHECK(tok.decode(padded) == "H\xEF\xBF\xBD\xEF\xBF\xBD");
+  Status invalid = tok.encode("ok\xC3(").status();
+  CHECK(contains(invalid.message(), "invalid UTF-8 at byte offset 2"));
+}
+
+// Tokens that mean something else to a YAML reader (the files are read with yaml-cpp) are tokens like any other.
+TEST_CASE("bpe: tokens that are YAML words or merge keys", "[data]") {
+  const std::vector<std::string> extra = {"<<", "true", "null", "~~", "- x", "0x10", "&a", "*a", "!x", "%YAML", "#c"};
+  std::string vocab = "{";
+  int id = 0;
+  for (int b = 0; b < 256; ++b) {
+    std::string c;
+    append_utf8(bpe_byte_char(static_cast<uint8_t>(b)), &c);
+    if (c == "\"" || c == "\\") c = "\\" + c;
+    vocab += (b ? ", \"" : "\"") + c + "\": " + std::to_string(id++);
+  }
+  for (std::string t : extra) {
+    if (t == "- x") t = "-\u0120x";  // a space writes as U+0120
+    vocab += ", \"" + t + "\": " + std::to_string(id++);
+  }
+  vocab += "}";
+  TempDir dir;
+  dir.write("vocab.json", vocab);
+  dir.write("merges.txt", "#version: 0.2\n< <\n");
+  Expected<Tokenizer> tok = Tokenizer::load(dir.file(""));
+  INFO(vocab);
+  REQUIRE(tok.has_value());
+  CHECK(tok->vocab_size() == 256 + static_cast<int32_t>(extra.size()));
+  for (size_t i = 0; i < extra.size(); ++i) {
+    const std::vector<int32_t> one = {256 + static_cast<int32_t>(i)};
+    CHECK(tok->decode(one) == extra[i]);
+  }
+  CHECK(*tok->encode("a << b") == std::vector<uint16_t>{97, 32, 256, 32, 98});
+}
+
+TEST_CASE("bpe: bad tokenizer files name the file and the entry", "[data]") {
+  TempDir dir;
+  std::string vocab_text;
+  REQUIRE(read_file(kFixture + "/vocab.json", &vocab_text).is_ok());
+  std::string merges_text;
+  REQUIRE(read_file(kFixture + "/merges.txt", &merges_text).is_ok());
+  const auto dir_with = [&](const std::string& name, const std::string& vocab, const std::string& merges) {
+    fs::create_directories(dir.file(name));
+    dir.write(name + "/vocab.json", vocab);
+    dir.write(name + "/merges.txt", merges);
+    return dir.file(name);
+  };
+  const auto error_of = [](const std::string& path) {
+    Expected<Tokenizer> tok = Tokenizer::load(path);
+    return tok ? std::string() : tok.status().message();
+  };
+  const auto replaced = [](std::string s, const std::string& from, const std::string& to) {
+    const size_t at = s.find(from);
+    REQUIRE(at != std::string::npos);
+    return s.replace(at, from.size(), to);
+  };
+  // A merge line that is not two tokens.
+  std::string e = error_of(dir_with("a", vocab_text, replaced(merges_text, "\nh e\n", "\nh e x\n")));
+  CHECK(contains(e, dir.file("a/merges.txt") + ": line 3 is 'h e x', expected two tokens separated by one space"));
+  // A merge of a token the vocabulary lacks.
+  e = error_of(dir_with("b", vocab_text, merges_text + "qq zz\n"));
+  CHECK(contains(e, "merge 600 'qq zz': 'qq' is not a token"));
+  // A byte without its own token (id 0 is "!": its id given to another token leaves id 0 empty).
+  e = error_of(dir_with("c", replaced(vocab_text, "{\"!\": 0,", "{\"!!\": 0,"), merges_text));
+  CHECK(contains(e, "byte 33 has no token of its own ('!')"));
+  // Ids with a gap.
+  e = error_of(dir_with("d", replaced(vocab_text, "\"!\": 0,", "\"!\": 9999,"), merges_text));
+  CHECK(contains(e, dir.file("d/vocab.json") + ": the vocabulary: ids must be 0 to 856 each once; id 0 has none"));
+  // Hugging Face's file with another pre-tokenizer setting.
+  std::string hf;
+  REQUIRE(read_file(kFixture + "/tokenizer.json", &hf).is_ok());
+  e = error_of(dir.write("prefix.json", replaced(hf, "\"add_prefix_space\": false", "\"add_prefix_space\": true")));
+  CHECK(contains(e, "\"pre_tokenizer\" must be GPT-2's"));
+  // A directory without the files.
+  fs::create_directories(dir.file("empty"));
+  CHECK(contains(error_of(dir.file("empty")), "expected tokenizer.json, vocab.json and merges.txt"));
+}
+
+}  // namespace
+}  // namespace gpt::data
