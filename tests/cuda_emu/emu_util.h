@@ -2,6 +2,8 @@
 // NaN-poisoned so an output element a kernel never writes shows up), comparisons, random fills.
 #pragma once
 
+#include <cuda_runtime.h>  // the emulator's shim: emu_grid_cap
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -41,6 +43,13 @@ struct Buf {
   void fill(T v) { std::fill(p, p + n, v); }
   void copy_from(const Buf& o) { std::memcpy(static_cast<void*>(p), o.p, n * sizeof(T)); }
   bool same(const Buf& o) const { return n == o.n && std::memcmp(p, o.p, n * sizeof(T)) == 0; }
+};
+
+// Lowers grid_for's block cap for the scope, so grid-stride loops take more than one trip.
+struct GridCap {
+  int64_t saved = emu_grid_cap;
+  explicit GridCap(int64_t cap) { emu_grid_cap = cap; }
+  ~GridCap() { emu_grid_cap = saved; }
 };
 
 inline std::mt19937& rng() {
