@@ -148,7 +148,8 @@ int verify(const std::string& arg) {
 }
 
 // --out FILE writes the safetensors file; --out DIR (an existing directory, or a path ending in '/') writes
-// DIR/model.safetensors and DIR/config.json, a directory Hugging Face's GPT2LMHeadModel.from_pretrained loads.
+// DIR/model.safetensors and DIR/config.json, a directory Hugging Face's GPT2LMHeadModel.from_pretrained loads (and
+// a GPT-2 BPE tokenizer's vocab.json and merges.txt, for GPT2Tokenizer).
 int consolidate(const std::string& arg, const std::string& out) {
   const std::string dir = resolve_checkpoint_dir(arg);
   Expected<CheckpointReader> reader = CheckpointReader::open(dir);
@@ -183,6 +184,21 @@ int consolidate(const std::string& arg, const std::string& out) {
     if (!st.is_ok()) return fail(st);
     std::cout << "wrote " << config << ": GPT2LMHeadModel.from_pretrained(\"" << out << "\") loads the directory"
               << std::endl;
+    // A GPT-2 BPE tokenizer goes along as GPT2Tokenizer's files (char and byte ones have no Hugging Face form).
+    const std::string saved = reader->file_path(reader->manifest().tokenizer);
+    if (!saved.empty()) {
+      Expected<data::Tokenizer> tok = data::Tokenizer::load(saved);
+      if (!tok) return fail(tok.status());
+      if (const data::BpeVocab* bpe = tok->bpe_vocab(); bpe != nullptr) {
+        for (const auto& [name, text] :
+             {std::pair{"vocab.json", bpe->vocab_json()}, std::pair{"merges.txt", bpe->merges_txt()}}) {
+          st = write_file_atomically((fs::path(out) / name).string(), {std::span<const char>(text)});
+          if (!st.is_ok()) return fail(st);
+        }
+        std::cout << "wrote " << (fs::path(out) / "vocab.json").string() << " and merges.txt: the tokenizer, which "
+                  << "GPT2Tokenizer.from_pretrained(\"" << out << "\") loads" << std::endl;
+      }
+    }
   }
   return 0;
 }
@@ -199,7 +215,8 @@ int import_hf(const std::string& src, const std::string& out, bool no_tokenizer)
   const GptShape& s = hf->shape;
   // The tokenizer published beside the weights (Hugging Face's tokenizer.json, or vocab.json and merges.txt), so
   // that `sample` takes text; files there that do not read as GPT-2's BPE stop the import (--no-tokenizer skips them).
-  const fs::path dir = fs::is_directory(src, ec) ? fs::path(src) : fs::path(src).parent_path();
+  fs::path dir = fs::is_directory(src, ec) ? fs::path(src) : fs::path(src).parent_path();
+  if (dir.empty()) dir = ".";  // a bare file name
   const bool has_tokenizer = fs::exists(dir / "tokenizer.json", ec) ||
                              (fs::exists(dir / "vocab.json", ec) && fs::exists(dir / "merges.txt", ec));
   std::string tokenizer_json;

@@ -1,5 +1,7 @@
 #include "data/bpe.h"
 
+#include <algorithm>
+#include <functional>
 #include <queue>
 
 #include "data/unicode_classes.h"
@@ -55,72 +57,80 @@ int bpe_char_byte(char32_t c) {
   return it == table.end() ? -1 : it->second;
 }
 
-std::vector<std::string_view> gpt2_pieces(std::string_view text) {
-  std::vector<char32_t> cps;
-  std::vector<size_t> offsets;  // of each code point, then text.size()
-  cps.reserve(text.size());
-  offsets.reserve(text.size() + 1);
-  for (size_t pos = 0; pos < text.size();) {
-    offsets.push_back(pos);
-    char32_t cp = 0;
-    if (!decode_utf8(text, &pos, &cp)) {  // the caller checks; a stray byte is its own piece rather than lost
-      cp = 0xFFFD;
-      pos = offsets.back() + 1;
+void each_gpt2_piece(std::string_view text, const std::function<void(std::string_view)>& emit) {
+  // The pattern read left to right, decoding as it goes (no per-character arrays: a big input costs no more than
+  // itself). Each alternative's class, of the code point at byte `pos`; `next` gets where the following one starts.
+  enum Class { kEnd, kLetter, kNumber, kSpace, kOther };
+  const size_t n = text.size();
+  const auto class_at = [&](size_t pos, size_t* next) {
+    if (pos >= n) {
+      *next = n;
+      return kEnd;
     }
-    cps.push_back(cp);
-  }
-  offsets.push_back(text.size());
-  const size_t n = cps.size();
-  const auto letter = [&](size_t k) { return k < n && is_unicode_letter(cps[k]); };
-  const auto number = [&](size_t k) { return k < n && is_unicode_number(cps[k]); };
-  const auto space = [&](size_t k) { return k < n && is_unicode_whitespace(cps[k]); };
-  const auto other = [&](size_t k) { return k < n && !space(k) && !letter(k) && !number(k); };
-
-  std::vector<std::string_view> pieces;
-  const auto emit = [&](size_t from, size_t to) {
-    pieces.push_back(text.substr(offsets[from], offsets[to] - offsets[from]));
+    char32_t cp = 0;
+    size_t p = pos;
+    if (!decode_utf8(text, &p, &cp)) {  // the caller checks; a stray byte is one character rather than lost
+      cp = 0xFFFD;
+      p = pos + 1;
+    }
+    *next = p;
+    return is_unicode_letter(cp)       ? kLetter
+           : is_unicode_number(cp)     ? kNumber
+           : is_unicode_whitespace(cp) ? kSpace
+                                       : kOther;
   };
   size_t k = 0;
   while (k < n) {
-    // 's|'t|'re|'ve|'m|'ll|'d (lowercase, as GPT-2's pattern has them)
-    if (cps[k] == U'\'' && k + 1 < n) {
-      const char32_t a = cps[k + 1];
-      const char32_t b = k + 2 < n ? cps[k + 2] : 0;
+    // 's|'t|'re|'ve|'m|'ll|'d, lowercase as GPT-2's pattern has them (ASCII bytes: never inside a longer character)
+    if (text[k] == '\'' && k + 1 < n) {
+      const char a = text[k + 1];
+      const char b = k + 2 < n ? text[k + 2] : '\0';
       size_t len = 0;
-      if (a == U's' || a == U't' || a == U'm' || a == U'd') {
+      if (a == 's' || a == 't' || a == 'm' || a == 'd') {
         len = 2;
-      } else if ((a == U'r' && b == U'e') || (a == U'v' && b == U'e') || (a == U'l' && b == U'l')) {
+      } else if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) {
         len = 3;
       }
       if (len > 0) {
-        emit(k, k + len);
+        emit(text.substr(k, len));
         k += len;
         continue;
       }
     }
     // ' ?\p{L}+', ' ?\p{N}+', ' ?[^\s\p{L}\p{N}]+': an optional space (U+0020 only), then a run of one class.
-    const size_t s = cps[k] == U' ' ? k + 1 : k;
-    const int cls = letter(s) ? 1 : number(s) ? 2 : other(s) ? 3 : 0;
-    if (cls != 0) {
-      size_t j = s;
-      while (cls == 1 ? letter(j) : cls == 2 ? number(j) : other(j)) ++j;
-      emit(k, j);
+    const size_t s = text[k] == ' ' ? k + 1 : k;
+    size_t j = 0;
+    const Class c = class_at(s, &j);
+    if (c == kLetter || c == kNumber || c == kOther) {
+      for (size_t next = 0; j < n && class_at(j, &next) == c;) j = next;
+      emit(text.substr(k, j - k));
       k = j;
       continue;
     }
-    // Whitespace: '\s+(?!\S)' takes the run but its last character when a non-space follows (that one goes with
-    // the next piece, as ' word' does), '\s+' a single one.
-    size_t j = k;
-    while (space(j)) ++j;
-    const size_t end = j == n || j - k == 1 ? j : j - 1;
-    emit(k, end);
+    // Whitespace (text[k] is): '\s+(?!\S)' takes the run but its last character when a non-space follows (that one
+    // goes with the next piece, as ' word' does), '\s+' a single one.
+    size_t last = k;  // where the run's last character starts
+    size_t count = 0;
+    for (size_t next = 0, at = k; at < n && class_at(at, &next) == kSpace; at = next) {
+      last = at;
+      j = next;
+      ++count;
+    }
+    const size_t end = j == n || count == 1 ? j : last;
+    emit(text.substr(k, end - k));
     k = end;
   }
+}
+
+std::vector<std::string_view> gpt2_pieces(std::string_view text) {
+  std::vector<std::string_view> pieces;
+  each_gpt2_piece(text, [&](std::string_view piece) { pieces.push_back(piece); });
   return pieces;
 }
 
 Expected<BpeVocab> BpeVocab::create(const std::vector<std::string>& tokens,
-                                    const std::vector<std::pair<std::string, std::string>>& merges) {
+                                    const std::vector<std::pair<std::string, std::string>>& merges,
+                                    const std::vector<int32_t>& specials) {
   if (tokens.empty()) return Status::corruption("the BPE vocabulary is empty");
   if (tokens.size() > 65535) {
     return Status::invalid_argument("the BPE vocabulary has " + std::to_string(tokens.size()) +
@@ -167,6 +177,30 @@ Expected<BpeVocab> BpeVocab::create(const std::vector<std::string>& tokens,
     }
     v.merge_list_.emplace_back(l, rt);
   }
+  // Every token of two bytes or more is some merge's result, but for the special ones.
+  std::vector<bool> made(v.bytes_.size(), false);
+  for (const auto& [key, merge] : v.merges_) made[static_cast<size_t>(merge.result)] = true;
+  for (const int32_t id : specials) {
+    if (id >= 0 && id < v.size()) made[static_cast<size_t>(id)] = true;
+  }
+  size_t unmade = 0;
+  int32_t first = -1;
+  for (size_t id = 0; id < v.bytes_.size(); ++id) {
+    if (v.bytes_[id].size() < 2) continue;
+    if (!made[id]) {
+      ++unmade;
+      if (first < 0) first = static_cast<int32_t>(id);
+    } else if (std::find(specials.begin(), specials.end(), static_cast<int32_t>(id)) != specials.end()) {
+      v.specials_.push_back(static_cast<int32_t>(id));
+    }
+  }
+  if (unmade > 0) {
+    return Status::corruption(std::to_string(unmade) + " token(s) of " + std::to_string(v.size()) +
+                              " are made by no merge (the first: '" + tokens[static_cast<size_t>(first)] + "', id " +
+                              std::to_string(first) + "), with " + std::to_string(merges.size()) +
+                              " merges: is the merges list cut short? (Only special tokens, listed in tokenizer.json's "
+                              "added_tokens or written <|...|>, need no merge.)");
+  }
   return v;
 }
 
@@ -178,9 +212,11 @@ int32_t BpeVocab::find(std::string_view token) const {
 }
 
 void BpeVocab::encode_piece(std::string_view piece, std::vector<uint16_t>* ids) const {
-  const auto n = static_cast<int32_t>(piece.size());
-  std::vector<int32_t> id(static_cast<size_t>(n)), prev(static_cast<size_t>(n)), next(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) {
+  const auto n = static_cast<int64_t>(piece.size());
+  if (n == 0) return;
+  std::vector<int32_t> id(static_cast<size_t>(n));
+  std::vector<int64_t> prev(static_cast<size_t>(n)), next(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
     id[static_cast<size_t>(i)] = byte_ids_[static_cast<uint8_t>(piece[static_cast<size_t>(i)])];
     prev[static_cast<size_t>(i)] = i - 1;
     next[static_cast<size_t>(i)] = i + 1 < n ? i + 1 : -1;
@@ -188,26 +224,27 @@ void BpeVocab::encode_piece(std::string_view piece, std::vector<uint16_t>* ids) 
   // Candidates (rank, position of the pair's left token, the two ids), lowest rank first, then leftmost. An entry
   // whose tokens have merged since is stale and skipped.
   struct Candidate {
-    int32_t rank, pos, left, right;
+    int64_t rank, pos;
+    int32_t left, right;
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
-  const auto consider = [&](int32_t pos) {
+  const auto consider = [&](int64_t pos) {
     if (pos < 0) return;
-    const int32_t nx = next[static_cast<size_t>(pos)];
+    const int64_t nx = next[static_cast<size_t>(pos)];
     if (nx < 0) return;
     const auto it = merges_.find(pair_key(id[static_cast<size_t>(pos)], id[static_cast<size_t>(nx)]));
     if (it != merges_.end()) {
       heap.push({it->second.rank, pos, id[static_cast<size_t>(pos)], id[static_cast<size_t>(nx)]});
     }
   };
-  for (int32_t i = 0; i + 1 < n; ++i) consider(i);
+  for (int64_t i = 0; i + 1 < n; ++i) consider(i);
   std::vector<bool> gone(static_cast<size_t>(n), false);
   while (!heap.empty()) {
     const Candidate c = heap.top();
     heap.pop();
     const auto p = static_cast<size_t>(c.pos);
-    const int32_t nx = next[p];
+    const int64_t nx = next[p];
     if (gone[p] || nx < 0 || id[p] != c.left || id[static_cast<size_t>(nx)] != c.right) continue;
     id[p] = merges_.at(pair_key(c.left, c.right)).result;
     gone[static_cast<size_t>(nx)] = true;
@@ -216,7 +253,7 @@ void BpeVocab::encode_piece(std::string_view piece, std::vector<uint16_t>* ids) 
     consider(prev[p]);
     consider(c.pos);
   }
-  for (int32_t i = 0; i >= 0; i = next[static_cast<size_t>(i)])
+  for (int64_t i = 0; i >= 0; i = next[static_cast<size_t>(i)])
     ids->push_back(static_cast<uint16_t>(id[static_cast<size_t>(i)]));
 }
 
@@ -224,7 +261,7 @@ void BpeVocab::encode(std::string_view text, std::vector<uint16_t>* ids) const {
   // Pieces repeat (" the", " and"): each distinct one is merged once per call.
   std::unordered_map<std::string_view, std::vector<uint16_t>> cache;
   std::vector<uint16_t> one;
-  for (const std::string_view piece : gpt2_pieces(text)) {
+  each_gpt2_piece(text, [&](std::string_view piece) {
     auto it = cache.find(piece);
     if (it == cache.end()) {
       one.clear();
@@ -232,7 +269,7 @@ void BpeVocab::encode(std::string_view text, std::vector<uint16_t>* ids) const {
       it = cache.emplace(piece, one).first;
     }
     ids->insert(ids->end(), it->second.begin(), it->second.end());
-  }
+  });
 }
 
 std::string BpeVocab::to_json() const {
@@ -250,7 +287,33 @@ std::string BpeVocab::to_json() const {
     append_files_form(bytes_[static_cast<size_t>(merge_list_[r].second)], &out);
     out += '"';
   }
+  out += "],\n\"special\":[";
+  for (size_t i = 0; i < specials_.size(); ++i) {
+    if (i > 0) out += ',';
+    out += std::to_string(specials_[i]);
+  }
   return out + "]}\n";
+}
+
+std::string BpeVocab::vocab_json() const {
+  std::string out = "{";
+  for (size_t i = 0; i < bytes_.size(); ++i) {
+    out += i == 0 ? "\"" : ", \"";
+    append_files_form(bytes_[i], &out);
+    out += "\": " + std::to_string(i);
+  }
+  return out + "}\n";
+}
+
+std::string BpeVocab::merges_txt() const {
+  std::string out = "#version: 0.2\n";
+  for (const auto& [left, right] : merge_list_) {
+    append_files_form(bytes_[static_cast<size_t>(left)], &out);
+    out += ' ';
+    append_files_form(bytes_[static_cast<size_t>(right)], &out);
+    out += '\n';
+  }
+  return out;
 }
 
 }  // namespace gpt::data

@@ -1,7 +1,7 @@
 // GPT-2's byte-level BPE, as OpenAI's encoder.py, tiktoken's "gpt2" and Hugging Face's GPT2Tokenizer encode:
 //   1. the text (UTF-8) is cut into pieces by GPT-2's pattern
 //        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-//      (gpt2_pieces);
+//      (each_gpt2_piece);
 //   2. each piece's bytes start as one token each, and the merges are applied lowest rank first, every occurrence of
 //      a pair from the left (a heap of candidate pairs, as Hugging Face's tokenizers keeps; for merges learned in
 //      order this is encoder.py's loop, which a fixture made by encoder.py checks);
@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -26,11 +27,18 @@ namespace gpt::data {
 
 class BpeVocab {
  public:
-  // `tokens`: each id's token in the files' form; `merges`: pairs of tokens in the files' form, in rank order.
-  // Errors name the token or merge: a token not in the files' form, two ids for one token, a byte without a token
-  // of its own, a merge of tokens not in the vocabulary or whose result is not.
+  // `tokens`: each id's token in the files' form; `merges`: pairs of tokens in the files' form, in rank order;
+  // `specials`: the ids of special tokens (<|endoftext|>), the only tokens of two bytes or more that no merge needs
+  // to make. Errors name the token or merge: a token not in the files' form, two ids for one token, a byte without
+  // a token of its own, a merge of tokens not in the vocabulary or whose result is not, a token no merge makes (a
+  // merges list cut short would otherwise encode without its later merges).
   static Expected<BpeVocab> create(const std::vector<std::string>& tokens,
-                                   const std::vector<std::pair<std::string, std::string>>& merges);
+                                   const std::vector<std::pair<std::string, std::string>>& merges,
+                                   const std::vector<int32_t>& specials);
+  // Tokens written <|...|>: the special tokens' form in OpenAI's and Hugging Face's GPT-2 files.
+  static bool looks_special(std::string_view token) {
+    return token.size() > 4 && token.starts_with("<|") && token.ends_with("|>");
+  }
 
   int32_t size() const { return static_cast<int32_t>(bytes_.size()); }
   // The id of the token written `token` in the files' form, or -1.
@@ -39,8 +47,12 @@ class BpeVocab {
   void encode(std::string_view text, std::vector<uint16_t>* ids) const;
   // The bytes id `id` stands for. REQUIRES: 0 <= id < size().
   const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
-  // {"type":"bpe","vocab":[tokens in id order],"merges":["left right", ...]} in the files' form.
+  // {"type":"bpe","vocab":[tokens in id order],"merges":["left right", ...],"special":[ids]} in the files' form.
   std::string to_json() const;
+  // The files Hugging Face's GPT2Tokenizer reads: vocab.json ({"token": id, ...}) and merges.txt ("#version: 0.2",
+  // then a merge per line).
+  std::string vocab_json() const;
+  std::string merges_txt() const;
 
  private:
   struct Merge {
@@ -57,9 +69,11 @@ class BpeVocab {
   std::array<int32_t, 256> byte_ids_{};                  // the one-byte tokens
   std::unordered_map<uint64_t, Merge> merges_;           // (left id, right id) -> rank and result
   std::vector<std::pair<int32_t, int32_t>> merge_list_;  // by rank, for to_json
+  std::vector<int32_t> specials_;                        // the multi-byte tokens no merge makes, for to_json
 };
 
-// Step 1: the pieces of `text` (valid UTF-8) by GPT-2's pattern, as views into it.
+// Step 1: the pieces of `text` (valid UTF-8) by GPT-2's pattern, as views into it, in order.
+void each_gpt2_piece(std::string_view text, const std::function<void(std::string_view)>& emit);
 std::vector<std::string_view> gpt2_pieces(std::string_view text);
 
 // bytes_to_unicode: the character that writes byte b in the files' form; and back (-1 for a character that writes

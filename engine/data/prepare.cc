@@ -65,8 +65,16 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
     starts.push_back(text.size());
     for (size_t i = 0; i < options.inputs.size() && tokens; ++i) {
       tokens->push_back(static_cast<uint16_t>(eot));
-      Expected<std::vector<uint16_t>> doc =
-          tokenizer->encode(std::string_view(text).substr(starts[i], starts[i + 1] - starts[i]));
+      const std::string_view input = std::string_view(text).substr(starts[i], starts[i + 1] - starts[i]);
+      char32_t cp = 0;
+      for (size_t pos = 0; pos < input.size();) {  // each input on its own: a document is whole text
+        if (decode_utf8(input, &pos, &cp)) continue;
+        return Status::invalid_argument("prepare: " + options.inputs[i] + ": invalid UTF-8 at byte offset " +
+                                        std::to_string(pos) +
+                                        ": the bpe tokenizer reads each input as a document "
+                                        "of UTF-8 text (--tokenizer byte takes any bytes)");
+      }
+      Expected<std::vector<uint16_t>> doc = tokenizer->encode(input);
       if (!doc) return doc.status().with_context("prepare: encoding " + options.inputs[i]);
       tokens->insert(tokens->end(), doc->begin(), doc->end());
     }

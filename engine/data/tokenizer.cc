@@ -27,14 +27,29 @@ void append_json_string(char32_t cp, std::string* out) {
 
 // A JSON string (yaml-cpp reads 1 or true as the text "1" or "true"; its tag tells them apart: "!" is a quoted
 // scalar's, "?" a plain one's).
-bool is_string(const YAML::Node& n) { return n.IsScalar() && n.Tag() == "!"; }
+bool is_string(const YAML::Node& n) { return n && n.IsScalar() && n.Tag() == "!"; }
+
+// Text from a file as a message quotes it: control bytes as \xNN.
+std::string quoted(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02X", static_cast<unsigned>(static_cast<unsigned char>(c)));
+      out += buf;
+    } else {
+      out.push_back(c);
+    }
+  }
+  return "'" + out + "'";
+}
 
 // "left right" -> the pair (byte-level tokens hold no space: U+0020 writes no byte).
 Expected<std::pair<std::string, std::string>> split_merge(const std::string& line, const std::string& where) {
   const size_t space = line.find(' ');
   if (space == std::string::npos || space == 0 || space + 1 == line.size() ||
       line.find(' ', space + 1) != std::string::npos) {
-    return Status::corruption(where + " is '" + line + "', expected two tokens separated by one space");
+    return Status::corruption(where + " is " + quoted(line) + ", expected two tokens separated by one space");
   }
   return std::make_pair(line.substr(0, space), line.substr(space + 1));
 }
@@ -59,79 +74,116 @@ Expected<std::vector<std::pair<std::string, std::string>>> read_merges(const YAM
   return merges;
 }
 
-// A {token: id} map (vocab.json, a Hugging Face model's "vocab") plus `added` ({id, content} entries that may be
-// missing from it) -> the tokens by id; the ids must be 0..n-1, each once.
-Expected<std::vector<std::string>> tokens_by_id(const YAML::Node& map, const YAML::Node& added, const char* key) {
-  if (!map || !map.IsMap() || map.size() == 0) return Status::corruption(std::string("expected a \"") + key + "\" map");
+struct Vocab {
+  std::vector<std::string> tokens;  // by id
+  std::vector<int32_t> specials;    // ids
+};
+
+// A {token: id} map (vocab.json, a Hugging Face model's "vocab") plus `added` ({"id", "content"} objects that may
+// be missing from it; they are the special tokens) -> the tokens by id; the ids must be 0..n-1, each once.
+// Without `added`, tokens written <|...|> are the special ones.
+Expected<Vocab> tokens_by_id(const YAML::Node& map, const YAML::Node& added, const std::string& key) {
+  if (!map || !map.IsMap() || map.size() == 0) {
+    return Status::corruption(key + " must be a JSON object {\"token\": id, ...} of at least one token");
+  }
   std::vector<std::pair<int64_t, std::string>> entries;
+  Vocab v;
   const auto take = [&](const YAML::Node& token, const YAML::Node& id, const std::string& where) -> Status {
+    if (!is_string(token)) return Status::corruption(where + ": the token is not a string");
     int64_t value = -1;
     try {
-      if (!id.IsScalar() || id.Tag() != "?") throw YAML::Exception(YAML::Mark(), "");
+      if (!id || !id.IsScalar() || id.Tag() != "?") throw YAML::Exception(YAML::Mark(), "");
       value = id.as<int64_t>();
     } catch (const YAML::Exception&) {
       return Status::corruption(where + ": the id is not an integer");
     }
-    if (!is_string(token)) return Status::corruption(where + ": the token is not a string");
+    if (value < 0 || value >= kMaxVocabSize) {
+      return Status::corruption(where + ": id " + std::to_string(value) + ", expected 0 to " +
+                                std::to_string(kMaxVocabSize - 1) + " (token shards hold uint16 ids)");
+    }
     entries.emplace_back(value, token.Scalar());
     return Status::ok();
   };
   for (const auto& kv : map) {
-    GPT_RETURN_IF_ERROR(take(kv.first, kv.second, std::string(key) + " entry '" + kv.first.Scalar() + "'"));
+    GPT_RETURN_IF_ERROR(take(kv.first, kv.second, key + " entry " + quoted(kv.first.Scalar())));
   }
-  if (added && added.IsSequence()) {
+  if (added) {
+    if (!added.IsSequence()) return Status::corruption("\"added_tokens\" is not a list");
     for (size_t i = 0; i < added.size(); ++i) {
-      GPT_RETURN_IF_ERROR(take(added[i]["content"], added[i]["id"], "added_tokens[" + std::to_string(i) + "]"));
+      const std::string where = "added_tokens[" + std::to_string(i) + "]";
+      if (!added[i].IsMap()) return Status::corruption(where + " is not an object with \"id\" and \"content\"");
+      GPT_RETURN_IF_ERROR(take(added[i]["content"], added[i]["id"], where));
+      v.specials.push_back(static_cast<int32_t>(entries.back().first));
     }
   }
   std::sort(entries.begin(), entries.end());
   entries.erase(std::unique(entries.begin(), entries.end()), entries.end());  // an added token listed in both
-  std::vector<std::string> tokens;
-  tokens.reserve(entries.size());
+  v.tokens.reserve(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     if (entries[i].first != static_cast<int64_t>(i)) {
-      return Status::corruption(
-          std::string(key) + ": ids must be 0 to " + std::to_string(entries.size() - 1) + " each once; " +
-          (entries[i].first < static_cast<int64_t>(i) ? "id " + std::to_string(entries[i].first) + " has two tokens"
-                                                      : "id " + std::to_string(i) + " has none"));
+      const bool twice = entries[i].first < static_cast<int64_t>(i);  // entries[i - 1] has its id
+      const auto& [id, token] = entries[i];
+      return Status::corruption(key + ": ids must be 0 to " + std::to_string(entries.size() - 1) +
+                                " (one per token), each once; " +
+                                (twice ? "id " + std::to_string(id) + " has two tokens, the second " + quoted(token)
+                                       : "id " + std::to_string(i) + " has none (the next id given is " +
+                                             std::to_string(id) + ", of " + quoted(token) + ")"));
     }
-    tokens.push_back(entries[i].second);
+    v.tokens.push_back(entries[i].second);
   }
-  return tokens;
+  if (!added) {
+    for (size_t id = 0; id < v.tokens.size(); ++id) {
+      if (BpeVocab::looks_special(v.tokens[id])) v.specials.push_back(static_cast<int32_t>(id));
+    }
+  }
+  return v;
 }
 
-Expected<Tokenizer> make_bpe(const std::vector<std::string>& tokens,
-                             const std::vector<std::pair<std::string, std::string>>& merges) {
-  GPT_ASSIGN_OR_RETURN(BpeVocab vocab, BpeVocab::create(tokens, merges));
-  return Tokenizer::bpe(std::move(vocab));
+Expected<Tokenizer> make_bpe(const Vocab& vocab, const std::vector<std::pair<std::string, std::string>>& merges) {
+  GPT_ASSIGN_OR_RETURN(BpeVocab bpe, BpeVocab::create(vocab.tokens, merges, vocab.specials));
+  return Tokenizer::bpe(std::move(bpe));
+}
+
+// A field that must be absent, null, or the one value (as yaml-cpp writes it) that GPT-2's has.
+bool absent_or(const YAML::Node& n, const char* value) {
+  return !n || n.IsNull() || (n.IsScalar() && n.Scalar() == value);
 }
 
 // Hugging Face's tokenizer.json, held to what GPT-2's is: a BPE model under the byte-level pre-tokenizer, with no
-// normalizer and no prefix space (anything else would encode other ids than its own library does).
+// normalizer, no prefix space and none of the model's options that change the ids (anything else would encode other
+// ids than its own library does).
 Expected<Tokenizer> parse_hf_tokenizer(const YAML::Node& root) {
   const YAML::Node model = root["model"];
-  if (!model.IsMap() || !is_string(model["type"]) || model["type"].Scalar() != "BPE") {
+  if (!model || !model.IsMap() || !is_string(model["type"]) || model["type"].Scalar() != "BPE") {
     return Status::corruption("a Hugging Face tokenizer.json with a \"model\" of type \"BPE\" (GPT-2's) was expected");
   }
   const YAML::Node pre = root["pre_tokenizer"];
-  if (!pre.IsMap() || !pre["type"] || pre["type"].Scalar() != "ByteLevel" ||
-      (pre["add_prefix_space"] && pre["add_prefix_space"].Scalar() != "false") ||
-      (pre["use_regex"] && pre["use_regex"].Scalar() != "true")) {
+  if (!pre || !pre.IsMap() || !is_string(pre["type"]) || pre["type"].Scalar() != "ByteLevel" ||
+      !absent_or(pre["add_prefix_space"], "false") || !absent_or(pre["use_regex"], "true")) {
     return Status::corruption(
         "\"pre_tokenizer\" must be GPT-2's: ByteLevel with add_prefix_space false and use_regex true");
   }
   if (root["normalizer"] && !root["normalizer"].IsNull()) {
     return Status::corruption("\"normalizer\" must be null, as GPT-2's is");
   }
-  GPT_ASSIGN_OR_RETURN(std::vector<std::string> tokens,
-                       tokens_by_id(model["vocab"], root["added_tokens"], "model.vocab"));
+  for (const auto& [field, value] :
+       {std::pair{"dropout", ""}, std::pair{"continuing_subword_prefix", ""}, std::pair{"end_of_word_suffix", ""},
+        std::pair{"ignore_merges", "false"}, std::pair{"byte_fallback", "false"}}) {
+    if (!absent_or(model[field], value)) {
+      return Status::corruption(std::string("\"model.") + field + "\" is " +
+                                quoted(model[field].IsScalar() ? model[field].Scalar() : "(not a value)") +
+                                ", which GPT-2's BPE does not take (" + (*value ? value : "null or \"\"") + ")");
+    }
+  }
+  GPT_ASSIGN_OR_RETURN(Vocab vocab, tokens_by_id(model["vocab"], root["added_tokens"], "\"model.vocab\""));
   GPT_ASSIGN_OR_RETURN(auto merges, read_merges(model["merges"], "model.merges"));
-  return make_bpe(tokens, merges);
+  return make_bpe(vocab, merges);
 }
 
 Expected<Tokenizer> parse_tokenizer_json(const YAML::Node& root) {
-  if (root.IsMap() && root["model"] && !root["type"]) return parse_hf_tokenizer(root);
-  if (!root.IsMap() || !is_string(root["type"])) return Status::corruption("expected an object with a \"type\" field");
+  if (!root.IsMap()) return Status::corruption("expected a JSON object");
+  if (root["model"] && !root["type"]) return parse_hf_tokenizer(root);
+  if (!is_string(root["type"])) return Status::corruption("expected an object with a \"type\" field");
   const std::string type = root["type"].Scalar();
   if (type == "byte") return Tokenizer::byte_level();
   if (type == "bpe") {
@@ -144,7 +196,22 @@ Expected<Tokenizer> parse_tokenizer_json(const YAML::Node& root) {
       tokens.push_back(vocab[i].Scalar());
     }
     GPT_ASSIGN_OR_RETURN(auto merges, read_merges(root["merges"], "merges"));
-    return make_bpe(tokens, merges);
+    std::vector<int32_t> specials;  // written by to_json; absent: the <|...|> tokens
+    if (const YAML::Node sp = root["special"]; sp) {
+      if (!sp.IsSequence()) return Status::corruption("\"special\" is not a list of ids");
+      for (size_t i = 0; i < sp.size(); ++i) {
+        try {
+          specials.push_back(sp[i].as<int32_t>());
+        } catch (const YAML::Exception&) {
+          return Status::corruption("special[" + std::to_string(i) + "] is not an id");
+        }
+      }
+    } else {
+      for (size_t id = 0; id < tokens.size(); ++id) {
+        if (BpeVocab::looks_special(tokens[id])) specials.push_back(static_cast<int32_t>(id));
+      }
+    }
+    return make_bpe(Vocab{std::move(tokens), std::move(specials)}, merges);
   }
   if (type != "char") {
     return Status::corruption("unknown tokenizer type \"" + type + "\", expected char, byte or bpe");
@@ -229,7 +296,12 @@ Expected<YAML::Node> read_json(const std::string& path) {
 // vocab.json + merges.txt (encoder.json + vocab.bpe: the same formats).
 Expected<Tokenizer> load_vocab_and_merges(const std::string& vocab_path, const std::string& merges_path) {
   GPT_ASSIGN_OR_RETURN(YAML::Node vocab, read_json(vocab_path));
-  auto tokens = tokens_by_id(vocab, YAML::Node(), "the vocabulary");
+  Expected<Vocab> tokens = Status::ok();
+  try {
+    tokens = tokens_by_id(vocab, YAML::Node(YAML::NodeType::Undefined), "the vocabulary");
+  } catch (const YAML::Exception& e) {
+    tokens = Status::corruption(std::string("malformed: ") + e.what());
+  }
   if (!tokens) return tokens.status().with_context("tokenizer file " + vocab_path);
   std::string text;
   GPT_RETURN_IF_ERROR(read_file(merges_path, &text).with_context("tokenizer file"));
@@ -273,8 +345,8 @@ Expected<Tokenizer> Tokenizer::load(const std::string& path) {
     Expected<Tokenizer> tok = parse_tokenizer_json(root);
     if (!tok) return tok.status().with_context("tokenizer file " + path);
     return tok;
-  } catch (const YAML::Exception& e) {
-    return Status::corruption("tokenizer file " + path + ": not valid JSON: " + e.what());
+  } catch (const YAML::Exception& e) {  // a value of another type than its field's
+    return Status::corruption("tokenizer file " + path + ": malformed: " + e.what());
   }
 }
 

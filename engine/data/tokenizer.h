@@ -50,6 +50,8 @@ class Tokenizer {
     return kind_ == TokenizerKind::kChar ? "char" : kind_ == TokenizerKind::kByte ? "byte" : "bpe";
   }
   int32_t vocab_size() const;
+  // The bpe vocabulary; null for char and byte.
+  const BpeVocab* bpe_vocab() const { return bpe_.get(); }
   // The char vocabulary in id order; empty for byte.
   std::span<const char32_t> symbols() const { return symbols_; }
 

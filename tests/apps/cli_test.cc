@@ -246,13 +246,22 @@ TEST_CASE("prepare with GPT-2's BPE files, train and sample text", "[apps]") {
   INFO(s.output);
   CHECK(s.exit_code == 0);
   CHECK(s.output.starts_with("the cat"));
-  // Exported as Hugging Face's files with GPT-2's tokenizer files beside them, then imported: the model directory
-  // keeps the tokenizer, so it samples text too, the same text as the run's model.
+  // Exported as Hugging Face's files, the tokenizer's vocab.json and merges.txt with them, then imported: the model
+  // directory keeps the tokenizer, so it samples text too, the same text as the run's model.
   REQUIRE(
       run_command(gpt_train() + " checkpoint consolidate " + out + "/model --out " + dir.file("hf") + "/").exit_code ==
       0);
-  fs::copy_file(bpe + "/vocab.json", dir.file("hf/vocab.json"));
-  fs::copy_file(bpe + "/merges.txt", dir.file("hf/merges.txt"));
+  // consolidate wrote them as GPT2Tokenizer reads them: the fixture's vocabulary and merges.
+  auto exported = data::Tokenizer::load(dir.file("hf"));
+  REQUIRE(exported.has_value());
+  CHECK(exported->to_json() == tok->to_json());
+  std::string merges_written, merges_fixture;
+  {
+    std::ifstream a_in(dir.file("hf/merges.txt")), b_in(bpe + "/merges.txt");
+    merges_written.assign(std::istreambuf_iterator<char>(a_in), {});
+    merges_fixture.assign(std::istreambuf_iterator<char>(b_in), {});
+  }
+  CHECK(merges_written == merges_fixture);
   const auto imported = run_command(gpt_train() + " checkpoint import " + dir.file("hf") + " --out " + dir.file("m"));
   INFO(imported.output);
   REQUIRE(imported.exit_code == 0);
@@ -261,6 +270,12 @@ TEST_CASE("prepare with GPT-2's BPE files, train and sample text", "[apps]") {
                               " --threads 2 -n 8 --prompt 'the cat' 2>/dev/null");
   CHECK(s2.exit_code == 0);
   CHECK(s2.output == s.output);
+  // The weights named as a bare file name, in the directory that holds them: the tokenizer beside is found too.
+  const auto bare_name = run_command("cd " + dir.file("hf") + " && " + gpt_train() +
+                                     " checkpoint import model.safetensors --out " + dir.file("m3"));
+  INFO(bare_name.output);
+  CHECK(bare_name.exit_code == 0);
+  CHECK(bare_name.output.find("its tokenizer came with it") != std::string::npos);
   // Tokenizer files that are not GPT-2's stop the import, naming them; --no-tokenizer imports the weights alone.
   fs::remove(dir.file("hf/merges.txt"));
   dir.write("hf/merges.txt", "#version: 0.2\nnot a merge line\n");

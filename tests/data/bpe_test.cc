@@ -141,10 +141,13 @@ TEST_CASE("bpe: a long piece merges in n log n, and any bytes decode back", "[da
   CHECK(contains(invalid.message(), "invalid UTF-8 at byte offset 2"));
 }
 
-// Tokens that mean something else to a YAML reader (the files are read with yaml-cpp) are tokens like any other.
+// Tokens that mean something else to a YAML reader (the files are read with yaml-cpp) are tokens like any other: as
+// vocab.json's keys (special tokens in Hugging Face's tokenizer.json, which no merge needs to make), and "<<" made by
+// a merge.
 TEST_CASE("bpe: tokens that are YAML words or merge keys", "[data]") {
-  const std::vector<std::string> extra = {"<<", "true", "null", "~~", "- x", "0x10", "&a", "*a", "!x", "%YAML", "#c"};
+  const std::vector<std::string> extra = {"true", "null", "~~", "- x", "0x10", "&a", "*a", "!x", "%YAML", "#c"};
   std::string vocab = "{";
+  std::string added;
   int id = 0;
   for (int b = 0; b < 256; ++b) {
     std::string c;
@@ -152,23 +155,33 @@ TEST_CASE("bpe: tokens that are YAML words or merge keys", "[data]") {
     if (c == "\"" || c == "\\") c = "\\" + c;
     vocab += (b ? ", \"" : "\"") + c + "\": " + std::to_string(id++);
   }
+  vocab += ", \"<<\": " + std::to_string(id++);
   for (std::string t : extra) {
     if (t == "- x") t = "-\u0120x";  // a space writes as U+0120
+    added +=
+        std::string(added.empty() ? "" : ", ") + "{\"id\": " + std::to_string(id) + ", \"content\": \"" + t + "\"}";
     vocab += ", \"" + t + "\": " + std::to_string(id++);
   }
   vocab += "}";
+  const std::string json = "{\"added_tokens\": [" + added +
+                           "], \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": "
+                           "{\"type\": \"BPE\", \"vocab\": " +
+                           vocab + ", \"merges\": [\"< <\"]}}";
   TempDir dir;
-  dir.write("vocab.json", vocab);
-  dir.write("merges.txt", "#version: 0.2\n< <\n");
-  Expected<Tokenizer> tok = Tokenizer::load(dir.file(""));
-  INFO(vocab);
+  Expected<Tokenizer> tok = Tokenizer::load(dir.write("tokenizer.json", json));
+  INFO(json);
   REQUIRE(tok.has_value());
-  CHECK(tok->vocab_size() == 256 + static_cast<int32_t>(extra.size()));
+  CHECK(tok->vocab_size() == 257 + static_cast<int32_t>(extra.size()));
   for (size_t i = 0; i < extra.size(); ++i) {
-    const std::vector<int32_t> one = {256 + static_cast<int32_t>(i)};
+    const std::vector<int32_t> one = {257 + static_cast<int32_t>(i)};
     CHECK(tok->decode(one) == extra[i]);
   }
   CHECK(*tok->encode("a << b") == std::vector<uint16_t>{97, 32, 256, 32, 98});
+  // Saved in gpt-train's form and read back: the special tokens are listed, so they still need no merge.
+  REQUIRE(tok->save(dir.file("ours.json")).is_ok());
+  Expected<Tokenizer> back = Tokenizer::load(dir.file("ours.json"));
+  REQUIRE(back.has_value());
+  CHECK(back->to_json() == tok->to_json());
 }
 
 TEST_CASE("bpe: bad tokenizer files name the file and the entry", "[data]") {
@@ -203,12 +216,33 @@ TEST_CASE("bpe: bad tokenizer files name the file and the entry", "[data]") {
   CHECK(contains(e, "byte 33 has no token of its own ('!')"));
   // Ids with a gap.
   e = error_of(dir_with("d", replaced(vocab_text, "\"!\": 0,", "\"!\": 9999,"), merges_text));
-  CHECK(contains(e, dir.file("d/vocab.json") + ": the vocabulary: ids must be 0 to 856 each once; id 0 has none"));
-  // Hugging Face's file with another pre-tokenizer setting.
+  CHECK(contains(e, dir.file("d/vocab.json") + ": the vocabulary: ids must be 0 to 856 (one per token), each once; id "
+                                               "0 has none (the next id given is 1, of '\"')"));
+  // A negative id, named with its token.
+  e = error_of(dir_with("n", replaced(vocab_text, "\"!\": 0,", "\"!\": -1,"), merges_text));
+  CHECK(contains(e, "the vocabulary entry '!': id -1, expected 0 to 65534"));
+  // A merges list cut short (a partial download): the tokens its lost merges made are made by none.
+  e = error_of(dir_with("t", vocab_text, merges_text.substr(0, merges_text.find("\n", merges_text.size() / 2) + 1)));
+  CHECK(contains(e, "token(s) of 857 are made by no merge"));
+  CHECK(contains(e, "cut short"));
+  e = error_of(dir_with("e", vocab_text, ""));
+  CHECK(contains(e, "600 token(s) of 857 are made by no merge"));
+  // Files that are not what they should be.
+  e = error_of(dir_with("j", "this is { not json", merges_text));
+  CHECK(contains(e, "must be a JSON object {\"token\": id, ...}"));
+  // Hugging Face's file with another setting, or without one, or with an option that changes the ids.
   std::string hf;
   REQUIRE(read_file(kFixture + "/tokenizer.json", &hf).is_ok());
   e = error_of(dir.write("prefix.json", replaced(hf, "\"add_prefix_space\": false", "\"add_prefix_space\": true")));
   CHECK(contains(e, "\"pre_tokenizer\" must be GPT-2's"));
+  e = error_of(dir.write("nopre.json", replaced(hf, "\"pre_tokenizer\"", "\"pre_tokenizers\"")));
+  CHECK(contains(e, "\"pre_tokenizer\" must be GPT-2's"));
+  e = error_of(dir.write("dropout.json", replaced(hf, "\"type\": \"BPE\"", "\"type\": \"BPE\", \"dropout\": 0.5")));
+  CHECK(contains(e, "\"model.dropout\" is '0.5', which GPT-2's BPE does not take"));
+  e = error_of(dir.write("added.json", replaced(hf, "\"added_tokens\": [{", "\"added_tokens\": [5, {")));
+  CHECK(contains(e, "added_tokens[0] is not an object"));
+  e = error_of(dir.write("notype.json", "{\"vocab\": [\"a\"]}"));
+  CHECK(contains(e, "expected an object with a \"type\" field"));
   // A directory without the files.
   fs::create_directories(dir.file("empty"));
   CHECK(contains(error_of(dir.file("empty")), "expected tokenizer.json, vocab.json and merges.txt"));
