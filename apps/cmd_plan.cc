@@ -105,7 +105,7 @@ Command add_plan_command(CLI::App& app) {
     }
     std::error_code ec;
     std::optional<data::Tokenizer> tokenizer;
-    if (args->vocab_size == 0 && shape.vocab_size == 0 && std::filesystem::is_regular_file(tokenizer_path, ec)) {
+    if (args->vocab_size == 0 && shape.vocab_size == 0 && std::filesystem::exists(tokenizer_path, ec)) {
       auto loaded = data::Tokenizer::load(tokenizer_path);
       if (!loaded) return report_error(loaded.status().with_context("the tokenizer for model.vocab_size 0"));
       tokenizer.emplace(std::move(*loaded));

@@ -131,6 +131,12 @@ TEST_CASE("gpt-train plan: one rank, overrides, unknown vocabulary, nothing fits
     INFO(g.output);
     CHECK(g.exit_code == 0);
     CHECK(g.output.find("planning with 4, the symbols of " + dir.file("sharded/tokenizer.json")) != std::string::npos);
+    // data.tokenizer naming GPT-2's BPE files as Hugging Face publishes them (a directory).
+    const std::string bpe = std::string(GPT_SOURCE_DIR) + "/tests/fixtures/bpe";
+    const auto h = run_command(gpt_train() + " plan -c " + glob + " -n 2 --set data.tokenizer=" + bpe);
+    INFO(h.output);
+    CHECK(h.exit_code == 0);
+    CHECK(h.output.find("planning with 857, the symbols of " + bpe) != std::string::npos);
   }
   SECTION("several nodes add hybrid plans; parallel.* keys apply") {
     const auto r = run_command(gpt_train() + " plan -c " + kConfig +
