@@ -27,7 +27,10 @@ Command add_sample_command(CLI::App& app) {
                                     "`latest`)");
   run->excludes(model);
   checkpoint->excludes(run)->excludes(model);
-  auto* prompt = app.add_option("--prompt,-p", args->opts.prompt, "Text to continue")->default_str("\\n");
+  auto* prompt = app.add_option("--prompt,-p", args->opts.prompt,
+                                "Text to continue (with GPT-2's BPE, <|endoftext|> in it is that token, as nanoGPT's "
+                                "sample.py takes it)")
+                     ->default_str("\\n");
   app.add_option("--prompt-ids", args->opts.prompt_ids,
                  "Token ids to continue, instead of text (a model trained on shards tokenized elsewhere)")
       ->excludes(prompt)

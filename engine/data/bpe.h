@@ -45,6 +45,8 @@ class BpeVocab {
   int32_t find(std::string_view token) const;
   // Appends the ids of `text`, which must be valid UTF-8 (the caller checks).
   void encode(std::string_view text, std::vector<uint16_t>* ids) const;
+  // The special tokens of two bytes or more (<|endoftext|>), by id.
+  const std::vector<int32_t>& specials() const { return specials_; }
   // The bytes id `id` stands for. REQUIRES: 0 <= id < size().
   const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
   // {"type":"bpe","vocab":[tokens in id order],"merges":["left right", ...],"special":[ids]} in the files' form.

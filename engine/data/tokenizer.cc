@@ -404,6 +404,31 @@ Expected<std::vector<uint16_t>> Tokenizer::encode(std::string_view text) const {
   return ids;
 }
 
+Expected<std::vector<uint16_t>> Tokenizer::encode_with_specials(std::string_view text) const {
+  if (kind_ != TokenizerKind::kBpe || bpe_->specials().empty()) return encode(text);
+  std::vector<uint16_t> ids;
+  for (size_t begin = 0;;) {
+    // The first special token written at or after `begin` (the longest of those starting there).
+    size_t at = std::string_view::npos;
+    int32_t which = -1;
+    for (const int32_t id : bpe_->specials()) {
+      const std::string& s = bpe_->bytes(id);
+      const size_t p = text.find(s, begin);
+      if (p < at || (p == at && p != std::string_view::npos && s.size() > bpe_->bytes(which).size())) {
+        at = p;
+        which = id;
+      }
+    }
+    const size_t end = at == std::string_view::npos ? text.size() : at;
+    Expected<std::vector<uint16_t>> part = encode(text.substr(begin, end - begin));
+    if (!part) return part.status().with_context("the text from byte offset " + std::to_string(begin));
+    ids.insert(ids.end(), part->begin(), part->end());
+    if (which < 0) return ids;
+    ids.push_back(static_cast<uint16_t>(which));
+    begin = at + bpe_->bytes(which).size();
+  }
+}
+
 template <typename Id>
 std::string Tokenizer::decode_ids(std::span<const Id> ids) const {
   std::string out;

@@ -61,6 +61,9 @@ class Tokenizer {
   // char, bpe: errors on invalid UTF-8 (naming its byte offset); char: on a symbol outside the vocabulary (naming
   // it and its byte offset).
   Expected<std::vector<uint16_t>> encode(std::string_view text) const;
+  // As encode, but a bpe vocabulary's special tokens written in the text (<|endoftext|>) are those tokens, as
+  // tiktoken's encode(allowed_special=...) takes them (nanoGPT's sample.py does for its prompt).
+  Expected<std::vector<uint16_t>> encode_with_specials(std::string_view text) const;
   // Ids outside the vocabulary (e.g. a model's padded vocab) decode to U+FFFD. bpe: the tokens' bytes as they are
   // (a character split over two tokens is whole once both are appended).
   std::string decode(std::span<const int32_t> ids) const;

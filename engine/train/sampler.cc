@@ -77,7 +77,7 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
   }
   std::vector<int32_t> ids = o.prompt_ids;
   if (text_in) {
-    auto encoded = tok->encode(o.prompt);
+    auto encoded = tok->encode_with_specials(o.prompt);
     if (!encoded && o.prompt_is_default) {
       return encoded.status().with_context(
           "--prompt not given, so the default prompt (a newline) is used, but this model's vocabulary lacks it: give "

@@ -246,6 +246,17 @@ TEST_CASE("prepare with GPT-2's BPE files, train and sample text", "[apps]") {
   INFO(s.output);
   CHECK(s.exit_code == 0);
   CHECK(s.output.starts_with("the cat"));
+  // <|endoftext|> in a prompt is that token (nanoGPT samples from it), and plain text around it is text.
+  const auto eot = run_command(gpt_train() + " sample --run " + out +
+                               " --threads 2 -n 1 --ids --prompt '<|endoftext|>the cat' 2>/dev/null");
+  INFO(eot.output);
+  CHECK(eot.exit_code == 0);
+  {
+    std::string want = "856";
+    const std::vector<uint16_t> the_cat = *tok->encode("the cat");
+    for (const uint16_t id : the_cat) want.append(" ").append(std::to_string(id));
+    CHECK(eot.output.starts_with(want + " "));
+  }
   // Exported as Hugging Face's files, the tokenizer's vocab.json and merges.txt with them, then imported: the model
   // directory keeps the tokenizer, so it samples text too, the same text as the run's model.
   REQUIRE(

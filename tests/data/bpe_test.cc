@@ -134,6 +134,15 @@ TEST_CASE("bpe: a long piece merges in n log n, and any bytes decode back", "[da
   CHECK(tok.decode(std::span<const uint16_t>(*ids)) == run);
   CHECK(ids->size() < run.size());
   INFO("seconds: " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  // Special tokens: text to encode, tokens to encode_with_specials (at the start, twice in a row, at the end).
+  const std::vector<uint16_t> text_ids = *tok.encode("<|endoftext|>");
+  CHECK(text_ids.size() > 1);
+  CHECK(*tok.encode_with_specials("<|endoftext|>") == std::vector<uint16_t>{856});
+  std::vector<uint16_t> want = {856, 856};
+  const std::vector<uint16_t> hello = *tok.encode("Hello <|endoft");
+  want.insert(want.end(), hello.begin(), hello.end());
+  want.push_back(856);
+  CHECK(*tok.encode_with_specials("<|endoftext|><|endoftext|>Hello <|endoft<|endoftext|>") == want);
   // Ids past the vocabulary (a model's padded rows) decode to U+FFFD; a token's bytes come out as they are.
   const std::vector<int32_t> padded = {39, 857, 50303};
   CHECK(tok.decode(padded) == "H\xEF\xBF\xBD\xEF\xBF\xBD");
