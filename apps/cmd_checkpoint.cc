@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "apps/commands.h"
@@ -157,12 +158,47 @@ int consolidate(const std::string& arg, const std::string& out) {
   std::error_code ec;
   const bool to_dir = fs::is_directory(out, ec) || (!out.empty() && out.back() == '/');
   const std::string file = to_dir ? (fs::path(out) / "model.safetensors").string() : out;
+  const std::string config = (fs::path(out) / "config.json").string();
+  // A GPT-2 BPE tokenizer goes along as GPT2Tokenizer's files (char and byte ones have no Hugging Face form).
+  std::optional<data::Tokenizer> tokenizer;
+  if (const std::string saved = reader->file_path(reader->manifest().tokenizer); to_dir && !saved.empty()) {
+    Expected<data::Tokenizer> tok = data::Tokenizer::load(saved);
+    if (!tok) return report_error(tok.status());
+    if (tok->bpe_vocab() != nullptr) tokenizer.emplace(std::move(*tok));
+  }
+  // Every file checked before any is written, so that a bad one leaves a previous export whole. Tokenizer files in
+  // the directory that this export does not replace would be read with these weights (import takes tokenizer.json
+  // first): refused rather than left or removed.
+  std::vector<std::string> targets = {file};
+  if (to_dir) {
+    targets.push_back(config);
+    std::vector<std::string> foreign = {"tokenizer.json"};
+    if (tokenizer) {
+      targets.push_back((fs::path(out) / "vocab.json").string());
+      targets.push_back((fs::path(out) / "merges.txt").string());
+    } else {
+      foreign.insert(foreign.end(), {"vocab.json", "merges.txt"});
+    }
+    for (const std::string& name : foreign) {
+      if (fs::exists(fs::path(out) / name, ec)) {
+        return report_error(Status::invalid_argument(
+            "--out: " + (fs::path(out) / name).string() + " is there and is not this model's tokenizer" +
+            (tokenizer ? "" : " (it has none in Hugging Face's form)") +
+            ": checkpoint import would read it with these weights; remove it, or write to another directory"));
+      }
+    }
+  }
+  for (const std::string& target : targets) {
+    if (Expected<std::string> ok = atomic_write_target(target); !ok)
+      return report_error(ok.status().with_context("--out"));
+  }
   const bool created = to_dir && !fs::exists(out, ec);
   if (to_dir) {
     fs::create_directories(out, ec);
     if (ec) return report_error(Status::io_error("--out: cannot create directory '" + out + "': " + ec.message()));
   }
-  // On an error, nothing half made stays: the directory this call made, or the weights without their config.
+  // On an error while writing (a full disk), nothing half made stays: the directory this call made, or the weights
+  // without their config.
   auto fail = [&](const Status& why) {
     if (created) {
       fs::remove_all(out, ec);
@@ -178,26 +214,20 @@ int consolidate(const std::string& arg, const std::string& out) {
             << " tensors with Hugging Face GPT-2 names, " << bytes_text(bytes) << ", the master weights of step "
             << reader->manifest().step << " (" << dir << ")" << std::endl;
   if (to_dir) {
-    const std::string config = (fs::path(out) / "config.json").string();
     const std::string text = hf_gpt2_config_json(reader->manifest().shape);
     st = write_file_atomically(config, {std::span<const char>(text)});
     if (!st.is_ok()) return fail(st);
     std::cout << "wrote " << config << ": GPT2LMHeadModel.from_pretrained(\"" << out << "\") loads the directory"
               << std::endl;
-    // A GPT-2 BPE tokenizer goes along as GPT2Tokenizer's files (char and byte ones have no Hugging Face form).
-    const std::string saved = reader->file_path(reader->manifest().tokenizer);
-    if (!saved.empty()) {
-      Expected<data::Tokenizer> tok = data::Tokenizer::load(saved);
-      if (!tok) return fail(tok.status());
-      if (const data::BpeVocab* bpe = tok->bpe_vocab(); bpe != nullptr) {
-        for (const auto& [name, text] :
-             {std::pair{"vocab.json", bpe->vocab_json()}, std::pair{"merges.txt", bpe->merges_txt()}}) {
-          st = write_file_atomically((fs::path(out) / name).string(), {std::span<const char>(text)});
-          if (!st.is_ok()) return fail(st);
-        }
-        std::cout << "wrote " << (fs::path(out) / "vocab.json").string() << " and merges.txt: the tokenizer, which "
-                  << "GPT2Tokenizer.from_pretrained(\"" << out << "\") loads" << std::endl;
+    if (tokenizer) {
+      const data::BpeVocab* bpe = tokenizer->bpe_vocab();
+      for (const auto& [name, text] :
+           {std::pair{"vocab.json", bpe->vocab_json()}, std::pair{"merges.txt", bpe->merges_txt()}}) {
+        st = write_file_atomically((fs::path(out) / name).string(), {std::span<const char>(text)});
+        if (!st.is_ok()) return fail(st);
       }
+      std::cout << "wrote " << (fs::path(out) / "vocab.json").string() << " and merges.txt: the tokenizer, which "
+                << "GPT2Tokenizer.from_pretrained(\"" << out << "\") loads" << std::endl;
     }
   }
   return 0;
@@ -217,19 +247,32 @@ int import_hf(const std::string& src, const std::string& out, bool no_tokenizer)
   // that `sample` takes text; files there that do not read as GPT-2's BPE stop the import (--no-tokenizer skips them).
   fs::path dir = fs::is_directory(src, ec) ? fs::path(src) : fs::path(src).parent_path();
   if (dir.empty()) dir = ".";  // a bare file name
-  const bool has_tokenizer = fs::exists(dir / "tokenizer.json", ec) ||
-                             (fs::exists(dir / "vocab.json", ec) && fs::exists(dir / "merges.txt", ec));
+  const bool has_json = fs::exists(dir / "tokenizer.json", ec);
+  const bool has_vocab = fs::exists(dir / "vocab.json", ec);
+  const bool has_merges = fs::exists(dir / "merges.txt", ec);
+  const std::string skip = " (--no-tokenizer imports the weights without it)";
   std::string tokenizer_json;
-  if (has_tokenizer && !no_tokenizer) {
+  if ((has_json || has_vocab || has_merges) && !no_tokenizer) {
+    if (!has_json && has_vocab != has_merges) {
+      return report_error(Status::invalid_argument((dir / (has_vocab ? "vocab.json" : "merges.txt")).string() +
+                                                   " is there without " + (has_vocab ? "merges.txt" : "vocab.json") +
+                                                   ": GPT-2's tokenizer needs both" + skip));
+    }
     auto tok = data::Tokenizer::load(dir.string());
-    if (!tok) {
-      return report_error(
-          Status::invalid_argument(tok.status().message() + " (--no-tokenizer imports the weights without it)"));
+    if (!tok) return report_error(Status::invalid_argument(tok.status().message() + skip));
+    if (has_json && has_vocab && has_merges) {  // save_pretrained writes both forms: they must agree
+      auto pair = data::Tokenizer::load_vocab_and_merges((dir / "vocab.json").string(), (dir / "merges.txt").string());
+      if (!pair || pair->to_json() != tok->to_json()) {
+        return report_error(Status::invalid_argument(
+            (dir / "tokenizer.json").string() + " and vocab.json with merges.txt are not one tokenizer" +
+            (pair ? std::string(" (they differ)") : " (" + pair.status().message() + ")") + ": remove the stale one" +
+            skip));
+      }
     }
     if (tok->vocab_size() > s.vocab_size) {
-      return report_error(Status::invalid_argument(
-          dir.string() + ": the tokenizer has " + std::to_string(tok->vocab_size()) + " tokens, the model's " +
-          "vocabulary " + std::to_string(s.vocab_size) + " (--no-tokenizer imports the weights without it)"));
+      return report_error(Status::invalid_argument(dir.string() + ": the tokenizer has " +
+                                                   std::to_string(tok->vocab_size()) + " tokens, the model's " +
+                                                   "vocabulary " + std::to_string(s.vocab_size) + skip));
     }
     tokenizer_json = tok->to_json();
   }

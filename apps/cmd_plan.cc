@@ -104,6 +104,10 @@ Command add_plan_command(CLI::App& app) {
       tokenizer_path = (std::filesystem::path(first).parent_path() / "tokenizer.json").string();
     }
     std::error_code ec;
+    if (!cfg->data.tokenizer.empty() && !std::filesystem::exists(cfg->data.tokenizer, ec)) {
+      return report_error(Status::not_found(cfg->where("data.tokenizer") + ": data.tokenizer " + cfg->data.tokenizer +
+                                            " is not there (train would stop here too)"));
+    }
     std::optional<data::Tokenizer> tokenizer;
     if (args->vocab_size == 0 && shape.vocab_size == 0 && std::filesystem::exists(tokenizer_path, ec)) {
       auto loaded = data::Tokenizer::load(tokenizer_path);
@@ -122,7 +126,8 @@ Command add_plan_command(CLI::App& app) {
       shape.vocab_size = kDefaultVocab;
       if (print) {
         std::cout << "note: " << cfg->where("model.vocab_size")
-                  << ": model.vocab_size is 0 (taken from the data's tokenizer when training); planning with "
+                  << ": model.vocab_size is 0 (taken from the data's tokenizer when training, or its largest id + 1 "
+                     "without one); planning with "
                   << kDefaultVocab << " (GPT-2 BPE); pass --vocab-size N for your data's\n";
       }
     }

@@ -12,8 +12,9 @@ Command add_prepare_command(CLI::App& app) {
   app.add_option("--input,-i", opts->inputs, "Text files, concatenated in the order given")->required();
   app.add_option("--tokenizer", opts->tokenizer,
                  "char (vocabulary of the text's characters), byte, or a tokenizer to read: GPT-2's BPE as Hugging "
-                 "Face publishes it (tokenizer.json, or a directory with vocab.json and merges.txt; each input is then "
-                 "a document after <|endoftext|>), or another data set's tokenizer.json")
+                 "Face publishes it (tokenizer.json, or a directory with vocab.json and merges.txt, or OpenAI's "
+                 "encoder.json and vocab.bpe; each input is then a document after <|endoftext|>), or another data "
+                 "set's tokenizer.json")
       ->default_str("char");
   app.add_option("--val-fraction", opts->val_fraction, "Fraction of the text, taken from its end, for validation")
       ->default_str("0.1");
@@ -26,6 +27,7 @@ Command add_prepare_command(CLI::App& app) {
   return [opts]() -> int {
     auto report = data::prepare_dataset(*opts);
     if (!report) return report_error(report.status());
+    for (const std::string& w : report->warnings) spdlog::warn("prepare: {}", w);
     spdlog::info("prepared {}: {} train tokens, {} val tokens, vocab {} (tokenizer {})", opts->out_dir,
                  report->train_tokens, report->val_tokens, report->vocab_size, opts->tokenizer);
     return 0;

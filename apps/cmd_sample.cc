@@ -1,5 +1,8 @@
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <charconv>
+#include <climits>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -15,7 +18,28 @@ struct SampleArgs {
   SampleOptions opts;
   std::string run_dir;
   std::string checkpoint_dir;
+  std::string prompt_ids;  // "15496,11", parsed strictly (CLI11's list read "" as 0 and skipped empty entries)
 };
+
+// "15496,11" -> ids; every comma-separated entry a decimal integer.
+Expected<std::vector<int32_t>> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t begin = 0;
+  for (size_t i = 0;; ++i) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string entry = text.substr(begin, end - begin);
+    int64_t value = 0;
+    const auto [ptr, ec] = std::from_chars(entry.data(), entry.data() + entry.size(), value);
+    if (entry.empty() || ec != std::errc() || ptr != entry.data() + entry.size() || value < INT32_MIN ||
+        value > INT32_MAX) {
+      return Status::invalid_argument("--prompt-ids '" + text + "': entry " + std::to_string(i + 1) + " ('" + entry +
+                                      "') is not a token id; expected comma-separated integers, e.g. 15496,11");
+    }
+    ids.push_back(static_cast<int32_t>(value));
+    if (end == text.size()) return ids;
+    begin = end + 1;
+  }
+}
 }  // namespace
 
 Command add_sample_command(CLI::App& app) {
@@ -31,11 +55,11 @@ Command add_sample_command(CLI::App& app) {
                                 "Text to continue (with GPT-2's BPE, <|endoftext|> in it is that token, as nanoGPT's "
                                 "sample.py takes it)")
                      ->default_str("\\n");
-  app.add_option("--prompt-ids", args->opts.prompt_ids,
-                 "Token ids to continue, instead of text (a model trained on shards tokenized elsewhere)")
-      ->excludes(prompt)
-      ->delimiter(',')
-      ->type_name("ID,...");
+  auto* prompt_ids = app.add_option("--prompt-ids", args->prompt_ids,
+                                    "Token ids to continue, instead of text (a model trained on shards tokenized "
+                                    "elsewhere)")
+                         ->excludes(prompt)
+                         ->type_name("ID,...");
   app.add_flag("--ids", args->opts.emit_ids,
                "Print token ids (space-separated, the prompt's first) instead of text: no tokenizer needed");
   app.add_option("--tokens,-n", args->opts.tokens,
@@ -59,9 +83,14 @@ Command add_sample_command(CLI::App& app) {
       "  gpt-train sample --run runs/gpt2-124m --prompt-ids 15496,11 --ids   # GPT-2 BPE: tiktoken encodes and "
       "decodes\n"
       "  gpt-train sample --run runs/gpt2-1.5b --prompt-ids 15496,11 --ids --device cuda");
-  return [args, prompt]() -> int {
+  return [args, prompt, prompt_ids]() -> int {
     if (args->run_dir.empty() && args->opts.model_dir.empty() && args->checkpoint_dir.empty()) {
       return report_error(Status::invalid_argument("sample needs --run DIR, --model DIR or --checkpoint DIR"));
+    }
+    if (prompt_ids->count() > 0) {
+      Expected<std::vector<int32_t>> ids = parse_ids(args->prompt_ids);
+      if (!ids) return report_error(ids.status());
+      args->opts.prompt_ids = std::move(*ids);
     }
     args->opts.prompt_is_default = prompt->count() == 0 && args->opts.prompt_ids.empty();
     if (!args->run_dir.empty()) args->opts.model_dir = (std::filesystem::path(args->run_dir) / "model").string();

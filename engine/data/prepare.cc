@@ -15,7 +15,7 @@ namespace gpt::data {
 Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
   if (options.inputs.empty()) return Status::invalid_argument("prepare: no input files given");
   if (!(options.val_fraction >= 0.0 && options.val_fraction < 1.0)) {
-    return Status::invalid_argument("prepare: val_fraction must be in [0, 1), got " +
+    return Status::invalid_argument("prepare: --val-fraction must be in [0, 1), got " +
                                     std::to_string(options.val_fraction));
   }
   if (options.out_dir.empty()) return Status::invalid_argument("prepare: no output directory given");
@@ -81,6 +81,15 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
   } else {
     tokens = tokenizer->encode(text);
   }
+  std::vector<std::string> warnings;
+  if (tokenizer->kind() == TokenizerKind::kBpe && tokenizer->end_of_text() < 0) {
+    warnings.push_back("the tokenizer has no <|endoftext|> token: the inputs are joined without a separator");
+  }
+  if (options.val_fraction == 0.0) {
+    warnings.push_back(
+        "--val-fraction 0: val.bin is empty; training needs data.val with at least block_size + 1 "
+        "tokens, so point it at other shards");
+  }
   if (!tokens) return tokens.status().with_context("prepare: encoding");
 
   // int(n * (1 - f)) as in nanoGPT: truncation toward zero, in double precision.
@@ -103,6 +112,7 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
   report.train_path = (dir / "train.bin").string();
   report.val_path = (dir / "val.bin").string();
   report.tokenizer_path = (dir / "tokenizer.json").string();
+  report.warnings = std::move(warnings);
   // All three outputs checked before any is written, so that a bad one (a directory in its place) leaves the old
   // dataset whole rather than half replaced.
   for (const std::string& path : {report.train_path, report.val_path, report.tokenizer_path}) {

@@ -1,7 +1,8 @@
 // `prepare`: turns text files into a training data set, as nanoGPT's data/shakespeare_char/prepare.py does.
 // The inputs are concatenated in the order given; the tokenizer is built from the whole text (or read from a file);
 // the token sequence is split into train = the first int(n * (1 - val_fraction)) tokens and val = the rest. A
-// tokenizer with GPT-2's <|endoftext|> takes each input as a document: that token, then the input's. Writes
+// tokenizer with GPT-2's <|endoftext|> takes each input as a document: that token, then the input's (a bpe one
+// without it joins the inputs, with a warning). Writes
 //   out_dir/train.bin, out_dir/val.bin   (token shards, see token_shard.h)
 //   out_dir/tokenizer.json               (see tokenizer.h)
 // creating out_dir if needed. Each file is written atomically, so a failed run leaves no partial file.
@@ -34,6 +35,7 @@ struct PrepareReport {
   int64_t val_tokens = 0;
   int32_t vocab_size = 0;
   std::string train_path, val_path, tokenizer_path;
+  std::vector<std::string> warnings;  // what the caller should log: nothing is wrong, but maybe not as meant
 };
 
 Expected<PrepareReport> prepare_dataset(const PrepareOptions& options);

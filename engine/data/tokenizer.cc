@@ -80,8 +80,8 @@ struct Vocab {
 };
 
 // A {token: id} map (vocab.json, a Hugging Face model's "vocab") plus `added` ({"id", "content"} objects that may
-// be missing from it; they are the special tokens) -> the tokens by id; the ids must be 0..n-1, each once.
-// Without `added`, tokens written <|...|> are the special ones.
+// be missing from it) -> the tokens by id; the ids must be 0..n-1, each once. The added tokens and those written
+// <|...|> are the special ones.
 Expected<Vocab> tokens_by_id(const YAML::Node& map, const YAML::Node& added, const std::string& key) {
   if (!map || !map.IsMap() || map.size() == 0) {
     return Status::corruption(key + " must be a JSON object {\"token\": id, ...} of at least one token");
@@ -131,10 +131,8 @@ Expected<Vocab> tokens_by_id(const YAML::Node& map, const YAML::Node& added, con
     }
     v.tokens.push_back(entries[i].second);
   }
-  if (!added) {
-    for (size_t id = 0; id < v.tokens.size(); ++id) {
-      if (BpeVocab::looks_special(v.tokens[id])) v.specials.push_back(static_cast<int32_t>(id));
-    }
+  for (size_t id = 0; id < v.tokens.size(); ++id) {  // <|...|> tokens are special whether listed as added or not
+    if (BpeVocab::looks_special(v.tokens[id])) v.specials.push_back(static_cast<int32_t>(id));
   }
   return v;
 }
@@ -183,6 +181,11 @@ Expected<Tokenizer> parse_hf_tokenizer(const YAML::Node& root) {
 Expected<Tokenizer> parse_tokenizer_json(const YAML::Node& root) {
   if (!root.IsMap()) return Status::corruption("expected a JSON object");
   if (root["model"] && !root["type"]) return parse_hf_tokenizer(root);
+  if (!root["type"] && root.size() > 0 && root.begin()->second.IsScalar() && root.begin()->second.Tag() == "?") {
+    return Status::corruption(
+        "this is a vocabulary of {\"token\": id} (vocab.json or encoder.json): give the directory that holds it and "
+        "merges.txt (or vocab.bpe)");
+  }
   if (!is_string(root["type"])) return Status::corruption("expected an object with a \"type\" field");
   const std::string type = root["type"].Scalar();
   if (type == "byte") return Tokenizer::byte_level();
@@ -293,8 +296,10 @@ Expected<YAML::Node> read_json(const std::string& path) {
   }
 }
 
+}  // namespace
+
 // vocab.json + merges.txt (encoder.json + vocab.bpe: the same formats).
-Expected<Tokenizer> load_vocab_and_merges(const std::string& vocab_path, const std::string& merges_path) {
+Expected<Tokenizer> Tokenizer::load_vocab_and_merges(const std::string& vocab_path, const std::string& merges_path) {
   GPT_ASSIGN_OR_RETURN(YAML::Node vocab, read_json(vocab_path));
   Expected<Vocab> tokens = Status::ok();
   try {
@@ -323,8 +328,6 @@ Expected<Tokenizer> load_vocab_and_merges(const std::string& vocab_path, const s
   if (!tok) return tok.status().with_context("tokenizer files " + vocab_path + " and " + merges_path);
   return tok;
 }
-
-}  // namespace
 
 Expected<Tokenizer> Tokenizer::load(const std::string& path) {
   std::error_code ec;
@@ -406,6 +409,10 @@ Expected<std::vector<uint16_t>> Tokenizer::encode(std::string_view text) const {
 
 Expected<std::vector<uint16_t>> Tokenizer::encode_with_specials(std::string_view text) const {
   if (kind_ != TokenizerKind::kBpe || bpe_->specials().empty()) return encode(text);
+  char32_t cp = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    if (!decode_utf8(text, &pos, &cp)) return invalid_utf8(pos);
+  }
   std::vector<uint16_t> ids;
   for (size_t begin = 0;;) {
     // The first special token written at or after `begin` (the longest of those starting there).
@@ -421,7 +428,7 @@ Expected<std::vector<uint16_t>> Tokenizer::encode_with_specials(std::string_view
     }
     const size_t end = at == std::string_view::npos ? text.size() : at;
     Expected<std::vector<uint16_t>> part = encode(text.substr(begin, end - begin));
-    if (!part) return part.status().with_context("the text from byte offset " + std::to_string(begin));
+    if (!part) return part.status();
     ids.insert(ids.end(), part->begin(), part->end());
     if (which < 0) return ids;
     ids.push_back(static_cast<uint16_t>(which));

@@ -39,6 +39,8 @@ class Tokenizer {
   // tokenizer.json (a byte-level BPE model), or a directory holding tokenizer.json, vocab.json and merges.txt
   // (Hugging Face) or encoder.json and vocab.bpe (OpenAI). Errors name the file.
   static Expected<Tokenizer> load(const std::string& path);
+  // GPT-2's BPE from vocab.json and merges.txt (or encoder.json and vocab.bpe) named one by one.
+  static Expected<Tokenizer> load_vocab_and_merges(const std::string& vocab_path, const std::string& merges_path);
   static Tokenizer bpe(BpeVocab vocab);
 
   // Writes to_json() to `path` (atomically: temporary file, fsync, rename).

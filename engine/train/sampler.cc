@@ -109,7 +109,10 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
   InferenceWeights params(model.layout(), *backend, saved.weights);  // read in place on the CPU
 
   const CounterRng rng(o.seed, hash_name("sample"));
-  std::vector<std::pair<float, int>> scored(saved.shape.vocab_size);
+  // Decoding to text, ids the tokenizer has no symbol for (a model's vocabulary padded past it) are never drawn, as
+  // llm.c samples GPT-2's 50257 of its 50304 rows.
+  std::vector<std::pair<float, int>> scored(text_out ? std::min(saved.shape.vocab_size, tok->vocab_size())
+                                                     : saved.shape.vocab_size);
   // The model's KV cache holds ids[0, cached). Past the block size the context is the last block_size tokens, each
   // at a new position every step, so no cached row stays valid: the window runs whole, as a forward over it would.
   const int block = saved.shape.block_size;

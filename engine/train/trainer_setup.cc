@@ -1,7 +1,5 @@
 // Trainer construction: the config checked across ranks, the data and tokenizer, the plan held to the device's
 // free memory, the model, parameters and optimizer built, and the state initialised (trainer.cc runs the steps).
-#include "train/trainer.h"
-
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -23,6 +21,7 @@
 #include "core/stop_signal.h"
 #include "core/test_fault.h"
 #include "train/metrics.h"
+#include "train/trainer.h"
 
 namespace gpt {
 
@@ -38,7 +37,29 @@ Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, co
                                                         const data::DataLoader& val, std::string* found) {
   std::string path = cfg.data.tokenizer;
   *found = path;
-  if (path.empty()) {
+  if (!path.empty()) {
+    auto tok = data::Tokenizer::load(path);
+    if (!tok) return tok.status().with_context(cfg.where("data.tokenizer") + ": data.tokenizer");
+    // The shards' own tokenizer.json (prepare writes one beside them) says what their ids mean: another one would
+    // read them as other tokens, and the run would save it as the model's.
+    for (const data::DataLoader* split : {&train, &val}) {
+      for (const auto& shard : split->shards()) {
+        const fs::path beside = fs::path(shard.path()).parent_path() / "tokenizer.json";
+        std::error_code ec;
+        if (!fs::exists(beside, ec)) continue;
+        auto theirs = data::Tokenizer::load(beside.string());
+        if (!theirs || theirs->to_json() != tok->to_json()) {
+          return Status::invalid_argument(
+              cfg.where("data.tokenizer") + ": data.tokenizer " + path + " is not the tokenizer the shards were " +
+              "prepared with (" + beside.string() +
+              (theirs ? " differs" : " does not load: " + theirs.status().message()) +
+              "), so their ids would be read as other tokens; leave data.tokenizer out to take theirs");
+        }
+      }
+    }
+    return std::optional<data::Tokenizer>(std::move(*tok));
+  }
+  {
     std::optional<data::Tokenizer> first;
     std::string first_path;
     std::vector<fs::path> seen;
@@ -68,9 +89,6 @@ Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, co
     }
     return first;
   }
-  auto tok = data::Tokenizer::load(path);
-  if (!tok) return tok.status().with_context(cfg.where("data.tokenizer") + ": data.tokenizer");
-  return std::optional<data::Tokenizer>(std::move(*tok));
 }
 
 // Every rank must run the same resolved config (each reads its own file and command line: a node with another copy
@@ -220,11 +238,11 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   shape.dropout = cfg.model.dropout;
   const int32_t max_token = std::max(train.max_token(), val.max_token());
   if (tokenizer && max_token >= tokenizer->vocab_size()) {  // before the vocab_size checks, which would blame it
-    return Status::invalid_argument(
-        cfg.where(cfg.data.tokenizer.empty() ? "data.train" : "data.tokenizer") + ": the data ('" + cfg.data.train +
-        "', '" + cfg.data.val + "') has token id " + std::to_string(max_token) + ", outside the tokenizer's " +
-        std::to_string(tokenizer->vocab_size()) + " symbols (" + tokenizer_path +
-        "): shards tokenized with another vocabulary, or damaged ones");
+    return Status::invalid_argument(cfg.where(cfg.data.tokenizer.empty() ? "data.train" : "data.tokenizer") +
+                                    ": the data ('" + cfg.data.train + "', '" + cfg.data.val + "') has token id " +
+                                    std::to_string(max_token) + ", outside the tokenizer's " +
+                                    std::to_string(tokenizer->vocab_size()) + " symbols (" + tokenizer_path +
+                                    "): shards tokenized with another vocabulary, or damaged ones");
   }
   shape.vocab_size = cfg.model.vocab_size;
   if (shape.vocab_size == 0) shape.vocab_size = tokenizer ? tokenizer->vocab_size() : max_token + 1;
@@ -235,10 +253,9 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
                                     ", so it must be at least " + std::to_string(max_token + 1));
   }
   if (tokenizer && tokenizer->vocab_size() > shape.vocab_size) {
-    return Status::invalid_argument(
-        cfg.where("model.vocab_size") + ": model.vocab_size " + std::to_string(shape.vocab_size) +
-        " is smaller than the tokenizer's " + std::to_string(tokenizer->vocab_size()) + " symbols (" + tokenizer_path +
-        ")");
+    return Status::invalid_argument(cfg.where("model.vocab_size") + ": model.vocab_size " +
+                                    std::to_string(shape.vocab_size) + " is smaller than the tokenizer's " +
+                                    std::to_string(tokenizer->vocab_size()) + " symbols (" + tokenizer_path + ")");
   }
   if (!cfg.model.tied_embeddings) {
     return Status::invalid_argument(cfg.where("model.tied_embeddings") +

@@ -150,6 +150,11 @@ TEST_CASE("bad input: a clear message naming the place, exit code 2, nothing wri
   const std::string data = prepare_corpus(dir);
   const std::string out = dir.file("never");
   const std::string small_tokenizer = dir.write("small.json", R"({"type":"char","vocab":["a","b"]})");
+  // The shards alone, without the tokenizer.json prepare wrote beside them (as shards made elsewhere come).
+  fs::create_directories(dir.file("raw"));
+  fs::copy_file(data + "/train.bin", dir.file("raw/train.bin"));
+  fs::copy_file(data + "/val.bin", dir.file("raw/val.bin"));
+  const std::string raw = "data.train=" + dir.file("raw/train.bin") + " --set data.val=" + dir.file("raw/val.bin");
   const std::vector<BadCase> cases = {
       {"unknown key", "  n_hed: 4\n", "", "unknown key 'training.n_hed'", "run.yaml:"},
       {"unknown key via --set", "", "model.n_hed=4", "model.n_hed", "did you mean 'model.n_head'"},
@@ -158,8 +163,10 @@ TEST_CASE("bad input: a clear message naming the place, exit code 2, nothing wri
       {"heads do not divide width", "", "model.n_head=5", "model.n_embd", "model.n_head"},
       {"block size longer than the data", "", "model.block_size=4096", "model.block_size", "4096"},
       {"vocab smaller than the data", "", "model.vocab_size=5", "model.vocab_size", "at least"},
-      {"data ids outside the tokenizer", "", "data.tokenizer=" + small_tokenizer, "outside the tokenizer's 2 symbols",
-       small_tokenizer},
+      {"data ids outside the tokenizer", "", "data.tokenizer=" + small_tokenizer + " --set " + raw,
+       "outside the tokenizer's 2 symbols", small_tokenizer},
+      {"a data.tokenizer other than the shards'", "", "data.tokenizer=" + small_tokenizer,
+       "is not the tokenizer the shards were prepared with", data + "/tokenizer.json differs"},
       {"data that is a directory", "", "data.train=" + data, data, "not a regular file"},
       {"run.out_dir that is a file", "", "run.out_dir=" + small_tokenizer, "run.out_dir", "is a file"},
       {"missing data", "", "data.train=" + dir.file("nope/train.bin"), "data.train", "nope/train.bin"},
@@ -305,6 +312,73 @@ TEST_CASE("prepare with GPT-2's BPE files, train and sample text", "[apps]") {
   CHECK(missing.output.find("--tokenizer gpt3: expected char, byte, or a tokenizer file or directory") !=
         std::string::npos);
   CHECK_FALSE(fs::exists(dir.file("none")));
+
+  // Tokenizer files that do not belong together: refused at import, nothing written.
+  fs::create_directories(dir.file("half"));
+  fs::copy_file(dir.file("hf/model.safetensors"), dir.file("half/model.safetensors"));
+  fs::copy_file(dir.file("hf/config.json"), dir.file("half/config.json"));
+  fs::copy_file(bpe + "/vocab.json", dir.file("half/vocab.json"));
+  const auto half = run_command(gpt_train() + " checkpoint import " + dir.file("half") + " --out " + dir.file("m4"));
+  CHECK(half.exit_code == 2);
+  CHECK(half.output.find(dir.file("half/vocab.json") + " is there without merges.txt") != std::string::npos);
+  fs::copy_file(bpe + "/merges.txt", dir.file("half/merges.txt"));
+  dir.write("half/tokenizer.json", R"({"type":"byte"})");
+  const auto two = run_command(gpt_train() + " checkpoint import " + dir.file("half") + " --out " + dir.file("m4"));
+  CHECK(two.exit_code == 2);
+  CHECK(two.output.find("and vocab.json with merges.txt are not one tokenizer") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir.file("m4")));
+
+  // --prompt-ids read strictly (CLI11's list took "" as token 0 and skipped an empty entry).
+  for (const char* ids : {"''", "1,,2", ",", "1,x"}) {
+    const auto r = run_command(gpt_train() + " sample --run " + out + " --threads 1 -n 1 --ids --prompt-ids " + ids);
+    INFO(ids << ": " << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("is not a token id; expected comma-separated integers") != std::string::npos);
+  }
+
+  // A tokenizer without <|endoftext|>: the inputs are joined, and prepare says so.
+  std::string vocab;
+  {
+    std::ifstream in(bpe + "/vocab.json");
+    vocab.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t eot_at = vocab.find(", \"<|endoftext|>\": 856");
+  REQUIRE(eot_at != std::string::npos);
+  fs::create_directories(dir.file("noeot"));
+  dir.write("noeot/vocab.json", vocab.erase(eot_at, std::string(", \"<|endoftext|>\": 856").size()));
+  fs::copy_file(bpe + "/merges.txt", dir.file("noeot/merges.txt"));
+  const auto joined = run_command(gpt_train() + " prepare -i " + a + " -i " + b + " --tokenizer " +
+                                  dir.file("noeot") + " --out " + dir.file("joined"));
+  INFO(joined.output);
+  CHECK(joined.exit_code == 0);
+  CHECK(joined.output.find("no <|endoftext|> token: the inputs are joined without a separator") != std::string::npos);
+}
+
+// A model whose vocabulary is padded past its tokenizer's symbols never draws the padding ids when it samples text
+// (untrained, its logits are near uniform: 200 draws from all 1024 ids would take some of the 167 past 857).
+TEST_CASE("sample draws only the tokenizer's ids when it decodes text", "[apps]") {
+  TempDir dir;
+  const std::string bpe = std::string(GPT_SOURCE_DIR) + "/tests/fixtures/bpe";
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "the cat sat on the mat. a dog ran to the cat.\n";
+  REQUIRE(run_command(gpt_train() + " prepare -i " + dir.write("a.txt", text) + " --tokenizer " + bpe + " --out " +
+                      dir.file("data"))
+              .exit_code == 0);
+  const std::string out = dir.file("run");
+  const std::string cfg = dir.write("run.yaml", tiny_config(dir.file("data"), out));
+  REQUIRE(run_command(gpt_train() + " train --config " + cfg +
+                      " --set training.steps=1 --set run.threads=2 --set model.vocab_size=1024")
+              .exit_code == 0);
+  const auto s = run_command(gpt_train() + " sample --run " + out + " --threads 2 -n 200 --top-k 0 --temperature 2 " +
+                             "--prompt 'the' 2>/dev/null");
+  CHECK(s.exit_code == 0);
+  CHECK(s.output.find("\xEF\xBF\xBD") == std::string::npos);  // U+FFFD: an id with no symbol
+  const auto ids = run_command(gpt_train() + " sample --run " + out +
+                               " --threads 2 -n 200 --top-k 0 --temperature 2 --ids --prompt 'the' 2>/dev/null");
+  std::istringstream in(ids.output);
+  int past = 0;
+  for (int id = 0; in >> id;) past += id >= 857;
+  CHECK(past > 0);  // --ids draws from the model's whole vocabulary, so the text check above could fail
 }
 
 // A model trained on shards tokenized elsewhere (no tokenizer.json, as llm.c's GPT-2 BPE shards) samples in token
@@ -407,7 +481,14 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
     vocab[c + 1] = 'b';
     const std::string other = dir.write("other.json", vocab);
     expect(run_command(train + " --set training.steps=4 --resume auto --set data.tokenizer=" + other), 2,
-           {"differs from this run's tokenizer", "resume with the data it was trained on"});
+           {"is not the tokenizer the shards were prepared with"});
+    // Shards without a tokenizer beside them, read with another vocabulary: the checkpoint's tokenizer refuses it.
+    fs::create_directories(dir.file("raw"));
+    fs::copy_file(data + "/train.bin", dir.file("raw/train.bin"));
+    fs::copy_file(data + "/val.bin", dir.file("raw/val.bin"));
+    expect(run_command(train + " --set training.steps=4 --resume auto --set data.tokenizer=" + other +
+                       " --set data.train=" + dir.file("raw/train.bin") + " --set data.val=" + dir.file("raw/val.bin")),
+           2, {"differs from this run's tokenizer", "resume with the data it was trained on"});
     expect(
         run_command(train + " --set run.out_dir=" + dir.file("mixed") + " --set data.val=" + dir.file("bytes/val.bin")),
         2, {"were prepared with different tokenizers", dir.file("bytes/tokenizer.json")});

@@ -18,6 +18,7 @@
 #include "checkpoint/hf_import.h"
 #include "checkpoint/model_file.h"
 #include "checkpoint/safetensors.h"
+#include "core/atomic_file.h"
 #include "core/dtype.h"
 #include "model/layout.h"
 #include "testing/run_command.h"
@@ -341,6 +342,27 @@ TEST_CASE("checkpoint consolidate leaves no file behind on errors", "[checkpoint
   r = tool("consolidate " + bad + " --out " + tmp.file("hf") + "/");
   CHECK(r.exit_code == 2);
   CHECK_FALSE(fs::exists(tmp.file("hf")));
+  // Into a directory with a previous export: a file it cannot replace (config.json a directory) is found before any
+  // is written, so the previous weights stay; another tokenizer's files there (which import would read with these
+  // weights) are refused the same way.
+  REQUIRE(tool("consolidate " + run.model + " --out " + tmp.file("prev") + "/").exit_code == 0);
+  std::string before;
+  REQUIRE(read_file(tmp.file("prev/model.safetensors"), &before).is_ok());
+  fs::remove(tmp.file("prev/config.json"));
+  fs::create_directories(tmp.file("prev/config.json"));
+  r = tool("consolidate " + run.step10 + " --out " + tmp.file("prev") + "/");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, "config.json"));
+  std::string after;
+  REQUIRE(read_file(tmp.file("prev/model.safetensors"), &after).is_ok());
+  CHECK(after == before);
+  fs::remove(tmp.file("prev/config.json"));
+  tmp.write("prev/tokenizer.json", R"({"type":"byte"})");
+  r = tool("consolidate " + run.step10 + " --out " + tmp.file("prev") + "/");
+  CHECK(r.exit_code == 2);
+  CHECK(contains(r.output, tmp.file("prev/tokenizer.json") + " is there and is not this model's tokenizer"));
+  REQUIRE(read_file(tmp.file("prev/model.safetensors"), &after).is_ok());
+  CHECK(after == before);
 }
 
 TEST_CASE("sample --checkpoint generates from a checkpoint's master weights", "[checkpoint][tools]") {

@@ -79,7 +79,7 @@ TEST_CASE("prepare errors", "[data]") {
   options.inputs = {dir.file("a.txt")};
   for (double bad : {1.0, -0.1, 1.5}) {
     options.val_fraction = bad;
-    CHECK(contains(prepare_dataset(options).status().message(), "val_fraction"));
+    CHECK(contains(prepare_dataset(options).status().message(), "--val-fraction must be in"));
   }
   options.val_fraction = 0.1;
   std::string wide;  // 65536 distinct 4-byte characters: one more than uint16 ids allow

@@ -137,6 +137,9 @@ TEST_CASE("gpt-train plan: one rank, overrides, unknown vocabulary, nothing fits
     INFO(h.output);
     CHECK(h.exit_code == 0);
     CHECK(h.output.find("planning with 857, the symbols of " + bpe) != std::string::npos);
+    const auto none = run_command(gpt_train() + " plan -c " + glob + " -n 2 --set data.tokenizer=" + dir.file("nope"));
+    CHECK(none.exit_code == 2);
+    CHECK(none.output.find("data.tokenizer " + dir.file("nope") + " is not there") != std::string::npos);
   }
   SECTION("several nodes add hybrid plans; parallel.* keys apply") {
     const auto r = run_command(gpt_train() + " plan -c " + kConfig +
