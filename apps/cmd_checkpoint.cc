@@ -214,7 +214,8 @@ int consolidate(const std::string& arg, const std::string& out) {
             << " tensors with Hugging Face GPT-2 names, " << bytes_text(bytes) << ", the master weights of step "
             << reader->manifest().step << " (" << dir << ")" << std::endl;
   if (to_dir) {
-    const std::string text = hf_gpt2_config_json(reader->manifest().shape);
+    const std::string text =
+        hf_gpt2_config_json(reader->manifest().shape, tokenizer ? tokenizer->end_of_text() : int32_t{-1});
     st = write_file_atomically(config, {std::span<const char>(text)});
     if (!st.is_ok()) return fail(st);
     std::cout << "wrote " << config << ": GPT2LMHeadModel.from_pretrained(\"" << out << "\") loads the directory"

@@ -41,8 +41,11 @@ static Status check_same_shape(const RunConfig& cfg, const GptShape& shape, cons
       {"model.vocab_size", {shape.vocab_size, saved.vocab_size}}};
   for (const auto& [key, v] : dims) {
     if (v.first != v.second && !(shorter_block && std::string_view(key) == "model.block_size" && v.first < v.second)) {
-      return Status::invalid_argument(cfg.where(key) + ": " + key + " is " + std::to_string(v.first) + " but " + what +
-                                      " " + reader.manifest_path() + " has " + std::to_string(v.second) + "; " + rule);
+      const bool derived = std::string_view(key) == "model.vocab_size" && cfg.model.vocab_size == 0;
+      return Status::invalid_argument(
+          cfg.where(key) + ": " + key + " is " + std::to_string(v.first) +
+          (derived ? " (0 in the config: the data's tokenizer's, or its largest id + 1)" : "") + " but " + what + " " +
+          reader.manifest_path() + " has " + std::to_string(v.second) + "; " + rule);
     }
   }
   return Status::ok();

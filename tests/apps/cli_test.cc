@@ -269,6 +269,11 @@ TEST_CASE("prepare with GPT-2's BPE files, train and sample text", "[apps]") {
   REQUIRE(
       run_command(gpt_train() + " checkpoint consolidate " + out + "/model --out " + dir.file("hf") + "/").exit_code ==
       0);
+  {  // config.json names the tokenizer's <|endoftext|> as Hugging Face's generate() stops at it
+    std::ifstream in(dir.file("hf/config.json"));
+    const std::string config((std::istreambuf_iterator<char>(in)), {});
+    CHECK(config.find("\"bos_token_id\": 856,\n  \"eos_token_id\": 856,") != std::string::npos);
+  }
   // consolidate wrote them as GPT2Tokenizer reads them: the fixture's vocabulary and merges.
   auto exported = data::Tokenizer::load(dir.file("hf"));
   REQUIRE(exported.has_value());
@@ -347,8 +352,8 @@ TEST_CASE("prepare with GPT-2's BPE files, train and sample text", "[apps]") {
   fs::create_directories(dir.file("noeot"));
   dir.write("noeot/vocab.json", vocab.erase(eot_at, std::string(", \"<|endoftext|>\": 856").size()));
   fs::copy_file(bpe + "/merges.txt", dir.file("noeot/merges.txt"));
-  const auto joined = run_command(gpt_train() + " prepare -i " + a + " -i " + b + " --tokenizer " +
-                                  dir.file("noeot") + " --out " + dir.file("joined"));
+  const auto joined = run_command(gpt_train() + " prepare -i " + a + " -i " + b + " --tokenizer " + dir.file("noeot") +
+                                  " --out " + dir.file("joined"));
   INFO(joined.output);
   CHECK(joined.exit_code == 0);
   CHECK(joined.output.find("no <|endoftext|> token: the inputs are joined without a separator") != std::string::npos);
