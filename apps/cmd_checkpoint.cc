@@ -157,79 +157,87 @@ int consolidate(const std::string& arg, const std::string& out) {
   if (!reader) return report_error(reader.status());
   std::error_code ec;
   const bool to_dir = fs::is_directory(out, ec) || (!out.empty() && out.back() == '/');
-  const std::string file = to_dir ? (fs::path(out) / "model.safetensors").string() : out;
-  const std::string config = (fs::path(out) / "config.json").string();
+  if (!to_dir) {  // one file, written atomically
+    const Status st = consolidate_to_safetensors(*reader, out);
+    if (!st.is_ok()) return report_error(st);
+    std::cout << "wrote " << out << ": " << hf_gpt2_tensors(reader->layout()).size()
+              << " tensors with Hugging Face GPT-2 names, " << bytes_text(static_cast<int64_t>(fs::file_size(out, ec)))
+              << ", the master weights of step " << reader->manifest().step << " (" << dir << ")" << std::endl;
+    return 0;
+  }
   // A GPT-2 BPE tokenizer goes along as GPT2Tokenizer's files (char and byte ones have no Hugging Face form).
   std::optional<data::Tokenizer> tokenizer;
-  if (const std::string saved = reader->file_path(reader->manifest().tokenizer); to_dir && !saved.empty()) {
+  if (const std::string saved = reader->file_path(reader->manifest().tokenizer); !saved.empty()) {
     Expected<data::Tokenizer> tok = data::Tokenizer::load(saved);
     if (!tok) return report_error(tok.status());
     if (tok->bpe_vocab() != nullptr) tokenizer.emplace(std::move(*tok));
   }
-  // Every file checked before any is written, so that a bad one leaves a previous export whole. Tokenizer files in
-  // the directory that this export does not replace would be read with these weights (import takes tokenizer.json
-  // first): refused rather than left or removed.
-  std::vector<std::string> targets = {file};
-  if (to_dir) {
-    targets.push_back(config);
-    std::vector<std::string> foreign = {"tokenizer.json"};
-    if (tokenizer) {
-      targets.push_back((fs::path(out) / "vocab.json").string());
-      targets.push_back((fs::path(out) / "merges.txt").string());
-    } else {
-      foreign.insert(foreign.end(), {"vocab.json", "merges.txt"});
+  // Tokenizer files in the directory that this export does not write would be read with these weights (import takes
+  // tokenizer.json first): refused, unless it is this model's tokenizer (a save_pretrained directory has one).
+  std::vector<std::string> foreign = {"tokenizer.json"};
+  if (!tokenizer) foreign.insert(foreign.end(), {"vocab.json", "merges.txt"});
+  for (const std::string& name : foreign) {
+    const std::string path = (fs::path(out) / name).string();
+    if (!fs::exists(path, ec)) continue;
+    if (name == "tokenizer.json" && tokenizer) {
+      Expected<data::Tokenizer> there = data::Tokenizer::load(path);
+      if (there && there->same_ids(*tokenizer)) continue;
     }
-    for (const std::string& name : foreign) {
-      if (fs::exists(fs::path(out) / name, ec)) {
-        return report_error(Status::invalid_argument(
-            "--out: " + (fs::path(out) / name).string() + " is there and is not this model's tokenizer" +
-            (tokenizer ? "" : " (it has none in Hugging Face's form)") +
-            ": checkpoint import would read it with these weights; remove it, or write to another directory"));
-      }
-    }
+    return report_error(Status::invalid_argument(
+        "--out: " + path + " is there and is not this model's tokenizer" +
+        (tokenizer ? "" : " (it has none in Hugging Face's form)") +
+        ": checkpoint import would read it with these weights; remove it, or write to another directory"));
   }
-  for (const std::string& target : targets) {
-    if (Expected<std::string> ok = atomic_write_target(target); !ok)
-      return report_error(ok.status().with_context("--out"));
+  // Each file is written beside its place first and renamed into it once all are written, so that a failure (a file
+  // that cannot be replaced, a full disk) leaves a previous export whole: never new weights with an old config.
+  struct Output {
+    std::string name, text;  // text: "" for the weights
+    std::string target, staged;
+  };
+  std::vector<Output> outputs = {{"model.safetensors", "", "", ""}};
+  outputs.push_back({"config.json",
+                     hf_gpt2_config_json(reader->manifest().shape,
+                                         tokenizer ? std::optional<int32_t>(tokenizer->end_of_text()) : std::nullopt),
+                     "", ""});
+  if (tokenizer) {
+    outputs.push_back({"vocab.json", tokenizer->bpe_vocab()->vocab_json(), "", ""});
+    outputs.push_back({"merges.txt", tokenizer->bpe_vocab()->merges_txt(), "", ""});
   }
-  const bool created = to_dir && !fs::exists(out, ec);
-  if (to_dir) {
-    fs::create_directories(out, ec);
-    if (ec) return report_error(Status::io_error("--out: cannot create directory '" + out + "': " + ec.message()));
+  for (Output& o : outputs) {
+    Expected<std::string> target = atomic_write_target((fs::path(out) / o.name).string());
+    if (!target) return report_error(target.status().with_context("--out"));
+    o.target = *target;
+    o.staged = o.target + ".consolidating";
   }
-  // On an error while writing (a full disk), nothing half made stays: the directory this call made, or the weights
-  // without their config.
+  const bool created = !fs::exists(out, ec);
+  fs::create_directories(out, ec);
+  if (ec) return report_error(Status::io_error("--out: cannot create directory '" + out + "': " + ec.message()));
   auto fail = [&](const Status& why) {
     if (created) {
       fs::remove_all(out, ec);
-    } else if (to_dir) {
-      fs::remove(file, ec);
+    } else {
+      for (const Output& o : outputs) fs::remove(o.staged, ec);
     }
     return report_error(why);
   };
-  Status st = consolidate_to_safetensors(*reader, file);
-  if (!st.is_ok()) return fail(st);
-  const auto bytes = static_cast<int64_t>(fs::file_size(file, ec));
-  std::cout << "wrote " << file << ": " << hf_gpt2_tensors(reader->layout()).size()
-            << " tensors with Hugging Face GPT-2 names, " << bytes_text(bytes) << ", the master weights of step "
-            << reader->manifest().step << " (" << dir << ")" << std::endl;
-  if (to_dir) {
-    const std::string text =
-        hf_gpt2_config_json(reader->manifest().shape, tokenizer ? tokenizer->end_of_text() : int32_t{-1});
-    st = write_file_atomically(config, {std::span<const char>(text)});
+  for (const Output& o : outputs) {
+    const Status st = o.text.empty() ? consolidate_to_safetensors(*reader, o.staged)
+                                     : write_file_atomically(o.staged, {std::span<const char>(o.text)});
     if (!st.is_ok()) return fail(st);
-    std::cout << "wrote " << config << ": GPT2LMHeadModel.from_pretrained(\"" << out << "\") loads the directory"
-              << std::endl;
-    if (tokenizer) {
-      const data::BpeVocab* bpe = tokenizer->bpe_vocab();
-      for (const auto& [name, text] :
-           {std::pair{"vocab.json", bpe->vocab_json()}, std::pair{"merges.txt", bpe->merges_txt()}}) {
-        st = write_file_atomically((fs::path(out) / name).string(), {std::span<const char>(text)});
-        if (!st.is_ok()) return fail(st);
-      }
-      std::cout << "wrote " << (fs::path(out) / "vocab.json").string() << " and merges.txt: the tokenizer, which "
-                << "GPT2Tokenizer.from_pretrained(\"" << out << "\") loads" << std::endl;
-    }
+  }
+  for (const Output& o : outputs) {
+    fs::rename(o.staged, o.target, ec);
+    if (ec) return fail(Status::io_error("--out: cannot rename " + o.staged + " to " + o.target + ": " + ec.message()));
+  }
+  std::cout << "wrote " << outputs[0].target << ": " << hf_gpt2_tensors(reader->layout()).size()
+            << " tensors with Hugging Face GPT-2 names, "
+            << bytes_text(static_cast<int64_t>(fs::file_size(outputs[0].target, ec))) << ", the master weights of step "
+            << reader->manifest().step << " (" << dir << ")" << std::endl;
+  std::cout << "wrote " << outputs[1].target << ": GPT2LMHeadModel.from_pretrained(\"" << out
+            << "\") loads the directory" << std::endl;
+  if (tokenizer) {
+    std::cout << "wrote " << outputs[2].target << " and merges.txt: the tokenizer, which "
+              << "GPT2Tokenizer.from_pretrained(\"" << out << "\") loads" << std::endl;
   }
   return 0;
 }
@@ -251,10 +259,11 @@ int import_hf(const std::string& src, const std::string& out, bool no_tokenizer)
   const bool has_json = fs::exists(dir / "tokenizer.json", ec);
   const bool has_vocab = fs::exists(dir / "vocab.json", ec);
   const bool has_merges = fs::exists(dir / "merges.txt", ec);
+  const bool has_openai = fs::exists(dir / "encoder.json", ec) && fs::exists(dir / "vocab.bpe", ec);
   const std::string skip = " (--no-tokenizer imports the weights without it)";
   std::string tokenizer_json;
-  if ((has_json || has_vocab || has_merges) && !no_tokenizer) {
-    if (!has_json && has_vocab != has_merges) {
+  if ((has_json || has_vocab || has_merges || has_openai) && !no_tokenizer) {
+    if (!has_json && has_vocab != has_merges) {  // (OpenAI's pair, were it there too, is not read then)
       return report_error(Status::invalid_argument((dir / (has_vocab ? "vocab.json" : "merges.txt")).string() +
                                                    " is there without " + (has_vocab ? "merges.txt" : "vocab.json") +
                                                    ": GPT-2's tokenizer needs both" + skip));
@@ -263,7 +272,7 @@ int import_hf(const std::string& src, const std::string& out, bool no_tokenizer)
     if (!tok) return report_error(Status::invalid_argument(tok.status().message() + skip));
     if (has_json && has_vocab && has_merges) {  // save_pretrained writes both forms: they must agree
       auto pair = data::Tokenizer::load_vocab_and_merges((dir / "vocab.json").string(), (dir / "merges.txt").string());
-      if (!pair || pair->to_json() != tok->to_json()) {
+      if (!pair || !pair->same_ids(*tok)) {
         return report_error(Status::invalid_argument(
             (dir / "tokenizer.json").string() + " and vocab.json with merges.txt are not one tokenizer" +
             (pair ? std::string(" (they differ)") : " (" + pair.status().message() + ")") + ": remove the stale one" +

@@ -104,7 +104,8 @@ Command add_plan_command(CLI::App& app) {
       tokenizer_path = (std::filesystem::path(first).parent_path() / "tokenizer.json").string();
     }
     std::error_code ec;
-    if (!cfg->data.tokenizer.empty() && !std::filesystem::exists(cfg->data.tokenizer, ec)) {
+    if (args->vocab_size == 0 && shape.vocab_size == 0 && !cfg->data.tokenizer.empty() &&
+        !std::filesystem::exists(cfg->data.tokenizer, ec)) {  // the size would come from it
       return report_error(Status::not_found(cfg->where("data.tokenizer") + ": data.tokenizer " + cfg->data.tokenizer +
                                             " is not there (train would stop here too)"));
     }

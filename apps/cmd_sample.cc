@@ -27,7 +27,9 @@ Expected<std::vector<int32_t>> parse_ids(const std::string& text) {
   size_t begin = 0;
   for (size_t i = 0;; ++i) {
     const size_t end = std::min(text.find(',', begin), text.size());
-    const std::string entry = text.substr(begin, end - begin);
+    std::string entry = text.substr(begin, end - begin);
+    entry.erase(0, entry.find_first_not_of(" \t"));
+    entry.erase(entry.find_last_not_of(" \t") + 1);
     int64_t value = 0;
     const auto [ptr, ec] = std::from_chars(entry.data(), entry.data() + entry.size(), value);
     if (entry.empty() || ec != std::errc() || ptr != entry.data() + entry.size() || value < INT32_MIN ||
@@ -60,8 +62,10 @@ Command add_sample_command(CLI::App& app) {
                                     "elsewhere)")
                          ->excludes(prompt)
                          ->type_name("ID,...");
-  app.add_flag("--ids", args->opts.emit_ids,
-               "Print token ids (space-separated, the prompt's first) instead of text: no tokenizer needed");
+  app.add_flag(
+      "--ids", args->opts.emit_ids,
+      "Print token ids (space-separated, the prompt's first) instead of text: no tokenizer needed. Any id of the "
+      "model's vocabulary may be drawn, where text draws only ids its tokenizer has a symbol for");
   app.add_option("--tokens,-n", args->opts.tokens,
                  "Tokens to generate: each one pass over the weights (a KV cache), up to the model's block size; "
                  "past it the context slides and each token runs its whole window")

@@ -131,7 +131,7 @@ std::vector<HfTensor> hf_gpt2_tensors(const ModelLayout& layout) {
   return out;
 }
 
-std::string hf_gpt2_config_json(const GptShape& shape, int32_t end_of_text) {
+std::string hf_gpt2_config_json(const GptShape& shape, std::optional<int32_t> end_of_text) {
   std::ostringstream j;
   j << "{\n"
     << "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
@@ -151,7 +151,7 @@ std::string hf_gpt2_config_json(const GptShape& shape, int32_t end_of_text) {
     << "  \"initializer_range\": 0.02,\n"
     << "  \"scale_attn_weights\": true,\n"
     << "  \"tie_word_embeddings\": true,\n";
-  const int32_t eot = end_of_text >= 0 ? end_of_text : shape.vocab_size == 50257 ? 50256 : -1;
+  const int32_t eot = end_of_text ? *end_of_text : shape.vocab_size == 50257 ? 50256 : -1;
   if (eot >= 0) j << "  \"bos_token_id\": " << eot << ",\n  \"eos_token_id\": " << eot << ",\n";
   j << "  \"torch_dtype\": \"float32\"\n}\n";
   return j.str();

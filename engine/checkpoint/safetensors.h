@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,9 +35,9 @@ std::vector<HfTensor> hf_gpt2_tensors(const ModelLayout& layout);
 // Hugging Face's config.json for GPT2LMHeadModel of this shape (tanh GELU "gelu_new", LayerNorm eps 1e-5, tied
 // embeddings; GPT-2's <|endoftext|> as bos/eos when the vocabulary is GPT-2's 50257), beside the safetensors file
 // as model.safetensors, so that GPT2LMHeadModel.from_pretrained(dir) loads the directory.
-// `end_of_text`: the tokenizer's <|endoftext|> id, written as bos_token_id and eos_token_id (-1: none known; a
-// vocabulary of GPT-2's 50257 then takes GPT-2's 50256).
-std::string hf_gpt2_config_json(const GptShape& shape, int32_t end_of_text = -1);
+// `end_of_text`: the tokenizer's <|endoftext|> id (-1: it has none), written as bos_token_id and eos_token_id; with
+// no tokenizer known, a vocabulary of GPT-2's 50257 takes GPT-2's 50256.
+std::string hf_gpt2_config_json(const GptShape& shape, std::optional<int32_t> end_of_text = std::nullopt);
 
 // Writes `out_path` atomically (out_path.tmp, fsync, rename) from `reader`'s section "master". Streams: reads
 // one unit at a time, so memory is about two units (the reader's slice buffer and ours) plus 2 MiB whatever

@@ -45,6 +45,8 @@ class BpeVocab {
   int32_t find(std::string_view token) const;
   // Appends the ids of `text`, which must be valid UTF-8 (the caller checks).
   void encode(std::string_view text, std::vector<uint16_t>* ids) const;
+  // The same tokens by id and the same merges by rank (the special tokens' list aside).
+  bool same_ids(const BpeVocab& other) const { return bytes_ == other.bytes_ && merge_list_ == other.merge_list_; }
   // The special tokens of two bytes or more (<|endoftext|>), by id.
   const std::vector<int32_t>& specials() const { return specials_; }
   // The bytes id `id` stands for. REQUIRES: 0 <= id < size().
@@ -71,7 +73,7 @@ class BpeVocab {
   std::array<int32_t, 256> byte_ids_{};                  // the one-byte tokens
   std::unordered_map<uint64_t, Merge> merges_;           // (left id, right id) -> rank and result
   std::vector<std::pair<int32_t, int32_t>> merge_list_;  // by rank, for to_json
-  std::vector<int32_t> specials_;                        // the multi-byte tokens no merge makes, for to_json
+  std::vector<int32_t> specials_;                        // the special tokens of two bytes or more
 };
 
 // Step 1: the pieces of `text` (valid UTF-8) by GPT-2's pattern, as views into it, in order.

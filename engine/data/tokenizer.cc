@@ -113,7 +113,15 @@ Expected<Vocab> tokens_by_id(const YAML::Node& map, const YAML::Node& added, con
       const std::string where = "added_tokens[" + std::to_string(i) + "]";
       if (!added[i].IsMap()) return Status::corruption(where + " is not an object with \"id\" and \"content\"");
       GPT_RETURN_IF_ERROR(take(added[i]["content"], added[i]["id"], where));
-      v.specials.push_back(static_cast<int32_t>(entries.back().first));
+      // An added token's content is its text, where the vocabulary writes tokens in byte-level form: one the
+      // vocabulary lists already (GPT-2's <|endoftext|>) is that entry; another one is added in that form.
+      auto [id, text] = entries.back();
+      entries.pop_back();
+      v.specials.push_back(static_cast<int32_t>(id));
+      if (std::any_of(entries.begin(), entries.end(), [&](const auto& e) { return e.first == id; })) continue;
+      std::string form;
+      for (const char c : text) append_utf8(bpe_byte_char(static_cast<uint8_t>(c)), &form);
+      entries.emplace_back(id, std::move(form));
     }
   }
   std::sort(entries.begin(), entries.end());
@@ -372,6 +380,13 @@ std::string Tokenizer::to_json() const {
 int32_t Tokenizer::vocab_size() const {
   if (kind_ == TokenizerKind::kBpe) return bpe_->size();
   return kind_ == TokenizerKind::kByte ? 256 : static_cast<int32_t>(symbols_.size());
+}
+
+bool Tokenizer::same_ids(const Tokenizer& other) const {
+  if (kind_ != other.kind_) return false;
+  if (kind_ == TokenizerKind::kChar) return symbols_ == other.symbols_;
+  if (kind_ == TokenizerKind::kBpe) return bpe_->same_ids(*other.bpe_);
+  return true;
 }
 
 int32_t Tokenizer::end_of_text() const { return kind_ == TokenizerKind::kBpe ? bpe_->find("<|endoftext|>") : -1; }

@@ -5,9 +5,8 @@
 //   byte: 256 ids, id = byte value; every text encodes.
 //   bpe:  GPT-2's byte-level BPE (bpe.h), read from Hugging Face's or OpenAI's files (load()).
 // Saved as tokenizer.json: {"type":"char","vocab":["\n"," ",...]}, {"type":"byte"} or
-// {"type":"bpe","vocab":[tokens by id],"merges":["a b",...]}. Non-ASCII symbols are written as raw UTF-8, control
-// characters as JSON escapes.
-// A Tokenizer is an immutable value; all methods are const and thread-safe.
+// {"type":"bpe","vocab":[tokens by id],"merges":["a b",...],"special":[ids]}. Non-ASCII symbols are written as raw
+// UTF-8, control characters as JSON escapes. A Tokenizer is an immutable value; all methods are const and thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +51,9 @@ class Tokenizer {
     return kind_ == TokenizerKind::kChar ? "char" : kind_ == TokenizerKind::kByte ? "byte" : "bpe";
   }
   int32_t vocab_size() const;
+  // Whether both give every text the same ids and every id the same text: the same kind, symbols, and (bpe) tokens
+  // and merges. Unlike comparing to_json(), the special tokens' list (which changes no id) is not compared.
+  bool same_ids(const Tokenizer& other) const;
   // The bpe vocabulary; null for char and byte.
   const BpeVocab* bpe_vocab() const { return bpe_.get(); }
   // The char vocabulary in id order; empty for byte.

@@ -191,7 +191,7 @@ Status Trainer::load_initial_weights(const CheckpointReader& r) {
           "checkpoint.init_from: {} has no tokenizer.json (its data was tokenized elsewhere) but this run's "
           "data has one: make sure their token ids mean the same tokens",
           r.dir());
-    } else if (saved->to_json() != tokenizer_->to_json()) {
+    } else if (!saved->same_ids(*tokenizer_)) {
       spdlog::warn(
           "checkpoint.init_from: {}'s tokenizer differs from this run's data's: the same ids are other "
           "tokens, so fine-tuning starts from weights that read them wrongly (prepare the data with the "

@@ -42,13 +42,17 @@ Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, co
     if (!tok) return tok.status().with_context(cfg.where("data.tokenizer") + ": data.tokenizer");
     // The shards' own tokenizer.json (prepare writes one beside them) says what their ids mean: another one would
     // read them as other tokens, and the run would save it as the model's.
+    std::vector<fs::path> seen;  // each directory once (a data set is often hundreds of shards in one)
     for (const data::DataLoader* split : {&train, &val}) {
       for (const auto& shard : split->shards()) {
-        const fs::path beside = fs::path(shard.path()).parent_path() / "tokenizer.json";
+        const fs::path dir = fs::path(shard.path()).parent_path();
+        if (std::find(seen.begin(), seen.end(), dir) != seen.end()) continue;
+        seen.push_back(dir);
+        const fs::path beside = dir / "tokenizer.json";
         std::error_code ec;
         if (!fs::exists(beside, ec)) continue;
         auto theirs = data::Tokenizer::load(beside.string());
-        if (!theirs || theirs->to_json() != tok->to_json()) {
+        if (!theirs || !theirs->same_ids(*tok)) {
           return Status::invalid_argument(
               cfg.where("data.tokenizer") + ": data.tokenizer " + path + " is not the tokenizer the shards were " +
               "prepared with (" + beside.string() +
@@ -78,7 +82,7 @@ Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, co
           first = std::move(*tok);
           first_path = beside.string();
           *found = first_path;
-        } else if (tok->to_json() != first->to_json()) {
+        } else if (!tok->same_ids(*first)) {
           return Status::invalid_argument(
               cfg.where(key) + ": the shards of data.train ('" + cfg.data.train + "') and data.val ('" + cfg.data.val +
               "') were prepared with different tokenizers (" + first_path + " and " + beside.string() +
@@ -303,7 +307,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
       auto saved = data::Tokenizer::load(theirs);
       if (!saved) {
         same = saved.status().with_context("checkpoint.resume");
-      } else if (saved->to_json() != tokenizer->to_json()) {
+      } else if (!saved->same_ids(*tokenizer)) {
         same = Status::invalid_argument(
             cfg.where("checkpoint.resume") + ": checkpoint.resume: " + theirs +
             " differs from this run's tokenizer (data.tokenizer, or the one beside data.train): the checkpoint's "

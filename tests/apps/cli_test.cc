@@ -274,6 +274,31 @@ TEST_CASE("prepare with GPT-2's BPE files, train and sample text", "[apps]") {
     const std::string config((std::istreambuf_iterator<char>(in)), {});
     CHECK(config.find("\"bos_token_id\": 856,\n  \"eos_token_id\": 856,") != std::string::npos);
   }
+  // Exported again over the first: a save_pretrained directory's tokenizer.json, when it is this model's, stays; a
+  // failure to write (a file in the way of one) leaves the previous export whole.
+  fs::copy_file(bpe + "/tokenizer.json", dir.file("hf/tokenizer.json"));
+  std::string weights_before;
+  {
+    std::ifstream in(dir.file("hf/model.safetensors"), std::ios::binary);
+    weights_before.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  REQUIRE(
+      run_command(gpt_train() + " checkpoint consolidate " + out + "/model --out " + dir.file("hf") + "/").exit_code ==
+      0);
+  const auto written = fs::last_write_time(dir.file("hf/model.safetensors"));
+  fs::create_directories(dir.file("hf/merges.txt.consolidating/in_the_way"));
+  const auto blocked =
+      run_command(gpt_train() + " checkpoint consolidate " + out + "/model --out " + dir.file("hf") + "/");
+  CHECK(blocked.exit_code != 0);
+  CHECK(fs::last_write_time(dir.file("hf/model.safetensors")) == written);  // not replaced
+  {
+    std::ifstream in(dir.file("hf/model.safetensors"), std::ios::binary);
+    CHECK(std::string(std::istreambuf_iterator<char>(in), {}) == weights_before);
+  }
+  CHECK_FALSE(fs::exists(dir.file("hf/model.safetensors.consolidating")));
+  CHECK_FALSE(fs::exists(dir.file("hf/config.json.consolidating")));
+  fs::remove_all(dir.file("hf/merges.txt.consolidating"));
+  fs::remove(dir.file("hf/tokenizer.json"));
   // consolidate wrote them as GPT2Tokenizer reads them: the fixture's vocabulary and merges.
   auto exported = data::Tokenizer::load(dir.file("hf"));
   REQUIRE(exported.has_value());
@@ -334,6 +359,8 @@ TEST_CASE("prepare with GPT-2's BPE files, train and sample text", "[apps]") {
   CHECK_FALSE(fs::exists(dir.file("m4")));
 
   // --prompt-ids read strictly (CLI11's list took "" as token 0 and skipped an empty entry).
+  CHECK(run_command(gpt_train() + " sample --run " + out + " --threads 1 -n 1 --ids --prompt-ids '1, 2'").exit_code ==
+        0);  // as Python prints a list
   for (const char* ids : {"''", "1,,2", ",", "1,x"}) {
     const auto r = run_command(gpt_train() + " sample --run " + out + " --threads 1 -n 1 --ids --prompt-ids " + ids);
     INFO(ids << ": " << r.output);
