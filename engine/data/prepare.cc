@@ -42,16 +42,13 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
     starts.push_back(text.size());
     text += content;
   }
-  if (utf8) {  // the inputs joined (a character may span two, as `split -b` cuts them)
-    char32_t cp = 0;
-    for (size_t pos = 0; pos < text.size();) {
-      if (decode_utf8(text, &pos, &cp)) continue;
-      const size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), pos) - starts.begin()) - 1;
-      return Status::invalid_argument("prepare: " + options.inputs[i] + ": invalid UTF-8 at byte offset " +
-                                      std::to_string(pos - starts[i]) + ": the " +
-                                      std::string(given ? given->kind_name() : "char") +
-                                      " tokenizer reads UTF-8 text (--tokenizer byte takes any bytes)");
-    }
+  // The inputs joined (a character may span two, as `split -b` cuts them).
+  if (const size_t pos = utf8 ? invalid_utf8_offset(text) : std::string_view::npos; pos != std::string_view::npos) {
+    const size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), pos) - starts.begin()) - 1;
+    return Status::invalid_argument("prepare: " + options.inputs[i] + ": invalid UTF-8 at byte offset " +
+                                    std::to_string(pos - starts[i]) + ": the " +
+                                    std::string(given ? given->kind_name() : "char") +
+                                    " tokenizer reads UTF-8 text (--tokenizer byte takes any bytes)");
   }
   if (text.empty()) return Status::invalid_argument("prepare: the input files are empty");
 
@@ -66,9 +63,7 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
     for (size_t i = 0; i < options.inputs.size() && tokens; ++i) {
       tokens->push_back(static_cast<uint16_t>(eot));
       const std::string_view input = std::string_view(text).substr(starts[i], starts[i + 1] - starts[i]);
-      char32_t cp = 0;
-      for (size_t pos = 0; pos < input.size();) {  // each input on its own: a document is whole text
-        if (decode_utf8(input, &pos, &cp)) continue;
+      if (const size_t pos = invalid_utf8_offset(input); pos != std::string_view::npos) {  // a document is whole text
         return Status::invalid_argument("prepare: " + options.inputs[i] + ": invalid UTF-8 at byte offset " +
                                         std::to_string(pos) +
                                         ": the bpe tokenizer reads each input as a document "

@@ -399,11 +399,7 @@ Expected<std::vector<uint16_t>> Tokenizer::encode(std::string_view text) const {
     return ids;
   }
   if (kind_ == TokenizerKind::kBpe) {
-    char32_t cp = 0;
-    for (size_t pos = 0; pos < text.size();) {
-      if (!decode_utf8(text, &pos, &cp)) return invalid_utf8(pos);
-    }
-    ids.clear();
+    if (const size_t bad = invalid_utf8_offset(text); bad != std::string_view::npos) return invalid_utf8(bad);
     bpe_->encode(text, &ids);
     return ids;
   }
@@ -424,10 +420,7 @@ Expected<std::vector<uint16_t>> Tokenizer::encode(std::string_view text) const {
 
 Expected<std::vector<uint16_t>> Tokenizer::encode_with_specials(std::string_view text) const {
   if (kind_ != TokenizerKind::kBpe || bpe_->specials().empty()) return encode(text);
-  char32_t cp = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    if (!decode_utf8(text, &pos, &cp)) return invalid_utf8(pos);
-  }
+  if (const size_t bad = invalid_utf8_offset(text); bad != std::string_view::npos) return invalid_utf8(bad);
   std::vector<uint16_t> ids;
   for (size_t begin = 0;;) {
     // The first special token written at or after `begin` (the longest of those starting there).

@@ -62,6 +62,14 @@ std::string describe_code_point(char32_t cp) {
   return s + "' (" + hex + ")";
 }
 
+size_t invalid_utf8_offset(std::string_view s) {
+  char32_t cp = 0;
+  for (size_t pos = 0; pos < s.size();) {
+    if (!decode_utf8(s, &pos, &cp)) return pos;
+  }
+  return std::string_view::npos;
+}
+
 void append_json_escaped(char32_t cp, std::string* out) {
   switch (cp) {
     case '"':

@@ -12,6 +12,9 @@ namespace gpt::data {
 // *pos at the offending byte, when the bytes there are not valid UTF-8. REQUIRES: *pos < s.size().
 bool decode_utf8(std::string_view s, size_t* pos, char32_t* cp);
 
+// The offset of the first byte of `s` that does not start a valid UTF-8 character, or npos when all of it is valid.
+size_t invalid_utf8_offset(std::string_view s);
+
 // Appends the UTF-8 encoding of `cp`. REQUIRES: cp is a valid code point (not a surrogate, <= U+10FFFF).
 void append_utf8(char32_t cp, std::string* out);
 

@@ -29,70 +29,50 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The tokenizer named by data.tokenizer, else tokenizer.json beside the first train shard if present. Without
-// data.tokenizer, the tokenizer.json files beside the train and val shards must agree: shards `prepare`d with
-// different vocabularies would mix ids that mean different tokens.
-// `found` gets its path.
+// The tokenizer named by data.tokenizer, else tokenizer.json beside the first train shard if present. The
+// tokenizer.json files prepare wrote beside the train and val shards say what their ids mean, so each must agree with
+// it: shards prepared with different vocabularies would mix ids that mean different tokens, and a data.tokenizer
+// other than theirs would read them as other tokens (and be saved as the model's). `found` gets its path.
 Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, const data::DataLoader& train,
                                                         const data::DataLoader& val, std::string* found) {
-  std::string path = cfg.data.tokenizer;
-  *found = path;
-  if (!path.empty()) {
-    auto tok = data::Tokenizer::load(path);
+  std::optional<data::Tokenizer> ref;
+  *found = cfg.data.tokenizer;
+  if (!found->empty()) {
+    auto tok = data::Tokenizer::load(*found);
     if (!tok) return tok.status().with_context(cfg.where("data.tokenizer") + ": data.tokenizer");
-    // The shards' own tokenizer.json (prepare writes one beside them) says what their ids mean: another one would
-    // read them as other tokens, and the run would save it as the model's.
-    std::vector<fs::path> seen;  // each directory once (a data set is often hundreds of shards in one)
-    for (const data::DataLoader* split : {&train, &val}) {
-      for (const auto& shard : split->shards()) {
-        const fs::path dir = fs::path(shard.path()).parent_path();
-        if (std::find(seen.begin(), seen.end(), dir) != seen.end()) continue;
-        seen.push_back(dir);
-        const fs::path beside = dir / "tokenizer.json";
-        std::error_code ec;
-        if (!fs::exists(beside, ec)) continue;
-        auto theirs = data::Tokenizer::load(beside.string());
-        if (!theirs || !theirs->same_ids(*tok)) {
-          return Status::invalid_argument(
-              cfg.where("data.tokenizer") + ": data.tokenizer " + path + " is not the tokenizer the shards were " +
-              "prepared with (" + beside.string() +
-              (theirs ? " differs" : " does not load: " + theirs.status().message()) +
-              "), so their ids would be read as other tokens; leave data.tokenizer out to take theirs");
+    ref.emplace(std::move(*tok));
+  }
+  std::vector<fs::path> seen;  // each directory once (a data set is often hundreds of shards in one)
+  for (const data::DataLoader* split : {&train, &val}) {
+    for (const auto& shard : split->shards()) {
+      const fs::path dir = fs::path(shard.path()).parent_path();
+      if (std::find(seen.begin(), seen.end(), dir) != seen.end()) continue;
+      seen.push_back(dir);
+      const fs::path beside = dir / "tokenizer.json";
+      std::error_code ec;
+      if (!fs::exists(beside, ec)) continue;
+      auto tok = data::Tokenizer::load(beside.string());
+      const std::string key = split == &train ? "data.train" : "data.val";
+      if (!tok) return tok.status().with_context(cfg.where(key) + ": the tokenizer beside " + key + "'s shards");
+      if (!ref) {
+        ref.emplace(std::move(*tok));
+        *found = beside.string();
+      } else if (!tok->same_ids(*ref)) {
+        if (!cfg.data.tokenizer.empty()) {
+          return Status::invalid_argument(cfg.where("data.tokenizer") + ": data.tokenizer " + cfg.data.tokenizer +
+                                          " is not the tokenizer the " + "shards were prepared with (" +
+                                          beside.string() + " differs), so their ids would be read as other " +
+                                          "tokens; leave data.tokenizer out to take theirs");
         }
+        return Status::invalid_argument(
+            cfg.where(key) + ": the shards of data.train ('" + cfg.data.train + "') and data.val ('" + cfg.data.val +
+            "') were prepared with different tokenizers (" + *found + " and " + beside.string() +
+            " differ), so the same id would mean different tokens; prepare them with one vocabulary (or name the "
+            "one that holds with data.tokenizer)");
       }
     }
-    return std::optional<data::Tokenizer>(std::move(*tok));
   }
-  {
-    std::optional<data::Tokenizer> first;
-    std::string first_path;
-    std::vector<fs::path> seen;
-    for (const data::DataLoader* split : {&train, &val}) {
-      for (const auto& shard : split->shards()) {
-        const fs::path dir = fs::path(shard.path()).parent_path();
-        if (std::find(seen.begin(), seen.end(), dir) != seen.end()) continue;
-        seen.push_back(dir);
-        const fs::path beside = dir / "tokenizer.json";
-        std::error_code ec;
-        if (!fs::exists(beside, ec)) continue;
-        auto tok = data::Tokenizer::load(beside.string());
-        const std::string key = split == &train ? "data.train" : "data.val";
-        if (!tok) return tok.status().with_context(cfg.where(key) + ": the tokenizer beside " + key + "'s shards");
-        if (!first) {
-          first = std::move(*tok);
-          first_path = beside.string();
-          *found = first_path;
-        } else if (!tok->same_ids(*first)) {
-          return Status::invalid_argument(
-              cfg.where(key) + ": the shards of data.train ('" + cfg.data.train + "') and data.val ('" + cfg.data.val +
-              "') were prepared with different tokenizers (" + first_path + " and " + beside.string() +
-              " differ), so the same id would mean different tokens; prepare them with one vocabulary (or name the "
-              "one that holds with data.tokenizer)");
-        }
-      }
-    }
-    return first;
-  }
+  return ref;
 }
 
 // Every rank must run the same resolved config (each reads its own file and command line: a node with another copy
