@@ -109,12 +109,16 @@ TEST_CASE("gpt-train plan: one rank, overrides, unknown vocabulary, nothing fits
     CHECK(v.exit_code == 0);
     CHECK(v.output.find("vocab 65") != std::string::npos);
     CHECK(v.output.find("note: ") == std::string::npos);
+    // A small model's config whose data.train is `train` (model.vocab_size 0: taken from the data).
+    const auto config_with_train = [&](const std::string& name, const std::string& train) {
+      return dir.write(name, "data: {train: '" + train +
+                                 "'}\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16}\n"
+                                 "training: {micro_batch_size: 2, global_batch_sequences: 8}\n");
+    };
     // A tokenizer where training would find it (beside data.train's shards): its size.
     std::filesystem::create_directories(dir.file("data"));
     dir.write("data/tokenizer.json", R"({"type":"char","vocab":["a","b","c"]})");
-    const std::string beside = dir.write("b.yaml", "data: {train: " + dir.file("data/train.bin") +
-                                                       "}\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16}\n"
-                                                       "training: {micro_batch_size: 2, global_batch_sequences: 8}\n");
+    const std::string beside = config_with_train("b.yaml", dir.file("data/train.bin"));
     const auto t = run_command(gpt_train() + " plan -c " + beside + " -n 2");
     INFO(t.output);
     CHECK(t.exit_code == 0);
@@ -124,9 +128,7 @@ TEST_CASE("gpt-train plan: one rank, overrides, unknown vocabulary, nothing fits
     std::filesystem::create_directories(dir.file("sharded"));
     dir.write("sharded/train_000001.bin", "");
     dir.write("sharded/tokenizer.json", R"({"type":"char","vocab":["a","b","c","d"]})");
-    const std::string glob = dir.write("g.yaml", "data: {train: '" + dir.file("sharded/train_*.bin") +
-                                                     "'}\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16}\n"
-                                                     "training: {micro_batch_size: 2, global_batch_sequences: 8}\n");
+    const std::string glob = config_with_train("g.yaml", dir.file("sharded/train_*.bin"));
     const auto g = run_command(gpt_train() + " plan -c " + glob + " -n 2");
     INFO(g.output);
     CHECK(g.exit_code == 0);
