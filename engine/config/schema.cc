@@ -148,7 +148,8 @@ std::span<const KeySpec> config_schema() {
       {GPT_KEY(model, tied_embeddings), tied(), "LM head shares the token embedding matrix (GPT-2)"},
 
       {GPT_KEY(data, train), non_empty(), "training token shard file or glob (llm.c layout)"},
-      {GPT_KEY(data, val), anything(), "validation token shard file or glob"},
+      {GPT_KEY(data, val), anything(),
+       "validation token shard file or glob; empty = no validation split (no evaluations, no val loss)"},
       {GPT_KEY(data, tokenizer), anything(),
        "tokenizer.json written by `prepare`, or GPT-2's BPE files as Hugging Face publishes them (tokenizer.json, or "
        "a directory with vocab.json and merges.txt); \"\" = tokenizer.json next to the train shard if present"},

@@ -80,11 +80,6 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
   if (tokenizer->kind() == TokenizerKind::kBpe && tokenizer->end_of_text() < 0) {
     warnings.push_back("the tokenizer has no <|endoftext|> token: the inputs are joined without a separator");
   }
-  if (options.val_fraction == 0.0) {
-    warnings.push_back(
-        "--val-fraction 0: val.bin is empty; training needs data.val with at least block_size + 1 "
-        "tokens, so point it at other shards");
-  }
   if (!tokens) return tokens.status().with_context("prepare: encoding");
 
   // int(n * (1 - f)) as in nanoGPT: truncation toward zero, in double precision.
@@ -105,12 +100,13 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
   report.val_tokens = n - n_train;
   report.vocab_size = tokenizer->vocab_size();
   report.train_path = (dir / "train.bin").string();
-  report.val_path = (dir / "val.bin").string();
+  if (n_train < n) report.val_path = (dir / "val.bin").string();
   report.tokenizer_path = (dir / "tokenizer.json").string();
   report.warnings = std::move(warnings);
   // All three outputs checked before any is written, so that a bad one (a directory in its place) leaves the old
   // dataset whole rather than half replaced.
   for (const std::string& path : {report.train_path, report.val_path, report.tokenizer_path}) {
+    if (path.empty()) continue;
     if (Expected<std::string> target = atomic_write_target(path); !target) {
       return target.status().with_context("prepare: --out");
     }
@@ -122,8 +118,23 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
   std::filesystem::create_directories(options.out_dir, ec);
   if (ec) return Status::io_error("prepare: cannot create directory " + options.out_dir + ": " + ec.message());
   GPT_RETURN_IF_ERROR(write_token_shard(report.train_path, all.first(static_cast<size_t>(n_train))));
-  GPT_RETURN_IF_ERROR(write_token_shard(report.val_path, all.subspan(static_cast<size_t>(n_train))));
+  if (!report.val_path.empty()) {
+    GPT_RETURN_IF_ERROR(write_token_shard(report.val_path, all.subspan(static_cast<size_t>(n_train))));
+  }
   GPT_RETURN_IF_ERROR(tokenizer->save(report.tokenizer_path));
+  if (report.val_path.empty()) {
+    // An earlier prepare's val.bin would be read with this tokenizer.json: other text, maybe another vocabulary.
+    const std::filesystem::path old_val = dir / "val.bin";
+    report.removed_old_val = std::filesystem::remove(old_val, ec);
+    if (ec) {
+      return Status::io_error("prepare: --val-fraction 0 writes no val.bin, but cannot remove the earlier " +
+                              old_val.string() + " (it would be read as this data set's): " + ec.message());
+    }
+    report.warnings.push_back(
+        std::string("--val-fraction 0: no val.bin") +
+        (report.removed_old_val ? " (the earlier " + old_val.string() + " was removed)" : "") +
+        "; train with data.val: \"\" (no evaluations, no val loss) or point data.val at other shards");
+  }
   return report;
 }
 

@@ -238,7 +238,8 @@ CommStats Trainer::comm_stats() const {
   return total;
 }
 
-float Trainer::evaluate() {
+std::optional<float> Trainer::evaluate() {
+  if (!val_) return std::nullopt;
   // The eval_batches micro-batches are dealt out over the ranks, batch k to rank k % W in round k / W, so an
   // evaluation costs each rank ceil(E / W) forwards instead of E. Every rank runs the same number of forwards
   // (the sharded strategies gather parameters inside the forward): a rank past the last batch in the final
@@ -251,7 +252,7 @@ float Trainer::evaluate() {
   std::vector<float> mine(static_cast<size_t>(rounds)), all(static_cast<size_t>(rounds) * W);
   for (int i = 0; i < rounds; ++i) {
     const int k = i * W + r;
-    val_.fill_rows(static_cast<uint64_t>(k < E ? k : 0), 0, B, inputs_.data(), targets_.data());
+    val_->fill_rows(static_cast<uint64_t>(k < E ? k : 0), 0, B, inputs_.data(), targets_.data());
     mine[i] =
         model_->forward_loss(*params_, inputs_.data(), targets_.data(), StepContext{config_.run.seed, 0, 0, false});
   }
@@ -364,7 +365,7 @@ Expected<TrainSummary> Trainer::run_steps() {
     m.gflops = flops_per_token() * m.tokens_per_s / 1e9;
     const bool last = step + 1 == t.steps;
     if (last) profile_report_ = backend_->profile_report();  // the training steps' ops, before the final eval
-    if ((t.eval_interval > 0 && (step + 1) % t.eval_interval == 0) || last) {
+    if (val_ && ((t.eval_interval > 0 && (step + 1) % t.eval_interval == 0) || last)) {
       m.val_loss = evaluate();
       summary.final_val_loss = m.val_loss;
     }

@@ -43,8 +43,8 @@ struct TrainSummary {
   double seconds = 0.0;        // wall time of the run's loop: steps, evaluations and saves
   double train_seconds = 0.0;  // the training steps alone (the sum of metrics.jsonl's step_ms)
   double tokens_per_s = 0.0;   // over train_seconds, as the per-step metrics count it
-  std::vector<float> losses;  // per step, mean over the global batch
-  bool interrupted = false;   // stopped early by a signal, after saving a checkpoint
+  std::vector<float> losses;   // per step, mean over the global batch
+  bool interrupted = false;    // stopped early by a signal, after saving a checkpoint
   // Tracked allocations (host or device) after this run's first step, evaluations and saves included: 0 when
   // the memory pools were sized up front, as they must be.
   int64_t allocations_after_first_step = 0;
@@ -85,8 +85,8 @@ class Trainer {
 
   // Mean validation loss over eval_batches micro-batches (the same batches at every evaluation), the
   // batches shared out over the ranks; the same value on every rank and at every world size for the same
-  // weights. Collective: every rank calls it.
-  float evaluate();
+  // weights; none without a validation split (an empty data.val). Collective: every rank calls it.
+  std::optional<float> evaluate();
   const GptShape& shape() const { return shape_; }
   Strategy strategy() const { return params_->strategy(); }
   // The full fp32 weights in layout order (collective: every rank calls it).
@@ -98,7 +98,7 @@ class Trainer {
 
  private:
   Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
-          data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
+          data::DataLoader train, std::optional<data::DataLoader> val, std::optional<data::Tokenizer> tokenizer,
           ActivationCheckpointing ckpt, StrategyPlan plan, std::optional<CheckpointReader> resume,
           std::unique_ptr<Backend> backend, TrainerHooks hooks);
   // After the constructor: the device communicators, the parameters (initialised), the optimizer, the model's
@@ -151,7 +151,8 @@ class Trainer {
   std::unique_ptr<Communicator> device_shard_group_, device_replicate_group_;
   Strategy strategy_ = Strategy::kSingle;
   GptShape shape_;
-  data::DataLoader train_, val_;
+  data::DataLoader train_;
+  std::optional<data::DataLoader> val_;  // none when data.val is empty: no evaluations
   std::optional<data::Tokenizer> tokenizer_;
   std::unique_ptr<Backend> backend_;
   TrainerHooks hooks_;  // the device communicators' maker, when a test replaces it

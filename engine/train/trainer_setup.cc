@@ -34,7 +34,7 @@ namespace {
 // it: shards prepared with different vocabularies would mix ids that mean different tokens, and a data.tokenizer
 // other than theirs would read them as other tokens (and be saved as the model's). `found` gets its path.
 Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, const data::DataLoader& train,
-                                                        const data::DataLoader& val, std::string* found) {
+                                                        const data::DataLoader* val, std::string* found) {
   std::optional<data::Tokenizer> ref;
   *found = cfg.data.tokenizer;
   if (!found->empty()) {
@@ -43,7 +43,8 @@ Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, co
     ref.emplace(std::move(*tok));
   }
   std::vector<fs::path> seen;  // each directory once (a data set is often hundreds of shards in one)
-  for (const data::DataLoader* split : {&train, &val}) {
+  for (const data::DataLoader* split : {&train, val}) {
+    if (split == nullptr) continue;  // no data.val
     for (const auto& shard : split->shards()) {
       const fs::path dir = fs::path(shard.path()).parent_path();
       if (std::find(seen.begin(), seen.end(), dir) != seen.end()) continue;
@@ -207,10 +208,18 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   GPT_RETURN_IF_ERROR(check_batch_split(cfg, world.size()));
   GPT_ASSIGN_OR_RETURN(data::SamplingMode mode, data::parse_sampling_mode(cfg.data.sampling));
   GPT_ASSIGN_OR_RETURN(data::DataLoader train, open_split(cfg, "train", cfg.data.train, cfg.global_batch(), mode));
-  GPT_ASSIGN_OR_RETURN(data::DataLoader val, open_split(cfg, "val", cfg.data.val, cfg.training.micro_batch_size,
-                                                        data::SamplingMode::kRandom));
+  // An empty data.val: no validation split, so no evaluations (no val loss in the metrics and summary).
+  std::optional<data::DataLoader> val;
+  if (!cfg.data.val.empty()) {
+    GPT_ASSIGN_OR_RETURN(
+        val, open_split(cfg, "val", cfg.data.val, cfg.training.micro_batch_size, data::SamplingMode::kRandom));
+  } else if (world.rank() == 0) {
+    spdlog::info("{}: data.val is empty: this run has no validation split, so no evaluations and no val loss",
+                 cfg.where("data.val"));
+  }
   std::string tokenizer_path;
-  GPT_ASSIGN_OR_RETURN(std::optional<data::Tokenizer> tokenizer, find_tokenizer(cfg, train, val, &tokenizer_path));
+  GPT_ASSIGN_OR_RETURN(std::optional<data::Tokenizer> tokenizer,
+                       find_tokenizer(cfg, train, val ? &*val : nullptr, &tokenizer_path));
   GPT_ASSIGN_OR_RETURN(ActivationCheckpointing ckpt,
                        ActivationCheckpointing::parse(cfg.training.activation_checkpointing));
 
@@ -220,21 +229,22 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   shape.n_embd = cfg.model.n_embd;
   shape.block_size = cfg.model.block_size;
   shape.dropout = cfg.model.dropout;
-  const int32_t max_token = std::max(train.max_token(), val.max_token());
+  const int32_t max_token = std::max(train.max_token(), val ? val->max_token() : 0);
+  const std::string data_names = "'" + cfg.data.train + "'" + (val ? ", '" + cfg.data.val + "'" : std::string());
   if (tokenizer && max_token >= tokenizer->vocab_size()) {  // before the vocab_size checks, which would blame it
     return Status::invalid_argument(cfg.where(cfg.data.tokenizer.empty() ? "data.train" : "data.tokenizer") +
-                                    ": the data ('" + cfg.data.train + "', '" + cfg.data.val + "') has token id " +
-                                    std::to_string(max_token) + ", outside the tokenizer's " +
-                                    std::to_string(tokenizer->vocab_size()) + " symbols (" + tokenizer_path +
+                                    ": the data (" + data_names + ") has token id " + std::to_string(max_token) +
+                                    ", outside the tokenizer's " + std::to_string(tokenizer->vocab_size()) +
+                                    " symbols (" + tokenizer_path +
                                     "): shards tokenized with another vocabulary, or damaged ones");
   }
   shape.vocab_size = cfg.model.vocab_size;
   if (shape.vocab_size == 0) shape.vocab_size = tokenizer ? tokenizer->vocab_size() : max_token + 1;
   if (max_token >= shape.vocab_size) {
     return Status::invalid_argument(cfg.where("model.vocab_size") + ": model.vocab_size " +
-                                    std::to_string(shape.vocab_size) + " is too small: the data ('" + cfg.data.train +
-                                    "', '" + cfg.data.val + "') has token id " + std::to_string(max_token) +
-                                    ", so it must be at least " + std::to_string(max_token + 1));
+                                    std::to_string(shape.vocab_size) + " is too small: the data (" + data_names +
+                                    ") has token id " + std::to_string(max_token) + ", so it must be at least " +
+                                    std::to_string(max_token + 1));
   }
   if (tokenizer && tokenizer->vocab_size() > shape.vocab_size) {
     return Status::invalid_argument(cfg.where("model.vocab_size") + ": model.vocab_size " +
@@ -342,7 +352,7 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
 }
 
 Trainer::Trainer(const RunConfig& config, Communicator& world, Strategy strategy, int shard_group_size, GptShape shape,
-                 data::DataLoader train, data::DataLoader val, std::optional<data::Tokenizer> tokenizer,
+                 data::DataLoader train, std::optional<data::DataLoader> val, std::optional<data::Tokenizer> tokenizer,
                  ActivationCheckpointing ckpt, StrategyPlan plan, std::optional<CheckpointReader> resume,
                  std::unique_ptr<Backend> backend, TrainerHooks hooks)
     : config_(config),

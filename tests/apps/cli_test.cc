@@ -42,6 +42,18 @@ std::string tiny_config(const std::string& data_dir, const std::string& out_dir,
          extra;
 }
 
+// The command's exit code is `code` and its output holds each of `texts`.
+void expect(const testing::CommandResult& r, int code, const std::vector<std::string>& texts) {
+  INFO(r.output);
+  CHECK(r.exit_code == code);
+  for (const std::string& t : texts) CHECK(r.output.find(t) != std::string::npos);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
 TEST_CASE("prepare, train and sample end to end, resolved config and metrics are saved", "[apps]") {
   TempDir dir;
   const std::string data = prepare_corpus(dir);
@@ -457,11 +469,6 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
     REQUIRE(r.exit_code == 0);
   }
   const std::string step2 = out + "/checkpoints/step_00000002";
-  auto expect = [](const testing::CommandResult& r, int code, const std::vector<std::string>& texts) {
-    INFO(r.output);
-    CHECK(r.exit_code == code);
-    for (const std::string& t : texts) CHECK(r.output.find(t) != std::string::npos);
-  };
   SECTION("sample: temperature, top-k and threads in range") {
     const std::string sample = gpt_train() + " sample --run " + out + " --tokens 3 ";
     expect(run_command(sample + "--temperature nan"), 2, {"--temperature must be a finite number > 0"});
@@ -625,6 +632,31 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
     expect(run_command(gpt_train() + " checkpoint import " + dir.file("nope") + " --out " + dir.file("imported")), 2,
            {dir.file("nope") + ": no such file or directory"});
   }
+}
+
+// Without a validation split: prepare --val-fraction 0 writes no val.bin (and removes an earlier one, which would be
+// read with the new tokenizer), and a run with data.val "" trains, saves and resumes with no evaluations.
+TEST_CASE("a run without a validation split: prepare --val-fraction 0 and data.val \"\"", "[apps]") {
+  TempDir dir;
+  const std::string data = prepare_corpus(dir);
+  REQUIRE(fs::exists(data + "/val.bin"));
+  expect(run_command(gpt_train() + " prepare --input " + dir.file("corpus.txt") + " --val-fraction 0 --out " + data), 0,
+         {"--val-fraction 0: no val.bin (the earlier " + data + "/val.bin was removed)", "data.val: \"\"",
+          "0 val tokens"});
+  CHECK_FALSE(fs::exists(data + "/val.bin"));
+  const std::string out = dir.file("run");
+  const std::string cfg = dir.write("run.yaml", tiny_config(data, out, "checkpoint:\n  every: 4\n"));
+  const std::string train = gpt_train() + " train --config " + cfg + " --set run.threads=2 --set training.steps=4 ";
+  // As the config stands, data.val names the file that is gone.
+  expect(run_command(train), 2, {"data.val", data + "/val.bin"});
+  expect(run_command(train + "--set data.val=''"), 0,
+         {"data.val is empty: this run has no validation split, so no evaluations and no val loss"});
+  const std::string metrics = read_text(out + "/metrics.jsonl");
+  CHECK(std::count(metrics.begin(), metrics.end(), '\n') == 4);
+  CHECK(metrics.find("val_loss") == std::string::npos);
+  CHECK(read_text(out + "/summary.json").find("\"final_val_loss\": null") != std::string::npos);
+  expect(run_command(train + "--set data.val='' --set training.steps=6 --resume auto"), 0, {"done: 6 steps"});
+  expect(run_command(gpt_train() + " sample --run " + out + " --prompt 'the ' --tokens 5 --seed 1"), 0, {"the "});
 }
 
 // A finished run submitted again with --resume auto (a job requeued as it ended) trains nothing and leaves its

@@ -121,7 +121,7 @@ TEST_CASE("Validation batches are shared out over the ranks and give a single pr
     ref_cfg.training.micro_batch_size = micro_batch_size_for(n);
     auto ref = Trainer::create(ref_cfg, *alone);
     REQUIRE(ref.has_value());
-    const float want = (*ref)->evaluate();
+    const float want = *(*ref)->evaluate();
     std::vector<std::string> strategies = {"ddp", "zero1", "zero3"};
     if (n % 2 == 0) strategies.push_back("hybrid");
     for (const std::string& strategy : strategies) {
@@ -134,7 +134,7 @@ TEST_CASE("Validation batches are shared out over the ranks and give a single pr
       INFO(trainer.status().message());
       REQUIRE(trainer.has_value());
       const CommStats before = world->stats();
-      const float got = (*trainer)->evaluate();
+      const float got = *(*trainer)->evaluate();
       REQUIRE(got == want);
       // One gather of the per-batch losses over the world: ceil(batches / n) of them from each rank (zero3
       // also gathers its parameters over the world, and so does hybrid where one shard group is the world).

@@ -39,7 +39,7 @@ TEST_CASE("Loss falls on Shakespeare within 150 steps", "[train]") {
   auto trainer = Trainer::create(*cfg, *world);
   REQUIRE(trainer.has_value());
   REQUIRE((*trainer)->shape().vocab_size == 65);
-  const float initial = (*trainer)->evaluate();
+  const float initial = *(*trainer)->evaluate();
   REQUIRE(std::abs(initial - std::log(65.0f)) < 0.15f);  // near uniform at init
   auto summary = (*trainer)->run();
   REQUIRE(summary.has_value());
