@@ -25,10 +25,10 @@ Command add_checkpoint_command(CLI::App& app);
 // every rank instead (MPI_Abort) so that no rank waits forever in a collective.
 int report_error(const Status& status);
 
-// The world communicator (MPI; a world of one when run without mpirun/srun).
+// The world communicator: MPI's under mpirun or srun, and for `train`; otherwise a world of one without MPI.
 class Communicator;
 Communicator& world();
-// Ranks of this job on this node (from MPI_Comm_split_type SHARED).
+// Ranks of this job on this node (from MPI_Comm_split_type SHARED; 1 without MPI).
 int ranks_per_node();
 int local_rank();
 // Starts the collective watchdog (comm.timeout_s; comm.save_timeout_s for the checkpoint writer's) over every MPI

@@ -3,10 +3,13 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <new>
+#include <string_view>
 
 #include "apps/commands.h"
+#include "comm/communicator.h"
 #include "comm/mpi_communicator.h"
 #include "core/logging.h"
 #include "core/stop_signal.h"
@@ -19,8 +22,8 @@ std::unique_ptr<Communicator> g_world;
 }  // namespace
 
 Communicator& world() { return *g_world; }
-int ranks_per_node() { return g_mpi->local_size(); }
-int local_rank() { return g_mpi->local_rank(); }
+int ranks_per_node() { return g_mpi != nullptr ? g_mpi->local_size() : 1; }
+int local_rank() { return g_mpi != nullptr ? g_mpi->local_rank() : 0; }
 void start_comm_watchdog(double timeout_s, double save_timeout_s) { g_mpi->start_watchdog(timeout_s, save_timeout_s); }
 
 // operator new's failure under several ranks: no unwinding (destructors on the way, NCCL's teardown or a communicator
@@ -41,6 +44,19 @@ void on_out_of_memory() {
   g_mpi->abort(2);
 }
 
+// Whether a launcher (mpirun, srun, mpiexec) started this process as one of several: then MPI is initialised for
+// every subcommand, so that ranks other than 0 learn that they have nothing to do. Run alone, only `train` initialises
+// it (a world of one, the same code as several ranks); the other subcommands start without it, which spares them Open
+// MPI's singleton start (about 0.3 s). Open MPI's mpirun sets OMPI_COMM_WORLD_SIZE, PMIx launchers (srun --mpi=pmix,
+// prterun) PMIX_RANK, PMI ones (srun --mpi=pmi2, MPICH's hydra) PMI_RANK or PMI_FD, and srun SLURM_STEP_NUM_TASKS.
+bool launched_as_one_of_several() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD"}) {
+    if (std::getenv(name) != nullptr) return true;
+  }
+  const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  return tasks != nullptr && std::string_view(tasks) != "1";
+}
+
 int report_error(const Status& status) {
   spdlog::error("{}", status.message());
   const int code = status.code() == StatusCode::kIoError ? 1 : 2;
@@ -58,16 +74,7 @@ int report_error(const Status& status) {
 int main(int argc, char** argv) {
   // Before any thread exists (MPI's, OpenMP's): the stop signals go to one waiting thread only.
   gpt::block_stop_signals();
-  // MPI first: under mpirun or srun each process learns its rank; run alone it is a world of one.
-  auto mpi = gpt::MpiEnvironment::init(&argc, &argv);
-  if (!mpi) {
-    std::fprintf(stderr, "error: %s\n", mpi.status().message().c_str());
-    return 1;
-  }
-  gpt::g_mpi = mpi->get();
-  std::set_new_handler(gpt::on_out_of_memory);
-  gpt::g_world = (*mpi)->make_world();
-  gpt::init_logging((*mpi)->world_rank());
+  gpt::init_logging(0);  // until the rank is known (the command line's errors come before)
   CLI::App app{"gpt-train: train GPT language models on a CPU, a GPU or a cluster (mpirun, srun)"};
   app.set_version_flag("--version", std::string("gpt-train ") + GPT_VERSION + " (" + GPT_BUILD_INFO + ")");
   app.require_subcommand(1);
@@ -95,19 +102,34 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; a bad argument is bad input like any other: exit 2 (CLI11's own codes vary).
-    const int code = app.exit(e) == 0 ? 0 : 2;
-    gpt::g_world.reset();  // communicators go before the MPI environment (and its watchdog)
-    return code;
+    return app.exit(e) == 0 ? 0 : 2;
   }
+  // Under mpirun or srun each process learns its rank from MPI; run alone it is a world of one.
+  std::unique_ptr<gpt::MpiEnvironment> mpi;
+  if (train->parsed() || gpt::launched_as_one_of_several()) {
+    auto env = gpt::MpiEnvironment::init(&argc, &argv);
+    if (!env) {
+      std::fprintf(stderr, "error: %s\n", env.status().message().c_str());
+      return 1;
+    }
+    mpi = std::move(*env);
+    gpt::g_mpi = mpi.get();
+    gpt::g_world = mpi->make_world();
+  } else {
+    gpt::g_world = gpt::make_single_communicator();
+  }
+  std::set_new_handler(gpt::on_out_of_memory);
+  const int world_rank = gpt::g_world->rank(), world_size = gpt::g_world->size();
+  gpt::init_logging(world_rank);
   int code = 0;
   for (auto& [sub, run] : commands) {
     if (!sub->parsed()) continue;
     // Under mpirun or srun with several tasks only `train` uses the ranks; any other subcommand runs on rank 0 alone
     // (every rank doing it would race on the same output files, or print its sample N times).
-    if (sub != train && (*mpi)->world_size() > 1) {
-      if ((*mpi)->world_rank() != 0) continue;
+    if (sub != train && world_size > 1) {
+      if (world_rank != 0) continue;
       spdlog::info("{} runs on rank 0 only; the job's other {} rank(s) have nothing to do", sub->get_name(),
-                   (*mpi)->world_size() - 1);
+                   world_size - 1);
     }
     try {
       code = run();

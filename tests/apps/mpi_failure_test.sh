@@ -44,6 +44,15 @@ fi
 grep -q "prepare runs on rank 0 only; the job's other 2 rank(s) have nothing to do" <<< "$out" ||
   { echo "FAIL: prepare does not say it runs on rank 0 only"; fail=1; }
 sed 's/, parallel_typo: 1//; s/steps: 100000/steps: 2/; s/strategy: zero3/strategy: ddp/' "$work/good.yaml" > "$work/short.yaml"
+# Run alone (no launcher's variables), only train starts MPI: the other subcommands work where MPI cannot start, and
+# skip its singleton start (about 0.3 s). A transport that does not exist makes MPI's start fail.
+if ! env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK OMPI_MCA_pml=no_such_pml "$gpt_train" plan -c "$work/short.yaml" -n 2 \
+    > /dev/null 2>&1; then
+  echo "FAIL: plan run alone started MPI (it failed with MPI's transport broken)"; fail=1
+fi
+if env OMPI_MCA_pml=no_such_pml timeout 60 "$gpt_train" train --config "$work/short.yaml" > /dev/null 2>&1; then
+  echo "FAIL: train with MPI's transport broken did not fail (does it still start MPI?)"; fail=1
+fi
 timeout 60 mpirun -np 2 --oversubscribe "$gpt_train" train --config "$work/short.yaml" > /dev/null 2>&1 ||
   { echo "FAIL: the 2-step run under mpirun -np 2"; fail=1; }
 # A --set given to one task only: the ranks' configs differ. comm.timeout_s 0 there (no watchdog) once left that rank
@@ -61,5 +70,5 @@ fi
 samples=$(timeout 60 mpirun -np 3 --oversubscribe "$gpt_train" sample --run "$work/run" --prompt-ids 1 --ids -n 5 2>/dev/null |
   grep -cE '^1( [0-9]+){5}$')
 [ "$samples" = 1 ] || { echo "FAIL: sample under mpirun -np 3 printed $samples samples, not 1"; fail=1; }
-[ "$fail" -eq 0 ] && echo "PASS: every rank ended in ${elapsed}s with rank 1's error logged; prepare and sample run on rank 0 alone under mpirun"
+[ "$fail" -eq 0 ] && echo "PASS: every rank ended in ${elapsed}s with rank 1's error logged; prepare and sample run on rank 0 alone under mpirun; run alone, only train starts MPI"
 exit $fail
