@@ -1,7 +1,5 @@
 #include "checkpoint/hf_import.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -11,7 +9,9 @@
 #include <optional>
 
 #include "checkpoint/safetensors.h"
+#include "core/atomic_file.h"
 #include "core/dtype.h"
+#include "core/json.h"
 
 namespace gpt {
 
@@ -38,34 +38,47 @@ float half_to_f32(uint16_t h) {
   return std::bit_cast<float>(bits);
 }
 
-Expected<GptShape> parse_config(const std::string& path, const YAML::Node& j);
-
-// config.json's GPT-2 shape; a value of the wrong type is an error naming the file (yaml-cpp throws it).
+// config.json's GPT-2 shape; a value of the wrong type is an error naming the file and the key.
 Expected<GptShape> read_config(const std::string& path) {
-  try {
-    return parse_config(path, YAML::LoadFile(path));
-  } catch (const YAML::Exception& e) {
-    return Status::invalid_argument(path + ": not GPT-2's config.json (" + e.what() + ")");
-  }
-}
-
-Expected<GptShape> parse_config(const std::string& path, const YAML::Node& j) {
-  if (!j.IsMap()) return Status::invalid_argument(path + ": expected a JSON object");
-  auto str = [&](const char* key, const char* fallback) {
-    return j[key] && !j[key].IsNull() ? j[key].as<std::string>() : std::string(fallback);
+  std::string text;
+  GPT_RETURN_IF_ERROR(read_file(path, &text));
+  Expected<json::Value> parsed = json::parse(text);
+  if (!parsed) return parsed.status().with_context(path);
+  const json::Value& j = *parsed;
+  if (!j.is_object()) return Status::invalid_argument(path + ": expected a JSON object");
+  // A key's value, null when absent or null; else of `type`, or an error naming the key.
+  auto field = [&](const char* key, json::Type type) -> Expected<const json::Value*> {
+    const json::Value* v = j.find(key);
+    if (v == nullptr || v->is_null()) return nullptr;
+    if (v->type() != type) {
+      return Status::invalid_argument(path + ": \"" + key + "\" is " + json::type_name(v->type()) + ", expected " +
+                                      json::type_name(type));
+    }
+    return v;
+  };
+  auto str = [&](const char* key, const char* fallback) -> Expected<std::string> {
+    GPT_ASSIGN_OR_RETURN(const json::Value* v, field(key, json::Type::kString));
+    return v != nullptr ? v->text() : std::string(fallback);
+  };
+  auto flag = [&](const char* key, bool fallback) -> Expected<bool> {
+    GPT_ASSIGN_OR_RETURN(const json::Value* v, field(key, json::Type::kBool));
+    return v != nullptr ? v->boolean() : fallback;
   };
   auto integer = [&](const char* key, std::optional<int> fallback = std::nullopt) -> Expected<int> {
-    if (!j[key] || j[key].IsNull()) {
+    GPT_ASSIGN_OR_RETURN(const json::Value* v, field(key, json::Type::kNumber));
+    if (v == nullptr) {
       if (fallback) return *fallback;
       return Status::invalid_argument(path + ": no \"" + std::string(key) + "\"");
     }
-    try {
-      return j[key].as<int>();
-    } catch (const YAML::Exception&) {
-      return Status::invalid_argument(path + ": \"" + std::string(key) + "\" is not an integer");
+    const std::optional<int64_t> i = v->as_int64();
+    if (!i || *i < INT32_MIN || *i > INT32_MAX) {
+      return Status::invalid_argument(path + ": \"" + std::string(key) + "\" is " + v->text() +
+                                      ", not an integer of 32 bits");
     }
+    return static_cast<int>(*i);
   };
-  const std::string type = str("model_type", "gpt2"), act = str("activation_function", "gelu_new");
+  GPT_ASSIGN_OR_RETURN(const std::string type, str("model_type", "gpt2"));
+  GPT_ASSIGN_OR_RETURN(const std::string act, str("activation_function", "gelu_new"));
   if (type != "gpt2") {
     return Status::invalid_argument(path + ": model_type \"" + type + "\": gpt-train imports GPT-2 (\"gpt2\") only");
   }
@@ -73,22 +86,23 @@ Expected<GptShape> parse_config(const std::string& path, const YAML::Node& j) {
     return Status::invalid_argument(path + ": activation_function \"" + act +
                                     "\": gpt-train's GELU is the tanh approximation (gelu_new)");
   }
-  const double eps = j["layer_norm_epsilon"] ? j["layer_norm_epsilon"].as<double>() : 1e-5;
+  GPT_ASSIGN_OR_RETURN(const json::Value* eps_field, field("layer_norm_epsilon", json::Type::kNumber));
+  const double eps = eps_field != nullptr ? eps_field->as_double().value_or(HUGE_VAL) : 1e-5;
   if (std::abs(eps - 1e-5) > 1e-12) {
-    return Status::invalid_argument(path + ": layer_norm_epsilon " + std::to_string(eps) +
+    return Status::invalid_argument(path + ": layer_norm_epsilon " + eps_field->text() +
                                     ": gpt-train's LayerNorm uses 1e-5");
   }
   for (const char* key : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"}) {
-    if (j[key] && !j[key].IsNull() && j[key].as<bool>()) {
+    GPT_ASSIGN_OR_RETURN(const bool on, flag(key, false));
+    if (on)
       return Status::invalid_argument(path + ": " + key + " true: not GPT-2's attention, which gpt-train computes");
-    }
   }
-  if (j["scale_attn_weights"] && !j["scale_attn_weights"].IsNull() && !j["scale_attn_weights"].as<bool>()) {
+  GPT_ASSIGN_OR_RETURN(const bool scaled, flag("scale_attn_weights", true));
+  if (!scaled) {
     return Status::invalid_argument(path + ": scale_attn_weights false: gpt-train scales scores by 1/sqrt(head size)");
   }
-  if (j["tie_word_embeddings"] && !j["tie_word_embeddings"].IsNull() && !j["tie_word_embeddings"].as<bool>()) {
-    return Status::invalid_argument(path + ": tie_word_embeddings false: gpt-train's LM head is wte");
-  }
+  GPT_ASSIGN_OR_RETURN(const bool tied, flag("tie_word_embeddings", true));
+  if (!tied) return Status::invalid_argument(path + ": tie_word_embeddings false: gpt-train's LM head is wte");
   GptShape s;
   GPT_ASSIGN_OR_RETURN(s.n_layer, integer("n_layer"));
   GPT_ASSIGN_OR_RETURN(s.n_head, integer("n_head"));
@@ -126,26 +140,41 @@ Expected<std::map<std::string, Entry>> read_header(std::ifstream& in, const std:
   in.read(text.data(), static_cast<std::streamsize>(n));
   *data_start = 8 + static_cast<int64_t>(n);
   std::map<std::string, Entry> out;
-  try {
-    const YAML::Node h = YAML::Load(text);
-    if (!h.IsMap()) return Status::corruption(path + ": the header is not a JSON object");
-    for (const auto& kv : h) {
-      std::string name = kv.first.as<std::string>();
-      if (name == "__metadata__") continue;
-      if (name.rfind("transformer.", 0) == 0) name = name.substr(12);
-      Entry e;
-      e.dtype = kv.second["dtype"].as<std::string>();
-      e.shape = kv.second["shape"].as<std::vector<int64_t>>();
-      const auto off = kv.second["data_offsets"].as<std::vector<int64_t>>();
-      if (off.size() != 2 || off[0] < 0 || off[1] < off[0] || off[1] > file_size - *data_start) {
-        return Status::corruption(path + ": tensor " + name + ": data_offsets outside the file (truncated?)");
-      }
-      e.begin = off[0];
-      e.end = off[1];
-      out[name] = std::move(e);
+  Expected<json::Value> parsed = json::parse(text);
+  if (!parsed) return parsed.status().with_context(path + ": unreadable header");
+  const json::Value& h = *parsed;
+  if (!h.is_object()) return Status::corruption(path + ": the header is not a JSON object");
+  // A list of integers (a shape, data offsets), or none.
+  const auto integers = [](const json::Value* v) -> std::optional<std::vector<int64_t>> {
+    if (v == nullptr || !v->is_array()) return std::nullopt;
+    std::vector<int64_t> out;
+    for (const json::Value& x : v->items()) {
+      const std::optional<int64_t> i = x.as_int64();
+      if (!i) return std::nullopt;
+      out.push_back(*i);
     }
-  } catch (const YAML::Exception& e) {
-    return Status::corruption(path + ": unreadable header: " + e.what());
+    return out;
+  };
+  for (size_t i = 0; i < h.size(); ++i) {
+    std::string name = h.key(i);
+    if (name == "__metadata__") continue;
+    if (name.rfind("transformer.", 0) == 0) name = name.substr(12);
+    const json::Value& t = h.item(i);
+    const json::Value* dtype = t.find("dtype");
+    const auto shape = integers(t.find("shape")), off = integers(t.find("data_offsets"));
+    if (dtype == nullptr || !dtype->is_string() || !shape || !off) {
+      return Status::corruption(path + ": unreadable header: tensor " + h.key(i) +
+                                " needs \"dtype\" (a string), \"shape\" and \"data_offsets\" (lists of integers)");
+    }
+    if (off->size() != 2 || (*off)[0] < 0 || (*off)[1] < (*off)[0] || (*off)[1] > file_size - *data_start) {
+      return Status::corruption(path + ": tensor " + name + ": data_offsets outside the file (truncated?)");
+    }
+    Entry e;
+    e.dtype = dtype->text();
+    e.shape = *shape;
+    e.begin = (*off)[0];
+    e.end = (*off)[1];
+    out[name] = std::move(e);
   }
   return out;
 }
@@ -199,9 +228,10 @@ Expected<HfGpt2> read_hf_gpt2(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
     if (ec) return Status::io_error(path + ": " + ec.message());  // e.g. a directory it may not enter
-    return Status::not_found(path + ": no such file or directory (expected a Hugging Face GPT-2 directory with "
-                                    "config.json and model.safetensors, or a .safetensors file with config.json "
-                                    "beside it)");
+    return Status::not_found(path +
+                             ": no such file or directory (expected a Hugging Face GPT-2 directory with "
+                             "config.json and model.safetensors, or a .safetensors file with config.json "
+                             "beside it)");
   }
   const bool dir = fs::is_directory(path, ec);
   const std::string file = dir ? (fs::path(path) / "model.safetensors").string() : path;

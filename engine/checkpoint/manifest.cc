@@ -1,38 +1,56 @@
 #include "checkpoint/manifest.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <type_traits>
 
 #include "checkpoint/json_text.h"
+#include "core/json.h"
 
 namespace gpt {
 
 namespace {
 
+// A place in the parsed manifest: a value, or none (a field that is absent, an index past a list's end). Indexing
+// none, or a key of what is not an object, gives none; the size of what is not a list is 0.
+struct Node {
+  const json::Value* v = nullptr;
+  explicit operator bool() const { return v != nullptr; }
+  Node operator[](const char* key) const { return {v != nullptr && v->is_object() ? v->find(key) : nullptr}; }
+  Node operator[](size_t i) const { return {v != nullptr && v->is_array() && i < v->size() ? &v->item(i) : nullptr}; }
+  size_t size() const { return v != nullptr && v->is_array() ? v->size() : 0; }
+  bool is_list() const { return v != nullptr && v->is_array(); }
+  // A string's or a number's text in quotes, for messages.
+  std::string shown() const {
+    if (v == nullptr) return "missing";
+    if (v->is_string() || v->is_number()) return "'" + v->text() + "'";
+    if (v->is_bool()) return v->boolean() ? "'true'" : "'false'";
+    return "not a single value";
+  }
+};
+
 // "0x" and up to 8 hex digits (hex32's form); anything else throws, naming the field (the caller reports a malformed
 // manifest).
-uint32_t parse_crc(const YAML::Node& n, const char* key = "crc32c") {
-  const std::string text = n.IsScalar() ? n.Scalar() : std::string("(not a single value)");
+uint32_t parse_crc(const Node& n, const char* key = "crc32c") {
+  const std::string text = n && n.v->is_string() ? n.v->text() : std::string();
   const std::string digits = text.starts_with("0x") ? text.substr(2) : text;
   const bool hex =
       !digits.empty() && digits.size() <= 8 && digits.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos;
-  if (!hex) throw std::runtime_error(std::string("\"") + key + "\" is '" + text + "', expected a 32-bit hex number");
+  if (!hex) throw std::runtime_error(std::string("\"") + key + "\" is " + n.shown() + ", expected a 32-bit hex string");
   return static_cast<uint32_t>(std::stoul(digits, nullptr, 16));
 }
 
 // The value of field `key` (its dotted name, for the message) as a T. A field that is there but not a T (a number
-// written as a word, a float where an integer belongs, one out of T's range) throws, naming the field; a missing
-// one throws too, unless `absent` gives its value (a field older manifests lack). yaml-cpp's as<T>(fallback) would
-// read both as the fallback.
+// written as a string, a float where an integer belongs, one out of T's range) throws, naming the field; a missing
+// one throws too, unless `absent` gives its value (a field older manifests lack).
 template <typename T>
-T get(const YAML::Node& n, const std::string& key, std::optional<T> absent = std::nullopt) {
+T get(const Node& n, const std::string& key, std::optional<T> absent = std::nullopt) {
   if (!n) {
     if (absent) return *absent;
     throw std::runtime_error("\"" + key + "\" is missing");
@@ -45,14 +63,32 @@ T get(const YAML::Node& n, const std::string& key, std::optional<T> absent = std
   } else if constexpr (!std::is_same_v<T, std::string>) {
     kind = "a list of integers";
   }
-  // null is there but no value (yaml-cpp would read it as the fallback, or a string as "null"); the writer writes
-  // null only for the fields read by name elsewhere (tokenizer, config).
-  if (n.IsNull()) throw std::runtime_error("\"" + key + "\" is null, expected " + kind);
-  try {
-    return n.as<T>();
-  } catch (const YAML::Exception&) {
-    const std::string text = n.IsScalar() ? "'" + n.Scalar() + "'" : std::string("not a single value");
-    throw std::runtime_error("\"" + key + "\" is " + text + ", expected " + kind);
+  // null is there but no value; the writer writes null only for the fields read by name elsewhere (tokenizer, config).
+  if (n.v->is_null()) throw std::runtime_error("\"" + key + "\" is null, expected " + kind);
+  const json::Value& v = *n.v;
+  const auto wrong = [&] { return std::runtime_error("\"" + key + "\" is " + n.shown() + ", expected " + kind); };
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) throw wrong();
+    return v.text();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    const std::optional<double> d = v.as_double();
+    if (!d || std::abs(*d) > static_cast<double>(std::numeric_limits<T>::max())) throw wrong();
+    return static_cast<T>(*d);
+  } else if constexpr (std::is_integral_v<T>) {
+    T out{};
+    const std::string& t = v.text();
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), out);
+    if (!v.is_number() || ec != std::errc() || end != t.data() + t.size()) throw wrong();
+    return out;
+  } else {
+    T out;
+    if (!v.is_array()) throw wrong();
+    for (const json::Value& x : v.items()) {
+      const std::optional<int64_t> i = x.as_int64();
+      if (!i) throw wrong();
+      out.push_back(*i);
+    }
+    return out;
   }
 }
 
@@ -138,8 +174,10 @@ std::string manifest_to_json(const Manifest& m) {
 Expected<Manifest> parse_manifest(const std::string& text, const std::string& path) {
   Manifest m;
   try {
-    const YAML::Node j = YAML::Load(text);
-    if (!j.IsMap() || j["format"].as<std::string>("") != "gpt-train checkpoint") {
+    Expected<json::Value> parsed = json::parse(text);
+    if (!parsed) return parsed.status().with_context(path + ": malformed manifest");
+    const Node j{&*parsed};
+    if (!j["format"] || !j["format"].v->is_string() || j["format"].v->text() != "gpt-train checkpoint") {
       return Status::corruption(path +
                                 ": not a gpt-train checkpoint manifest (no \"format\": \"gpt-train checkpoint\")");
     }
@@ -148,7 +186,7 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
       return Status::failed_precondition(path + ": manifest version " + std::to_string(m.version) +
                                          "; this build reads versions 1 and " + std::to_string(kCheckpointVersion));
     }
-    const YAML::Node model = j["model"];
+    const Node model = j["model"];
     m.shape.n_layer = get<int>(model["n_layer"], "model.n_layer");
     m.shape.n_head = get<int>(model["n_head"], "model.n_head");
     m.shape.n_embd = get<int>(model["n_embd"], "model.n_embd");
@@ -171,8 +209,8 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
       return impossible("model.vocab_size", s.vocab_size, "in [1, 2^24]");
     }
     const ModelLayout layout = ModelLayout::build(s);
-    const YAML::Node units = j["units"];
-    if (!units.IsSequence() || units.size() != layout.units.size()) {
+    const Node units = j["units"];
+    if (!units.is_list() || units.size() != layout.units.size()) {
       return Status::corruption(path + ": the unit list does not match the model shape (" +
                                 std::to_string(layout.units.size()) + " units expected)");
     }
@@ -194,14 +232,14 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
         return mismatch("expected \"offset\" " + std::to_string(unit_offset));
       }
       unit_offset += want.numel;
-      const YAML::Node params = units[u]["params"];
+      const Node params = units[u]["params"];
       if (!params) continue;
-      if (!params.IsSequence() || params.size() != want.params.size()) {
+      if (!params.is_list() || params.size() != want.params.size()) {
         return mismatch("expected " + std::to_string(want.params.size()) + " params");
       }
       for (size_t i = 0; i < want.params.size(); ++i) {
         const ParamSpec& ps = want.params[i];
-        const YAML::Node p = params[i];
+        const Node p = params[i];
         if (get<std::string>(p["name"], at("units", u, ".params[" + std::to_string(i) + "].name")) != ps.name ||
             get<int64_t>(p["offset"], at("units", u, ".params[" + std::to_string(i) + "].offset")) != ps.offset ||
             get<int64_t>(p["numel"], at("units", u, ".params[" + std::to_string(i) + "].numel")) != ps.numel ||
@@ -216,8 +254,12 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
     }
     // Names of files in the directory: plain names only, so a crafted manifest cannot point elsewhere.
     auto plain_name = [&](const std::string& key) -> Expected<std::string> {
-      if (!j[key] || !j[key].IsScalar()) return std::string();
-      std::string name = j[key].as<std::string>();
+      const Node field = j[key.c_str()];
+      if (!field || field.v->is_null()) return std::string();
+      if (!field.v->is_string()) {
+        return Status::corruption(path + ": \"" + key + "\" is " + field.shown() + ", expected a file name or null");
+      }
+      const std::string& name = field.v->text();
       if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
         return Status::corruption(path + ": \"" + key + "\" must be a plain file name, got '" + name + "'");
       }
@@ -226,7 +268,7 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
     GPT_ASSIGN_OR_RETURN(m.tokenizer, plain_name("tokenizer"));
     if (m.version == 1) {  // one shard holding the whole flat buffer, one CRC for the file
       m.kind = "model";
-      const YAML::Node sh = j["shards"][0];
+      const Node sh = j["shards"][size_t{0}];
       ShardFile f;
       f.file = get<std::string>(sh["file"], "shards[0].file");
       f.file_crc = parse_crc(sh["crc32c"]);
@@ -246,7 +288,7 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
                                 std::to_string(m.tokens_seen) + " is negative");
     }
     m.sections.clear();
-    const YAML::Node sections = j["sections"];
+    const Node sections = j["sections"];
     for (size_t i = 0; i < sections.size(); ++i)
       m.sections.push_back(get<std::string>(sections[i], at("sections", i, "")));
     if (m.sections.empty() || m.sections[0] != "master") {
@@ -258,7 +300,7 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
     }
     if (j["config_crc32c"] && !m.config.empty()) m.config_crc = parse_crc(j["config_crc32c"], "config_crc32c");
     if (m.kind == "checkpoint") {
-      const YAML::Node dl = j["data_loader"], opt = j["optimizer"], par = j["parallel"];
+      const Node dl = j["data_loader"], opt = j["optimizer"], par = j["parallel"];
       m.loader_batch_index = get<uint64_t>(dl["batch_index"], "data_loader.batch_index");
       m.global_batch = get<int64_t>(dl["global_batch"], "data_loader.global_batch");
       m.sampling = get<std::string>(dl["sampling"], "data_loader.sampling");
@@ -297,9 +339,9 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
       }
     }
     std::vector<int> ranks;
-    const YAML::Node shards = j["shards"];
+    const Node shards = j["shards"];
     for (size_t s_i = 0; s_i < shards.size(); ++s_i) {
-      const YAML::Node sh = shards[s_i];
+      const Node sh = shards[s_i];
       ShardFile f;
       f.file = get<std::string>(sh["file"], at("shards", s_i, ".file"));
       f.rank = get<int>(sh["rank"], at("shards", s_i, ".rank"));
@@ -316,15 +358,15 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
                                        : std::string("expected >= 0")));
       }
       ranks.push_back(f.rank);
-      const YAML::Node slices = sh["slices"];
+      const Node slices = sh["slices"];
       for (size_t l = 0; l < slices.size(); ++l) {
-        const YAML::Node sl = slices[l];
+        const Node sl = slices[l];
         const std::string name = at("shards", s_i, ".slices[" + std::to_string(l) + "]");
         ShardSlice slice{get<int>(sl["unit"], name + ".unit"),
                          get<int64_t>(sl["begin"], name + ".begin"),
                          get<int64_t>(sl["length"], name + ".length"),
                          {}};
-        for (const auto& c : sl["crc32c"]) slice.crc.push_back(parse_crc(c));
+        for (size_t k = 0; k < sl["crc32c"].size(); ++k) slice.crc.push_back(parse_crc(sl["crc32c"][k]));
         if (slice.unit < 0 || slice.unit >= static_cast<int>(layout.units.size()) || slice.begin < 0 ||
             slice.length < 1 || slice.begin + slice.length > layout.units[slice.unit].numel ||
             slice.crc.size() != m.sections.size()) {

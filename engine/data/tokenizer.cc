@@ -1,12 +1,11 @@
 #include "data/tokenizer.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
 #include "core/atomic_file.h"
+#include "core/json.h"
 #include "data/utf8.h"
 
 namespace gpt::data {
@@ -25,9 +24,7 @@ void append_json_string(char32_t cp, std::string* out) {
   out->push_back('"');
 }
 
-// A JSON string (yaml-cpp reads 1 or true as the text "1" or "true"; its tag tells them apart: "!" is a quoted
-// scalar's, "?" a plain one's).
-bool is_string(const YAML::Node& n) { return n && n.IsScalar() && n.Tag() == "!"; }
+bool is_string(const json::Value* n) { return n != nullptr && n->is_string(); }
 
 // Text from a file as a message quotes it: control bytes as \xNN.
 std::string quoted(const std::string& text) {
@@ -55,18 +52,18 @@ Expected<std::pair<std::string, std::string>> split_merge(const std::string& lin
 }
 
 // A merges list as tokenizer.json files hold it: "a b" strings, or (newer Hugging Face files) ["a", "b"] pairs.
-Expected<std::vector<std::pair<std::string, std::string>>> read_merges(const YAML::Node& list, const char* key) {
-  if (!list || !list.IsSequence()) return Status::corruption(std::string("expected a \"") + key + "\" list");
+Expected<std::vector<std::pair<std::string, std::string>>> read_merges(const json::Value* list, const char* key) {
+  if (list == nullptr || !list->is_array()) return Status::corruption(std::string("expected a \"") + key + "\" list");
   std::vector<std::pair<std::string, std::string>> merges;
-  merges.reserve(list.size());
-  for (size_t i = 0; i < list.size(); ++i) {
-    const YAML::Node m = list[i];
+  merges.reserve(list->size());
+  for (size_t i = 0; i < list->size(); ++i) {
+    const json::Value& m = list->item(i);
     const std::string where = std::string(key) + "[" + std::to_string(i) + "]";
-    if (is_string(m)) {
-      GPT_ASSIGN_OR_RETURN(auto pair, split_merge(m.Scalar(), where));
+    if (m.is_string()) {
+      GPT_ASSIGN_OR_RETURN(auto pair, split_merge(m.text(), where));
       merges.push_back(std::move(pair));
-    } else if (m.IsSequence() && m.size() == 2 && is_string(m[0]) && is_string(m[1])) {
-      merges.emplace_back(m[0].Scalar(), m[1].Scalar());
+    } else if (m.is_array() && m.size() == 2 && m.item(0).is_string() && m.item(1).is_string()) {
+      merges.emplace_back(m.item(0).text(), m.item(1).text());
     } else {
       return Status::corruption(where + " is not a \"a b\" string or a pair of strings");
     }
@@ -82,37 +79,36 @@ struct Vocab {
 // A {token: id} map (vocab.json, a Hugging Face model's "vocab") plus `added` ({"id", "content"} objects that may
 // be missing from it) -> the tokens by id; the ids must be 0..n-1, each once. The added tokens and those written
 // <|...|> are the special ones.
-Expected<Vocab> tokens_by_id(const YAML::Node& map, const YAML::Node& added, const std::string& key) {
-  if (!map || !map.IsMap() || map.size() == 0) {
+Expected<Vocab> tokens_by_id(const json::Value* map, const json::Value* added, const std::string& key) {
+  if (map == nullptr || !map->is_object() || map->size() == 0) {
     return Status::corruption(key + " must be a JSON object {\"token\": id, ...} of at least one token");
   }
   std::vector<std::pair<int64_t, std::string>> entries;
   Vocab v;
-  const auto take = [&](const YAML::Node& token, const YAML::Node& id, const std::string& where) -> Status {
-    if (!is_string(token)) return Status::corruption(where + ": the token is not a string");
-    int64_t value = -1;
-    try {
-      if (!id || !id.IsScalar() || id.Tag() != "?") throw YAML::Exception(YAML::Mark(), "");
-      value = id.as<int64_t>();
-    } catch (const YAML::Exception&) {
-      return Status::corruption(where + ": the id is not an integer");
-    }
-    if (value < 0 || value >= kMaxVocabSize) {
-      return Status::corruption(where + ": id " + std::to_string(value) + ", expected 0 to " +
+  // `token` (null when not a string) with `id`, else what is wrong with them (`where` names the entry in it).
+  const auto take = [&](const std::string* token, const json::Value* id, const auto& where) -> Status {
+    if (token == nullptr) return Status::corruption(where() + ": the token is not a string");
+    const std::optional<int64_t> value = id != nullptr ? id->as_int64() : std::nullopt;
+    if (!value) return Status::corruption(where() + ": the id is not an integer");
+    if (*value < 0 || *value >= kMaxVocabSize) {
+      return Status::corruption(where() + ": id " + std::to_string(*value) + ", expected 0 to " +
                                 std::to_string(kMaxVocabSize - 1) + " (token shards hold uint16 ids)");
     }
-    entries.emplace_back(value, token.Scalar());
+    entries.emplace_back(*value, *token);
     return Status::ok();
   };
-  for (const auto& kv : map) {
-    GPT_RETURN_IF_ERROR(take(kv.first, kv.second, key + " entry " + quoted(kv.first.Scalar())));
+  entries.reserve(map->size());
+  for (size_t i = 0; i < map->size(); ++i) {
+    GPT_RETURN_IF_ERROR(take(&map->key(i), &map->item(i), [&] { return key + " entry " + quoted(map->key(i)); }));
   }
-  if (added) {
-    if (!added.IsSequence()) return Status::corruption("\"added_tokens\" is not a list");
-    for (size_t i = 0; i < added.size(); ++i) {
+  if (added != nullptr && !added->is_null()) {
+    if (!added->is_array()) return Status::corruption("\"added_tokens\" is not a list");
+    for (size_t i = 0; i < added->size(); ++i) {
       const std::string where = "added_tokens[" + std::to_string(i) + "]";
-      if (!added[i].IsMap()) return Status::corruption(where + " is not an object with \"id\" and \"content\"");
-      GPT_RETURN_IF_ERROR(take(added[i]["content"], added[i]["id"], where));
+      const json::Value& a = added->item(i);
+      if (!a.is_object()) return Status::corruption(where + " is not an object with \"id\" and \"content\"");
+      const json::Value* content = a.find("content");
+      GPT_RETURN_IF_ERROR(take(is_string(content) ? &content->text() : nullptr, a.find("id"), [&] { return where; }));
       // An added token's content is its text, where the vocabulary writes tokens in byte-level form: one the
       // vocabulary lists already (GPT-2's <|endoftext|>) is that entry; another one is added in that form.
       auto [id, text] = entries.back();
@@ -150,72 +146,88 @@ Expected<Tokenizer> make_bpe(const Vocab& vocab, const std::vector<std::pair<std
   return Tokenizer::bpe(std::move(bpe));
 }
 
-// A field that must be absent, null, or the one value (as yaml-cpp writes it) that GPT-2's has.
-bool absent_or(const YAML::Node& n, const char* value) {
-  return !n || n.IsNull() || (n.IsScalar() && n.Scalar() == value);
+// A field that must be absent, null, or the one value GPT-2's has: `value` is "false" or "true" for a boolean, ""
+// for an empty string.
+bool absent_or(const json::Value* n, const char* value) {
+  if (n == nullptr || n->is_null()) return true;
+  if (n->is_bool()) return std::string_view(n->boolean() ? "true" : "false") == value;
+  return *value == '\0' && n->is_string() && n->text().empty();
+}
+
+// A field's value as a message quotes it.
+std::string shown(const json::Value& n) {
+  if (n.is_bool()) return n.boolean() ? "true" : "false";
+  if (n.is_string()) return quoted(n.text());
+  if (n.is_number()) return n.text();
+  return std::string(json::type_name(n.type()));
 }
 
 // Hugging Face's tokenizer.json, held to what GPT-2's is: a BPE model under the byte-level pre-tokenizer, with no
 // normalizer, no prefix space and none of the model's options that change the ids (anything else would encode other
 // ids than its own library does).
-Expected<Tokenizer> parse_hf_tokenizer(const YAML::Node& root) {
-  const YAML::Node model = root["model"];
-  if (!model || !model.IsMap() || !is_string(model["type"]) || model["type"].Scalar() != "BPE") {
+Expected<Tokenizer> parse_hf_tokenizer(const json::Value& root) {
+  const json::Value* model = root.find("model");
+  if (model == nullptr || !model->is_object() || !is_string(model->find("type")) ||
+      model->find("type")->text() != "BPE") {
     return Status::corruption("a Hugging Face tokenizer.json with a \"model\" of type \"BPE\" (GPT-2's) was expected");
   }
-  const YAML::Node pre = root["pre_tokenizer"];
-  if (!pre || !pre.IsMap() || !is_string(pre["type"]) || pre["type"].Scalar() != "ByteLevel" ||
-      !absent_or(pre["add_prefix_space"], "false") || !absent_or(pre["use_regex"], "true")) {
+  const json::Value* pre = root.find("pre_tokenizer");
+  if (pre == nullptr || !pre->is_object() || !is_string(pre->find("type")) ||
+      pre->find("type")->text() != "ByteLevel" || !absent_or(pre->find("add_prefix_space"), "false") ||
+      !absent_or(pre->find("use_regex"), "true")) {
     return Status::corruption(
         "\"pre_tokenizer\" must be GPT-2's: ByteLevel with add_prefix_space false and use_regex true");
   }
-  if (root["normalizer"] && !root["normalizer"].IsNull()) {
+  if (const json::Value* norm = root.find("normalizer"); norm != nullptr && !norm->is_null()) {
     return Status::corruption("\"normalizer\" must be null, as GPT-2's is");
   }
   for (const auto& [field, value] :
        {std::pair{"dropout", ""}, std::pair{"continuing_subword_prefix", ""}, std::pair{"end_of_word_suffix", ""},
         std::pair{"ignore_merges", "false"}, std::pair{"byte_fallback", "false"}}) {
-    if (!absent_or(model[field], value)) {
-      return Status::corruption(std::string("\"model.") + field + "\" is " +
-                                quoted(model[field].IsScalar() ? model[field].Scalar() : "(not a value)") +
+    if (const json::Value* f = model->find(field); !absent_or(f, value)) {
+      return Status::corruption(std::string("\"model.") + field + "\" is " + shown(*f) +
                                 ", which GPT-2's BPE does not take (" + (*value ? value : "null or \"\"") + ")");
     }
   }
-  GPT_ASSIGN_OR_RETURN(Vocab vocab, tokens_by_id(model["vocab"], root["added_tokens"], "\"model.vocab\""));
-  GPT_ASSIGN_OR_RETURN(auto merges, read_merges(model["merges"], "model.merges"));
+  GPT_ASSIGN_OR_RETURN(Vocab vocab, tokens_by_id(model->find("vocab"), root.find("added_tokens"), "\"model.vocab\""));
+  GPT_ASSIGN_OR_RETURN(auto merges, read_merges(model->find("merges"), "model.merges"));
   return make_bpe(vocab, merges);
 }
 
-Expected<Tokenizer> parse_tokenizer_json(const YAML::Node& root) {
-  if (!root.IsMap()) return Status::corruption("expected a JSON object");
-  if (root["model"] && !root["type"]) return parse_hf_tokenizer(root);
-  if (!root["type"] && root.size() > 0 && root.begin()->second.IsScalar() && root.begin()->second.Tag() == "?") {
+Expected<Tokenizer> parse_tokenizer_json(const json::Value& root) {
+  if (!root.is_object()) return Status::corruption("expected a JSON object");
+  const json::Value* type_field = root.find("type");
+  if (root.find("model") != nullptr && type_field == nullptr) return parse_hf_tokenizer(root);
+  if (type_field == nullptr && root.size() > 0 && root.item(0).is_number()) {
     return Status::corruption(
         "this is a vocabulary of {\"token\": id} (vocab.json or encoder.json): give the directory that holds it and "
         "merges.txt (or vocab.bpe)");
   }
-  if (!is_string(root["type"])) return Status::corruption("expected an object with a \"type\" field");
-  const std::string type = root["type"].Scalar();
+  if (!is_string(type_field)) return Status::corruption("expected an object with a \"type\" field");
+  const std::string& type = type_field->text();
   if (type == "byte") return Tokenizer::byte_level();
+  const json::Value* vocab = root.find("vocab");
   if (type == "bpe") {
-    const YAML::Node vocab = root["vocab"];
-    if (!vocab || !vocab.IsSequence()) return Status::corruption("a bpe tokenizer needs a \"vocab\" list");
+    if (vocab == nullptr || !vocab->is_array()) return Status::corruption("a bpe tokenizer needs a \"vocab\" list");
     std::vector<std::string> tokens;
-    tokens.reserve(vocab.size());
-    for (size_t i = 0; i < vocab.size(); ++i) {
-      if (!is_string(vocab[i])) return Status::corruption("vocab entry " + std::to_string(i) + " is not a string");
-      tokens.push_back(vocab[i].Scalar());
+    tokens.reserve(vocab->size());
+    for (size_t i = 0; i < vocab->size(); ++i) {
+      if (!vocab->item(i).is_string()) {
+        return Status::corruption("vocab entry " + std::to_string(i) + " is not a string");
+      }
+      tokens.push_back(vocab->item(i).text());
     }
-    GPT_ASSIGN_OR_RETURN(auto merges, read_merges(root["merges"], "merges"));
+    GPT_ASSIGN_OR_RETURN(auto merges, read_merges(root.find("merges"), "merges"));
     std::vector<int32_t> specials;  // written by to_json; absent: the <|...|> tokens
-    if (const YAML::Node sp = root["special"]; sp) {
-      if (!sp.IsSequence()) return Status::corruption("\"special\" is not a list of ids");
-      for (size_t i = 0; i < sp.size(); ++i) {
-        try {
-          specials.push_back(sp[i].as<int32_t>());
-        } catch (const YAML::Exception&) {
-          return Status::corruption("special[" + std::to_string(i) + "] is not an id");
+    if (const json::Value* sp = root.find("special"); sp != nullptr) {
+      if (!sp->is_array()) return Status::corruption("\"special\" is not a list of ids");
+      for (size_t i = 0; i < sp->size(); ++i) {
+        const std::optional<int64_t> id = sp->item(i).as_int64();
+        if (!id || *id < 0 || *id >= static_cast<int64_t>(tokens.size())) {
+          return Status::corruption("special[" + std::to_string(i) + "] is " + shown(sp->item(i)) +
+                                    ", not an id of the vocabulary (0 to " + std::to_string(tokens.size() - 1) + ")");
         }
+        specials.push_back(static_cast<int32_t>(*id));
       }
     } else {
       for (size_t id = 0; id < tokens.size(); ++id) {
@@ -227,19 +239,18 @@ Expected<Tokenizer> parse_tokenizer_json(const YAML::Node& root) {
   if (type != "char") {
     return Status::corruption("unknown tokenizer type \"" + type + "\", expected char, byte or bpe");
   }
-  const YAML::Node vocab = root["vocab"];
-  if (!vocab || !vocab.IsSequence() || vocab.size() == 0) {
+  if (vocab == nullptr || !vocab->is_array() || vocab->size() == 0) {
     return Status::corruption("a char tokenizer needs a non-empty \"vocab\" list");
   }
   // Rebuilding from the concatenated symbols reuses char_level's checks and sorting; then the count
   // tells whether every entry was exactly one new symbol and the order whether ids are kept.
   std::string all;
   std::vector<char32_t> listed;
-  for (size_t i = 0; i < vocab.size(); ++i) {
-    if (!is_string(vocab[i])) {
+  for (size_t i = 0; i < vocab->size(); ++i) {
+    if (!vocab->item(i).is_string()) {
       return Status::corruption("vocab entry " + std::to_string(i) + " is not a string");
     }
-    const std::string s = vocab[i].Scalar();
+    const std::string& s = vocab->item(i).text();
     size_t pos = 0;
     char32_t cp = 0;
     if (s.empty() || !decode_utf8(s, &pos, &cp) || pos != s.size()) {
@@ -294,27 +305,20 @@ Tokenizer Tokenizer::bpe(BpeVocab vocab) {
 
 namespace {
 
-Expected<YAML::Node> read_json(const std::string& path) {
+Expected<json::Value> read_json(const std::string& path) {
   std::string text;
   GPT_RETURN_IF_ERROR(read_file(path, &text).with_context("tokenizer file"));
-  try {
-    return YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    return Status::corruption("tokenizer file " + path + ": not valid JSON: " + e.what());
-  }
+  Expected<json::Value> v = json::parse(text);
+  if (!v) return v.status().with_context("tokenizer file " + path);
+  return v;
 }
 
 }  // namespace
 
 // vocab.json + merges.txt (encoder.json + vocab.bpe: the same formats).
 Expected<Tokenizer> Tokenizer::load_vocab_and_merges(const std::string& vocab_path, const std::string& merges_path) {
-  GPT_ASSIGN_OR_RETURN(YAML::Node vocab, read_json(vocab_path));
-  Expected<Vocab> tokens = Status::ok();
-  try {
-    tokens = tokens_by_id(vocab, YAML::Node(YAML::NodeType::Undefined), "the vocabulary");
-  } catch (const YAML::Exception& e) {
-    tokens = Status::corruption(std::string("malformed: ") + e.what());
-  }
+  GPT_ASSIGN_OR_RETURN(json::Value vocab, read_json(vocab_path));
+  Expected<Vocab> tokens = tokens_by_id(&vocab, nullptr, "the vocabulary");
   if (!tokens) return tokens.status().with_context("tokenizer file " + vocab_path);
   std::string text;
   GPT_RETURN_IF_ERROR(read_file(merges_path, &text).with_context("tokenizer file"));
@@ -351,14 +355,10 @@ Expected<Tokenizer> Tokenizer::load(const std::string& path) {
                              ": expected tokenizer.json, vocab.json and merges.txt (Hugging Face's GPT-2), or "
                              "encoder.json and vocab.bpe (OpenAI's) in it");
   }
-  GPT_ASSIGN_OR_RETURN(YAML::Node root, read_json(path));
-  try {
-    Expected<Tokenizer> tok = parse_tokenizer_json(root);
-    if (!tok) return tok.status().with_context("tokenizer file " + path);
-    return tok;
-  } catch (const YAML::Exception& e) {  // a value of another type than its field's
-    return Status::corruption("tokenizer file " + path + ": malformed: " + e.what());
-  }
+  GPT_ASSIGN_OR_RETURN(json::Value root, read_json(path));
+  Expected<Tokenizer> tok = parse_tokenizer_json(root);
+  if (!tok) return tok.status().with_context("tokenizer file " + path);
+  return tok;
 }
 
 Status Tokenizer::save(const std::string& path) const {

@@ -503,9 +503,13 @@ TEST_CASE("checkpoint import reads Hugging Face GPT-2 weights into a model direc
   fails(tensors, relu, "activation_function \"relu\": gpt-train's GELU is the tanh approximation");
   std::string typed = config;
   typed.replace(typed.find("1e-05"), 5, "\"abc\"");
-  fails(tensors, typed, "config.json: not GPT-2's config.json (");
+  fails(tensors, typed, "config.json: \"layer_norm_epsilon\" is a string, expected a number");
+  std::string twice = config;  // yaml-cpp took the first of the two
+  twice.insert(twice.find('{') + 1, "\n  \"n_layer\": 7,");
+  fails(tensors, twice,
+        "config.json: not valid JSON: line 1, column 1: the object starting here has the key \"n_layer\" twice");
   std::string inner = config;
-  inner.insert(inner.find('{') + 1, "\n  \"n_inner\": 7,");
+  inner.replace(inner.find("\"n_inner\": null"), 15, "\"n_inner\": 7");
   fails(tensors, inner, "config.json: n_inner 7: gpt-train's MLP is 4 * n_embd");
   std::vector<StTensor> missing = tensors;
   missing.erase(std::find_if(missing.begin(), missing.end(),

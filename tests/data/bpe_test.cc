@@ -238,7 +238,18 @@ TEST_CASE("bpe: bad tokenizer files name the file and the entry", "[data]") {
   CHECK(contains(e, "600 token(s) of 857 are made by no merge"));
   // Files that are not what they should be.
   e = error_of(dir_with("j", "this is { not json", merges_text));
+  CHECK(contains(e, dir.file("j/vocab.json") + ": not valid JSON: line 1, column 1: expected a value"));
+  e = error_of(dir_with("k", "[\"a\"]", merges_text));
   CHECK(contains(e, "must be a JSON object {\"token\": id, ...}"));
+  // What YAML (which read these files before) took but JSON has not: a hexadecimal id, a key given twice (the
+  // first won), an anchor.
+  e = error_of(dir_with("x", replaced(vocab_text, "\"!\": 0,", "\"!\": 0x0,"), merges_text));
+  CHECK(contains(e, dir.file("x/vocab.json") + ": not valid JSON: line 1, column 8: a number may not start with 0"));
+  e = error_of(dir_with("y", replaced(vocab_text, "\"!\": 0,", "\"!\": 0, \"\\\"\": 0,"), merges_text));
+  CHECK(contains(e, dir.file("y/vocab.json") + ": not valid JSON: line 1, column 1: the object starting here has "
+                                               "the key \"\\\"\" twice"));
+  e = error_of(dir.write("anchor.json", "{\"type\": &t \"byte\"}"));
+  CHECK(contains(e, "anchor.json: not valid JSON: line 1, column 10: expected a value"));
   // Hugging Face's file with another setting, or without one, or with an option that changes the ids.
   std::string hf;
   REQUIRE(read_file(kFixture + "/tokenizer.json", &hf).is_ok());
@@ -247,7 +258,7 @@ TEST_CASE("bpe: bad tokenizer files name the file and the entry", "[data]") {
   e = error_of(dir.write("nopre.json", replaced(hf, "\"pre_tokenizer\"", "\"pre_tokenizers\"")));
   CHECK(contains(e, "\"pre_tokenizer\" must be GPT-2's"));
   e = error_of(dir.write("dropout.json", replaced(hf, "\"type\": \"BPE\"", "\"type\": \"BPE\", \"dropout\": 0.5")));
-  CHECK(contains(e, "\"model.dropout\" is '0.5', which GPT-2's BPE does not take"));
+  CHECK(contains(e, "\"model.dropout\" is 0.5, which GPT-2's BPE does not take"));
   e = error_of(dir.write("added.json", replaced(hf, "\"added_tokens\": [{", "\"added_tokens\": [5, {")));
   CHECK(contains(e, "added_tokens[0] is not an object"));
   e = error_of(dir.write("notype.json", "{\"vocab\": [\"a\"]}"));
