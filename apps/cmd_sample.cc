@@ -76,6 +76,10 @@ Command add_sample_command(CLI::App& app) {
       ->default_str("1");
   app.add_option("--temperature", args->opts.temperature, "Softmax temperature (> 0)")->default_str("0.8");
   app.add_option("--top-k", args->opts.top_k, "Sample from the k most likely tokens (0 = all)")->default_str("40");
+  app.add_option("--top-p", args->opts.top_p,
+                 "Then from the fewest most likely tokens whose probabilities sum to at least p (nucleus sampling, "
+                 "as Hugging Face's top_p; 1 = off)")
+      ->default_str("1");
   app.add_option("--seed", args->opts.seed, "Random seed")->default_str("1");
   app.add_option("--threads", args->opts.threads, "CPU threads (0 = all cores)")->default_str("0");
   app.add_option("--device", args->opts.device, "cpu, or cuda (the first visible GPU)")->default_str("cpu");

@@ -19,17 +19,28 @@ namespace gpt {
 
 namespace {
 
-// The token drawn from `logits` (scored.size() of them) by temperature and top-k with the uniform draw `u` in [0, 1).
+// The token drawn from `logits` (scored.size() of them) by temperature, top-k and then top-p (as Hugging Face's
+// generate applies them) with the uniform draw `u` in [0, 1).
 int choose_token(const float* logits, const SampleOptions& o, double u, std::vector<std::pair<float, int>>& scored) {
   const int V = static_cast<int>(scored.size());
   for (int j = 0; j < V; ++j) scored[j] = {logits[j] / o.temperature, j};
-  const int k = o.top_k > 0 ? std::min(o.top_k, V) : V;
+  int k = o.top_k > 0 ? std::min(o.top_k, V) : V;
   std::partial_sort(scored.begin(), scored.begin() + k, scored.end(), std::greater<>());
   // A temperature so small that logits / temperature overflow: its limit, the most likely token (inf - inf would
   // make every weight NaN and pick the k-th; the order among the infinities says nothing).
   if (!std::isfinite(scored[0].first)) return static_cast<int>(std::max_element(logits, logits + V) - logits);
   double sum = 0.0;
   for (int j = 0; j < k; ++j) sum += std::exp(static_cast<double>(scored[j].first - scored[0].first));
+  if (o.top_p < 1.0f) {  // the fewest most likely tokens whose probabilities reach top_p (top_p > 0: at least one)
+    double kept = 0.0;
+    int n = 0;
+    while (n < k && kept < static_cast<double>(o.top_p) * sum) {
+      kept += std::exp(static_cast<double>(scored[n].first - scored[0].first));
+      ++n;
+    }
+    k = n;
+    sum = kept;
+  }
   u *= sum;
   for (int j = 0; j < k; ++j) {
     u -= std::exp(static_cast<double>(scored[j].first - scored[0].first));
@@ -46,6 +57,9 @@ Status sample_text(const SampleOptions& o, const std::function<void(const std::s
   }
   if (o.top_k < 0)
     return Status::invalid_argument("--top-k must be >= 0 (0 = every token), got " + std::to_string(o.top_k));
+  if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) {
+    return Status::invalid_argument("--top-p must be in (0, 1] (1 = off), got " + std::to_string(o.top_p));
+  }
   if (o.threads < 0 || o.threads > kMaxThreads) {
     return Status::invalid_argument("--threads must be in [0, " + std::to_string(kMaxThreads) +
                                     "] (0 = all cores), got " + std::to_string(o.threads));

@@ -1,6 +1,6 @@
-// Text generation from saved weights: autoregressive sampling with temperature and top-k over the model's KV cache,
-// the context cropped to the model's block size. Randomness comes from the counter-based RNG keyed by the seed and
-// the token index, so a seed reproduces the same text.
+// Text generation from saved weights: autoregressive sampling with temperature, top-k and top-p over the model's KV
+// cache, the context cropped to the model's block size. Randomness comes from the counter-based RNG keyed by the seed
+// and the token index, so a seed reproduces the same text.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +20,7 @@ struct SampleOptions {
   int num_samples = 1;       // continuations of the prompt, each from its own random draws, separated by a dashed line
   float temperature = 0.8f;  // > 0
   int top_k = 40;            // 0 = the whole vocabulary
+  float top_p = 1.0f;        // (0, 1]: after top-k, the fewest most likely tokens whose probabilities reach it; 1 = off
   uint64_t seed = 1;
   int threads = 0;
   std::string device = "cpu";  // cpu, or cuda (the first visible GPU; fp32 compute, as the CPU)

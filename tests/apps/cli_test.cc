@@ -496,6 +496,19 @@ TEST_CASE("bad input: sample, checkpoint and prepare arguments, and data that do
     CHECK(tiny.exit_code == 0);
     CHECK(!ids(greedy.output).empty());
     CHECK(ids(tiny.output) == ids(greedy.output));
+    // top-p: so small that only the most likely token is left is greedy; 1 (the default) changes nothing; the
+    // nucleus of a flattened distribution leaves out its unlikely tail, so the draws differ from top-k's alone.
+    expect(run_command(sample + "--top-p 0"), 2, {"--top-p must be in (0, 1] (1 = off), got 0"});
+    expect(run_command(sample + "--top-p 1.5"), 2, {"--top-p must be in (0, 1]"});
+    const std::string draw = gpt_train() + " sample --run " + out + " --tokens 40 --ids --prompt-ids 1 ";
+    const std::string greedy40 = ids(run_command(draw + "--top-k 1").output);
+    CHECK(ids(run_command(draw + "--top-k 0 --temperature 1 --top-p 1e-6").output) == greedy40);
+    const auto plain = run_command(draw + "--top-k 0 --temperature 3 --seed 4");
+    CHECK(ids(plain.output) != greedy40);
+    CHECK(ids(run_command(draw + "--top-k 0 --temperature 3 --seed 4 --top-p 1").output) == ids(plain.output));
+    const auto nucleus = run_command(draw + "--top-k 0 --temperature 3 --seed 4 --top-p 0.5");
+    CHECK(nucleus.exit_code == 0);
+    CHECK(ids(nucleus.output) != ids(plain.output));
   }
   SECTION("a fresh run does not replace another run's checkpoints") {
     const auto r = run_command(train + " --set training.steps=1");
