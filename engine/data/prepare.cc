@@ -35,22 +35,43 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
   const bool utf8 = options.tokenizer != "byte" && !(given && given->kind() == TokenizerKind::kByte);
 
   std::string text;
-  std::vector<size_t> starts;  // where each input begins in `text`
+  std::vector<size_t> starts;         // where each input begins in `text`
+  std::vector<std::string> warnings;  // what the caller should log: nothing is wrong, but maybe not as meant
   for (const std::string& input : options.inputs) {
     std::string content;
     GPT_RETURN_IF_ERROR(read_file(input, &content).with_context("prepare: input file"));
+    if (content.empty() && options.inputs.size() > 1) warnings.push_back("input " + input + " is empty");
     starts.push_back(text.size());
     text += content;
   }
+  // The input that holds byte `pos` of the joined text.
+  const auto input_at = [&](size_t pos) {
+    return static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), pos) - starts.begin()) - 1;
+  };
   // The inputs joined (a character may span two, as `split -b` cuts them).
   if (const size_t pos = utf8 ? invalid_utf8_offset(text) : std::string_view::npos; pos != std::string_view::npos) {
-    const size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), pos) - starts.begin()) - 1;
+    const size_t i = input_at(pos);
     return Status::invalid_argument("prepare: " + options.inputs[i] + ": invalid UTF-8 at byte offset " +
                                     std::to_string(pos - starts[i]) + ": the " +
                                     std::string(given ? given->kind_name() : "char") +
                                     " tokenizer reads UTF-8 text (--tokenizer byte takes any bytes)");
   }
   if (text.empty()) return Status::invalid_argument("prepare: the input files are empty");
+  if (given && given->kind() == TokenizerKind::kChar) {  // another data set's characters: each must be one of them
+    const std::span<const char32_t> symbols = given->symbols();
+    for (size_t pos = 0; pos < text.size();) {
+      const size_t start = pos;
+      char32_t cp = 0;
+      decode_utf8(text, &pos, &cp);  // valid: checked above
+      if (!std::binary_search(symbols.begin(), symbols.end(), cp)) {
+        const size_t i = input_at(start);
+        return Status::invalid_argument("prepare: " + options.inputs[i] + ": character " + describe_code_point(cp) +
+                                        " at byte offset " + std::to_string(start - starts[i]) +
+                                        " is not in the char vocabulary of --tokenizer " + options.tokenizer + " (" +
+                                        std::to_string(symbols.size()) + " characters)");
+      }
+    }
+  }
 
   Expected<Tokenizer> tokenizer =
       given ? Expected<Tokenizer>(std::move(*given)) : Tokenizer::build(options.tokenizer, text);
@@ -76,7 +97,6 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
   } else {
     tokens = tokenizer->encode(text);
   }
-  std::vector<std::string> warnings;
   if (tokenizer->kind() == TokenizerKind::kBpe && tokenizer->end_of_text() < 0) {
     warnings.push_back("the tokenizer has no <|endoftext|> token: the inputs are joined without a separator");
   }

@@ -3,9 +3,9 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 
-#include "testing/temp_dir.h"
 #include "data/token_shard.h"
 #include "data/tokenizer.h"
+#include "testing/temp_dir.h"
 
 namespace gpt::data {
 namespace {
@@ -94,6 +94,31 @@ TEST_CASE("prepare errors", "[data]") {
   options.tokenizer = "bpe";
   CHECK(contains(prepare_dataset(options).status().message(), "bpe"));
   CHECK_FALSE(std::filesystem::exists(dir.file("out/train.bin")));
+}
+
+// Another data set's char tokenizer: a character it lacks is named with its input and the offset in that input (it
+// was the offset in the inputs joined). An empty input among others is a warning.
+TEST_CASE("prepare with another data set's char tokenizer", "[data]") {
+  TempDir dir;
+  PrepareOptions options;
+  options.inputs = {dir.write("first.txt", "abcabcabcabc\n")};
+  options.out_dir = dir.file("first");
+  REQUIRE(prepare_dataset(options).has_value());
+  options.tokenizer = dir.file("first/tokenizer.json");
+  options.out_dir = dir.file("second");
+  options.inputs = {dir.write("a.txt", "cab\n"), dir.write("empty.txt", ""), dir.write("b.txt", "abc\ncaf\xc3\xa9\n")};
+  const Status st = prepare_dataset(options).status();
+  CHECK(contains(st.message(), "prepare: " + dir.file("b.txt") +
+                                   ": character 'f' (U+0066) at byte offset 6 is not in "
+                                   "the char vocabulary of --tokenizer " +
+                                   options.tokenizer + " (4 characters)"));
+  CHECK_FALSE(std::filesystem::exists(dir.file("second")));
+  options.inputs = {dir.file("a.txt"), dir.file("empty.txt"), dir.write("c.txt", "abc\nabc\n")};
+  Expected<PrepareReport> report = prepare_dataset(options);
+  REQUIRE(report.has_value());
+  CHECK(report->train_tokens + report->val_tokens == 12);
+  REQUIRE(report->warnings.size() == 1);
+  CHECK(report->warnings[0] == "input " + dir.file("empty.txt") + " is empty");
 }
 
 }  // namespace
