@@ -76,6 +76,32 @@ Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, co
   return ref;
 }
 
+// The largest token id of the train and val shards (-1 for none), and the shard that holds it. A shard's scan reads
+// all of it (GPT-2's FineWeb 10B is 20 GB), so each rank scans every W-th shard and the ranks' results are gathered:
+// the job reads its data once rather than once per rank. Collective.
+std::pair<int32_t, std::string> largest_token(Communicator& world, const data::DataLoader& train,
+                                              const data::DataLoader* val) {
+  std::vector<const data::TokenShard*> shards;
+  for (const data::DataLoader* split : {&train, val}) {
+    if (split == nullptr) continue;
+    for (const data::TokenShard& shard : split->shards()) shards.push_back(&shard);
+  }
+  int32_t mine[2] = {-1, -1};  // the id, the shard's index
+  for (size_t k = static_cast<size_t>(world.rank()); k < shards.size(); k += static_cast<size_t>(world.size())) {
+    if (const int32_t m = shards[k]->max_token(); m > mine[0]) {
+      mine[0] = m;
+      mine[1] = static_cast<int32_t>(k);
+    }
+  }
+  std::vector<int32_t> all(2 * static_cast<size_t>(world.size()));
+  world.all_gather(mine, all.data(), 2, DType::kI32).wait();
+  std::pair<int32_t, std::string> out{-1, ""};
+  for (size_t r = 0; r < static_cast<size_t>(world.size()); ++r) {
+    if (all[2 * r] > out.first) out = {all[2 * r], shards[static_cast<size_t>(all[2 * r + 1])]->path()};
+  }
+  return out;
+}
+
 // Every rank must run the same resolved config (each reads its own file and command line: a node with another copy
 // of the YAML, or a --set given to some tasks only, would otherwise train diverging replicas, or fail later in a
 // collective of another size). Rank 0's text goes to every rank; a rank whose own differs names the first key.
@@ -229,11 +255,10 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   shape.n_embd = cfg.model.n_embd;
   shape.block_size = cfg.model.block_size;
   shape.dropout = cfg.model.dropout;
-  const int32_t max_token = std::max(train.max_token(), val ? val->max_token() : 0);
-  const std::string data_names = "'" + cfg.data.train + "'" + (val ? ", '" + cfg.data.val + "'" : std::string());
+  const auto [max_token, max_shard] = largest_token(world, train, val ? &*val : nullptr);
   if (tokenizer && max_token >= tokenizer->vocab_size()) {  // before the vocab_size checks, which would blame it
     return Status::invalid_argument(cfg.where(cfg.data.tokenizer.empty() ? "data.train" : "data.tokenizer") +
-                                    ": the data (" + data_names + ") has token id " + std::to_string(max_token) +
+                                    ": the data's shard " + max_shard + " has token id " + std::to_string(max_token) +
                                     ", outside the tokenizer's " + std::to_string(tokenizer->vocab_size()) +
                                     " symbols (" + tokenizer_path +
                                     "): shards tokenized with another vocabulary, or damaged ones");
@@ -242,8 +267,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   if (shape.vocab_size == 0) shape.vocab_size = tokenizer ? tokenizer->vocab_size() : max_token + 1;
   if (max_token >= shape.vocab_size) {
     return Status::invalid_argument(cfg.where("model.vocab_size") + ": model.vocab_size " +
-                                    std::to_string(shape.vocab_size) + " is too small: the data (" + data_names +
-                                    ") has token id " + std::to_string(max_token) + ", so it must be at least " +
+                                    std::to_string(shape.vocab_size) + " is too small: the data's shard " + max_shard +
+                                    " has token id " + std::to_string(max_token) + ", so it must be at least " +
                                     std::to_string(max_token + 1));
   }
   if (tokenizer && tokenizer->vocab_size() > shape.vocab_size) {

@@ -12,6 +12,7 @@
 
 #include "config/loader.h"
 #include "data/prepare.h"
+#include "data/token_shard.h"
 #include "parallel/run_helpers.h"
 #include "plan/planner.h"
 #include "testing/mpi.h"
@@ -103,6 +104,41 @@ TEST_CASE("Ranks whose configs differ fail together, naming the key", "[mpi][par
     CHECK(msg.find("checking that every rank runs the same config failed on rank " + std::to_string(n - 1)) !=
           std::string::npos);
   }
+  world->barrier().wait();
+}
+
+// Each rank scans every W-th shard for the largest token id (a shard's scan reads it whole) and the ranks gather
+// what they found: every rank derives the same vocabulary, and an id too large is named with its shard, whichever
+// rank scanned it.
+TEST_CASE("The largest token id is found with the shards shared out over the ranks", "[mpi][parallel]") {
+  auto world = testing::g_mpi->make_world();
+  const int n = world->size();
+  const std::string dir = shared_data_dir(*world) + "/ids";
+  if (world->rank() == 0) {
+    std::filesystem::create_directories(dir);
+    for (int k = 0; k < 5; ++k) {
+      std::vector<uint16_t> tokens(200);
+      for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7 + k) % 50);
+      if (k == 3) tokens[123] = 4321;  // scanned by rank 3 % n
+      REQUIRE(data::write_token_shard(dir + "/train_" + std::to_string(k) + ".bin", tokens).is_ok());
+    }
+    REQUIRE(data::write_token_shard(dir + "/val.bin", std::vector<uint16_t>(100, 7)).is_ok());
+  }
+  world->barrier().wait();
+  RunConfig cfg = make_config(shared_data_dir(*world), dir + "/run", n, 0.0f, "none");
+  cfg.data.train = dir + "/train_*.bin";
+  cfg.data.val = dir + "/val.bin";
+  cfg.parallel.strategy = n == 1 ? "single" : "ddp";
+  auto trainer = Trainer::create(cfg, *world);
+  INFO(trainer.status().message());
+  REQUIRE(trainer.has_value());
+  CHECK((*trainer)->shape().vocab_size == 4322);
+  cfg.model.vocab_size = 4000;
+  auto small = Trainer::create(cfg, *world);
+  REQUIRE_FALSE(small.has_value());
+  CHECK(small.status().message().find("model.vocab_size 4000 is too small: the data's shard " + dir +
+                                      "/train_3.bin has token id 4321, so it must be at least 4322") !=
+        std::string::npos);
   world->barrier().wait();
 }
 
