@@ -4,6 +4,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #ifdef GPT_WITH_CUDA
 #include "comm/nccl_communicator.h"
+#include "kernels/cuda/cublaslt_loader.h"
 #include "kernels/cuda/cuda_backend.h"
 #endif
 
@@ -26,6 +27,7 @@ Expected<std::unique_ptr<Backend>> make_backend(std::string_view device, int loc
   if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
   if (device == "cuda") {
 #ifdef GPT_WITH_CUDA
+    if (Status st = cuda::load_cublaslt(); !st.is_ok()) return st.with_context("device 'cuda'");
     return make_cuda_backend(local_rank, local_size);
 #else
     (void)local_rank;

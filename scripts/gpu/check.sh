@@ -134,6 +134,18 @@ ldd "$GPT_TRAIN" "$GPT_TESTS" "$GPT_MPI_TESTS" > "$WORK/ldd.out" 2>&1
 cat "$WORK/ldd.out" >> "$LOG"
 missing=$(grep -E 'not found' "$WORK/ldd.out" | sed 's/^\s*//' | sort -u | tr '\n' ' ')
 cuda_from=$(grep -E 'lib(cudart|cublasLt|nccl)\.so' "$WORK/ldd.out" | awk '{print $3}' | sort -u | tr '\n' ' ')
+# cuBLASLt is not linked but opened when a CUDA backend is made (kernels/cuda/cublaslt_loader.h), by its soname:
+# where dlopen finds it (LD_LIBRARY_PATH, the binary's RUNPATH, the linker cache).
+cuda_major=$(grep -oE 'libcudart\.so\.[0-9]+' "$WORK/ldd.out" | head -1 | sed 's/.*\.//')
+lt=""
+if [ -n "$cuda_major" ]; then
+  runpath=$(readelf -d "$GPT_TRAIN" 2>/dev/null | sed -n 's/.*R.*PATH.*\[\(.*\)\]/\1/p')
+  for d in ${LD_LIBRARY_PATH//:/ } ${runpath//:/ }; do
+    if [ -e "$d/libcublasLt.so.$cuda_major" ]; then lt="$d/libcublasLt.so.$cuda_major"; break; fi
+  done
+  [ -n "$lt" ] || lt=$(/sbin/ldconfig -p 2>/dev/null | grep -oE "/[^ ]*/libcublasLt\.so\.$cuda_major\$" | head -1)
+  if [ -n "$lt" ]; then cuda_from="$cuda_from$lt"; else missing="$missing libcublasLt.so.$cuda_major (opened by dlopen)"; fi
+fi
 if [ ! -x "$GPT_TRAIN" ]; then record FAIL "libraries" 0 "no binaries"
 elif [ -n "$missing" ]; then record FAIL "libraries" $((SECONDS - t0)) "missing: ${missing:0:300}"
 else record PASS "libraries" $((SECONDS - t0)) "CUDA libs: ${cuda_from:0:300}"; fi

@@ -132,6 +132,11 @@ TEST_CASE("prepare, train and sample end to end, resolved config and metrics are
   // Same seed, same text.
   REQUIRE(run_command(gpt_train() + " sample --run " + out + " --prompt 'the ' --tokens 40 --seed 3").output ==
           s.output);
+  // A CPU process never loads cuBLASLt (kernels/cuda/cublaslt_loader.h: 0.09 s and 210 MB resident, linked at start).
+  const auto files = run_command("LD_DEBUG=files " + gpt_train() + " sample --run " + out + " --tokens 2 2>&1");
+  CHECK(files.exit_code == 0);
+  CHECK(files.output.find("file=libmpi.so") != std::string::npos);  // LD_DEBUG lists each library it loads
+  CHECK(files.output.find("libcublasLt") == std::string::npos);
   // --num-samples 3: three continuations between dashed lines, the first the single sample's, each its own.
   const auto three =
       run_command(gpt_train() + " sample --run " + out + " --prompt 'the ' --tokens 40 --seed 3 --num-samples 3");
