@@ -135,6 +135,7 @@ Status CheckpointReader::read(const std::string& section, int unit, int64_t begi
 }
 
 Status CheckpointReader::verify() const {
+  bytes_read_ = 0;  // what this reads (open() reads a version 1 model's file too)
   for (const ShardFile& f : manifest_.shards) {
     const std::string path = (fs::path(dir_) / f.file).string();
     if (f.file_crc) {

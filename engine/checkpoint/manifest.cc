@@ -26,12 +26,13 @@ struct Node {
   Node operator[](size_t i) const { return {v != nullptr && v->is_array() && i < v->size() ? &v->item(i) : nullptr}; }
   size_t size() const { return v != nullptr && v->is_array() ? v->size() : 0; }
   bool is_list() const { return v != nullptr && v->is_array(); }
-  // A string's or a number's text in quotes, for messages.
+  // The value as a message shows it: a string as the string "...", a number or a literal as written, else its kind.
   std::string shown() const {
     if (v == nullptr) return "missing";
-    if (v->is_string() || v->is_number()) return "'" + v->text() + "'";
-    if (v->is_bool()) return v->boolean() ? "'true'" : "'false'";
-    return "not a single value";
+    if (v->is_string()) return "the string \"" + v->text() + "\"";
+    if (v->is_number()) return v->text();
+    if (v->is_bool()) return v->boolean() ? "true" : "false";
+    return json::type_name(v->type());
   }
 };
 
@@ -368,7 +369,7 @@ Expected<Manifest> parse_manifest(const std::string& text, const std::string& pa
                          {}};
         for (size_t k = 0; k < sl["crc32c"].size(); ++k) slice.crc.push_back(parse_crc(sl["crc32c"][k]));
         if (slice.unit < 0 || slice.unit >= static_cast<int>(layout.units.size()) || slice.begin < 0 ||
-            slice.length < 1 || slice.begin + slice.length > layout.units[slice.unit].numel ||
+            slice.length < 1 || slice.length > layout.units[slice.unit].numel - slice.begin ||
             slice.crc.size() != m.sections.size()) {
           return Status::corruption(path + ": shard '" + f.file + "' has a slice outside its unit or without " +
                                     "one checksum per section");

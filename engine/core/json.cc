@@ -127,9 +127,10 @@ class Parser {
     return false;
   }
 
-  Status error_status() const {
+  // "line L, column C" of byte `pos` (1-based; the column in bytes).
+  std::string where(size_t pos) const {
     size_t line = 1, column = 1;
-    for (size_t i = 0; i < error_pos_ && i < s_.size(); ++i) {
+    for (size_t i = 0; i < pos && i < s_.size(); ++i) {
       if (s_[i] == '\n') {
         ++line;
         column = 1;
@@ -137,9 +138,10 @@ class Parser {
         ++column;
       }
     }
-    return Status::corruption("not valid JSON: line " + std::to_string(line) + ", column " + std::to_string(column) +
-                              ": " + error_);
+    return "line " + std::to_string(line) + ", column " + std::to_string(column);
   }
+
+  Status error_status() const { return Status::corruption("not valid JSON: " + where(error_pos_) + ": " + error_); }
 
   // What is at pos_, for messages: the character, or the end.
   std::string found() const {
@@ -254,7 +256,7 @@ class Parser {
         return true;
       }
       if (c != '\\') return fail("a control character (" + found() + ") in a string must be escaped");
-      ++pos_;
+      const size_t escape = pos_++;
       if (pos_ >= s_.size()) return fail("a string is not closed (no '\"' before the end of the text)");
       const char e = s_[pos_++];
       switch (e) {
@@ -285,13 +287,22 @@ class Parser {
         case 'u': {
           uint32_t cp = 0;
           if (!hex4(&cp)) return false;
-          if (cp >= 0xDC00 && cp <= 0xDFFF) return fail("a \\u escape of a low surrogate without a high one before");
+          if (cp >= 0xDC00 && cp <= 0xDFFF) {
+            pos_ = escape;
+            return fail("a \\u escape of a low surrogate without a high one before");
+          }
           if (cp >= 0xD800 && cp <= 0xDBFF) {
             uint32_t lo = 0;
-            if (s_.substr(pos_, 2) != "\\u") return fail("a \\u escape of a high surrogate without a low one after");
+            if (s_.substr(pos_, 2) != "\\u") {
+              pos_ = escape;
+              return fail("a \\u escape of a high surrogate without a low one after");
+            }
             pos_ += 2;
             if (!hex4(&lo)) return false;
-            if (lo < 0xDC00 || lo > 0xDFFF) return fail("a \\u escape of a high surrogate without a low one after");
+            if (lo < 0xDC00 || lo > 0xDFFF) {
+              pos_ = escape;
+              return fail("a \\u escape of a high surrogate without a low one after");
+            }
             cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
           }
           append_utf8(cp, out);
@@ -332,7 +343,7 @@ class Parser {
 
   bool object(Value* v, int depth) {
     if (depth >= kMaxDepth) return fail("nested deeper than " + std::to_string(kMaxDepth) + " levels");
-    const size_t open = pos_;
+    std::vector<size_t> key_at;  // where each key starts, for the message of one given twice
     ++pos_;
     v->type_ = Type::kObject;
     skip_space();
@@ -343,6 +354,7 @@ class Parser {
     while (true) {
       skip_space();
       if (pos_ >= s_.size() || s_[pos_] != '"') return fail("expected a member's key (a string), found " + found());
+      key_at.push_back(pos_);
       v->keys_.emplace_back();
       if (!string(&v->keys_.back())) return false;
       skip_space();
@@ -361,31 +373,44 @@ class Parser {
       }
       return fail("expected ',' or '}' in an object, found " + found());
     }
-    return unique_keys(*v, open);
+    return unique_keys(*v, key_at);
   }
 
-  // A key given twice is an error (readers disagree on which one wins).
-  bool unique_keys(const Value& v, size_t open) {
-    std::vector<std::string_view> keys(v.keys_.begin(), v.keys_.end());
-    std::sort(keys.begin(), keys.end());
-    const auto twice = std::adjacent_find(keys.begin(), keys.end());
-    if (twice == keys.end()) return true;
-    pos_ = open;
-    std::string key;  // as JSON writes it
-    for (const char c : twice->substr(0, 60)) {
-      if (c == '"' || c == '\\') {
-        key += '\\';
-        key += c;
-      } else if (static_cast<unsigned char>(c) < 0x20) {
-        char buf[8];
-        std::snprintf(buf, sizeof buf, "\\u%04X", static_cast<unsigned>(c));
-        key += buf;
-      } else {
-        key += c;
+  // A key given twice is an error (readers disagree on which one wins): named where it comes again.
+  bool unique_keys(const Value& v, const std::vector<size_t>& key_at) {
+    std::vector<size_t> order(v.keys_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return v.keys_[a] < v.keys_[b]; });
+    // Of the keys given more than once, the one whose second time comes first in the text.
+    size_t first = 0, again = order.size();
+    for (size_t i = 1; i < order.size(); ++i) {
+      const size_t a = order[i - 1], b = order[i];                          // stable: a < b
+      const bool run_start = i < 2 || v.keys_[order[i - 2]] != v.keys_[a];  // b is the key's second time
+      if (v.keys_[a] == v.keys_[b] && run_start && b < again) {
+        first = a;
+        again = b;
       }
     }
-    if (twice->size() > 60) key += "...";
-    return fail("the object starting here has the key \"" + key + "\" twice");
+    if (again != order.size()) {
+      std::string key;  // as JSON writes it
+      for (const char c : std::string_view(v.keys_[first]).substr(0, 60)) {
+        if (c == '"' || c == '\\') {
+          key += '\\';
+          key += c;
+        } else if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04X", static_cast<unsigned>(c));
+          key += buf;
+        } else {
+          key += c;
+        }
+      }
+      if (v.keys_[first].size() > 60) key += "...";
+      pos_ = key_at[again];
+      return fail("the key \"" + key + "\" again (first at " + where(key_at[first]) +
+                  "): an object's keys must differ");
+    }
+    return true;
   }
 
   std::string_view s_;

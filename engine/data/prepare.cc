@@ -132,6 +132,11 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
     }
   }
   std::error_code ec;
+  const std::filesystem::path old_val = dir / "val.bin";  // with val_fraction 0, removed once the rest is written
+  if (report.val_path.empty() && std::filesystem::is_directory(std::filesystem::symlink_status(old_val, ec))) {
+    return Status::invalid_argument("prepare: --val-fraction 0 writes no val.bin and removes an earlier one, but " +
+                                    old_val.string() + " is a directory; nothing written");
+  }
   if (std::filesystem::exists(options.out_dir, ec) && !std::filesystem::is_directory(options.out_dir, ec)) {
     return Status::invalid_argument("prepare: --out " + options.out_dir + " is a file; expected a directory");
   }
@@ -144,7 +149,6 @@ Expected<PrepareReport> prepare_dataset(const PrepareOptions& options) {
   GPT_RETURN_IF_ERROR(tokenizer->save(report.tokenizer_path));
   if (report.val_path.empty()) {
     // An earlier prepare's val.bin would be read with this tokenizer.json: other text, maybe another vocabulary.
-    const std::filesystem::path old_val = dir / "val.bin";
     report.removed_old_val = std::filesystem::remove(old_val, ec);
     if (ec) {
       return Status::io_error("prepare: --val-fraction 0 writes no val.bin, but cannot remove the earlier " +

@@ -89,6 +89,10 @@ Expected<Vocab> tokens_by_id(const json::Value* map, const json::Value* added, c
   const auto take = [&](const std::string* token, const json::Value* id, const auto& where) -> Status {
     if (token == nullptr) return Status::corruption(where() + ": the token is not a string");
     const std::optional<int64_t> value = id != nullptr ? id->as_int64() : std::nullopt;
+    if (!value && id != nullptr && id->is_number() && id->text().find_first_of(".eE") == std::string::npos) {
+      return Status::corruption(where() + ": id " + id->text() + ", expected 0 to " +
+                                std::to_string(kMaxVocabSize - 1) + " (token shards hold uint16 ids)");
+    }
     if (!value) return Status::corruption(where() + ": the id is not an integer");
     if (*value < 0 || *value >= kMaxVocabSize) {
       return Status::corruption(where() + ": id " + std::to_string(*value) + ", expected 0 to " +

@@ -78,26 +78,35 @@ Expected<std::optional<data::Tokenizer>> find_tokenizer(const RunConfig& cfg, co
 
 // The largest token id of the train and val shards (-1 for none), and the shard that holds it. A shard's scan reads
 // all of it (GPT-2's FineWeb 10B is 20 GB), so each rank scans every W-th shard and the ranks' results are gathered:
-// the job reads its data once rather than once per rank. Collective.
-std::pair<int32_t, std::string> largest_token(Communicator& world, const data::DataLoader& train,
-                                              const data::DataLoader* val) {
+// the job reads its data once rather than once per rank. Every rank must see the same shards (a node with its own
+// copy of the data, another file count, is an error on every rank). Collective.
+Expected<std::pair<int32_t, std::string>> largest_token(const RunConfig& cfg, Communicator& world,
+                                                        const data::DataLoader& train, const data::DataLoader* val) {
   std::vector<const data::TokenShard*> shards;
   for (const data::DataLoader* split : {&train, val}) {
     if (split == nullptr) continue;
     for (const data::TokenShard& shard : split->shards()) shards.push_back(&shard);
   }
-  int32_t mine[2] = {-1, -1};  // the id, the shard's index
+  int32_t mine[3] = {-1, -1, static_cast<int32_t>(shards.size())};  // the id, the shard's index, the shard count
   for (size_t k = static_cast<size_t>(world.rank()); k < shards.size(); k += static_cast<size_t>(world.size())) {
     if (const int32_t m = shards[k]->max_token(); m > mine[0]) {
       mine[0] = m;
       mine[1] = static_cast<int32_t>(k);
     }
   }
-  std::vector<int32_t> all(2 * static_cast<size_t>(world.size()));
-  world.all_gather(mine, all.data(), 2, DType::kI32).wait();
+  std::vector<int32_t> all(3 * static_cast<size_t>(world.size()));
+  world.all_gather(mine, all.data(), 3, DType::kI32).wait();
+  for (size_t r = 0; r < static_cast<size_t>(world.size()); ++r) {
+    if (all[3 * r + 2] != all[2]) {
+      return Status::invalid_argument(cfg.where("data.train") + ": rank " + std::to_string(r) + " finds " +
+                                      std::to_string(all[3 * r + 2]) + " shard(s) in data.train and data.val, rank 0 " +
+                                      std::to_string(all[2]) +
+                                      ": every rank must read the same data (the same files on every node)");
+    }
+  }
   std::pair<int32_t, std::string> out{-1, ""};
   for (size_t r = 0; r < static_cast<size_t>(world.size()); ++r) {
-    if (all[2 * r] > out.first) out = {all[2 * r], shards[static_cast<size_t>(all[2 * r + 1])]->path()};
+    if (all[3 * r] > out.first) out = {all[3 * r], shards[static_cast<size_t>(all[3 * r + 1])]->path()};
   }
   return out;
 }
@@ -144,8 +153,12 @@ Expected<data::DataLoader> open_split(const RunConfig& cfg, const std::string& k
   o.split = key;
   auto loader = data::DataLoader::open(o);
   if (!loader) {
-    return loader.status().with_context(cfg.where("data." + key) + ": data." + key + " (with model.block_size " +
-                                        std::to_string(cfg.model.block_size) + ")");
+    Status st = loader.status().with_context(cfg.where("data." + key) + ": data." + key + " (with model.block_size " +
+                                             std::to_string(cfg.model.block_size) + ")");
+    if (key == "val" && st.code() == StatusCode::kNotFound) {  // prepare --val-fraction 0 writes no val.bin
+      st = Status::from_code(st.code(), st.message() + "; data.val: \"\" trains without a validation split");
+    }
+    return st;
   }
   return loader;
 }
@@ -255,7 +268,8 @@ Expected<std::unique_ptr<Trainer>> Trainer::create(const RunConfig& cfg, Communi
   shape.n_embd = cfg.model.n_embd;
   shape.block_size = cfg.model.block_size;
   shape.dropout = cfg.model.dropout;
-  const auto [max_token, max_shard] = largest_token(world, train, val ? &*val : nullptr);
+  GPT_ASSIGN_OR_RETURN(const auto largest, largest_token(cfg, world, train, val ? &*val : nullptr));
+  const auto& [max_token, max_shard] = largest;
   if (tokenizer && max_token >= tokenizer->vocab_size()) {  // before the vocab_size checks, which would blame it
     return Status::invalid_argument(cfg.where(cfg.data.tokenizer.empty() ? "data.train" : "data.tokenizer") +
                                     ": the data's shard " + max_shard + " has token id " + std::to_string(max_token) +

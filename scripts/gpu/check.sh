@@ -140,7 +140,8 @@ cuda_major=$(grep -oE 'libcudart\.so\.[0-9]+' "$WORK/ldd.out" | head -1 | sed 's
 lt=""
 if [ -n "$cuda_major" ]; then
   runpath=$(readelf -d "$GPT_TRAIN" 2>/dev/null | sed -n 's/.*R.*PATH.*\[\(.*\)\]/\1/p')
-  for d in ${LD_LIBRARY_PATH//:/ } ${runpath//:/ }; do
+  ldp=${LD_LIBRARY_PATH:-}
+  for d in ${ldp//:/ } ${runpath//:/ }; do
     if [ -e "$d/libcublasLt.so.$cuda_major" ]; then lt="$d/libcublasLt.so.$cuda_major"; break; fi
   done
   [ -n "$lt" ] || lt=$(/sbin/ldconfig -p 2>/dev/null | grep -oE "/[^ ]*/libcublasLt\.so\.$cuda_major\$" | head -1)

@@ -662,11 +662,17 @@ TEST_CASE("a run without a validation split: prepare --val-fraction 0 and data.v
          {"--val-fraction 0: no val.bin (the earlier " + data + "/val.bin was removed)", "data.val: \"\"",
           "0 val tokens"});
   CHECK_FALSE(fs::exists(data + "/val.bin"));
+  // A directory in val.bin's place stops it before anything is written.
+  fs::create_directories(dir.file("blocked/val.bin/sub"));
+  expect(run_command(gpt_train() + " prepare --input " + dir.file("corpus.txt") + " --val-fraction 0 --out " +
+                     dir.file("blocked")),
+         2, {dir.file("blocked/val.bin") + " is a directory; nothing written"});
+  CHECK_FALSE(fs::exists(dir.file("blocked/train.bin")));
   const std::string out = dir.file("run");
   const std::string cfg = dir.write("run.yaml", tiny_config(data, out, "checkpoint:\n  every: 4\n"));
   const std::string train = gpt_train() + " train --config " + cfg + " --set run.threads=2 --set training.steps=4 ";
   // As the config stands, data.val names the file that is gone.
-  expect(run_command(train), 2, {"data.val", data + "/val.bin"});
+  expect(run_command(train), 2, {"data.val", data + "/val.bin", "data.val: \"\" trains without a validation split"});
   expect(run_command(train + "--set data.val=''"), 0,
          {"data.val is empty: this run has no validation split, so no evaluations and no val loss"});
   const std::string metrics = read_text(out + "/metrics.jsonl");

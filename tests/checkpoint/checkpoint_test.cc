@@ -282,17 +282,20 @@ TEST_CASE("Damaged checkpoints give errors naming the file and the problem", "[c
     return error_of();
   };
   SECTION("a manifest field that is not a number, or not an integer") {
-    CHECK(edited("\"step\": 5", "\"step\": \"four\"").find("\"step\" is 'four', expected an integer") !=
+    CHECK(edited("\"step\": 5", "\"step\": \"four\"").find("\"step\" is the string \"four\", expected an integer") !=
           std::string::npos);
-    CHECK(edited("\"step\": 5", "\"step\": 1e30").find("\"step\" is '1e30', expected an integer") != std::string::npos);
-    CHECK(edited("\"tokens_seen\": ", "\"tokens_seen\": \"x\", \"was\": ").find("\"tokens_seen\" is 'x'") !=
-          std::string::npos);
+    CHECK(edited("\"step\": 5", "\"step\": 1e30").find("\"step\" is 1e30, expected an integer") != std::string::npos);
+    CHECK(
+        edited("\"tokens_seen\": ", "\"tokens_seen\": \"x\", \"was\": ").find("\"tokens_seen\" is the string \"x\"") !=
+        std::string::npos);
     CHECK(edited("\"tokens_seen\": ", "\"no_tokens\": ").find("\"tokens_seen\" is missing") != std::string::npos);
     CHECK(edited("\"step\": 5", "\"step\": null").find("\"step\" is null, expected an integer") != std::string::npos);
     // A list entry's field is named with its index.
-    CHECK(edited("\"rank\": 0", "\"rank\": \"zero\"").find("\"shards[0].rank\" is 'zero'") != std::string::npos);
+    CHECK(edited("\"rank\": 0", "\"rank\": \"zero\"").find("\"shards[0].rank\" is the string \"zero\"") !=
+          std::string::npos);
     CHECK(edited("\"begin\": 0", "\"begin\": null").find("\"shards[0].slices[0].begin\" is null") != std::string::npos);
-    CHECK(edited("\"numel\": ", "\"numel\": \"x\", \"was\": ").find("\"units[0].numel\" is 'x'") != std::string::npos);
+    CHECK(edited("\"numel\": ", "\"numel\": \"x\", \"was\": ").find("\"units[0].numel\" is the string \"x\"") !=
+          std::string::npos);
   }
   SECTION("a manifest of an impossible shape names the field") {
     CHECK(edited("\"n_head\": 2", "\"n_head\": 3")

@@ -53,8 +53,11 @@ TEST_CASE("json: malformed texts are errors naming the line and column", "[core]
     CHECK(v.status().message().find("not valid JSON: " + where + ": ") != std::string::npos);
     CHECK(v.status().message().find(what) != std::string::npos);
   };
-  fails("{\"a\": 1,\n \"b\": 2, \"a\": 3}", "line 1, column 1", "the key \"a\" twice");
-  fails("[1, {\"k\": 0, \"k\": 0}]", "line 1, column 5", "the key \"k\" twice");
+  fails("{\"a\": 1,\n \"b\": 2, \"a\": 3}", "line 2, column 10",
+        "the key \"a\" again (first at line 1, column 2): an object's keys must differ");
+  fails("{\"b\": 1, \"b\": 2, \"a\": 1,\n\"a\": 2}", "line 1, column 10",
+        "the key \"b\" again (first at line 1, column 2)");
+  fails("[1, {\"k\": 0, \"k\": 0}]", "line 1, column 14", "the key \"k\" again (first at line 1, column 6)");
   fails("{\"id\": 0x10}", "line 1, column 9", "no hexadecimal");
   fails("[01]", "line 1, column 3", "no leading zeros");
   fails("[1.]", "line 1, column 4", "expected a digit after '.'");
@@ -73,8 +76,9 @@ TEST_CASE("json: malformed texts are errors naming the line and column", "[core]
   fails("\"a\tb\"", "line 1, column 3", "control character (byte 0x09)");
   fails("\"caf\xe9\"", "line 1, column 5", "invalid UTF-8");
   fails("\"\xed\xa0\x80\"", "line 1, column 2", "invalid UTF-8");  // a surrogate written in UTF-8
-  fails("\"\\ud83d\"", "line 1, column 8", "high surrogate without a low one");
-  fails("\"\\ude00\"", "line 1, column 8", "low surrogate");
+  fails("\"\\ud83d\"", "line 1, column 2", "high surrogate without a low one");
+  fails("{\"x\": \"ab\\ud800\\u0041cd\"}", "line 1, column 10", "high surrogate without a low one");
+  fails("\"\\ude00\"", "line 1, column 2", "low surrogate");
   fails("\"\\u12g4\"", "line 1, column 6", "four hexadecimal digits");
   fails("\"\\x41\"", "line 1, column 3", "unknown escape");
   fails("tru", "line 1, column 1", "expected a value");

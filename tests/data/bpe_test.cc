@@ -230,6 +230,8 @@ TEST_CASE("bpe: bad tokenizer files name the file and the entry", "[data]") {
   // A negative id, named with its token.
   e = error_of(dir_with("n", replaced(vocab_text, "\"!\": 0,", "\"!\": -1,"), merges_text));
   CHECK(contains(e, "the vocabulary entry '!': id -1, expected 0 to 65534"));
+  e = error_of(dir_with("h", replaced(vocab_text, "\"!\": 0,", "\"!\": 99999999999999999999999,"), merges_text));
+  CHECK(contains(e, "the vocabulary entry '!': id 99999999999999999999999, expected 0 to 65534"));
   // A merges list cut short (a partial download): the tokens its lost merges made are made by none.
   e = error_of(dir_with("t", vocab_text, merges_text.substr(0, merges_text.find("\n", merges_text.size() / 2) + 1)));
   CHECK(contains(e, "token(s) of 857 are made by no merge"));
@@ -246,8 +248,8 @@ TEST_CASE("bpe: bad tokenizer files name the file and the entry", "[data]") {
   e = error_of(dir_with("x", replaced(vocab_text, "\"!\": 0,", "\"!\": 0x0,"), merges_text));
   CHECK(contains(e, dir.file("x/vocab.json") + ": not valid JSON: line 1, column 8: a number may not start with 0"));
   e = error_of(dir_with("y", replaced(vocab_text, "\"!\": 0,", "\"!\": 0, \"\\\"\": 0,"), merges_text));
-  CHECK(contains(e, dir.file("y/vocab.json") + ": not valid JSON: line 1, column 1: the object starting here has "
-                                               "the key \"\\\"\" twice"));
+  CHECK(contains(e, dir.file("y/vocab.json") + ": not valid JSON: line 1, column 19: the key \"\\\"\" again "
+                                               "(first at line 1, column 10)"));
   e = error_of(dir.write("anchor.json", "{\"type\": &t \"byte\"}"));
   CHECK(contains(e, "anchor.json: not valid JSON: line 1, column 10: expected a value"));
   // Hugging Face's file with another setting, or without one, or with an option that changes the ids.

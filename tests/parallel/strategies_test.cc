@@ -140,6 +140,25 @@ TEST_CASE("The largest token id is found with the shards shared out over the ran
                                       "/train_3.bin has token id 4321, so it must be at least 4322") !=
         std::string::npos);
   world->barrier().wait();
+  if (n == 1) return;
+  // A rank that finds other files under the same names (a node with its own copy of the data; here each rank's own
+  // working directory, rank 1's with a shard more): every rank stops, naming the counts.
+  const std::string mine = dir + "/rank" + std::to_string(world->rank());
+  std::filesystem::create_directories(mine);
+  for (int k = 0; k < (world->rank() == 1 ? 3 : 2); ++k) {
+    REQUIRE(data::write_token_shard(mine + "/t_" + std::to_string(k) + ".bin", std::vector<uint16_t>(100, 3)).is_ok());
+  }
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(mine);
+  cfg.model.vocab_size = 0;
+  cfg.data.train = "t_*.bin";
+  cfg.data.val = "t_0.bin";
+  auto differ = Trainer::create(cfg, *world);
+  std::filesystem::current_path(cwd);
+  REQUIRE_FALSE(differ.has_value());
+  CHECK(differ.status().message().find("rank 1 finds 4 shard(s) in data.train and data.val, rank 0 3: every rank "
+                                       "must read the same data") != std::string::npos);
+  world->barrier().wait();
 }
 
 TEST_CASE("Validation batches are shared out over the ranks and give a single process's loss to the bit",
