@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/utf8.h"
+
 namespace gpt::json {
 
 const char* type_name(Type t) {
@@ -62,42 +64,6 @@ int hex_value(char c) {
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
   if (c >= 'A' && c <= 'F') return c - 'A' + 10;
   return -1;
-}
-
-void append_utf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
-// The length of the well-formed UTF-8 sequence at s[0] (lead byte >= 0x80), or 0 (overlong forms, surrogates and
-// code points past U+10FFFF are not well formed).
-size_t utf8_length(std::string_view s) {
-  const auto b = [&](size_t i) { return i < s.size() ? static_cast<unsigned char>(s[i]) : 0u; };
-  const auto cont = [&](size_t i) { return (b(i) & 0xC0) == 0x80; };
-  const unsigned c = b(0);
-  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
-  if (c >= 0xE0 && c <= 0xEF) {
-    const unsigned lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-    return b(1) >= lo && b(1) <= hi && cont(2) ? 3 : 0;
-  }
-  if (c >= 0xF0 && c <= 0xF4) {
-    const unsigned lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-    return b(1) >= lo && b(1) <= hi && cont(2) && cont(3) ? 4 : 0;
-  }
-  return 0;
 }
 
 }  // namespace
@@ -244,9 +210,8 @@ class Parser {
           ++pos_;
           continue;
         }
-        const size_t n = utf8_length(s_.substr(pos_));
-        if (n == 0) return fail("invalid UTF-8 in a string (" + found() + ")");
-        pos_ += n;
+        char32_t cp = 0;
+        if (!decode_utf8(s_, &pos_, &cp)) return fail("invalid UTF-8 in a string (" + found() + ")");
       }
       out->append(s_.substr(run, pos_ - run));
       if (pos_ >= s_.size()) return fail("a string is not closed (no '\"' before the end of the text)");
@@ -285,27 +250,23 @@ class Parser {
           out->push_back('\t');
           break;
         case 'u': {
+          // A surrogate escape without its other half, named at its backslash.
+          const auto lone = [&](const char* which) {
+            pos_ = escape;
+            return fail(std::string("a \\u escape of a ") + which);
+          };
           uint32_t cp = 0;
           if (!hex4(&cp)) return false;
-          if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            pos_ = escape;
-            return fail("a \\u escape of a low surrogate without a high one before");
-          }
+          if (cp >= 0xDC00 && cp <= 0xDFFF) return lone("low surrogate without a high one before");
           if (cp >= 0xD800 && cp <= 0xDBFF) {
             uint32_t lo = 0;
-            if (s_.substr(pos_, 2) != "\\u") {
-              pos_ = escape;
-              return fail("a \\u escape of a high surrogate without a low one after");
-            }
+            if (s_.substr(pos_, 2) != "\\u") return lone("high surrogate without a low one after");
             pos_ += 2;
             if (!hex4(&lo)) return false;
-            if (lo < 0xDC00 || lo > 0xDFFF) {
-              pos_ = escape;
-              return fail("a \\u escape of a high surrogate without a low one after");
-            }
+            if (lo < 0xDC00 || lo > 0xDFFF) return lone("high surrogate without a low one after");
             cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
           }
-          append_utf8(cp, out);
+          append_utf8(static_cast<char32_t>(cp), out);
           break;
         }
         default:

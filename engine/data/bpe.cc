@@ -4,8 +4,8 @@
 #include <functional>
 #include <queue>
 
+#include "core/utf8.h"
 #include "data/unicode_classes.h"
-#include "data/utf8.h"
 
 namespace gpt::data {
 namespace {

@@ -6,9 +6,9 @@
 #include <span>
 
 #include "core/atomic_file.h"
+#include "core/utf8.h"
 #include "data/token_shard.h"
 #include "data/tokenizer.h"
-#include "data/utf8.h"
 
 namespace gpt::data {
 

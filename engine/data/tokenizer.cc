@@ -6,7 +6,7 @@
 
 #include "core/atomic_file.h"
 #include "core/json.h"
-#include "data/utf8.h"
+#include "core/utf8.h"
 
 namespace gpt::data {
 namespace {

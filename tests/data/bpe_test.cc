@@ -12,8 +12,8 @@
 #include <sstream>
 
 #include "core/atomic_file.h"
+#include "core/utf8.h"
 #include "data/tokenizer.h"
-#include "data/utf8.h"
 #include "testing/temp_dir.h"
 
 namespace gpt::data {

@@ -1,12 +1,12 @@
-// UTF-8 helpers for the char tokenizer: strict decoding (no overlong forms, no surrogates, nothing past
-// U+10FFFF), encoding, and a printable description of a code point for error messages.
+// UTF-8 helpers for the tokenizers and the JSON reader: strict decoding (no overlong forms, no surrogates, nothing
+// past U+10FFFF), encoding, and a printable description of a code point for error messages.
 #pragma once
 
 #include <cstddef>
 #include <string>
 #include <string_view>
 
-namespace gpt::data {
+namespace gpt {
 
 // Decodes the code point starting at s[*pos] into *cp and advances *pos past it. Returns false, leaving
 // *pos at the offending byte, when the bytes there are not valid UTF-8. REQUIRES: *pos < s.size().
@@ -19,11 +19,11 @@ size_t invalid_utf8_offset(std::string_view s);
 void append_utf8(char32_t cp, std::string* out);
 
 // Appends `cp` as it goes inside a JSON string literal: '"', '\\' and control characters escaped, and so are the
-// characters YAML 1.1 reads as line breaks or a BOM (C1 controls incl. NEL, U+2028, U+2029, U+FEFF), since the
-// tokenizer files are read with yaml-cpp.
+// characters YAML 1.1 reads as line breaks or a BOM (C1 controls incl. NEL, U+2028, U+2029, U+FEFF): gpt-train read
+// tokenizer files with yaml-cpp before its JSON reader (core/json.h), and other YAML readers may still read them.
 void append_json_escaped(char32_t cp, std::string* out);
 
 // "'a' (U+0061)", or "U+000A" alone for characters that do not print.
 std::string describe_code_point(char32_t cp);
 
-}  // namespace gpt::data
+}  // namespace gpt

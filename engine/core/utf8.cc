@@ -1,9 +1,9 @@
-#include "data/utf8.h"
+#include "core/utf8.h"
 
 #include <cstdint>
 #include <cstdio>
 
-namespace gpt::data {
+namespace gpt {
 
 bool decode_utf8(std::string_view s, size_t* pos, char32_t* cp) {
   const size_t i = *pos;
@@ -104,4 +104,4 @@ void append_json_escaped(char32_t cp, std::string* out) {
   }
 }
 
-}  // namespace gpt::data
+}  // namespace gpt
