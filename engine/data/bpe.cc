@@ -1,5 +1,7 @@
 #include "data/bpe.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <functional>
 #include <queue>
@@ -257,8 +259,8 @@ void BpeVocab::encode_piece(std::string_view piece, std::vector<uint16_t>* ids) 
     ids->push_back(static_cast<uint16_t>(id[static_cast<size_t>(i)]));
 }
 
-void BpeVocab::encode(std::string_view text, std::vector<uint16_t>* ids) const {
-  // Pieces repeat (" the", " and"): each distinct one is merged once per call.
+void BpeVocab::encode_chunk(std::string_view text, std::vector<uint16_t>* ids) const {
+  // Pieces repeat (" the", " and"): each distinct one is merged once per chunk.
   std::unordered_map<std::string_view, std::vector<uint16_t>> cache;
   std::vector<uint16_t> one;
   each_gpt2_piece(text, [&](std::string_view piece) {
@@ -270,6 +272,49 @@ void BpeVocab::encode(std::string_view text, std::vector<uint16_t>* ids) const {
     }
     ids->insert(ids->end(), it->second.begin(), it->second.end());
   });
+}
+
+std::vector<size_t> BpeVocab::chunk_starts(std::string_view text, size_t chunk_bytes) {
+  // A '\n' between two printable ASCII characters is always a piece of its own: the piece before it ends at it (no
+  // class but whitespace takes it, and the character before is not whitespace), and so does it (whitespace followed
+  // by a non-space character is `\s+` alone). Cut just before one, each chunk's pieces are the whole text's.
+  const auto printable = [&](size_t i) { return text[i] > 0x20 && text[i] < 0x7F; };
+  std::vector<size_t> starts = {0};
+  for (size_t at = chunk_bytes; at < text.size(); at = std::max(at, starts.back()) + chunk_bytes) {
+    for (size_t nl = text.find('\n', at); nl != std::string_view::npos && nl < at + chunk_bytes;
+         nl = text.find('\n', nl + 1)) {
+      if (nl > 0 && nl + 1 < text.size() && printable(nl - 1) && printable(nl + 1)) {
+        starts.push_back(nl);
+        break;
+      }
+    }
+  }
+  starts.push_back(text.size());
+  return starts;
+}
+
+void BpeVocab::encode(std::string_view text, std::vector<uint16_t>* ids) const {
+  // A long text (prepare's corpus) in chunks on every thread, cut where the pieces do not change (chunk_starts):
+  // about 8 a thread (each merges its own distinct pieces again, so fewer, larger ones on fewer threads), 256 KB at
+  // least. The ids do not depend on where the cuts fall.
+  const size_t per_chunk =
+      std::max(size_t{256} << 10, text.size() / (8 * static_cast<size_t>(std::max(1, omp_get_max_threads()))));
+  const std::vector<size_t> starts = chunk_starts(text, per_chunk);
+  if (starts.size() <= 2) {
+    encode_chunk(text, ids);
+    return;
+  }
+  const auto chunks = static_cast<int64_t>(starts.size() - 1);
+  std::vector<std::vector<uint16_t>> parts(static_cast<size_t>(chunks));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const auto k = static_cast<size_t>(c);
+    encode_chunk(text.substr(starts[k], starts[k + 1] - starts[k]), &parts[k]);
+  }
+  size_t total = ids->size();
+  for (const auto& part : parts) total += part.size();
+  ids->reserve(total);
+  for (const auto& part : parts) ids->insert(ids->end(), part.begin(), part.end());
 }
 
 std::string BpeVocab::to_json() const {

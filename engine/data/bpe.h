@@ -57,6 +57,9 @@ class BpeVocab {
   // then a merge per line).
   std::string vocab_json() const;
   std::string merges_txt() const;
+  // Where encode cuts a long text into chunks of about `chunk_bytes`, encoded on all threads, each alone to the ids
+  // the whole text has there: the chunks' starts, then text.size().
+  static std::vector<size_t> chunk_starts(std::string_view text, size_t chunk_bytes);
 
  private:
   struct Merge {
@@ -67,6 +70,7 @@ class BpeVocab {
     return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
   }
   void encode_piece(std::string_view piece, std::vector<uint16_t>* ids) const;
+  void encode_chunk(std::string_view text, std::vector<uint16_t>* ids) const;
 
   std::vector<std::string> bytes_;                       // by id
   std::unordered_map<std::string, int32_t> ids_;         // bytes -> id

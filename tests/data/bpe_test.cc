@@ -110,6 +110,16 @@ TEST_CASE("bpe: all of tinyshakespeare encodes to encoder.py's ids", "[data]") {
   std::string text;
   REQUIRE(read_file(input, &text).is_ok());
   const Tokenizer tok = load_ok(kFixture);
+  // encode takes a text this long in chunks, on every thread (each cut before a '\n' between printable characters).
+  const std::vector<size_t> starts = BpeVocab::chunk_starts(text, size_t{256} << 10);
+  CHECK(starts.size() >= 5);
+  for (size_t i = 1; i + 1 < starts.size(); ++i) {
+    CHECK(text[starts[i]] == '\n');
+    CHECK(text[starts[i] - 1] > ' ');
+    CHECK(text[starts[i] + 1] > ' ');
+  }
+  CHECK(BpeVocab::chunk_starts("a\n\nb c\n d " + std::string(100, 'x'), 4) == std::vector<size_t>{0, 110});
+  CHECK(BpeVocab::chunk_starts("ab\ncd\nef", 3) == std::vector<size_t>{0, 5, 8});
   Expected<std::vector<uint16_t>> ids = tok.encode(text);
   REQUIRE(ids.has_value());
   uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a over the ids' little-endian bytes, as the fixture script hashes
